@@ -1,0 +1,26 @@
+"""The `blocktrain` command: registers every sub-command; no logic lives here.
+
+Commands: train, eval, model-info, data fetch (model core); run, join, status, demo (swarm);
+score, generate (inference). Each lives in its own module under cli/.
+"""
+from __future__ import annotations
+
+import typer
+
+from cli import data, evaluate, model_info, train
+
+app = typer.Typer(
+    name="blocktrain",
+    help="BlockTrain: train a DiffusionBlocks byte-level language model across a peer-to-peer swarm.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+)
+app.command("train")(train.train)
+app.command("eval")(evaluate.evaluate)
+app.command("model-info")(model_info.info)
+app.add_typer(data.app, name="data")
+
+
+if __name__ == "__main__":
+    app()

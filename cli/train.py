@@ -1,0 +1,84 @@
+"""`blocktrain train`: train a BlockTrain stack (or the E2E reference) in one process."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cli import options as o
+from cli.common import check_device, cli_errors, model_config, print_json, resolve_data
+from swarmd.checkpoint import save_e2e, save_model
+from swarmd.config import TrainConfig
+from swarmd.data import ByteData
+from swarmd.local_run import RoundReport, train_blocktrain, train_e2e
+
+
+def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
+    if eval_data is not None:
+        return eval_data
+    sibling = train_path.parent / "eval.txt"
+    return sibling if sibling.is_file() and train_path.is_file() else train_path
+
+
+def train(
+    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.")],
+    data: o.Data = None,
+    eval_data: o.EvalData = None,
+    e2e: Annotated[bool, typer.Option("--e2e", help="Train the end-to-end reference transformer instead.")] = False,
+    blocks: o.Blocks = 3,
+    layers_per_block: o.LayersPerBlock = 2,
+    d_model: o.DModel = 128,
+    n_heads: o.NHeads = 4,
+    hidden: o.Hidden = None,
+    seq_len: o.SeqLen = 128,
+    sigma_lo: o.SigmaLo = 1.0,
+    sigma_hi: o.SigmaHi = 10.0,
+    steps_per_round: o.StepsPerRound = 100,
+    rounds: o.Rounds = 4,
+    batch_size: o.BatchSize = 32,
+    lr: o.LR = 1e-3,
+    seed: o.Seed = 0,
+    trajectory_prob: o.TrajectoryProb = 0.0,
+    eval_tokens: o.EvalTokens = 16384,
+    device: o.DeviceOpt = "cpu",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary at the end.")] = False,
+) -> None:
+    """Train one process, one block at a time (no gradient crosses blocks); eval after every round."""
+    with cli_errors():
+        dev = check_device(device)
+        cfg = model_config(blocks, layers_per_block, d_model, n_heads, hidden, seq_len, sigma_lo, sigma_hi)
+        if steps_per_round < 1 or rounds < 1:
+            raise ValueError("--steps-per-round and --rounds must be >= 1")
+        tcfg = TrainConfig(batch_size=batch_size, lr=lr, seed=seed, total_steps=steps_per_round * rounds, warmup_steps=min(50, steps_per_round * rounds // 10), trajectory_prob=trajectory_prob)
+        train_path = resolve_data(data, "train")
+        corpus = ByteData.from_path(train_path, cfg.seq_len)
+        eval_xy = ByteData.from_path(eval_path_for(train_path, eval_data), cfg.seq_len).eval_windows(eval_tokens)
+        history: list[dict] = []
+        total = steps_per_round * rounds * (1 if e2e else cfg.blocks)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=json_out, disable=json_out) as bar:
+            task = bar.add_task("training", total=total)
+
+            def on_step(block_index: int, metrics: dict) -> None:
+                bar.update(task, advance=1, description=f"{'e2e' if e2e else f'block {block_index}'} ce {metrics['ce']:.3f}")
+
+            def on_round(r: RoundReport) -> None:
+                row = {"round": r.round, "steps_per_block": r.steps_per_block, "train_ce": r.train_ce, "eval_ce": r.eval["ce"], "seconds": r.seconds}
+                if "trace" in r.eval:
+                    row["trace"] = [s["ce"] for s in r.eval["trace"]]
+                history.append(row)
+                if not json_out:
+                    trace = f" per-step {', '.join(f'{c:.3f}' for c in row.get('trace', []))}" if "trace" in row else ""
+                    bar.console.print(f"round {r.round}: train ce {r.train_ce:.3f}  eval {'' if e2e else 'from-noise '}ce {r.eval['ce']:.4f}{trace}")
+
+            if e2e:
+                trainer = train_e2e(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
+                save_e2e(out, cfg, trainer.model, tcfg, rounds=rounds, steps=trainer.step_count)
+            else:
+                stack = train_blocktrain(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
+                save_model(out, cfg, dict(enumerate(stack.blocks)), stack.emb, tcfg, {b: t.step_count for b, t in enumerate(stack.trainers)}, rounds=rounds)
+        if json_out:
+            print_json({"checkpoint": str(out), "kind": "e2e" if e2e else "blocktrain", "config": cfg.to_dict(), "history": history, "ce": history[-1]["eval_ce"]})
+        else:
+            typer.echo(f"checkpoint written to {out}")

@@ -1,0 +1,90 @@
+"""Configuration dataclasses for BlockTrain.
+
+Owns: ModelConfig (architecture + noise schedule), TrainConfig (optimiser and batching).
+Both are frozen, validated in __post_init__ with ValueError, and serialise to plain dicts
+(`asdict`) so checkpoints and peers can compare them. `ModelConfig.config_hash()` is the
+identity peers exchange: two models whose hashes match have interchangeable blocks.
+No torch, grpc or filesystem imports here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    blocks: int = 3  # B: denoising blocks in the stack; block 0 owns the highest-noise interval
+    layers_per_block: int = 2  # L_b: transformer layers inside one block
+    d_model: int = 128  # width of every block and of the shared byte table
+    n_heads: int = 4  # attention heads per layer
+    hidden: int = 512  # FFN width (4 * d_model is the usual choice)
+    seq_len: int = 128  # bytes per training window (positions the block can embed)
+    sigma_lo: float = 1.0  # bottom of the global noise range (litepaper: 1 for text)
+    sigma_hi: float = 10.0  # top of the global noise range (litepaper: 10)
+    p_mean: float = -1.2  # lognormal prior mean of ln(sigma) (EDM)
+    p_std: float = 1.2  # lognormal prior std of ln(sigma) (EDM)
+    gamma: float = 0.05  # interval overlap, fraction of each interval's log-width per side
+    sigma_data: float = 0.5  # EDM sigma_data used by the preconditioning
+    noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
+    vocab: int = 256  # bytes
+
+    def __post_init__(self) -> None:
+        for name in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0 < self.sigma_lo < self.sigma_hi:
+            raise ValueError(f"need 0 < sigma_lo < sigma_hi, got [{self.sigma_lo}, {self.sigma_hi}]")
+        if not 0 <= self.gamma < 1:
+            raise ValueError(f"gamma must be in [0, 1), got {self.gamma}")
+        if self.p_std <= 0 or self.sigma_data <= 0:
+            raise ValueError("p_std and sigma_data must be > 0")
+        if self.vocab != 256:
+            raise ValueError("vocab is fixed at 256 (bytes)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+        return cls(**data)
+
+    def config_hash(self) -> str:
+        """Short stable hash of the architecture; peers with equal hashes can swap blocks."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 32  # sequences per optimiser step
+    lr: float = 1e-3  # AdamW peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at total_steps
+    warmup_steps: int = 50  # linear warmup
+    total_steps: int = 0  # steps per block over the whole run, for the cosine (0 = constant lr)
+    weight_decay: float = 0.01  # AdamW, matrices only (no decay on norms, biases, embeddings)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # global grad-norm clip
+    seed: int = 0  # data and noise seed
+    trajectory_prob: float = 0.0  # chance a training batch uses the sampler's own trajectory (see README)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.total_steps < 0:
+            raise ValueError("warmup_steps and total_steps must be >= 0")
+        if not 0 <= self.trajectory_prob <= 1:
+            raise ValueError(f"trajectory_prob must be in [0, 1], got {self.trajectory_prob}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
