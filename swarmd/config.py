@@ -75,6 +75,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # global grad-norm clip
     seed: int = 0  # data and noise seed
     trajectory_prob: float = 0.0  # chance a training batch uses the sampler's own trajectory (see README)
+    trajectory_steps: int = 0  # sampler steps the trajectory inputs follow (0 = one per block, as at eval)
+    sigma_sampling: str = "lognormal"  # lognormal (documented) | loguniform (in the widened interval) | sampler (the block's sampler sigmas)
+    sigma_jitter: float = 0.0  # with sigma_sampling=sampler: log-std of multiplicative jitter around the sampler sigma
+    table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -85,6 +89,12 @@ class TrainConfig:
             raise ValueError("warmup_steps and total_steps must be >= 0")
         if not 0 <= self.trajectory_prob <= 1:
             raise ValueError(f"trajectory_prob must be in [0, 1], got {self.trajectory_prob}")
+        if self.trajectory_steps < 0:
+            raise ValueError(f"trajectory_steps must be >= 0, got {self.trajectory_steps}")
+        if self.sigma_sampling not in ("lognormal", "loguniform", "sampler"):
+            raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
+        if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
+            raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 
     def to_dict(self) -> dict:
         return asdict(self)

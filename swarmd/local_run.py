@@ -8,6 +8,7 @@ takes the same number of optimiser steps as each block. Callers get a RoundRepor
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,10 +33,19 @@ class RoundReport:
 
 
 class BlockStack:
-    """B BlockTrainers sharing one data source; each owns its block and its table copy."""
+    """B BlockTrainers sharing one data source; each owns its block and its table copy.
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, data: ByteData, device: str = "cpu"):
+    With trajectory training, trajectory_source picks what a block's frozen predecessors are:
+    "snapshot" (default, what a swarm peer has): copies of every block and of the averaged table
+    taken at the start of the round; "live": the other trainers' current blocks run with this
+    trainer's own table copy (the first implementation; in round 1 the table copies disagree).
+    """
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, data: ByteData, device: str = "cpu", trajectory_source: str = "snapshot"):
+        if trajectory_source not in ("snapshot", "live"):
+            raise ValueError(f"trajectory_source must be snapshot or live, got {trajectory_source!r}")
         self.model_cfg, self.train_cfg, self.device = model_cfg, train_cfg, device
+        self.trajectory_source = trajectory_source
         self.trainers = [BlockTrainer(model_cfg, train_cfg, b, device) for b in range(model_cfg.blocks)]
         self.streams = [data.stream(seed_for("data", train_cfg.seed, b), train_cfg.batch_size) for b in range(model_cfg.blocks)]
 
@@ -49,8 +59,14 @@ class BlockStack:
 
     def train_round(self, steps: int, on_step: Callable[[int, dict], None] | None = None) -> float:
         ces = []
+        snapshot = None
+        if self.train_cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot":
+            snapshot = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(self.trainers)}
+            table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging
         for b, trainer in enumerate(self.trainers):
-            if self.train_cfg.trajectory_prob > 0:
+            if snapshot is not None:
+                trainer.set_others({i: blk for i, blk in snapshot.items() if i != b}, table=table)
+            elif self.train_cfg.trajectory_prob > 0:
                 trainer.set_others({i: t.block for i, t in enumerate(self.trainers) if i != b})
             for _ in range(steps):
                 metrics = trainer.step(*next(self.streams[b]))
@@ -72,8 +88,9 @@ def train_blocktrain(
     on_round: Callable[[RoundReport], None] | None = None,
     on_step: Callable[[int, dict], None] | None = None,
     eval_steps: int | None = None,
+    trajectory_source: str = "snapshot",
 ) -> BlockStack:
-    stack = BlockStack(model_cfg, train_cfg, data, device)
+    stack = BlockStack(model_cfg, train_cfg, data, device, trajectory_source)
     start = time.perf_counter()
     for r in range(1, rounds + 1):
         train_ce = stack.train_round(steps_per_round, on_step)

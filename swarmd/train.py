@@ -41,12 +41,20 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (dim >= 2) except embeddings/positions."""
-    decay, no_decay = [], []
+    """AdamW with weight decay on matrices (dim >= 2) except embeddings/positions.
+
+    The shared byte table (ByteEmbedding.table) gets its own group at lr * table_lr_scale.
+    """
+    decay, no_decay, table = [], [], []
     for module in modules:
         for name, p in module.named_parameters():
-            (decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight") else no_decay).append(p)
+            if isinstance(module, ByteEmbedding) and name == "table":
+                table.append(p)
+            else:
+                (decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight") else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if table:
+        groups.append({"params": table, "weight_decay": 0.0, "lr_scale": cfg.table_lr_scale})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
@@ -73,10 +81,10 @@ def autocast_dtype_for(device: str | torch.device) -> torch.dtype | None:
     return torch.bfloat16 if torch.device(device).type == "cuda" else None
 
 
-def trajectory_predecessors(cfg: ModelConfig, block_index: int) -> list[tuple[int, float]]:
+def trajectory_predecessors(cfg: ModelConfig, block_index: int, steps: int | None = None) -> list[tuple[int, float]]:
     """(block, sigma) of the sampler steps taken before block_index's interval is reached."""
     top = block_interval(cfg, block_index)[1]
-    return [(b, s) for b, s, _ in sampler_plan(cfg) if s > top + 1e-9]
+    return [(b, s) for b, s, _ in sampler_plan(cfg, steps) if s > top + 1e-9]
 
 
 @torch.no_grad()
@@ -89,15 +97,16 @@ def trajectory_inputs(
     block_index: int,
     generator: torch.Generator,
     autocast_dtype: torch.dtype | None = None,
+    steps: list[tuple[int, float]] | None = None,
 ) -> torch.Tensor:
     """z that the sampler holds on reaching each sequence's sigma inside block_index's interval.
 
-    Starts from fresh noise, takes the plan's Euler steps that lie above the block's interval with
-    the earlier blocks (frozen, no grad), and ends with an Euler step to each sequence's own sigma.
-    With no earlier step (block 0) the input is pure noise, z = sqrt(1 + sigma^2) eps, as at the
-    sampler's start.
+    Starts from fresh noise, takes the given sampler steps (default: the plan's steps above the
+    block's interval) with those blocks frozen (no grad), and ends with an Euler step from the last
+    of them to each sequence's own sigma. With no earlier step (block 0) the input is pure noise,
+    z = sqrt(1 + sigma^2) eps, as at the sampler's start.
     """
-    steps = trajectory_predecessors(cfg, block_index)
+    steps = trajectory_predecessors(cfg, block_index) if steps is None else steps
     if not steps:
         eps = torch.randn((*x.shape, cfg.d_model), generator=generator).to(x.device)
         return (1 + sigma**2).sqrt()[:, None, None] * eps
@@ -139,29 +148,71 @@ class BlockTrainer:
         self.gen = torch.Generator().manual_seed(seed_for("noise", train_cfg.seed, block_index, worker_seed))
         self.autocast = autocast_dtype_for(device)
         self.others: dict[int, DenoisingBlock] = {}
+        self.others_table: torch.Tensor | None = None
+        steps = train_cfg.trajectory_steps or None
+        self.plan = sampler_plan(model_cfg, steps)
+        self.own_steps = [k for k, (b, _, _) in enumerate(self.plan) if b == block_index]
 
-    def set_others(self, others: dict[int, DenoisingBlock]) -> None:
-        """Frozen copies of other blocks for trajectory inputs (forward only, never optimised)."""
+    def set_others(self, others: dict[int, DenoisingBlock], table: ByteEmbedding | torch.Tensor | None = None) -> None:
+        """Frozen copies of other blocks for trajectory inputs (forward only, never optimised).
+
+        :param table: the byte table those blocks were trained with (a ByteEmbedding or its
+            normalised rows); their forward passes and the Euler mean D use it. Default: this
+            trainer's own (drifting) table copy.
+        """
         self.others = {i: b for i, b in others.items() if i != self.block_index}  # used under no_grad only
+        if isinstance(table, ByteEmbedding):
+            table = table.normalized()
+        self.others_table = None if table is None else table.detach().clone().to(self.device)
 
-    def _inputs(self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor | None:
+    def _sigma(self, n: int) -> tuple[torch.Tensor, int | None]:
+        """Per-sequence training sigmas and, for sigma_sampling=sampler, the plan step they sit at."""
+        mode = self.train_cfg.sigma_sampling
+        if mode == "lognormal":
+            return sample_sigma(self.model_cfg, self.block_index, n, self.gen), None
+        if mode == "loguniform":
+            lo, hi = block_interval(self.model_cfg, self.block_index)
+            u = torch.rand(n, generator=self.gen, dtype=torch.float64)
+            return torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))).float(), None
+        k = self.own_steps[int(torch.randint(len(self.own_steps), (1,), generator=self.gen))] if self.own_steps else None
+        if k is None:  # this block gets no sampler step at this N: fall back to its interval
+            return sample_sigma(self.model_cfg, self.block_index, n, self.gen), None
+        jitter = torch.exp(self.train_cfg.sigma_jitter * torch.randn(n, generator=self.gen))
+        sigma = (self.plan[k][1] * jitter).clamp(self.model_cfg.sigma_lo, self.model_cfg.sigma_hi)
+        return sigma.float(), k
+
+    def _trajectory_steps(self, k: int | None) -> list[tuple[int, float]]:
+        if k is not None:  # every plan step before k (own earlier steps included)
+            return [(b, s) for b, s, _ in self.plan[:k]]
+        top = block_interval(self.model_cfg, self.block_index)[1]
+        return [(b, s) for b, s, _ in self.plan if s > top + 1e-9]
+
+    def _inputs(self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None) -> torch.Tensor | None:
         p = self.train_cfg.trajectory_prob
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
             return None
-        missing = sorted({b for b, _ in trajectory_predecessors(self.model_cfg, self.block_index)} - set(self.others))
+        steps = self._trajectory_steps(k)
+        missing = sorted({b for b, _ in steps} - set(self.others) - {self.block_index})
         if missing:
             raise ValueError(f"trajectory training of block {self.block_index} needs blocks {missing}")
-        table_hat = self.emb.normalized().detach()
-        return trajectory_inputs(self.others, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast)
+        table_hat = self.others_table if self.others_table is not None else self.emb.normalized().detach()
+        blocks = {**self.others, self.block_index: self.block}
+        was_training = self.block.training
+        self.block.eval()
+        try:
+            return trajectory_inputs(blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps)
+        finally:
+            self.block.train(was_training)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One AdamW step on a batch; returns the weighted loss, unweighted CE and lr."""
         x, y = x.to(self.device), y.to(self.device)
-        sigma = sample_sigma(self.model_cfg, self.block_index, x.shape[0], self.gen).to(self.device)
-        z = self._inputs(x, y, sigma)
+        sigma, k = self._sigma(x.shape[0])
+        sigma = sigma.to(self.device)
+        z = self._inputs(x, y, sigma, k)
         lr = lr_at(self.step_count, self.train_cfg)
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         self.block.train()
         loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast)
         self.opt.zero_grad(set_to_none=True)
