@@ -1,0 +1,334 @@
+"""Delta and state payloads: codecs, zstd, error feedback, chunking and validation.
+
+Owns the one byte format for tensors that peers swap (block/embedding deltas and state): a
+pb.PayloadHeader that states the schema (swarm id, config hash, kind, block index, round, codec,
+one TensorSpec per tensor), then one payload blob (each tensor encoded by the codec, concatenated
+in header order, then one zstd frame), streamed as pb.Payload messages: header, chunks of at most
+max_chunk_bytes, end carrying the sha256 of the payload.
+
+Codecs (all followed by zstd unless told otherwise):
+- fp32: exact; fp16 (clamped to +-65504) and bf16: a cast;
+- int8: per-row absmax symmetric quantisation (row = first dimension of a tensor with 2 or more
+  dimensions, the whole tensor otherwise); each tensor's bytes are its fp32 scales (rows x 4
+  bytes) followed by its int8 values, so TensorSpec.nbytes counts the scales too.
+ErrorFeedback carries what a lossy codec dropped into the next compress (EF-SGD / CHOCO style).
+
+Every check on bytes from a peer lives here (read_payload, decode) and raises ValidationError
+with a one-line reason. Pure: no grpc, no asyncio tasks, no torch.nn; never unpickles anything.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from swarmd.errors import ValidationError
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.wire import bytes_to_tensor, tensor_to_bytes, zstd_compress, zstd_decompress
+
+logger = logging.getLogger(__name__)
+
+CODECS = ("fp32", "fp16", "bf16", "int8")
+KINDS = ("block_delta", "embedding_delta", "block_state", "embedding_state")
+CODEC_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+MAX_CHUNK_BYTES = 1 << 20  # default chunk size on the wire; well below gRPC's 4 MiB default limit
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 30  # refuse payloads (and decoded blobs) larger than this
+_FP16_MAX = 65504.0
+
+
+class PeerRejected(ValidationError):
+    """The peer refused the exchange (a pb.Payload.reject), with its reason."""
+
+
+@dataclass
+class Encoded:
+    """One encoded payload: the header (schema, sizes) and the payload bytes it describes."""
+
+    header: pb.PayloadHeader
+    payload: bytes
+    _sha256: str = field(default="", init=False, repr=False, compare=False)
+
+    @property
+    def raw_bytes(self) -> int:
+        """fp32 size of all tensors (what an uncompressed fp32 exchange would move)."""
+        return int(self.header.raw_bytes)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this payload costs on the wire: payload plus serialized header."""
+        return len(self.payload) + self.header.ByteSize()
+
+    def sha256(self) -> str:
+        if not self._sha256:
+            self._sha256 = hashlib.sha256(self.payload).hexdigest()
+        return self._sha256
+
+
+def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """The `expected` argument of decode for tensors shaped like these (e.g. a state_dict)."""
+    return {name: tuple(t.shape) for name, t in tensors.items()}
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    """Number of int8 scale rows of a tensor: its first dimension if it has 2+ dims, else 1."""
+    return int(shape[0]) if len(shape) >= 2 else 1
+
+
+def _spec_nbytes(codec: str, shape: tuple[int, ...]) -> int:
+    numel = math.prod(int(s) for s in shape)
+    if codec == "int8":
+        return 4 * _rows(shape) + numel
+    return numel * (4 if codec == "fp32" else 2)
+
+
+def _encode_tensor(x: torch.Tensor, codec: str) -> bytes:
+    """Codec bytes of one fp32 CPU tensor (before zstd)."""
+    if codec == "fp32":
+        return tensor_to_bytes(x)
+    if codec == "fp16":
+        return tensor_to_bytes(x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16))
+    if codec == "bf16":
+        return tensor_to_bytes(x.to(torch.bfloat16))
+    rows = _rows(tuple(x.shape))
+    flat = x.reshape(rows, x.numel() // rows if rows else 0)
+    if x.numel() == 0:
+        scales = torch.zeros(rows, dtype=torch.float32)
+        q = torch.zeros(flat.shape, dtype=torch.int8)
+    else:
+        scales = flat.abs().amax(dim=1) / 127.0
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        q = torch.round(flat / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    return tensor_to_bytes(scales) + tensor_to_bytes(q)
+
+
+def _decode_tensor(data: memoryview, codec: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """fp32 tensor from one tensor's codec bytes (sizes already checked); raises ValidationError."""
+    if codec != "int8":
+        return bytes_to_tensor(data, CODEC_DTYPES[codec], shape, max_bytes=len(data)).float()
+    rows = _rows(shape)
+    numel = math.prod(shape)
+    scales = bytes_to_tensor(data[: 4 * rows], "float32", (rows,), max_bytes=4 * rows)
+    if bool((scales < 0).any()):
+        raise ValidationError("int8 scales must be >= 0")
+    q = bytes_to_tensor(data[4 * rows :], "int8", (rows, numel // rows if rows else 0), max_bytes=numel)
+    out = (q.float() * scales[:, None]).reshape(shape)
+    if out.numel() and not bool(torch.isfinite(out).all()):
+        raise ValidationError("int8 tensor dequantises to non-finite values")
+    return out
+
+
+def _encode_raw(tensors: dict[str, torch.Tensor], codec: str) -> tuple[list[pb.TensorSpec], bytes, int]:
+    """TensorSpecs, concatenated codec bytes (pre-zstd) and the fp32 size of `tensors`."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    specs, parts, raw = [], [], 0
+    for name, t in tensors.items():
+        x = t.detach().to("cpu", torch.float32).contiguous()
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            raise ValidationError(f"refusing to encode {name}: it holds NaN or infinite values")
+        data = _encode_tensor(x, codec)
+        specs.append(pb.TensorSpec(name=name, dtype=CODEC_DTYPES[codec], shape=list(x.shape), nbytes=len(data)))
+        parts.append(data)
+        raw += x.numel() * 4
+    return specs, b"".join(parts), raw
+
+
+def _decode_raw(specs, blob: bytes, codec: str) -> dict[str, torch.Tensor]:
+    out, view, offset = {}, memoryview(blob), 0
+    for spec in specs:
+        shape = tuple(int(s) for s in spec.shape)
+        out[spec.name] = _decode_tensor(view[offset : offset + spec.nbytes], codec, shape)
+        offset += spec.nbytes
+    return out
+
+
+def encode(
+    tensors: dict[str, torch.Tensor],
+    codec: str,
+    *,
+    swarm_id: str,
+    config_hash: str,
+    kind: str,
+    block_index: int,
+    round: int = 0,
+    base_hash: str = "",
+    weight: float = 1.0,
+    peer_id: str = "",
+    zstd: bool = True,
+) -> Encoded:
+    """Encode tensors (any float dtype/device) with `codec`, then zstd (unless zstd=False).
+
+    :param kind: one of KINDS; :param block_index: -1 for the embedding
+    :param round: averaging round; :param base_hash: hash of the weights the delta starts from
+    :param weight: samples behind this delta (the receiver's merge weight)
+    :raises ValidationError: a tensor holds NaN/inf; ValueError: unknown codec or kind
+    """
+    meta = dict(swarm_id=swarm_id, config_hash=config_hash, kind=kind, block_index=block_index, round=round, base_hash=base_hash, weight=weight, peer_id=peer_id, zstd=zstd)
+    return _encode(tensors, codec, **meta)[0]
+
+
+def _encode(tensors: dict[str, torch.Tensor], codec: str, *, kind: str, zstd: bool = True, **meta) -> tuple[Encoded, bytes]:
+    """encode, also returning the codec bytes before zstd (ErrorFeedback decodes those)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown payload kind {kind!r}; choose one of {', '.join(KINDS)}")
+    specs, blob, raw = _encode_raw(tensors, codec)
+    payload = zstd_compress(blob) if zstd else blob
+    header = pb.PayloadHeader(kind=kind, codec=codec, tensors=specs, raw_bytes=raw, payload_bytes=len(payload), zstd=zstd, **meta)
+    return Encoded(header, payload), blob
+
+
+def decode(
+    enc: Encoded,
+    expected: dict[str, tuple[int, ...]],
+    *,
+    swarm_id: str,
+    config_hash: str,
+    kind: str,
+    block_index: int,
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> dict[str, torch.Tensor]:
+    """Validate a payload from a peer against what we expect and return its fp32 tensors.
+
+    :param expected: tensor name -> shape; the payload must hold exactly these (any order)
+    :param max_bytes: limit on the payload and on its decompressed size, in bytes
+    :raises ValidationError: with a one-line reason on any mismatch (nothing is returned then)
+    """
+    h = enc.header
+    if h.swarm_id != swarm_id:
+        raise ValidationError(f"payload is for swarm {h.swarm_id!r}, expected {swarm_id!r}")
+    if h.config_hash != config_hash:
+        raise ValidationError(f"payload has config hash {h.config_hash!r}, expected {config_hash!r}")
+    if h.kind != kind:
+        raise ValidationError(f"payload kind is {h.kind!r}, expected {kind!r}")
+    if h.block_index != block_index:
+        raise ValidationError(f"payload is for block {h.block_index}, expected {block_index}")
+    if h.codec not in CODECS:
+        raise ValidationError(f"unknown codec {h.codec!r}")
+    if not math.isfinite(h.weight) or h.weight < 0:
+        raise ValidationError(f"payload weight {h.weight} must be finite and >= 0")
+    if len(enc.payload) != h.payload_bytes:
+        raise ValidationError(f"payload has {len(enc.payload)} bytes, header says {h.payload_bytes}")
+    if len(enc.payload) > max_bytes:
+        raise ValidationError(f"payload of {len(enc.payload)} bytes exceeds the limit of {max_bytes}")
+    names = [s.name for s in h.tensors]
+    if len(set(names)) != len(names):
+        raise ValidationError("payload names a tensor twice")
+    if set(names) != set(expected):
+        missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
+        raise ValidationError(f"payload tensors differ from the expected ones (missing {missing[:3]}, unexpected {extra[:3]})")
+    total, raw = 0, 0
+    for spec in h.tensors:
+        shape = tuple(int(s) for s in spec.shape)
+        if shape != tuple(expected[spec.name]):
+            raise ValidationError(f"tensor {spec.name} has shape {list(shape)}, expected {list(expected[spec.name])}")
+        if spec.dtype != CODEC_DTYPES[h.codec]:
+            raise ValidationError(f"tensor {spec.name} has dtype {spec.dtype!r}, codec {h.codec} sends {CODEC_DTYPES[h.codec]}")
+        if spec.nbytes != _spec_nbytes(h.codec, shape):
+            raise ValidationError(f"tensor {spec.name} declares {spec.nbytes} bytes, {_spec_nbytes(h.codec, shape)} expected")
+        total += spec.nbytes
+        raw += 4 * math.prod(shape)
+    if total > max_bytes:
+        raise ValidationError(f"decoded payload of {total} bytes exceeds the limit of {max_bytes}")
+    if h.raw_bytes != raw:
+        raise ValidationError(f"header raw_bytes {h.raw_bytes} does not match the tensors ({raw})")
+    blob = zstd_decompress(enc.payload, total) if h.zstd else enc.payload
+    if len(blob) != total:
+        raise ValidationError(f"decoded payload has {len(blob)} bytes, the tensors need {total}")
+    return _decode_raw(h.tensors, blob, h.codec)
+
+
+class ErrorFeedback:
+    """Error feedback for lossy codecs: what encoding dropped is added to the next delta.
+
+    compress(delta) encodes delta + residual and keeps residual = (delta + residual) -
+    decoded, so the running sum of decoded deltas tracks the running sum of true deltas to within
+    one step's quantisation error instead of drifting. Not thread-safe: one owner (gossip).
+    """
+
+    def __init__(self) -> None:
+        self.residual: dict[str, torch.Tensor] = {}
+
+    def reset(self) -> None:
+        self.residual.clear()
+
+    def compress(self, delta: dict[str, torch.Tensor], codec: str, **header) -> tuple[Encoded, dict[str, torch.Tensor]]:
+        """Encode delta + residual; return what is sent and its decoded fp32 value.
+
+        Merge the returned decoded value of your own delta (not the exact one), so every replica
+        averages the same numbers. `header` takes encode's keyword arguments.
+        """
+        corrected = {}
+        for name, t in delta.items():
+            x = t.detach().to("cpu", torch.float32)
+            r = self.residual.get(name)
+            corrected[name] = x + r if r is not None and r.shape == x.shape else x
+        enc, blob = _encode(corrected, codec, **header)
+        decoded = _decode_raw(enc.header.tensors, blob, codec)
+        self.residual = {name: corrected[name] - decoded[name] for name in corrected}
+        return enc, decoded
+
+
+def to_messages(enc: Encoded, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[pb.Payload]:
+    """Stream messages of one payload: header, chunks of at most max_chunk_bytes, end (sha256)."""
+    if max_chunk_bytes < 1:
+        raise ValueError(f"max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
+    yield pb.Payload(header=enc.header)
+    view = memoryview(enc.payload)
+    for start in range(0, len(view), max_chunk_bytes):
+        yield pb.Payload(chunk=bytes(view[start : start + max_chunk_bytes]))
+    yield pb.Payload(end=pb.PayloadEnd(sha256=enc.sha256()))
+
+
+async def read_payload(
+    messages: AsyncIterator[pb.Payload],
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> Encoded:
+    """Read one payload (header, chunks, end) from a message stream and check its framing.
+
+    Stops right after the end message, so the stream can carry more afterwards. Checks: header
+    first, declared size within max_payload_bytes (before anything is buffered), each chunk at
+    most max_chunk_bytes, chunks adding up to exactly payload_bytes, sha256 of the bytes.
+    :raises PeerRejected: the peer sent a reject; ValidationError: any framing violation
+    """
+    it = aiter(messages)
+    first = await anext(it, None)
+    if first is None:
+        raise ValidationError("payload stream ended before its header")
+    part = first.WhichOneof("part")
+    if part == "reject":
+        raise PeerRejected(f"peer rejected the exchange: {first.reject}")
+    if part != "header":
+        raise ValidationError(f"payload stream must start with a header, got {part or 'an empty message'}")
+    header = first.header
+    size = header.payload_bytes
+    if size > max_payload_bytes:
+        raise ValidationError(f"payload of {size} bytes exceeds the limit of {max_payload_bytes}")
+    buf, got = bytearray(size), 0
+    async for msg in it:
+        part = msg.WhichOneof("part")
+        if part == "chunk":
+            n = len(msg.chunk)
+            if n > max_chunk_bytes:
+                raise ValidationError(f"chunk of {n} bytes exceeds the limit of {max_chunk_bytes}")
+            if got + n > size:
+                raise ValidationError(f"chunks exceed the declared payload size of {size} bytes")
+            buf[got : got + n] = msg.chunk
+            got += n
+        elif part == "end":
+            if got != size:
+                raise ValidationError(f"payload ended after {got} of {size} declared bytes")
+            payload = bytes(buf)
+            enc = Encoded(header, payload)
+            if enc.sha256() != msg.end.sha256:
+                raise ValidationError("payload sha256 does not match its end marker")
+            return enc
+        elif part == "reject":
+            raise PeerRejected(f"peer rejected the exchange: {msg.reject}")
+        else:
+            raise ValidationError(f"unexpected {part or 'empty message'} inside a payload")
+    raise ValidationError(f"payload stream ended after {got} of {size} bytes without an end marker")
