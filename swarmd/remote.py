@@ -1,0 +1,319 @@
+"""Swarm inference client: route each sampler step to a peer holding its block, with failover.
+
+Owns:
+  - `BlockRouter`: finds the holders of every block through a Discovery (swarmd.discovery), probes
+    each once for its round-trip time, then picks one peer per block by latency EMA x (1 + calls this
+    client has in flight to it); a peer that fails or stalls is banned for an exponentially growing
+    period (petals' sequence-manager rule) and the next replica is used;
+  - `RemoteSweeper`: the swarm implementation of swarmd.inference.Sweeper. One Forward stream per
+    (session, block) for the session's life; every hop is timed into `trace`. For cached generation
+    it keeps each step's input history (context bytes and z of every cached position) so a peer that
+    lacks the session's cache (a fresh replica after failover, or one that evicted it) receives the
+    whole prefix again with start_position 0 in the same call;
+  - `connect_swarm()`: discovery + model config lookup for the CLI, with one-line errors for an
+    unknown swarm or a block that no peer serves.
+Talks to peers only through the PeerClient interface of swarmd.transport (status, swarm_config,
+forward_session); never retries in a loop on one peer: failover means another replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from swarmd.config import ModelConfig
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.model import sampler_plan
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.wire import from_proto, to_proto
+
+logger = logging.getLogger(__name__)
+
+RESEND_HINT = "re-send the prefix"  # in swarmd.serving.SessionMissing messages
+
+
+@dataclass
+class Hop:
+    """One call of one sampler step on one peer."""
+
+    step_index: int
+    block_index: int
+    address: str
+    positions: int  # positions (n * t) the peer processed
+    seconds: float  # client-side wall time of the call, injected delay included
+    compute_s: float  # peer-side compute time
+    resent: bool = False  # the call carried the whole prefix to rebuild a cache
+
+
+@dataclass
+class Replica:
+    record: Any  # swarmd.discovery.PeerRecord
+    latency_s: float | None = None  # EMA of call round-trip time
+    inflight: int = 0
+    failures: int = 0
+    banned_until: float = 0.0
+
+    @property
+    def address(self) -> str:
+        return self.record.address
+
+    def score(self) -> float:
+        return (self.latency_s if self.latency_s is not None else 1.0) * (1 + self.inflight)
+
+
+class BlockRouter:
+    """One peer per block, by measured latency and load; bans failing peers for a while.
+
+    :param discovery: anything with `async find(block_index) -> list[PeerRecord]`
+    :param client: a PeerClient (needs `async status(address, timeout_s)`)
+    :param probe_timeout_s: deadline of the latency probe of a new replica
+    """
+
+    def __init__(self, discovery, client, config_hash: str, swarm_id: str | None = None, probe_timeout_s: float = 5.0, ban_s: float = 2.0, max_ban_s: float = 60.0):
+        self.discovery, self.client = discovery, client
+        self.config_hash, self.swarm_id = config_hash, swarm_id
+        self.probe_timeout_s, self.ban_s, self.max_ban_s = probe_timeout_s, ban_s, max_ban_s
+        self._replicas: dict[int, dict[str, Replica]] = {}
+
+    async def refresh(self, block_index: int) -> list[Replica]:
+        known = self._replicas.setdefault(block_index, {})
+        for rec in await self.discovery.find(block_index):
+            if not rec.address or getattr(rec, "client_mode", False):
+                continue  # client-mode peers accept no inbound calls
+            if self.swarm_id and getattr(rec, "swarm_id", "") not in ("", self.swarm_id):
+                continue
+            if getattr(rec, "config_hash", "") not in ("", self.config_hash):
+                continue
+            if rec.address in known:
+                known[rec.address].record = rec
+            else:
+                known[rec.address] = Replica(rec)
+        return list(known.values())
+
+    async def choose(self, block_index: int, exclude: set[str] = frozenset()) -> Replica:
+        """The best usable replica of a block; raises PeerUnavailable when there is none."""
+        now = time.monotonic()
+        for attempt in range(2):
+            replicas = list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
+            usable = [r for r in replicas if r.address not in exclude and r.banned_until <= now]
+            for r in usable:
+                if r.latency_s is None:
+                    await self._probe(r)
+            usable = [r for r in usable if r.banned_until <= time.monotonic()]
+            if usable:
+                return min(usable, key=Replica.score)
+        where = f" of swarm {self.swarm_id!r}" if self.swarm_id else ""
+        raise PeerUnavailable(f"no reachable peer serves block {block_index}{where}")
+
+    async def _probe(self, replica: Replica) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self.client.status(replica.address, timeout_s=self.probe_timeout_s)
+        except SwarmdError as exc:
+            self.report_failure(replica, exc)
+            return
+        replica.latency_s = time.perf_counter() - t0
+
+    def report_latency(self, replica: Replica, seconds: float) -> None:
+        replica.failures = 0
+        replica.latency_s = seconds if replica.latency_s is None else 0.8 * replica.latency_s + 0.2 * seconds
+
+    def report_failure(self, replica: Replica, exc: BaseException) -> None:
+        replica.failures += 1
+        ban = min(self.max_ban_s, self.ban_s * 2 ** (replica.failures - 1))
+        replica.banned_until = time.monotonic() + ban
+        logger.warning("block %d: peer %s failed (%s); banned for %.1f s", replica.record.block_index, replica.address, exc or type(exc).__name__, ban)
+
+
+@dataclass
+class _Session:
+    streams: dict[int, tuple[Replica, Any]] = field(default_factory=dict)  # block -> (replica, forward stream)
+    warm: dict[tuple[str, int], int] = field(default_factory=dict)  # (address, step) -> positions cached there
+    x_hist: torch.Tensor | None = None  # (n, positions) context of every cached position
+    z_hist: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (n, positions, d) inputs
+
+
+class RemoteSweeper:
+    """swarmd.inference.Sweeper over the swarm: step i of the sampler runs on a peer of its block.
+
+    :param hop_delay_s: injected user-space delay awaited before every hop (benchmarks only)
+    :param timeout_s: a call slower than this counts as a stalled peer and fails over
+    :param max_failovers: replicas tried per step before giving up
+    """
+
+    def __init__(self, cfg: ModelConfig, router: BlockRouter, client, steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0, max_failovers: int = 3, compress: bool = False):
+        self.cfg, self.router, self.client = cfg, router, client
+        self.config_hash = cfg.config_hash()
+        self.plan = sampler_plan(cfg, steps)
+        self.timeout_s, self.hop_delay_s, self.max_failovers, self.compress = timeout_s, hop_delay_s, max_failovers, compress
+        self.trace: list[Hop] = []
+        self.failovers = 0
+        self._sessions: dict[str, _Session] = {}
+
+    async def sweep(self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool) -> torch.Tensor:
+        sess = self._sessions.setdefault(session_id, _Session())
+        if use_cache:
+            if start_position == 0:
+                sess.x_hist, sess.z_hist, sess.warm = None, {}, {}
+            held = 0 if sess.x_hist is None else sess.x_hist.shape[1]
+            if held != start_position:
+                raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
+        n, t = x.shape
+        out = None
+        for i, (b, sigma, sigma_next) in enumerate(self.plan):
+            out = await self._step(session_id, sess, i, b, sigma, sigma_next, x, z, start_position, use_cache)
+            if use_cache:
+                sess.z_hist[i] = z if start_position == 0 else torch.cat([sess.z_hist[i], z], dim=1)
+            z = out
+        if use_cache:
+            sess.x_hist = x if start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
+        return out
+
+    async def _step(self, session_id: str, sess: _Session, i: int, b: int, sigma: float, sigma_next: float | None, x, z, start: int, use_cache: bool) -> torch.Tensor:
+        tried: set[str] = set()
+        last_exc: BaseException | None = None
+        while len(tried) <= self.max_failovers:
+            replica, stream = await self._stream(session_id, sess, b, tried)
+            resend = use_cache and start > 0 and sess.warm.get((replica.address, i)) != start
+            xs, zs, s0 = (torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0) if resend else (x, z, start)
+            req = pb.ForwardRequest(
+                session_id=session_id, block_index=b, config_hash=self.config_hash, sigma=sigma,
+                sigma_next=sigma_next or 0.0, final=sigma_next is None, start_position=s0, use_cache=use_cache, step_index=i,
+            )
+            req.context.CopyFrom(to_proto(xs.to(torch.uint8), self.compress))
+            req.z.CopyFrom(to_proto(zs.float(), self.compress))
+            t0 = time.perf_counter()
+            replica.inflight += 1
+            try:
+                if self.hop_delay_s > 0:
+                    await asyncio.sleep(self.hop_delay_s)
+                reply = await asyncio.wait_for(stream.step(req), self.timeout_s)
+            except (PeerUnavailable, asyncio.TimeoutError, ConnectionError) as exc:
+                last_exc = exc
+                self._drop_stream(sess, b, replica, exc)
+                tried.add(replica.address)
+                self.failovers += 1
+                continue
+            except ValidationError as exc:
+                if RESEND_HINT in str(exc) and not resend:  # the peer evicted our cache: re-send to it
+                    sess.warm.pop((replica.address, i), None)
+                    continue
+                raise
+            finally:
+                replica.inflight -= 1
+            seconds = time.perf_counter() - t0
+            self.router.report_latency(replica, seconds)
+            out = self._unpack(reply, xs.shape, sigma_next is None)
+            self.trace.append(Hop(i, b, replica.address, xs.numel(), seconds, reply.compute_s, resend))
+            if use_cache:
+                sess.warm[(replica.address, i)] = s0 + xs.shape[1]
+            return out[:, -x.shape[1] :] if resend else out
+        raise PeerUnavailable(f"block {b}: every replica tried failed (last: {last_exc or 'timeout'})")
+
+    async def _stream(self, session_id: str, sess: _Session, b: int, tried: set[str]):
+        held = sess.streams.get(b)
+        if held and held[0].address not in tried:
+            return held
+        replica = await self.router.choose(b, exclude=tried)
+        stream = self.client.forward_session(replica.address)
+        sess.streams[b] = (replica, stream)
+        return replica, stream
+
+    def _drop_stream(self, sess: _Session, b: int, replica: Replica, exc: BaseException) -> None:
+        self.router.report_failure(replica, exc)
+        held = sess.streams.pop(b, None)
+        if held:
+            asyncio.ensure_future(_quiet_close(held[1]))
+        for key in [k for k in sess.warm if k[0] == replica.address]:
+            del sess.warm[key]
+
+    def _unpack(self, reply: pb.ForwardReply, shape: tuple[int, int], final: bool) -> torch.Tensor:
+        n, t = shape
+        if final:
+            return from_proto(reply.logits, expect_shape=(n, t, self.cfg.vocab), expect_dtype="float32")
+        return from_proto(reply.z, expect_shape=(n, t, self.cfg.d_model), expect_dtype="float32")
+
+    async def end_session(self, session_id: str) -> None:
+        sess = self._sessions.pop(session_id, None)
+        if sess is None:
+            return
+        for b, (replica, stream) in sess.streams.items():
+            try:
+                if sess.x_hist is not None:
+                    await asyncio.wait_for(stream.step(pb.ForwardRequest(session_id=session_id, block_index=b, config_hash=self.config_hash, end_session=True)), self.timeout_s)
+            except (SwarmdError, asyncio.TimeoutError) as exc:
+                logger.info("block %d: could not end session on %s: %s", b, replica.address, exc)
+            finally:
+                await _quiet_close(stream)
+
+    async def close(self) -> None:
+        for sid in list(self._sessions):
+            await self.end_session(sid)
+
+
+async def _quiet_close(stream) -> None:
+    try:
+        await stream.close()
+    except Exception as exc:  # closing a broken stream must not mask the real error
+        logger.debug("closing a forward stream failed: %s", exc)
+
+
+async def swarm_model_config(discovery, client, timeout_s: float = 10.0, swarm_id: str | None = None) -> tuple[ModelConfig, list]:
+    """The model config of the swarm, from the first peer that answers; raises PeerUnavailable."""
+    records = [r for r in await discovery.find_all() if r.address and not getattr(r, "client_mode", False)]
+    if swarm_id:
+        records = [r for r in records if getattr(r, "swarm_id", "") in ("", swarm_id)]
+    if not records:
+        where = f" {swarm_id!r}" if swarm_id else ""
+        raise PeerUnavailable(f"no serving peers found in swarm{where}: is the address right and the swarm running?")
+    last: BaseException | None = None
+    for rec in records:
+        try:
+            sc = await client.swarm_config(rec.address, timeout_s=timeout_s)
+        except SwarmdError as exc:
+            last = exc
+            continue
+        if swarm_id and sc.swarm_id and sc.swarm_id != swarm_id:
+            raise ConfigMismatch(f"peer {rec.address} runs swarm {sc.swarm_id!r}, not {swarm_id!r}")
+        return ModelConfig.from_dict(json.loads(sc.model_config_json)), records
+    raise PeerUnavailable(f"no peer of the swarm answered GetConfig (last error: {last})")
+
+
+async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:
+    """Raise PeerUnavailable naming the first block no reachable peer serves."""
+    for b in range(cfg.blocks):
+        await router.refresh(b)
+        await router.choose(b)
+
+
+async def connect_swarm(swarm: list[str], swarm_id: str | None = None, steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0):
+    """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
+
+    The closer ends every session and shuts the client and the discovery down.
+    """
+    from swarmd.discovery import connect_discovery
+    from swarmd.transport.client import PeerClient
+
+    discovery = await connect_discovery(list(swarm), swarm_id)
+    client = PeerClient()
+    try:
+        cfg, _ = await swarm_model_config(discovery, client, min(timeout_s, 10.0), swarm_id)
+        router = BlockRouter(discovery, client, cfg.config_hash(), swarm_id)
+        await check_coverage(router, cfg)
+    except BaseException:
+        await client.close()
+        await discovery.shutdown()
+        raise
+    sweeper = RemoteSweeper(cfg, router, client, steps, timeout_s, hop_delay_s)
+
+    async def closer() -> None:
+        await sweeper.close()
+        await client.close()
+        await discovery.shutdown()
+
+    return sweeper, closer

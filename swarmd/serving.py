@@ -1,0 +1,292 @@
+"""BlockServing: one peer's inference service for its block (the daemon's Forward RPC delegates here).
+
+Owns, for one block:
+  - the weight snapshot inference reads: `update_weights()` swaps in a new (block, table) pair as one
+    reference, so a request always runs on one consistent snapshot while training goes on, and a
+    cached session keeps the snapshot it started on until it ends (its caches stay coherent);
+  - validation of every ForwardRequest (config hash, block index, dtypes, shapes, positions, finite
+    values) before any math, raising swarmd.errors types the transport maps to status codes;
+  - per-(session, step_index) KV caches for incremental decoding, LRU-evicted beyond max_sessions
+    sessions (a client that finds its session gone re-sends the prefix from start_position 0);
+  - batching: requests that arrive while the worker is busy queue up, and the next round runs every
+    compatible group (same sigmas, positions and cache length) as one batch.
+Runs torch in one worker thread at a time (asyncio.to_thread); no grpc, no filesystem.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from swarmd.config import ModelConfig
+from swarmd.errors import ConfigMismatch, SwarmdError, ValidationError
+from swarmd.model import DenoisingBlock, euler_step
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.wire import from_proto, to_proto
+
+logger = logging.getLogger(__name__)
+
+MAX_SESSION_ID = 128  # characters
+MAX_ROWS = 256  # sequences per request
+
+
+class SessionMissing(ValidationError):
+    """The session's cache for this step is gone or at another length: re-send from position 0."""
+
+
+class WrongBlock(ValidationError):
+    """The request names a block this peer does not serve."""
+
+
+@dataclass
+class _Snapshot:
+    version: int
+    block: DenoisingBlock
+    table_hat: torch.Tensor  # (V, d) row-normalised byte table
+
+
+@dataclass
+class _Session:
+    snapshot: _Snapshot
+    caches: dict[int, tuple[int, list[dict]]] = field(default_factory=dict)  # step_index -> (positions, KV per layer)
+
+
+@dataclass
+class _Job:
+    request: pb.ForwardRequest
+    x: torch.Tensor  # (n, t) int64
+    z: torch.Tensor  # (n, t, d) fp32
+    future: asyncio.Future
+
+
+@dataclass
+class ServingStats:
+    requests: int = 0
+    batches: int = 0
+    max_batch_requests: int = 0  # most requests ever run as one batch
+    evicted_sessions: int = 0
+    compute_s: float = 0.0
+
+
+class BlockServing:
+    """Serve one block's sampler steps.
+
+    :param cfg: the model config peers must share (its hash is checked on every request)
+    :param block_index: the block this peer serves
+    :param device: torch device of the inference copy of the block
+    :param max_sessions: cached sessions kept; the least recently used one is dropped beyond this
+    :param max_batch_rows: most sequences run in one batch
+    """
+
+    def __init__(self, cfg: ModelConfig, block_index: int, device: str = "cpu", max_sessions: int = 64, max_batch_rows: int = 256, peer_id: str = ""):
+        if not 0 <= block_index < cfg.blocks:
+            raise ValueError(f"block_index {block_index} outside [0, {cfg.blocks})")
+        self.cfg, self.block_index, self.device = cfg, block_index, device
+        self.config_hash = cfg.config_hash()
+        self.max_sessions, self.max_batch_rows, self.peer_id = max_sessions, max_batch_rows, peer_id
+        self.stats = ServingStats()
+        self._snapshot: _Snapshot | None = None
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()  # guards _sessions between the loop thread and the worker
+        self._pending: list[_Job] = []
+        self._worker: asyncio.Task | None = None
+
+    # -- weights ---------------------------------------------------------------------------------
+    def update_weights(self, block_state_dict: dict[str, torch.Tensor], table: torch.Tensor) -> None:
+        """Install a new snapshot (a private copy): the block's state dict and the byte table (V, d)."""
+        block = DenoisingBlock(self.cfg)
+        block.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in block_state_dict.items()})
+        table_hat = F.normalize(table.detach().float().to("cpu", copy=True), dim=-1)
+        if tuple(table_hat.shape) != (self.cfg.vocab, self.cfg.d_model):
+            raise ValueError(f"byte table of shape {list(table_hat.shape)} does not fit the config")
+        version = self._snapshot.version + 1 if self._snapshot else 1
+        self._snapshot = _Snapshot(version, block.to(self.device).eval(), table_hat.to(self.device))
+
+    @property
+    def ready(self) -> bool:
+        return self._snapshot is not None
+
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    # -- requests --------------------------------------------------------------------------------
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
+        """Validate, queue for the next batch, and answer with the next z (or logits when final)."""
+        self._check_header(request)
+        if request.end_session:
+            with self._lock:
+                self._sessions.pop(request.session_id, None)
+            return pb.ForwardReply(peer_id=self.peer_id)
+        x, z = self._check_tensors(request)
+        if self._snapshot is None:
+            raise SwarmdError(f"block {self.block_index} has no weights yet")
+        job = _Job(request, x, z, asyncio.get_running_loop().create_future())
+        self._pending.append(job)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await job.future
+
+    def _check_header(self, r: pb.ForwardRequest) -> None:
+        if r.config_hash != self.config_hash:
+            raise ConfigMismatch(f"request is for model config {r.config_hash or '(none)'}, this peer serves {self.config_hash}")
+        if r.block_index != self.block_index:
+            raise WrongBlock(f"this peer serves block {self.block_index}, not block {r.block_index}")
+        if len(r.session_id) > MAX_SESSION_ID:
+            raise ValidationError(f"session_id longer than {MAX_SESSION_ID} characters")
+        if (r.use_cache or r.end_session) and not r.session_id:
+            raise ValidationError("a cached request needs a session_id")
+
+    def _check_tensors(self, r: pb.ForwardRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        if not (math.isfinite(r.sigma) and r.sigma > 0):
+            raise ValidationError(f"sigma must be finite and > 0, got {r.sigma}")
+        if not r.final and not (math.isfinite(r.sigma_next) and r.sigma_next >= 0):
+            raise ValidationError(f"sigma_next must be finite and >= 0, got {r.sigma_next}")
+        if r.step_index < 0 or r.start_position < 0:
+            raise ValidationError("step_index and start_position must be >= 0")
+        if not r.use_cache and r.start_position != 0:
+            raise ValidationError("start_position > 0 needs use_cache")
+        if not r.HasField("context") or not r.HasField("z"):
+            raise ValidationError("a forward request needs context and z")
+        if len(r.context.shape) != 2:
+            raise ValidationError(f"context must be (n, t), got shape {list(r.context.shape)}")
+        n, t = r.context.shape
+        if not (1 <= n <= MAX_ROWS and 1 <= t <= cfg.seq_len):
+            raise ValidationError(f"context shape {[n, t]} outside [1..{MAX_ROWS}] x [1..{cfg.seq_len}]")
+        if r.start_position + t > cfg.seq_len:
+            raise ValidationError(f"positions {r.start_position}..{r.start_position + t - 1} exceed seq_len {cfg.seq_len}")
+        limit = n * t * cfg.d_model * 4 + 1024
+        x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
+        z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
+        return x, z
+
+    # -- batching --------------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        """Run queued jobs in rounds until none are left; each round batches compatible jobs."""
+        while self._pending:
+            jobs, self._pending = self._pending, []
+            jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
+            try:
+                results, deferred = await asyncio.to_thread(self._run_round, jobs)
+            except Exception as exc:  # a bug or OOM in the math: fail this round's callers, keep serving
+                logger.exception("block %d: inference round failed", self.block_index)
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(SwarmdError(f"block {self.block_index} inference failed: {exc}"))
+                continue
+            self._pending[:0] = deferred
+            for job, result in results:
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+    def _run_round(self, jobs: list[_Job]) -> tuple[list[tuple[_Job, object]], list[_Job]]:
+        """Worker thread: group jobs by what can share one batch, run each group, split the results."""
+        results: list[tuple[_Job, object]] = []
+        deferred: list[_Job] = []
+        groups: dict[tuple, list[tuple[_Job, _Snapshot, list[dict] | None]]] = {}
+        seen: set[tuple[str, int]] = set()
+        current = self._snapshot
+        for job in jobs:
+            r = job.request
+            key_session = (r.session_id, r.step_index)
+            if r.use_cache and key_session in seen:  # same session and step twice: the second waits for the first
+                deferred.append(job)
+                continue
+            try:
+                snap, cache, past = self._session_cache(r, current) if r.use_cache else (current, None, 0)
+            except SwarmdError as exc:
+                results.append((job, exc))
+                continue
+            seen.add(key_session)
+            key = (snap.version, r.use_cache, past, job.x.shape[1], r.sigma, None if r.final else r.sigma_next)
+            groups.setdefault(key, []).append((job, snap, cache))
+        for key, members in groups.items():
+            for chunk in _chunks(members, self.max_batch_rows):
+                results.extend(self._run_group(chunk, key[1], key[2]))
+        return results, deferred
+
+    def _session_cache(self, r: pb.ForwardRequest, current: _Snapshot) -> tuple[_Snapshot, list[dict], int]:
+        with self._lock:
+            session = self._sessions.get(r.session_id)
+            if r.start_position == 0:
+                if session is None or r.step_index in session.caches:  # new session, or a restart (re-window, re-send)
+                    session = _Session(current)
+                self._sessions[r.session_id] = session
+                self._sessions.move_to_end(r.session_id)
+                while len(self._sessions) > self.max_sessions:
+                    dropped, _ = self._sessions.popitem(last=False)
+                    self.stats.evicted_sessions += 1
+                    logger.info("block %d: evicted session %s (LRU, %d kept)", self.block_index, dropped, self.max_sessions)
+                return session.snapshot, session.snapshot.block.new_cache(), 0
+            held = session.caches.get(r.step_index) if session else None
+            if held is None or held[0] != r.start_position:
+                have = held[0] if held else 0
+                raise SessionMissing(f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at {r.start_position}: re-send the prefix from position 0")
+            self._sessions.move_to_end(r.session_id)
+            return session.snapshot, held[1], r.start_position
+
+    @torch.no_grad()
+    def _run_group(self, members: list[tuple[_Job, _Snapshot, list[dict] | None]], use_cache: bool, past: int) -> list[tuple[_Job, object]]:
+        t0 = time.perf_counter()
+        first, snap, _ = members[0]
+        r = first.request
+        x = torch.cat([j.x for j, _, _ in members]).to(self.device)
+        z = torch.cat([j.z for j, _, _ in members]).to(self.device)
+        rows = [j.x.shape[0] for j, _, _ in members]
+        cache = None
+        if use_cache:
+            cache = snap.block.new_cache()
+            if past > 0:
+                for li, layer_cache in enumerate(cache):
+                    for kv in ("k", "v"):
+                        layer_cache[kv] = torch.cat([c[li][kv] for _, _, c in members])
+        logits, z_next = euler_step(snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache)
+        out = (logits if r.final else z_next).float().cpu()
+        compute_s = time.perf_counter() - t0
+        self.stats.requests += len(members)
+        self.stats.batches += 1
+        self.stats.max_batch_requests = max(self.stats.max_batch_requests, len(members))
+        self.stats.compute_s += compute_s
+        results = []
+        offset = 0
+        for (job, _, _), n in zip(members, rows):
+            part = out[offset : offset + n]
+            if use_cache:
+                split = [{kv: layer_cache[kv][offset : offset + n] for kv in ("k", "v")} for layer_cache in cache]
+                self._store(job.request, snap, past + x.shape[1], split)
+            offset += n
+            reply = pb.ForwardReply(compute_s=compute_s, peer_id=self.peer_id)
+            (reply.logits if r.final else reply.z).CopyFrom(to_proto(part.contiguous()))
+            results.append((job, reply))
+        return results
+
+    def _store(self, r: pb.ForwardRequest, snap: _Snapshot, positions: int, cache: list[dict]) -> None:
+        with self._lock:
+            session = self._sessions.get(r.session_id)
+            if session is None or session.snapshot is not snap:  # evicted meanwhile (or restarted)
+                return
+            session.caches[r.step_index] = (positions, cache)
+
+
+def _chunks(members: list, max_rows: int):
+    chunk, rows = [], 0
+    for m in members:
+        n = m[0].x.shape[0]
+        if chunk and rows + n > max_rows:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(m)
+        rows += n
+    if chunk:
+        yield chunk
