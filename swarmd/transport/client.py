@@ -1,0 +1,274 @@
+"""gRPC client of the swarm: PeerClient dials peers and turns RPC failures into SwarmdErrors.
+
+Owns one grpc.aio channel per address (cached until close), the retry policy (service config
+retryPolicy for UNAVAILABLE, no Python retry loops), per-call deadlines, and wait_for_ready on the
+first call over a fresh channel. exchange() sends our payload and reads the peer's on the same
+bidirectional stream, so a peer behind NAT (client mode) can gossip without accepting
+connections. Picking another peer after a failure is gossip's job, not this module's.
+Runs on the caller's asyncio loop; starts no threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import grpc
+
+from swarmd.delta import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.v1 import swarm_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_CONFIG = {
+    "methodConfig": [
+        {
+            "name": [{"service": SERVICE_NAME}],
+            "retryPolicy": {
+                "maxAttempts": 4,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ]
+}
+
+_UNAVAILABLE_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.ABORTED,
+}
+
+
+def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
+    """The SwarmdError for a failed call, with a one-line message naming the peer and the code.
+
+    INVALID_ARGUMENT -> ValidationError, FAILED_PRECONDITION -> ConfigMismatch, everything else
+    (unreachable, deadline, busy, not found, internal) -> PeerUnavailable.
+    """
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = " ".join(str(exc.details() if hasattr(exc, "details") else exc).split())
+    message = f"peer {address}: {code.name.lower()}: {details or 'no details'}"
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ValidationError(message)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ConfigMismatch(message)
+    err = PeerUnavailable(message)
+    err.code = code  # callers may tell a deadline from a refusal
+    return err
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, object]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+
+
+class ForwardSession:
+    """One bidirectional Forward stream to a peer: one request, one reply per step, in order.
+
+    The stream opens on the first step. A failed or timed-out step cancels the stream; the next
+    step opens a new one (the peer's KV cache for the session is then gone: start_position 0).
+    """
+
+    def __init__(self, client: "PeerClient", address: str, step_timeout_s: float):
+        self.client, self.address, self.step_timeout_s = client, address, step_timeout_s
+        self._call: grpc.aio.StreamStreamCall | None = None
+
+    async def step(self, request: pb.ForwardRequest, timeout_s: float | None = None) -> pb.ForwardReply:
+        """Send one request and wait at most timeout_s (default step_timeout_s) for its reply."""
+        if self._call is None:
+            stub, fresh = self.client._stub(self.address)
+            self._call = stub.Forward(wait_for_ready=fresh)
+        call = self._call
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s is not None else self.step_timeout_s):
+                await call.write(request)
+                reply = await call.read()
+        except TimeoutError:
+            self._drop()
+            raise PeerUnavailable(f"peer {self.address}: forward step timed out after {timeout_s or self.step_timeout_s:g} s") from None
+        except grpc.RpcError as exc:
+            self._drop()
+            raise error_from_rpc(self.address, exc) from None
+        except asyncio.InvalidStateError:  # write after the call ended: read its status
+            self._drop()
+            raise error_from_rpc(self.address, await _status_error(call)) from None
+        if reply is grpc.aio.EOF:
+            self._drop()
+            raise error_from_rpc(self.address, await _status_error(call)) from None
+        self.client._mark_used(self.address)
+        return reply
+
+    def _drop(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    async def close(self) -> None:
+        """Half-close the stream and let the peer finish it (cancel after a short wait)."""
+        call, self._call = self._call, None
+        if call is None:
+            return
+        try:
+            async with asyncio.timeout(1.0):
+                await call.done_writing()
+                await call.code()
+        except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+            call.cancel()
+
+
+async def _status_error(call) -> grpc.RpcError:
+    """An RpcError-like object carrying the final status of a finished call."""
+    code, details = await call.code(), await call.details()
+    return _Status(code if code != grpc.StatusCode.OK else grpc.StatusCode.UNAVAILABLE, details or "stream ended early")
+
+
+class _Status(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class PeerClient:
+    """Calls to peers, one cached channel per address; every call takes a deadline in seconds.
+
+    :param max_payload_bytes: largest payload accepted from a peer, in bytes
+    :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
+    :note: create and use it on one asyncio loop; close() it before the loop ends.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ):
+        self.max_payload_bytes, self.max_chunk_bytes = max_payload_bytes, max_chunk_bytes
+        self._options = channel_options(max_message_bytes)
+        self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
+        self._fresh: set[str] = set()
+        self.bytes_sent = 0  # payload wire bytes sent by exchange()
+        self.bytes_received = 0  # payload wire bytes received by exchange() and pull_state()
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The cached channel to address (dialled lazily on first use)."""
+        if address not in self._channels:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = (channel, pb_grpc.SwarmStub(channel))
+            self._fresh.add(address)
+        return self._channels[address][0]
+
+    def _stub(self, address: str) -> tuple[pb_grpc.SwarmStub, bool]:
+        self.channel(address)
+        return self._channels[address][1], address in self._fresh
+
+    def _mark_used(self, address: str) -> None:
+        self._fresh.discard(address)
+
+    async def forget(self, address: str) -> None:
+        """Close and drop the channel to address (e.g. the peer left)."""
+        entry = self._channels.pop(address, None)
+        self._fresh.discard(address)
+        if entry is not None:
+            await entry[0].close()
+
+    async def close(self) -> None:
+        for address in list(self._channels):
+            await self.forget(address)
+
+    async def _unary(self, address: str, method: str, request, timeout_s: float):
+        stub, fresh = self._stub(address)
+        try:
+            reply = await getattr(stub, method)(request, timeout=timeout_s, wait_for_ready=fresh)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(address, exc) from None
+        self._mark_used(address)
+        return reply
+
+    async def status(self, address: str, timeout_s: float = 5.0) -> pb.PeerStatus:
+        return await self._unary(address, "GetStatus", pb.StatusRequest(), timeout_s)
+
+    async def swarm_config(self, address: str, timeout_s: float = 5.0) -> pb.SwarmConfig:
+        return await self._unary(address, "GetConfig", pb.ConfigRequest(), timeout_s)
+
+    async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float = 60.0) -> Encoded:
+        """Download a block or embedding state (framing checked; decode() it to validate)."""
+        stub, fresh = self._stub(address)
+        call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh)
+        enc = await self._read(address, call)
+        self.bytes_received += enc.wire_bytes
+        return enc
+
+    async def exchange(self, address: str, outgoing: Encoded, timeout_s: float = 30.0) -> Encoded:
+        """Stream our payload to the peer and read its answer on the same stream.
+
+        :param timeout_s: deadline of the whole exchange, sending and receiving, in seconds
+        :raises PeerRejected: the peer refused our payload (a ValidationError subclass);
+            PeerUnavailable: unreachable or deadline; ValidationError: its answer is malformed
+        """
+        stub, fresh = self._stub(address)
+        chunk = self.max_chunk_bytes
+
+        async def requests():
+            for msg in to_messages(outgoing, chunk):
+                yield msg
+
+        call = stub.ExchangeDeltas(requests(), timeout=timeout_s, wait_for_ready=fresh)
+        reply = await self._read(address, call)
+        self.bytes_sent += outgoing.wire_bytes
+        self.bytes_received += reply.wire_bytes
+        return reply
+
+    async def _read(self, address: str, call) -> Encoded:
+        """Read one payload from a response stream; cancel the call on any failure."""
+        try:
+            enc = await read_payload(_responses(call), self.max_payload_bytes, self.max_chunk_bytes)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(address, exc) from None
+        except ValidationError as exc:
+            call.cancel()
+            raise type(exc)(f"peer {address}: {exc}") from None
+        except BaseException:
+            call.cancel()
+            raise
+        self._mark_used(address)
+        return enc
+
+    def forward_session(self, address: str, step_timeout_s: float = 30.0) -> ForwardSession:
+        """A Forward stream to address; each step() waits at most step_timeout_s for its reply."""
+        return ForwardSession(self, address, step_timeout_s)
+
+
+async def _responses(call):
+    """Response messages of a streaming call; a stream that ends with an error raises it."""
+    while True:
+        msg = await call.read()
+        if msg is grpc.aio.EOF:
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise _Status(code, await call.details())
+            return
+        yield msg

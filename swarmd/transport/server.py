@@ -1,0 +1,216 @@
+"""gRPC server of a daemon: a thin SwarmServicer over the SwarmHandler protocol.
+
+Owns the grpc.aio server: swarmd.v1.Swarm (delegating every RPC to a SwarmHandler the daemon
+implements), grpc.health.v1 (SERVING while up) and server reflection, so grpcurl and
+grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes; no torch
+math and no gossip policy here. Runs on the caller's asyncio loop and starts no threads itself.
+Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from swarmd.delta import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.v1 import swarm_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
+MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
+
+
+class NotFound(SwarmdError):
+    """The peer does not serve what was asked (unknown block or kind): NOT_FOUND."""
+
+
+class Busy(SwarmdError):
+    """The peer is overloaded or not ready for this request: RESOURCE_EXHAUSTED."""
+
+
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (ConfigMismatch, grpc.StatusCode.FAILED_PRECONDITION),
+    (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+]
+
+
+def status_code_for(exc: BaseException) -> grpc.StatusCode:
+    """Status code for an exception a handler raised (INTERNAL for anything unexpected).
+
+    An exception may also name its code in a `grpc_code` attribute, e.g. grpc_code = "NOT_FOUND".
+    """
+    name = getattr(exc, "grpc_code", None)
+    if isinstance(name, str) and name in grpc.StatusCode.__members__:
+        return grpc.StatusCode[name]
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class SwarmHandler(Protocol):
+    """What the daemon implements; the servicer only moves bytes to and from it."""
+
+    def status(self) -> pb.PeerStatus: ...
+
+    def swarm_config(self) -> pb.SwarmConfig: ...
+
+    async def pull_state(self, request: pb.PullStateRequest) -> Encoded: ...
+
+    async def exchange(self, incoming: Encoded) -> Encoded:
+        """Validate and stash the caller's delta; answer with our delta of the same round."""
+        ...
+
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply: ...
+
+
+async def _maybe_await(value):
+    return await value if inspect.isawaitable(value) else value
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class SwarmServicer(pb_grpc.SwarmServicer):
+    """swarmd.v1.Swarm: parse, delegate to the handler, stream the answer, map errors to codes."""
+
+    def __init__(self, handler: SwarmHandler, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, max_chunk_bytes: int = MAX_CHUNK_BYTES):
+        self.handler = handler
+        self.max_payload_bytes = max_payload_bytes
+        self.max_chunk_bytes = max_chunk_bytes
+
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
+        code = status_code_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            logger.exception("[Swarm.%s] handler failed", method, exc_info=exc)
+        else:
+            logger.info("[Swarm.%s] %s: %s", method, code.name, _one_line(exc))
+        await context.abort(code, _one_line(exc))
+
+    async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
+        try:
+            return await _maybe_await(self.handler.status())
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+            await self._abort(context, "GetStatus", exc)
+
+    async def GetConfig(self, request: pb.ConfigRequest, context) -> pb.SwarmConfig:
+        try:
+            return await _maybe_await(self.handler.swarm_config())
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, "GetConfig", exc)
+
+    async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
+        try:
+            enc = await self.handler.pull_state(request)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, "PullState", exc)
+            return
+        for msg in to_messages(enc, self.max_chunk_bytes):
+            yield msg
+
+    async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload]:
+        """Read the caller's payload, let the handler answer, stream the answer back.
+
+        A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
+        Payload(reject=reason), which the caller's read_payload turns into PeerRejected.
+        """
+        try:
+            incoming = await read_payload(request_iterator, self.max_payload_bytes, self.max_chunk_bytes)
+            reply = await self.handler.exchange(incoming)
+        except ValidationError as exc:
+            logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), _one_line(exc))
+            yield pb.Payload(reject=_one_line(exc))
+            return
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, "ExchangeDeltas", exc)
+            return
+        for msg in to_messages(reply, self.max_chunk_bytes):
+            yield msg
+
+    async def Forward(self, request_iterator, context) -> AsyncIterator[pb.ForwardReply]:
+        """One reply per request, in order, on one long-lived stream (a sampling session)."""
+        async for request in request_iterator:
+            try:
+                reply = await self.handler.forward(request)
+            except Exception as exc:  # noqa: BLE001
+                await self._abort(context, "Forward", exc)
+                return
+            yield reply
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class SwarmServer:
+    """A started server: `.port`, `.address` ("host:port") and `await stop(grace_s)`."""
+
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, host: str, port: int):
+        self._server, self._health = server, health_servicer
+        self.host, self.port = host, port
+        self.address = format_address(host, port)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Report NOT_SERVING, let in-flight calls finish for up to grace_s seconds, then close."""
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_s)
+
+    async def wait_for_termination(self, timeout_s: float | None = None) -> bool:
+        return await self._server.wait_for_termination(timeout_s)
+
+
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),  # port 0 must give this server its own port
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+async def start_server(
+    handler: SwarmHandler,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> SwarmServer:
+    """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
+
+    :param max_payload_bytes: largest delta/state payload accepted from a caller, in bytes
+    :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
+    :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
+    :raises SwarmdError: the address cannot be bound
+    """
+    server = grpc.aio.server(options=server_options(max_message_bytes))
+    pb_grpc.add_SwarmServicer_to_server(SwarmServicer(handler, max_payload_bytes, max_chunk_bytes), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    try:
+        bound = server.add_insecure_port(format_address(host, port))
+    except RuntimeError as exc:
+        raise SwarmdError(f"cannot listen on {format_address(host, port)}: {_one_line(exc)}") from None
+    if not bound:
+        raise SwarmdError(f"cannot listen on {format_address(host, port)}: the address is in use or invalid")
+    await server.start()
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    logger.info("gRPC server listening on %s", format_address(host, bound))
+    return SwarmServer(server, health_servicer, host, bound)

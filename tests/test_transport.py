@@ -1,0 +1,275 @@
+"""A real swarmd.v1 server on 127.0.0.1:0 with a fake handler, driven by a real PeerClient."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from swarmd.delta import PeerRejected, decode, encode, shapes_of
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.transport import NotFound, PeerClient, start_server, status_code_for
+from swarmd.transport.server import Busy
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.wire import from_proto, to_proto
+
+META = dict(swarm_id="swarm-t", config_hash="cfg1", kind="block_delta", block_index=0)
+SHAPES = {"w": (32, 16), "b": (16,)}
+
+
+def delta(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g) * 1e-2 for name, shape in SHAPES.items()}
+
+
+class FakeHandler:
+    """Answers exchanges with its own int8 delta; records what it accepted."""
+
+    def __init__(self):
+        self.own = delta(100)
+        self.received: list[dict[str, torch.Tensor]] = []
+        self.exchange_error: Exception | None = None
+        self.hang = False
+        self.entered = asyncio.Event()
+
+    def status(self) -> pb.PeerStatus:
+        return pb.PeerStatus(peer_id="peer-b", block_index=0, state="training", round=3, swarm_id=META["swarm_id"])
+
+    def swarm_config(self) -> pb.SwarmConfig:
+        return pb.SwarmConfig(swarm_id=META["swarm_id"], config_hash=META["config_hash"], protocol="swarmd.v1")
+
+    async def pull_state(self, request: pb.PullStateRequest):
+        if request.config_hash != META["config_hash"]:
+            raise ConfigMismatch(f"this swarm runs config {META['config_hash']}, not {request.config_hash}")
+        if request.kind != "block":
+            raise NotFound(f"no state of kind {request.kind!r} here")
+        state = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64)}
+        return encode(state, "fp32", **{**META, "kind": "block_state"})
+
+    async def exchange(self, incoming):
+        self.entered.set()
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.exchange_error is not None:
+            raise self.exchange_error
+        self.received.append(decode(incoming, SHAPES, **META))  # ValidationError -> reject
+        return encode(self.own, "int8", **META, peer_id="peer-b")
+
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
+        if request.session_id == "hang":
+            await asyncio.Event().wait()
+        if request.config_hash != META["config_hash"]:
+            raise ValidationError(f"forward request for config {request.config_hash!r}")
+        z = from_proto(request.z)
+        return pb.ForwardReply(z=to_proto(z * 2 + request.step_index), peer_id="peer-b")
+
+
+def with_peer(body, handler=None, client_kw=None, **server_kw):
+    """Run body(client, server, handler) against a fresh server; always stop both."""
+
+    async def main():
+        h = handler or FakeHandler()
+        server = await start_server(h, **server_kw)
+        client = PeerClient(**(client_kw or {}))
+        try:
+            return await body(client, server, h)
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    return asyncio.run(main())
+
+
+def test_status_and_config():
+    async def body(client, server, h):
+        assert server.port > 0 and server.address == f"127.0.0.1:{server.port}"
+        status = await client.status(server.address, timeout_s=5)
+        config = await client.swarm_config(server.address, timeout_s=5)
+        assert (status.peer_id, status.round, status.state) == ("peer-b", 3, "training")
+        assert config.config_hash == META["config_hash"] and config.protocol == "swarmd.v1"
+
+    with_peer(body)
+
+
+def test_exchange_both_ways():
+    mine = delta(1)
+
+    async def body(client, server, h):
+        out = encode(mine, "int8", **META, peer_id="peer-a")
+        reply = await client.exchange(server.address, out, timeout_s=10)
+        assert reply.header.peer_id == "peer-b"
+        theirs = decode(reply, SHAPES, **META)
+        assert all((theirs[k] - h.own[k]).abs().max() <= h.own[k].abs().max() / 254 + 1e-7 for k in SHAPES)
+        assert len(h.received) == 1
+        sent = decode(out, SHAPES, **META)
+        assert all(torch.equal(h.received[0][k], sent[k]) for k in SHAPES)
+        assert client.bytes_sent == out.wire_bytes and client.bytes_received == reply.wire_bytes
+
+    with_peer(body)
+
+
+def test_exchange_of_many_chunks_fp32_is_exact():
+    big = {"w": torch.randn(512, 512)}  # 1 MiB raw, 16 KiB chunks
+
+    class Echo(FakeHandler):
+        async def exchange(self, incoming):
+            return incoming
+
+    async def body(client, server, h):
+        reply = await client.exchange(server.address, encode(big, "fp32", **META, zstd=False), timeout_s=20)
+        assert torch.equal(decode(reply, shapes_of(big), **META)["w"], big["w"])
+
+    with_peer(body, Echo(), client_kw={"max_chunk_bytes": 16 << 10}, max_chunk_bytes=16 << 10)
+
+
+def test_pull_state_and_its_errors():
+    async def body(client, server, h):
+        req = pb.PullStateRequest(swarm_id=META["swarm_id"], config_hash=META["config_hash"], kind="block", block_index=0)
+        enc = await client.pull_state(server.address, req, timeout_s=10)
+        state = decode(enc, {"w": (64, 64)}, **{**META, "kind": "block_state"})
+        assert torch.equal(state["w"].flatten(), torch.arange(4096, dtype=torch.float32))
+        with pytest.raises(ConfigMismatch, match="failed_precondition: this swarm runs config"):
+            await client.pull_state(server.address, pb.PullStateRequest(config_hash="other", kind="block"), timeout_s=5)
+        with pytest.raises(PeerUnavailable, match="not_found"):
+            await client.pull_state(server.address, pb.PullStateRequest(config_hash=META["config_hash"], kind="optimizer"), timeout_s=5)
+
+    with_peer(body)
+
+
+def test_handler_validation_error_reaches_the_client():
+    async def body(client, server, h):
+        bad = encode(delta(2), "fp32", **{**META, "config_hash": "wrong"})
+        with pytest.raises(PeerRejected, match="config hash 'wrong'"):
+            await client.exchange(server.address, bad, timeout_s=10)
+        h.exchange_error = ValidationError("delta of round 7 arrived in round 9")
+        with pytest.raises(ValidationError, match="round 7"):
+            await client.exchange(server.address, encode(delta(2), "fp32", **META), timeout_s=10)
+        h.exchange_error = ConfigMismatch("other model")
+        with pytest.raises(ConfigMismatch, match="other model"):
+            await client.exchange(server.address, encode(delta(2), "fp32", **META), timeout_s=10)
+        h.exchange_error = Busy("already exchanging")
+        with pytest.raises(PeerUnavailable, match="resource_exhausted"):
+            await client.exchange(server.address, encode(delta(2), "fp32", **META), timeout_s=10)
+        assert h.received == []
+
+    with_peer(body)
+
+
+def test_oversize_payload_is_refused_both_ways():
+    big = {"w": torch.randn(256, 256)}
+
+    class Echo(FakeHandler):
+        async def exchange(self, incoming):
+            return incoming
+
+    async def body(client, server, h):
+        with pytest.raises(PeerRejected, match="exceeds the limit"):
+            await client.exchange(server.address, encode(big, "fp32", **META, zstd=False), timeout_s=10)
+        small = PeerClient(max_payload_bytes=64 << 10)
+        try:
+            ok = encode({"w": torch.randn(200, 200)}, "fp32", **META, zstd=False)  # 160 KB each way
+            with pytest.raises(ValidationError, match="exceeds the limit"):
+                await small.exchange(server.address, ok, timeout_s=10)
+        finally:
+            await small.close()
+
+    with_peer(body, Echo(), max_payload_bytes=200 << 10)
+
+
+def test_hung_handler_hits_the_client_deadline():
+    async def body(client, server, h):
+        h.hang = True
+        await client.status(server.address, timeout_s=5)  # channel is up: no wait_for_ready now
+        start = time.monotonic()
+        with pytest.raises(PeerUnavailable, match="deadline_exceeded"):
+            await client.exchange(server.address, encode(delta(3), "fp32", **META), timeout_s=0.5)
+        elapsed = time.monotonic() - start
+        assert h.entered.is_set()
+        assert 0.45 <= elapsed < 2.0, elapsed
+
+    with_peer(body)
+
+
+def test_unreachable_peer_fails_by_its_deadline():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def main():
+        client = PeerClient()
+        try:
+            start = time.monotonic()
+            with pytest.raises(PeerUnavailable, match=address):
+                await client.status(address, timeout_s=0.5)
+            assert time.monotonic() - start < 3.0
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_forward_session_steps_and_recovers():
+    async def body(client, server, h):
+        session = client.forward_session(server.address, step_timeout_s=5)
+        z = torch.randn(1, 4, 8)
+        for step_index in range(3):
+            req = pb.ForwardRequest(session_id="s1", config_hash=META["config_hash"], z=to_proto(z), step_index=step_index)
+            reply = await session.step(req)
+            assert torch.equal(from_proto(reply.z), z * 2 + step_index)
+        with pytest.raises(ValidationError, match="forward request for config"):
+            await session.step(pb.ForwardRequest(session_id="s1", config_hash="x", z=to_proto(z)))
+        reply = await session.step(pb.ForwardRequest(session_id="s1", config_hash=META["config_hash"], z=to_proto(z)))
+        assert torch.equal(from_proto(reply.z), z * 2)
+        await session.close()
+
+        hung = client.forward_session(server.address)
+        start = time.monotonic()
+        with pytest.raises(PeerUnavailable, match="timed out"):
+            await hung.step(pb.ForwardRequest(session_id="hang", z=to_proto(z)), timeout_s=0.3)
+        assert time.monotonic() - start < 2.0
+        await hung.close()
+
+    with_peer(body)
+
+
+def test_health_serving_and_reflection():
+    async def body(client, server, h):
+        channel = client.channel(server.address)
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "swarmd.v1.Swarm"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5, wait_for_ready=True)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        names = [s.name async for r in call for s in r.list_services_response.service]
+        assert "swarmd.v1.Swarm" in names and "grpc.health.v1.Health" in names
+
+    with_peer(body)
+
+
+def test_status_code_mapping():
+    assert status_code_for(ValidationError("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_code_for(PeerRejected("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_code_for(ConfigMismatch("x")) == grpc.StatusCode.FAILED_PRECONDITION
+    assert status_code_for(NotFound("x")) == grpc.StatusCode.NOT_FOUND
+    assert status_code_for(Busy("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_code_for(TimeoutError()) == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_code_for(RuntimeError("bug")) == grpc.StatusCode.INTERNAL
+
+    class Gone(SwarmdError):
+        grpc_code = "NOT_FOUND"
+
+    assert status_code_for(Gone("x")) == grpc.StatusCode.NOT_FOUND
+
+
+def test_listening_on_a_taken_port_is_a_clear_error():
+    async def body(client, server, h):
+        with pytest.raises(SwarmdError, match="cannot listen"):
+            await start_server(FakeHandler(), port=server.port)
+
+    with_peer(body)
