@@ -1,0 +1,263 @@
+"""Peer discovery: who is in the swarm, which block each peer trains, and where to dial it.
+
+Owns the Discovery protocol and three implementations:
+  HivemindDiscovery  a real hivemind.DHT (its own process); records live under swarm- and
+                     block-scoped keys with an expiry, one subkey per peer;
+  StaticDiscovery    a fixed list of "host:port" gRPC addresses, asked for their status;
+  MemoryDiscovery    a dict shared by in-process peers (unit tests of gossip).
+DHT keys are built and parsed only by block_key / parse_block_key (petals' parse_uid style).
+Also owns the pure block-assignment rule (choose_block). The DHT is called with
+return_future=True and awaited, so the daemon's event loop never blocks; starting it has a timeout
+and fails with a SwarmdError that names the cause and what to try. No grpc server, no torch here.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import asdict, dataclass, fields
+from typing import Awaitable, Callable, Protocol
+
+from swarmd.errors import SwarmdError
+
+logger = logging.getLogger(__name__)
+
+KEY_DELIMITER = "."
+ALL_BLOCKS = "all"  # the swarm-wide key every peer also announces under (find_all reads it)
+
+
+def block_key(swarm_id: str, block_index: int | None) -> str:
+    """DHT key of one block of a swarm ('<swarm>.block.<n>'); None gives the swarm-wide key."""
+    return KEY_DELIMITER.join((swarm_id, "block", ALL_BLOCKS if block_index is None else str(int(block_index))))
+
+
+def parse_block_key(key: str) -> tuple[str, int | None]:
+    """Inverse of block_key: (swarm_id, block_index or None for the swarm-wide key)."""
+    swarm_id, sep, rest = key.rpartition(KEY_DELIMITER + "block" + KEY_DELIMITER)
+    if not sep or not swarm_id:
+        raise ValueError(f"not a block key: {key!r}")
+    if rest == ALL_BLOCKS:
+        return swarm_id, None
+    if not rest.isdigit():
+        raise ValueError(f"bad block index in key {key!r}")
+    return swarm_id, int(rest)
+
+
+@dataclass
+class PeerRecord:
+    peer_id: str
+    address: str  # host:port of the peer's gRPC server ("" in client mode)
+    block_index: int
+    round: int  # averaging rounds completed
+    samples_per_s: float  # training throughput EMA
+    config_hash: str
+    base_hash: str  # hash of the block weights the peer's current round started from
+    client_mode: bool
+    swarm_id: str
+    emb_hash: str = ""  # hash of the shared byte table the current round started from
+
+    def to_value(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_value(cls, value) -> "PeerRecord | None":
+        """Parse a DHT value; None (and a debug log) for anything malformed."""
+        try:
+            names = {f.name: f.type for f in fields(cls)}
+            if not isinstance(value, dict) or not set(value) <= set(names) or len(value) < len(names) - 1:
+                raise ValueError("wrong fields")
+            rec = cls(**value)
+            rec.block_index, rec.round, rec.samples_per_s = int(rec.block_index), int(rec.round), float(rec.samples_per_s)
+            if not all(isinstance(getattr(rec, k), str) for k in ("peer_id", "address", "config_hash", "base_hash", "swarm_id")):
+                raise ValueError("wrong field types")
+            return rec
+        except (TypeError, ValueError) as exc:
+            logger.debug("ignoring malformed peer record %r: %s", value, exc)
+            return None
+
+
+def choose_block(records: list[PeerRecord], blocks: int) -> int:
+    """The block with the least combined throughput (a peer with no EMA yet counts 1 sample/s); ties -> lowest index."""
+    load = [0.0] * blocks
+    for r in records:
+        if 0 <= r.block_index < blocks:
+            load[r.block_index] += max(r.samples_per_s, 1.0)
+    return min(range(blocks), key=lambda b: (load[b], b))
+
+
+def block_throughput(records: list[PeerRecord], blocks: int) -> list[dict]:
+    """Per block: peer count and combined samples/s."""
+    return [{"block": b, "peers": sum(r.block_index == b for r in records), "samples_per_s": sum(r.samples_per_s for r in records if r.block_index == b)} for b in range(blocks)]
+
+
+class Discovery(Protocol):
+    async def announce(self, record: PeerRecord, ttl_s: float) -> None: ...
+
+    async def find(self, block_index: int) -> list[PeerRecord]: ...
+
+    async def find_all(self) -> list[PeerRecord]: ...
+
+    def multiaddrs(self) -> list[str]: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class MemoryDiscovery:
+    """Records in a dict shared by in-process peers; expiry ignored (tests)."""
+
+    def __init__(self, board: dict[str, PeerRecord] | None = None, peer_id: str | None = None):
+        self.board = board if board is not None else {}
+        self.peer_id = peer_id or uuid.uuid4().hex[:12]
+
+    async def announce(self, record: PeerRecord, ttl_s: float) -> None:
+        self.board[record.peer_id] = record
+
+    async def find(self, block_index: int) -> list[PeerRecord]:
+        return [r for r in await self.find_all() if r.block_index == block_index]
+
+    async def find_all(self) -> list[PeerRecord]:
+        return sorted(self.board.values(), key=lambda r: r.peer_id)
+
+    def multiaddrs(self) -> list[str]:
+        return []
+
+    async def shutdown(self) -> None:
+        self.board.pop(self.peer_id, None)
+
+
+StatusFn = Callable[[str], Awaitable["object"]]  # address -> pb.PeerStatus (PeerClient.status)
+
+
+class StaticDiscovery:
+    """A fixed list of "host:port" peers; find_all asks each for its status (unreachable ones are skipped).
+
+    :param status_fn: coroutine address -> pb.PeerStatus, e.g. a bound PeerClient.status with a timeout.
+    """
+
+    def __init__(self, addresses: list[str], status_fn: StatusFn, swarm_id: str = "", peer_id: str | None = None):
+        self.addresses = list(dict.fromkeys(addresses))
+        self.status_fn, self.swarm_id = status_fn, swarm_id
+        self.peer_id = peer_id or uuid.uuid4().hex[:12]
+        self.own: PeerRecord | None = None
+
+    async def announce(self, record: PeerRecord, ttl_s: float) -> None:
+        self.own = record  # nothing to publish: peers find us by asking our status
+
+    async def find(self, block_index: int) -> list[PeerRecord]:
+        return [r for r in await self.find_all() if r.block_index == block_index]
+
+    async def find_all(self) -> list[PeerRecord]:
+        others = [a for a in self.addresses if not self.own or a != self.own.address]
+        results = await asyncio.gather(*(self.status_fn(a) for a in others), return_exceptions=True)
+        records = [self.own] if self.own else []
+        for address, st in zip(others, results):
+            if isinstance(st, BaseException):
+                logger.debug("static peer %s unreachable: %s", address, st)
+                continue
+            if self.swarm_id and st.swarm_id != self.swarm_id:
+                continue
+            records.append(record_from_status(st, address))
+        return sorted({r.peer_id: r for r in records}.values(), key=lambda r: r.peer_id)
+
+    def multiaddrs(self) -> list[str]:
+        return []
+
+    async def shutdown(self) -> None:
+        return None
+
+
+def record_from_status(st, address: str = "") -> PeerRecord:
+    """PeerRecord from a pb.PeerStatus (address falls back to the dialled one)."""
+    base_hash, _, emb_hash = st.base_hash.partition("/")
+    return PeerRecord(st.peer_id, st.address or ("" if st.client_mode else address), st.block_index, st.round, st.samples_per_s, st.config_hash, base_hash, st.client_mode, st.swarm_id, emb_hash)
+
+
+class HivemindDiscovery:
+    """A real hivemind DHT node: announce under block_key(swarm, b) and block_key(swarm, None).
+
+    :param initial_peers: multiaddrs of running peers (empty: start a new swarm)
+    :param host: interface for the libp2p listener (tcp port chosen by the OS)
+    :param start_timeout_s: fail with SwarmdError if the DHT is not up after this many seconds
+    :param client_mode: the DHT node accepts no inbound connections either
+    :note: the DHT runs in its own process; every call here awaits an MPFuture.
+    """
+
+    def __init__(self, swarm_id: str, initial_peers: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1", start_timeout_s: float = 30.0, client_mode: bool = False):
+        import hivemind
+
+        self.swarm_id = swarm_id
+        dht = None
+        try:
+            dht = hivemind.DHT(
+                initial_peers=list(initial_peers),
+                host_maddrs=[] if client_mode else [f"/ip4/{host}/tcp/0"],
+                client_mode=client_mode,
+                start=True,
+                await_ready=False,
+            )
+            dht.wait_until_ready(timeout=start_timeout_s)
+        except BaseException as exc:  # P2PDaemonError, TimeoutError, ValueError from a bad multiaddr, ...
+            if dht is not None:
+                dht.shutdown()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {start_timeout_s:.0f} s" if isinstance(exc, TimeoutError) else type(exc).__name__
+            hint = (
+                "check that the multiaddrs are right and that those peers are running and reachable (firewall, NAT: try --client-mode)"
+                if initial_peers
+                else "check that the host can open TCP ports on " + host
+            )
+            raise SwarmdError(f"could not start the DHT ({cause}); {hint}") from None
+        self.dht = dht
+        self.peer_id = dht.peer_id.to_base58()
+
+    @classmethod
+    async def create(cls, *args, **kwargs) -> "HivemindDiscovery":
+        """Start the DHT without blocking the event loop."""
+        return await asyncio.to_thread(cls, *args, **kwargs)
+
+    async def announce(self, record: PeerRecord, ttl_s: float) -> None:
+        from hivemind.utils import get_dht_time
+
+        expiration = get_dht_time() + ttl_s
+        value = record.to_value()
+        futures = [self.dht.store(block_key(self.swarm_id, k), value, expiration, subkey=record.peer_id, return_future=True) for k in (record.block_index, None)]
+        ok = await asyncio.gather(*futures)
+        if not all(ok):
+            logger.warning("[block %d %s] DHT announce was not stored everywhere", record.block_index, record.peer_id[-6:])
+
+    async def _get(self, block_index: int | None) -> list[PeerRecord]:
+        found = await self.dht.get(block_key(self.swarm_id, block_index), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+        records = [PeerRecord.from_value(item.value) for item in found.value.values()]
+        return sorted((r for r in records if r is not None and r.swarm_id == self.swarm_id), key=lambda r: r.peer_id)
+
+    async def find(self, block_index: int) -> list[PeerRecord]:
+        return [r for r in await self._get(block_index) if r.block_index == block_index]
+
+    async def find_all(self) -> list[PeerRecord]:
+        return await self._get(None)
+
+    def multiaddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.dht.shutdown)
+
+
+def is_multiaddr(text: str) -> bool:
+    return text.startswith("/")
+
+
+async def connect_discovery(swarm: list[str], swarm_id: str, status_fn: StatusFn | None = None, start_timeout_s: float = 30.0) -> HivemindDiscovery | StaticDiscovery:
+    """Discovery for CLI clients: multiaddrs -> a client-mode hivemind DHT; "host:port" -> static."""
+    if not swarm:
+        raise SwarmdError("no swarm address given: pass a multiaddr printed by `blocktrain run` or a host:port")
+    if all(is_multiaddr(s) for s in swarm):
+        return await HivemindDiscovery.create(swarm_id, swarm, start_timeout_s=start_timeout_s, client_mode=True)
+    if any(is_multiaddr(s) for s in swarm):
+        raise SwarmdError("mix of multiaddrs and host:port addresses; pass one kind")
+    if status_fn is None:
+        raise SwarmdError("static discovery needs a status function")
+    return StaticDiscovery(swarm, status_fn, swarm_id)

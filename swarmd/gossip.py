@@ -1,0 +1,393 @@
+"""One gossip round: swap compressed deltas with the peers found, accept what arrives in time, merge.
+
+Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
+  - a round r starts from a base every same-block replica shares (identified by a weights hash);
+    after H local steps a peer encodes its block delta and embedding delta with ErrorFeedback;
+  - exchanges are bidirectional (PeerClient.exchange): for each pair of peers exactly one dials
+    the other (the lower peer id dials, client-mode peers always dial), the callee stashes the
+    caller's delta and answers with its own delta of the same round;
+  - block deltas go to same-block peers, embedding deltas to peers of every block;
+  - deltas are validated (swarmd.delta.decode), and must carry our round and base hash, else they
+    are rejected (counted, logged) and cost the round only that peer's contribution;
+  - the collection ends when every expected peer answered, or at an adaptive deadline (factor x
+    EMA of the arrival lag, clipped to [deadline_min_s, deadline_max_s]);
+  - merge: base + mean of the accepted decoded deltas, own decoded delta included, summed in
+    peer-id order, uniform weights (every peer trains H steps of the same batch size), so replicas
+    that accepted the same set end bit-identical. AdamW state is kept.
+  - re-sync (sync): the reference of a block is its peer with the highest (round, server mode,
+    peer id) among the records at the highest round seen; a peer whose base hash differs from its
+    reference adopts the reference's state by PullState. The embedding works the same over all
+    peers. Joiners go through the same rule before their first step, so nobody sends a delta
+    computed from weights the swarm does not share.
+Talks to a Transport protocol (PeerClient, or an in-memory one in tests) and a Discovery; no grpc
+or hivemind imports. Every merge is a pure function of the accepted deltas (merge_mean).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from swarmd.delta import Encoded, ErrorFeedback, decode, encode, shapes_of
+from swarmd.discovery import PeerRecord
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.metrics import Metrics
+from swarmd.peer_config import GossipConfig
+from swarmd.state import BlockState, relative_distance
+from swarmd.v1 import swarm_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+BLOCK, EMB = "block_delta", "embedding_delta"
+STATE_KIND = {"block": "block_state", "embedding": "embedding_state"}
+
+
+class Transport(Protocol):
+    async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded: ...
+
+    async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float) -> Encoded: ...
+
+
+class StaleRound(ConfigMismatch):
+    """The caller's delta belongs to another round than ours (FAILED_PRECONDITION)."""
+
+
+class BaseMismatch(ConfigMismatch):
+    """The delta was computed from other weights than our base (FAILED_PRECONDITION)."""
+
+
+class WrongBlock(SwarmdError):
+    """Asked for a block this peer does not train (NOT_FOUND)."""
+
+    grpc_code = "NOT_FOUND"
+
+
+class NotReady(SwarmdError):
+    """Our own delta was not ready in time (RESOURCE_EXHAUSTED)."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure functions (unit-tested directly)
+# ----------------------------------------------------------------------------------------------
+def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Uniform mean of the accepted deltas (peer id -> tensors), summed in sorted peer-id order.
+
+    The order is fixed so that every replica that accepted the same set gets the same bits.
+    """
+    ids = sorted(deltas)
+    if not ids:
+        raise ValueError("merge_mean needs at least one delta (own delta included)")
+    out = {}
+    for name, first in deltas[ids[0]].items():
+        acc = torch.zeros_like(first, dtype=torch.float32)
+        for pid in ids:
+            acc += deltas[pid][name].float()
+        out[name] = acc / len(ids)
+    return out
+
+
+def dials(me: PeerRecord, other: PeerRecord) -> bool:
+    """Whether `me` opens the exchange with `other`: exactly one side of each pair dials."""
+    if other.client_mode or not other.address:
+        return False  # nobody can dial a client-mode peer; it dials us
+    if me.client_mode:
+        return True
+    return me.peer_id < other.peer_id
+
+
+def rank(record: PeerRecord) -> tuple:
+    """Who is the reference when weights differ: highest round, then server mode, then peer id."""
+    return (record.round, not record.client_mode, record.peer_id)
+
+
+def reference(me: PeerRecord, others: list[PeerRecord]) -> PeerRecord:
+    """The peer whose state everyone in `[me] + others` converges to (me if I rank highest)."""
+    pool = [me, *[o for o in others if o.address or o.peer_id == me.peer_id]]
+    top_round = max(r.round for r in pool)
+    return max((r for r in pool if r.round == top_round), key=rank)
+
+
+class DeadlinePolicy:
+    """Adaptive collection deadline: factor x EMA(arrival lag), clipped to [min_s, max_s]; max_s until measured."""
+
+    def __init__(self, cfg: GossipConfig, alpha: float = 0.3):
+        self.cfg, self.alpha, self.ema = cfg, alpha, None
+
+    def deadline_s(self) -> float:
+        if self.ema is None:
+            return self.cfg.deadline_max_s
+        return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, self.cfg.deadline_factor * self.ema))
+
+    def observe(self, lag_s: float) -> None:
+        self.ema = lag_s if self.ema is None else (1 - self.alpha) * self.ema + self.alpha * lag_s
+
+
+# ----------------------------------------------------------------------------------------------
+# Round state
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RoundReport:
+    round: int  # round index that was merged (rounds completed before it)
+    expected_block: list[str]
+    expected_emb: list[str]
+    accepted_block: list[str]
+    accepted_emb: list[str]
+    rejected: int
+    deadline_s: float
+    seconds: float  # from own delta ready to merge
+    premerge_distance: float  # max relative distance between own live block and an accepted replica before the merge
+
+    @property
+    def participation(self) -> float:
+        """Fraction of the expected (peer, kind) deltas that were accepted; 1.0 when none was expected."""
+        expected = len(self.expected_block) + len(self.expected_emb)
+        got = len(set(self.accepted_block) & set(self.expected_block)) + len(set(self.accepted_emb) & set(self.expected_emb))
+        return 1.0 if expected == 0 else got / expected
+
+
+@dataclass
+class _Round:
+    round: int
+    hashes: dict[str, str]  # kind -> base hash
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    outgoing: dict[str, Encoded] = field(default_factory=dict)
+    own: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
+    failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
+    closed: bool = False
+    ready_at: float = 0.0
+    last_arrival: float = 0.0
+    rejected: int = 0
+
+
+class Gossip:
+    """Averaging rounds of one peer.
+
+    :param state: the peer's BlockState
+    :param transport: dials peers (PeerClient or an in-memory stand-in)
+    :param me: this peer's record (peer_id, address, block, client mode, swarm id, config hash)
+    """
+
+    def __init__(self, state: BlockState, transport: Transport, cfg: GossipConfig, me: PeerRecord, metrics: Metrics):
+        self.state, self.transport, self.cfg, self.me, self.metrics = state, transport, cfg, me, metrics
+        self.deadline = DeadlinePolicy(cfg)
+        self.ef = {BLOCK: ErrorFeedback(), EMB: ErrorFeedback()}
+        self.current: _Round | None = None
+        self._opened = asyncio.Condition()
+        self.banned: dict[str, tuple[float, float]] = {}  # peer id -> (until, period)
+        self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _hdr(self, kind: str, round: int) -> dict:
+        return dict(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=kind, block_index=self.me.block_index if kind == BLOCK else -1, round=round, peer_id=self.me.peer_id)
+
+    def _expected_shapes(self, kind: str) -> dict[str, tuple[int, ...]]:
+        return self.state.block_shapes() if kind == BLOCK else self.state.emb_shapes()
+
+    def _ban(self, peer_id: str) -> None:
+        _, period = self.banned.get(peer_id, (0.0, 1.0))
+        self.banned[peer_id] = (time.monotonic() + period, min(period * 2, 60.0))
+
+    def _usable(self, rec: PeerRecord) -> bool:
+        until = self.banned.get(rec.peer_id, (0.0, 0.0))[0]
+        return rec.peer_id != self.me.peer_id and rec.config_hash == self.me.config_hash and rec.swarm_id == self.me.swarm_id and time.monotonic() >= until
+
+    # -- re-sync -----------------------------------------------------------------------------------
+    async def sync(self, records: list[PeerRecord]) -> list[str]:
+        """Adopt the reference's block and embedding if our base differs (see module doc); returns what was pulled."""
+        me = self.record()
+        others = [r for r in records if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id]
+        pulled = []
+        for what, pool, my_hash in (("block", [r for r in others if r.block_index == me.block_index], me.base_hash), ("embedding", others, me.emb_hash)):
+            ref = reference(me, pool)
+            ref_hash = ref.base_hash if what == "block" else ref.emb_hash
+            if ref.peer_id == me.peer_id or (ref_hash == my_hash and ref.round == me.round):
+                continue
+            try:
+                await self.pull(ref, what)
+                pulled.append(what)
+            except SwarmdError as exc:
+                logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, what, ref.peer_id[-6:], exc)
+                self._ban(ref.peer_id)
+        return pulled
+
+    async def pull(self, peer: PeerRecord, what: str) -> None:
+        """Download a peer's block or embedding state (validated) and adopt it with its round."""
+        request = pb.PullStateRequest(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=what, block_index=peer.block_index if what == "block" else -1)
+        enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        self.metrics.add_received(enc.wire_bytes)
+        tensors = decode(enc, self._expected_shapes(BLOCK if what == "block" else EMB), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=STATE_KIND[what], block_index=self.me.block_index if what == "block" else -1, max_bytes=self.cfg.max_payload_bytes)
+        if what == "block":
+            await asyncio.to_thread(self.state.adopt, tensors, None, max(self.state.round, int(enc.header.round)))
+        else:
+            await asyncio.to_thread(self.state.adopt, None, tensors, max(self.state.round, int(enc.header.round)))
+        self.ef[BLOCK if what == "block" else EMB].reset()
+        logger.info("%s adopted the %s of %s (round %d)", self.tag, what, peer.peer_id[-6:], enc.header.round)
+
+    def state_payload(self, request: pb.PullStateRequest) -> Encoded:
+        """The base (merged) block or embedding as an fp32 payload, for PullState."""
+        if request.swarm_id != self.me.swarm_id or request.config_hash != self.me.config_hash:
+            raise ValidationError("pull request for another swarm or model config")
+        if request.kind not in STATE_KIND:
+            raise ValidationError(f"unknown state kind {request.kind!r}")
+        if request.kind == "block" and request.block_index != self.me.block_index:
+            raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
+        round, block, emb = self.state.snapshot()
+        tensors, base_hash = (block, self.state.block_hash) if request.kind == "block" else (emb, self.state.emb_hash)
+        hdr = self._hdr(BLOCK if request.kind == "block" else EMB, round)
+        hdr["kind"] = STATE_KIND[request.kind]
+        enc = encode(tensors, "fp32", base_hash=base_hash, **hdr)
+        self.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
+        return enc
+
+    def record(self) -> PeerRecord:
+        """This peer's current record (what announce publishes)."""
+        me = self.me
+        return PeerRecord(me.peer_id, me.address, me.block_index, self.state.round, self.metrics.samples_per_s, me.config_hash, self.state.block_hash, me.client_mode, me.swarm_id, self.state.emb_hash)
+
+    # -- the round ----------------------------------------------------------------------------------
+    async def open_round(self) -> None:
+        """Start accepting deltas for the round we are about to train (call after sync)."""
+        async with self._opened:
+            self.current = _Round(self.state.round, {BLOCK: self.state.block_hash, EMB: self.state.emb_hash})
+            self._opened.notify_all()
+
+    async def publish(self) -> None:
+        """Encode this round's deltas (error feedback) and let waiting callers have them."""
+        rs = self.current
+        block_delta, emb_delta = await asyncio.to_thread(self.state.deltas)
+        weight = float(self.cfg.steps_per_round)
+        for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
+            enc, decoded = await asyncio.to_thread(self.ef[kind].compress, delta, self.cfg.codec, base_hash=rs.hashes[kind], weight=weight, **self._hdr(kind, rs.round))
+            rs.outgoing[kind], rs.own[kind] = enc, decoded
+        rs.ready_at = time.monotonic()
+        rs.ready.set()
+
+    def _accept(self, rs: _Round, enc: Encoded, kind: str) -> str:
+        """Validate a delta against round, base and schema and stash it; returns the sender id."""
+        h = enc.header
+        try:
+            if rs.closed:
+                raise StaleRound(f"round {rs.round} is already closed")
+            if h.peer_id == self.me.peer_id or not h.peer_id:
+                raise ValidationError("delta without a (foreign) peer id")
+            if h.round != rs.round:
+                raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
+            if h.base_hash != rs.hashes[kind]:
+                raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
+            tensors = decode(enc, self._expected_shapes(kind), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=kind, block_index=self.me.block_index if kind == BLOCK else -1, max_bytes=self.cfg.max_payload_bytes)
+        except SwarmdError as exc:
+            rs.rejected += 1
+            self.metrics.rejected += 1
+            logger.warning("%s rejected a %s from %s: %s", self.tag, kind, (h.peer_id or "?")[-6:], exc)
+            raise
+        rs.inbox[kind][h.peer_id] = tensors
+        rs.last_arrival = time.monotonic()
+        rs.arrived.set()
+        return h.peer_id
+
+    async def handle_exchange(self, incoming: Encoded) -> Encoded:
+        """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
+        h = incoming.header
+        self.metrics.add_received(incoming.wire_bytes)
+        kind = h.kind
+        if kind not in (BLOCK, EMB):
+            raise ValidationError(f"cannot exchange a {kind!r} payload")
+        if kind == BLOCK and h.block_index != self.me.block_index:
+            raise WrongBlock(f"this peer trains block {self.me.block_index}, not {h.block_index}")
+        wait_s = self.cfg.deadline_max_s
+        async with self._opened:
+            try:
+                await asyncio.wait_for(self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round), wait_s)
+            except TimeoutError:
+                raise StaleRound(f"round {h.round} is ahead of ours ({self.state.round})") from None
+        rs = self.current
+        if rs.round != h.round or rs.closed:
+            self.metrics.rejected += 1
+            raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
+        try:
+            await asyncio.wait_for(rs.ready.wait(), wait_s)
+        except TimeoutError:
+            raise NotReady(f"own delta of round {rs.round} not ready in time") from None
+        try:
+            self._accept(rs, incoming, kind)
+        except BaseMismatch:
+            pass  # still answer: the caller sees the mismatch too and both apply the re-sync rule
+        reply = rs.outgoing[kind]
+        self.metrics.add_sent(reply.wire_bytes, reply.raw_bytes)
+        return reply
+
+    async def _dial(self, rs: _Round, peer: PeerRecord, kind: str, deadline: float) -> None:
+        outgoing = rs.outgoing[kind]
+        try:
+            reply = await self.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))
+        except SwarmdError as exc:
+            rs.failed[kind].add(peer.peer_id)
+            rs.arrived.set()
+            if isinstance(exc, PeerUnavailable):
+                self._ban(peer.peer_id)
+            logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
+            return
+        self.metrics.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
+        self.metrics.add_received(reply.wire_bytes)
+        try:
+            if reply.header.peer_id != peer.peer_id:
+                raise ValidationError(f"reply signed by {reply.header.peer_id[-6:]}, dialled {peer.peer_id[-6:]}")
+            self._accept(rs, reply, kind)
+        except SwarmdError:
+            rs.failed[kind].add(peer.peer_id)
+            rs.arrived.set()
+
+    async def average(self, records: list[PeerRecord]) -> RoundReport:
+        """Publish own deltas, exchange with the peers in `records`, wait for the deadline, merge."""
+        rs = self.current
+        if rs is None or rs.closed:
+            raise RuntimeError("average() needs an open round (call open_round first)")
+        await self.publish()
+        peers = [r for r in records if self._usable(r)]
+        expected = {BLOCK: {r.peer_id for r in peers if r.block_index == self.me.block_index}, EMB: {r.peer_id for r in peers}}
+        me = self.record()
+        deadline_s = self.deadline.deadline_s()
+        deadline = rs.ready_at + deadline_s
+        tasks = [asyncio.create_task(self._dial(rs, p, kind, deadline)) for p in peers if dials(me, p) for kind in ((BLOCK, EMB) if p.block_index == me.block_index else (EMB,))]
+
+        def complete() -> bool:
+            return all(expected[k] <= set(rs.inbox[k]) | rs.failed[k] for k in (BLOCK, EMB))
+
+        try:
+            while not complete():
+                rs.arrived.clear()
+                if complete():
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(rs.arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+        finally:
+            rs.closed = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
+        if accepted[BLOCK] or accepted[EMB]:
+            self.deadline.observe(rs.last_arrival - rs.ready_at)
+        live_block, _ = await asyncio.to_thread(self.state.current)
+        premerge = max((relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()), default=0.0)
+        block_mean = merge_mean({self.me.peer_id: rs.own[BLOCK], **rs.inbox[BLOCK]})
+        emb_mean = merge_mean({self.me.peer_id: rs.own[EMB], **rs.inbox[EMB]})
+        await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
+        seconds = time.monotonic() - rs.ready_at
+        report = RoundReport(rs.round, sorted(expected[BLOCK]), sorted(expected[EMB]), accepted[BLOCK], accepted[EMB], rs.rejected, deadline_s, seconds, premerge)
+        self.metrics.end_round(report.participation, seconds)
+        logger.info("%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)", self.tag, rs.round, len(accepted[BLOCK]), len(expected[BLOCK]), len(accepted[EMB]), len(expected[EMB]), seconds, deadline_s)
+        return report

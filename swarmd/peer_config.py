@@ -1,0 +1,87 @@
+"""Swarm daemon configuration: GossipConfig, NetConfig and DaemonConfig (frozen, validated).
+
+Owns every knob of a swarm peer that is not the model or the optimiser (those stay in
+swarmd.config, owned by the model core). Built once at the edge (CLI or test fixture) and handed
+down: gossip gets GossipConfig, discovery gets NetConfig, the daemon gets the whole DaemonConfig.
+No torch, grpc or hivemind imports here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from swarmd.config import ModelConfig, TrainConfig
+
+CODECS = ("fp32", "fp16", "bf16", "int8")  # mirrors swarmd.delta.CODECS (no import: keep this module light)
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
+    codec: str = "int8"  # delta codec on the wire (always followed by zstd)
+    deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
+    deadline_max_s: float = 30.0  # ... and never exceeds this, however slow the peers were
+    deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
+    max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
+    rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls
+
+    def __post_init__(self) -> None:
+        if self.steps_per_round < 1:
+            raise ValueError(f"steps_per_round must be >= 1, got {self.steps_per_round}")
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+        if not 0 < self.deadline_min_s <= self.deadline_max_s:
+            raise ValueError("need 0 < deadline_min_s <= deadline_max_s")
+        if self.deadline_factor <= 0 or self.rpc_timeout_s <= 0 or self.max_payload_bytes <= 0:
+            raise ValueError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    swarm_id: str = "blocktrain"  # peers only talk to peers of the same swarm id (DHT keys are scoped by it)
+    listen: str = "127.0.0.1:0"  # host:port of the gRPC server (port 0 = pick a free one)
+    initial_peers: tuple[str, ...] = ()  # DHT multiaddrs to join through ("host:port" entries mean static discovery)
+    dht_host: str = "127.0.0.1"  # interface the DHT's libp2p node listens on
+    discovery: str = "hivemind"  # "hivemind" (real DHT) or "static" (initial_peers are host:port gRPC addresses)
+    client_mode: bool = False  # no inbound connections: dial out for exchanges only (peers behind NAT)
+    announce_period_s: float = 2.0  # re-announce this often (plus jitter)
+    record_ttl_s: float = 15.0  # a DHT record expires this long after its last announce
+    dht_start_timeout_s: float = 30.0  # give up starting / joining the DHT after this long
+
+    def __post_init__(self) -> None:
+        if not self.swarm_id or any(c in self.swarm_id for c in " /"):
+            raise ValueError(f"swarm_id must be a non-empty name without spaces or slashes, got {self.swarm_id!r}")
+        if self.discovery not in ("hivemind", "static"):
+            raise ValueError(f"discovery must be 'hivemind' or 'static', got {self.discovery!r}")
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+        if self.announce_period_s <= 0 or self.record_ttl_s <= self.announce_period_s:
+            raise ValueError("need 0 < announce_period_s < record_ttl_s")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    data_path: str = ""  # training text (file or directory)
+    eval_path: str = ""  # held-out text for the from-noise CE this peer reports ("" = none)
+    eval_tokens: int = 2048  # held-out bytes scored when a peer measures its CE
+    block: int = -1  # block to train; -1 = auto (least combined throughput in the swarm)
+    device: str = "cpu"
+    checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
+    peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
+    max_rounds: int = 0  # stop after this many rounds (0 = run until stopped)
+    eval_every: int = 0  # measure from-noise CE every this many rounds (0 = never; needs all blocks locally)
+
+    def __post_init__(self) -> None:
+        if self.block < -1 or self.block >= self.model.blocks:
+            raise ValueError(f"block must be -1 (auto) or in [0, {self.model.blocks}), got {self.block}")
+        if self.max_rounds < 0 or self.eval_tokens < 1:
+            raise ValueError("max_rounds must be >= 0 and eval_tokens >= 1")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    def with_block(self, block_index: int) -> "DaemonConfig":
+        return replace(self, block=block_index)

@@ -1,0 +1,170 @@
+"""BlockState: the one shared mutable object of a daemon (block + byte table + AdamW) under a lock.
+
+Owns the weights a peer trains and the base they started from this round: local steps
+(train_steps, run by the daemon's single worker thread), deltas (now - base), merges
+(apply_merge: base + mean delta, written into the parameters in place so AdamW keeps its
+moments), adoption of a peer's state (join / re-sync), snapshots for PullState and serving, and
+the hashes and count-sketch that identify and compare weights. No grpc, no asyncio here.
+Follows hivemind's averager.get_tensors(): every reader takes a copy under the lock.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from swarmd.config import ModelConfig, TrainConfig
+from swarmd.train import BlockTrainer
+
+SKETCH_SIZE = 256  # buckets of the count-sketch in PeerStatus.sketch
+SKETCH_SEED = 20240601  # every peer must hash parameters to the same buckets
+_SKETCH_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def weights_hash(tensors: dict[str, torch.Tensor]) -> str:
+    """Short sha256 over names, shapes and fp32 bytes (sorted by name): equal weights, equal hash."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu", torch.float32).contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([tensors[k].detach().reshape(-1).float().cpu() for k in sorted(tensors)]) if tensors else torch.zeros(0)
+
+
+def count_sketch(tensors: dict[str, torch.Tensor], size: int = SKETCH_SIZE) -> list[float]:
+    """Fixed count-sketch (bucket and sign per element, same on every peer) of the flattened weights.
+
+    ||sketch(a) - sketch(b)|| estimates ||a - b|| (relative error about sqrt(2 / size)), so two
+    peers' statuses alone give their parameter distance.
+    """
+    flat = flatten(tensors)
+    n = flat.numel()
+    if n not in _SKETCH_CACHE:
+        gen = torch.Generator().manual_seed(SKETCH_SEED)
+        _SKETCH_CACHE[n] = (torch.randint(0, size, (n,), generator=gen), torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1)
+    bucket, sign = _SKETCH_CACHE[n]
+    return torch.zeros(size).index_add_(0, bucket, flat * sign).tolist()
+
+
+def sketch_distance(a: list[float], b: list[float], norm: float) -> float:
+    """Relative distance estimated from two sketches: ||a - b|| / norm (0 when norm is 0)."""
+    if len(a) != len(b) or not a:
+        return float("nan")
+    d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    return d / norm if norm > 0 else 0.0
+
+
+def relative_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Exact ||a - b|| / ||a|| over all tensors (tests and benchmarks)."""
+    fa, fb = flatten(a), flatten(b)
+    return float((fa - fb).norm() / fa.norm().clamp_min(1e-12))
+
+
+def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in sd.items()}
+
+
+class BlockState:
+    """A BlockTrainer plus the base weights of the current round, behind one lock.
+
+    :param round: averaging rounds completed (a resumed or joined peer starts from the saved one)
+    """
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, block_index: int, device: str = "cpu", worker_seed: int = 0):
+        self.cfg, self.block_index = model_cfg, block_index
+        self.trainer = BlockTrainer(model_cfg, train_cfg, block_index, device, worker_seed=worker_seed)
+        self.lock = threading.Lock()
+        self.round = 0
+        self.samples = 0  # sequences trained on, all rounds
+        self.last_train_ce = float("nan")
+        self._rebase()
+
+    # -- reading -------------------------------------------------------------------------------
+    def _rebase(self) -> None:
+        self.base_block = _clone(self.trainer.block.state_dict())
+        self.base_emb = _clone(self.trainer.emb.state_dict())
+        self.block_hash = weights_hash(self.base_block)
+        self.emb_hash = weights_hash(self.base_emb)
+        self.sketch = count_sketch(self.base_block)
+        self.param_norm = float(flatten(self.base_block).norm())
+
+    def block_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.base_block.items()}
+
+    def emb_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.base_emb.items()}
+
+    def snapshot(self) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(round, base block, base embedding): the merged weights everyone agrees on, copied."""
+        with self.lock:
+            return self.round, _clone(self.base_block), _clone(self.base_emb)
+
+    def current(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Copies of the live weights (base plus this round's local progress)."""
+        with self.lock:
+            return _clone(self.trainer.block.state_dict()), _clone(self.trainer.emb.state_dict())
+
+    def deltas(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """This round's (block delta, embedding delta) = live weights - base."""
+        with self.lock:
+            block = {k: v.detach().float().cpu() - self.base_block[k] for k, v in self.trainer.block.state_dict().items()}
+            emb = {k: v.detach().float().cpu() - self.base_emb[k] for k, v in self.trainer.emb.state_dict().items()}
+        return block, emb
+
+    # -- writing -------------------------------------------------------------------------------
+    def train_steps(self, steps: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        """H local AdamW steps (blocking: run it in the worker thread); returns loss / CE / samples/s."""
+        ces, n, start = [], 0, time.perf_counter()
+        for _ in range(steps):
+            x, y = next(batches)
+            with self.lock:
+                m = self.trainer.step(x, y)
+            ces.append(m["ce"])
+            n += x.shape[0]
+        seconds = time.perf_counter() - start
+        with self.lock:
+            self.samples += n
+            self.last_train_ce = sum(ces) / len(ces)
+        return {"ce": self.last_train_ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
+
+    @torch.no_grad()
+    def apply_merge(self, block_delta: dict[str, torch.Tensor] | None, emb_delta: dict[str, torch.Tensor] | None) -> None:
+        """base += delta for each part given (None: keep the base), live weights := new base; round += 1.
+
+        AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
+        """
+        with self.lock:
+            for base, delta, module in ((self.base_block, block_delta, self.trainer.block), (self.base_emb, emb_delta, self.trainer.emb)):
+                if delta is not None:
+                    for k in base:
+                        base[k] = base[k] + delta[k]
+                params = module.state_dict()
+                for k, v in base.items():
+                    params[k].copy_(v.to(params[k].dtype))
+            self.round += 1
+            self._rebase()
+
+    @torch.no_grad()
+    def adopt(self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None, round: int | None = None) -> None:
+        """Replace base and live weights with a peer's state (join / re-sync); AdamW moments kept."""
+        with self.lock:
+            for new, module in ((block, self.trainer.block), (emb, self.trainer.emb)):
+                if new is None:
+                    continue
+                params = module.state_dict()
+                if set(new) != set(params) or any(tuple(new[k].shape) != tuple(params[k].shape) for k in params):
+                    raise ValueError("adopted state does not match the model")
+                for k, v in new.items():
+                    params[k].copy_(v.to(params[k].dtype))
+            if round is not None:
+                self.round = int(round)
+            self._rebase()

@@ -1,0 +1,137 @@
+"""Helpers for swarm tests: tiny configs, in-memory gossip peers, real daemons on loopback.
+
+Everything here runs on 127.0.0.1 with ephemeral ports and is torn down by the caller (daemons in
+reverse order, each with a timeout). Waiting is always on an event or a polled condition with a
+deadline, never a bare sleep.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from swarmd.config import ModelConfig, TrainConfig
+from swarmd.delta import Encoded
+from swarmd.discovery import MemoryDiscovery, PeerRecord
+from swarmd.errors import PeerUnavailable
+from swarmd.gossip import Gossip
+from swarmd.metrics import Metrics
+from swarmd.peer_config import DaemonConfig, GossipConfig, NetConfig
+from swarmd.state import BlockState
+
+TEXT = (b"the quick brown fox jumps over the lazy dog. " * 40) + bytes(range(32, 127)) * 8
+
+
+def tiny_model(blocks: int = 2) -> ModelConfig:
+    return ModelConfig(blocks=blocks, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
+
+
+def tiny_train(seed: int = 0) -> TrainConfig:
+    return TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, seed=seed)
+
+
+def write_corpus(directory: Path) -> Path:
+    path = Path(directory) / "train.txt"
+    path.write_bytes(TEXT)
+    (Path(directory) / "eval.txt").write_bytes(TEXT[::-1])
+    return path
+
+
+def batches(seed: int, seq_len: int = 16, batch_size: int = 4):
+    from swarmd.data import ByteData
+
+    return ByteData(np.frombuffer(TEXT, dtype=np.uint8), seq_len).stream(seed, batch_size)
+
+
+class MemoryTransport:
+    """Dials in-process Gossip peers by address, with the same timeout semantics as PeerClient."""
+
+    def __init__(self, peers: dict[str, Gossip]):
+        self.peers = peers
+        self.dead: set[str] = set()
+
+    async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded:
+        if address in self.dead or address not in self.peers:
+            raise PeerUnavailable(f"peer {address} is down")
+        try:
+            return await asyncio.wait_for(self.peers[address].handle_exchange(outgoing), timeout_s)
+        except TimeoutError:
+            raise PeerUnavailable(f"peer {address}: deadline exceeded") from None
+
+    async def pull_state(self, address: str, request, timeout_s: float) -> Encoded:
+        if address in self.dead or address not in self.peers:
+            raise PeerUnavailable(f"peer {address} is down")
+        return self.peers[address].state_payload(request)
+
+
+def memory_swarm(blocks_of: list[int], codec: str = "fp32", blocks: int = 2, deadline_max_s: float = 5.0, client_mode: set[int] = frozenset()) -> tuple[list[Gossip], MemoryTransport, dict]:
+    """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board."""
+    cfg = tiny_model(blocks)
+    gcfg = GossipConfig(steps_per_round=2, codec=codec, deadline_min_s=0.2, deadline_max_s=deadline_max_s)
+    board: dict[str, PeerRecord] = {}
+    peers: dict[str, Gossip] = {}
+    transport = MemoryTransport(peers)
+    out = []
+    for i, b in enumerate(blocks_of):
+        state = BlockState(cfg, tiny_train(), b, worker_seed=i)
+        pid = f"peer{i:02d}"
+        me = PeerRecord(pid, "" if i in client_mode else f"mem:{i}", b, 0, 0.0, cfg.config_hash(), state.block_hash, i in client_mode, "test", state.emb_hash)
+        g = Gossip(state, transport, gcfg, me, Metrics())
+        if me.address:
+            peers[me.address] = g
+        out.append(g)
+        board[pid] = g.record()
+    return out, transport, board
+
+
+async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: set[int] = frozenset()) -> list:
+    """One round on every peer (except skip): sync, open, train `steps`, average; returns the reports."""
+    streams = getattr(memory_round, "_streams", {})
+    memory_round._streams = streams
+    records = list(board.values())
+    live = [g for i, g in enumerate(peers) if i not in skip]
+    for g in live:
+        await g.sync(records)
+        await g.open_round()
+    for g in live:
+        stream = streams.setdefault(id(g), batches(hash(g.me.peer_id) & 0xFFFF))
+        await asyncio.to_thread(g.state.train_steps, steps, stream)
+    reports = await asyncio.gather(*(g.average(records) for g in live))
+    for g in live:
+        board[g.me.peer_id] = g.record()
+    return reports
+
+
+def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32") -> DaemonConfig:
+    data = write_corpus(tmp) if not (Path(tmp) / "train.txt").exists() else Path(tmp) / "train.txt"
+    return DaemonConfig(
+        model=tiny_model(blocks),
+        train=tiny_train(),
+        gossip=GossipConfig(steps_per_round=steps, codec=codec, deadline_min_s=0.5, deadline_max_s=deadline_max_s, rpc_timeout_s=5.0),
+        net=NetConfig(swarm_id="test", listen="127.0.0.1:0", initial_peers=tuple(initial_peers), discovery=discovery, client_mode=client_mode, announce_period_s=0.5, record_ttl_s=4.0, dht_start_timeout_s=20.0),
+        data_path=str(data),
+        block=block,
+        checkpoint_dir=str(Path(tmp) / f"ckpt{seed}") if checkpoint else "",
+        peer_seed=seed,
+        max_rounds=max_rounds,
+    )
+
+
+async def wait_until(predicate, timeout_s: float = 20.0, poll_s: float = 0.05, what: str = "condition") -> None:
+    """Poll an (optionally async) predicate until it is true; TimeoutError naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(poll_s)
+
+
+__all__ = ["MemoryDiscovery", "memory_round", "memory_swarm", "replace", "tiny_model", "tiny_train", "daemon_config", "wait_until", "write_corpus"]
