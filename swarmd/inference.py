@@ -119,11 +119,14 @@ async def score_windows(sweeper: Sweeper, x: torch.Tensor, y: torch.Tensor, seed
     noise = eval_noise(sweeper.cfg, x, seed)
     total, sweeps, t0 = 0.0, 0, time.perf_counter()
     session = f"score-{uuid.uuid4().hex[:12]}"
-    for lo in range(0, x.shape[0], batch_size):
-        xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
-        logits = await sweeper.sweep(session, xb, noise[lo : lo + batch_size], 0, False)
-        total += float(F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum"))
-        sweeps += 1
+    try:
+        for lo in range(0, x.shape[0], batch_size):
+            xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
+            logits = await sweeper.sweep(session, xb, noise[lo : lo + batch_size], 0, False)
+            total += float(F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum"))
+            sweeps += 1
+    finally:
+        await sweeper.end_session(session)
     tokens = y.numel()
     ce = total / tokens
     seconds = time.perf_counter() - t0

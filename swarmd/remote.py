@@ -192,7 +192,7 @@ class RemoteSweeper:
             try:
                 if self.hop_delay_s > 0:
                     await asyncio.sleep(self.hop_delay_s)
-                reply = await asyncio.wait_for(stream.step(req), self.timeout_s)
+                reply = await asyncio.wait_for(stream.step(req, timeout_s=self.timeout_s), self.timeout_s + 5.0)
             except (PeerUnavailable, asyncio.TimeoutError, ConnectionError) as exc:
                 last_exc = exc
                 self._drop_stream(sess, b, replica, exc)
@@ -291,7 +291,7 @@ async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:
         await router.choose(b)
 
 
-async def connect_swarm(swarm: list[str], swarm_id: str | None = None, steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0):
+async def connect_swarm(swarm: list[str], swarm_id: str = "blocktrain", steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0):
     """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
 
     The closer ends every session and shuts the client and the discovery down.
@@ -299,8 +299,16 @@ async def connect_swarm(swarm: list[str], swarm_id: str | None = None, steps: in
     from swarmd.discovery import connect_discovery
     from swarmd.transport.client import PeerClient
 
-    discovery = await connect_discovery(list(swarm), swarm_id)
     client = PeerClient()
+
+    async def status_fn(address: str):
+        return await client.status(address, timeout_s=min(timeout_s, 5.0))
+
+    try:
+        discovery = await connect_discovery(list(swarm), swarm_id, status_fn)
+    except BaseException:
+        await client.close()
+        raise
     try:
         cfg, _ = await swarm_model_config(discovery, client, min(timeout_s, 10.0), swarm_id)
         router = BlockRouter(discovery, client, cfg.config_hash(), swarm_id)

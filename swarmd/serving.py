@@ -42,7 +42,9 @@ class SessionMissing(ValidationError):
 
 
 class WrongBlock(ValidationError):
-    """The request names a block this peer does not serve."""
+    """The request names a block this peer does not serve (NOT_FOUND: the client tries another peer)."""
+
+    grpc_code = "NOT_FOUND"
 
 
 @dataclass
@@ -290,3 +292,41 @@ def _chunks(members: list, max_rows: int):
         rows += n
     if chunk:
         yield chunk
+
+
+class ServingOnlyHandler:
+    """A SwarmHandler that only serves inference for one block (benchmarks, tests, inference-only peers).
+
+    Answers GetStatus/GetConfig so discovery and clients can find it; refuses state and gossip.
+    Start it with swarmd.transport.server.start_server(handler) and then set `address`.
+    """
+
+    def __init__(self, serving: BlockServing, swarm_id: str = "blocktrain", peer_id: str = ""):
+        self.serving, self.swarm_id = serving, swarm_id
+        self.peer_id = peer_id or serving.peer_id or f"serve-{serving.block_index}"
+        self.address = ""
+        self._started = time.monotonic()
+
+    def status(self) -> pb.PeerStatus:
+        return pb.PeerStatus(
+            peer_id=self.peer_id, block_index=self.serving.block_index, state="training", address=self.address,
+            swarm_id=self.swarm_id, config_hash=self.serving.config_hash, uptime_s=time.monotonic() - self._started, last_ce=math.nan,
+        )
+
+    def swarm_config(self) -> pb.SwarmConfig:
+        import json
+
+        return pb.SwarmConfig(swarm_id=self.swarm_id, model_config_json=json.dumps(self.serving.cfg.to_dict(), sort_keys=True), config_hash=self.serving.config_hash, protocol="swarmd.v1")
+
+    async def pull_state(self, request: pb.PullStateRequest):
+        raise _NotServed("this peer serves inference only")
+
+    async def exchange(self, incoming):
+        raise _NotServed("this peer serves inference only")
+
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
+        return await self.serving.forward(request)
+
+
+class _NotServed(SwarmdError):
+    grpc_code = "NOT_FOUND"

@@ -57,7 +57,7 @@ class InProcessClient:
         client = self
 
         class Stream:
-            async def step(self, request):
+            async def step(self, request, timeout_s=None):
                 if address in client.dead:
                     raise PeerUnavailable(f"{address} unreachable")
                 client.calls.append(address)
@@ -227,3 +227,68 @@ def test_no_peer_for_a_block_is_a_clear_error():
     x, y = text_windows()
     with pytest.raises(PeerUnavailable, match="no reachable peer serves block 2"):
         asyncio.run(score_windows(remote, x, y))
+
+
+# ---------------------------------------------------------------------------------------------
+# Real gRPC on loopback: BlockServing hosted by swarmd.transport.server.start_server.
+# ---------------------------------------------------------------------------------------------
+async def start_hosts(blocks, emb, layout):
+    """layout: block index per server; returns [(server, handler)]."""
+    from swarmd.serving import ServingOnlyHandler
+    from swarmd.transport.server import start_server
+
+    hosts = []
+    for i, b in enumerate(layout):
+        serving = BlockServing(CFG, b, peer_id=f"host{i}")
+        serving.update_weights(blocks[b].state_dict(), emb.table)
+        handler = ServingOnlyHandler(serving, swarm_id="test")
+        server = await start_server(handler)
+        handler.address = server.address
+        hosts.append((server, handler))
+    return hosts
+
+
+async def grpc_remote(hosts, timeout_s=10.0):
+    from swarmd.discovery import StaticDiscovery
+    from swarmd.remote import swarm_model_config
+    from swarmd.transport.client import PeerClient
+
+    client = PeerClient()
+    discovery = StaticDiscovery([s.address for s, _ in hosts], lambda a: client.status(a, timeout_s=2.0), "test")
+    cfg, _ = await swarm_model_config(discovery, client, swarm_id="test")
+    assert cfg == CFG
+    return RemoteSweeper(cfg, BlockRouter(discovery, client, cfg.config_hash(), "test"), client, timeout_s=timeout_s), client
+
+
+def test_grpc_scoring_generation_and_failover_equal_local():
+    blocks, emb = tiny_model()
+    local = LocalSweeper(CFG, blocks, emb)
+    x, y = text_windows()
+    ref = asyncio.run(score_windows(local, x, y, seed=5))
+    ref_gen = asyncio.run(generate_bytes(local, b"the ", 10, 1.0, seed=8))
+
+    async def scenario():
+        from swarmd.inference import generate
+
+        hosts = await start_hosts(blocks, emb, [0, 1, 1, 2])
+        remote, client = await grpc_remote(hosts)
+        try:
+            got = await score_windows(remote, x, y, seed=5)
+            out, killed = [], None
+            async for byte in generate(remote, b"the ", 10, 1.0, seed=8):
+                out.append(byte)
+                if len(out) == 4:  # stop the server that serves block 1 for this session
+                    address = next(iter(remote._sessions.values())).streams[1][0].address
+                    killed = next(s for s, _ in hosts if s.address == address)
+                    await killed.stop(0)
+            return got, bytes(out), remote
+        finally:
+            await remote.close()
+            await client.close()
+            for server, _ in hosts:
+                await server.stop(0)
+
+    got, out, remote = asyncio.run(scenario())
+    assert got["ce"] == pytest.approx(ref["ce"], abs=1e-4)
+    assert out == ref_gen
+    assert remote.failovers >= 1 and any(h.resent and h.block_index == 1 for h in remote.trace)
