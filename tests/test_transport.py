@@ -273,3 +273,25 @@ def test_listening_on_a_taken_port_is_a_clear_error():
             await start_server(FakeHandler(), port=server.port)
 
     with_peer(body)
+
+
+def test_peer_dying_mid_exchange_fails_fast():
+    async def main():
+        h = FakeHandler()
+        h.hang = True
+        server = await start_server(h)
+        client = PeerClient()
+        try:
+            await client.status(server.address, timeout_s=5)
+            task = asyncio.create_task(client.exchange(server.address, encode(delta(4), "fp32", **META), timeout_s=20))
+            await h.entered.wait()
+            start = time.monotonic()
+            await server.stop(0)
+            with pytest.raises(PeerUnavailable, match="unavailable"):
+                await task
+            assert time.monotonic() - start < 5.0  # retries back off ~0.7 s, far from the 20 s deadline
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    asyncio.run(main())

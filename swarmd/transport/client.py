@@ -106,13 +106,13 @@ class ForwardSession:
             raise PeerUnavailable(f"peer {self.address}: forward step timed out after {timeout_s or self.step_timeout_s:g} s") from None
         except grpc.RpcError as exc:
             self._drop()
-            raise error_from_rpc(self.address, exc) from None
+            raise self.client._error(self.address, exc) from None
         except asyncio.InvalidStateError:  # write after the call ended: read its status
             self._drop()
-            raise error_from_rpc(self.address, await _status_error(call)) from None
+            raise self.client._error(self.address, await _status_error(call)) from None
         if reply is grpc.aio.EOF:
             self._drop()
-            raise error_from_rpc(self.address, await _status_error(call)) from None
+            raise self.client._error(self.address, await _status_error(call)) from None
         self.client._mark_used(self.address)
         return reply
 
@@ -186,7 +186,13 @@ class PeerClient:
         return self._channels[address][1], address in self._fresh
 
     def _mark_used(self, address: str) -> None:
+        """The peer answered once: later calls fail fast instead of waiting for it to come up."""
         self._fresh.discard(address)
+
+    def _error(self, address: str, exc: grpc.RpcError) -> SwarmdError:
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self._mark_used(address)  # the peer itself answered with this status
+        return error_from_rpc(address, exc)
 
     async def forget(self, address: str) -> None:
         """Close and drop the channel to address (e.g. the peer left)."""
@@ -204,7 +210,7 @@ class PeerClient:
         try:
             reply = await getattr(stub, method)(request, timeout=timeout_s, wait_for_ready=fresh)
         except grpc.RpcError as exc:
-            raise error_from_rpc(address, exc) from None
+            raise self._error(address, exc) from None
         self._mark_used(address)
         return reply
 
@@ -247,9 +253,10 @@ class PeerClient:
         try:
             enc = await read_payload(_responses(call), self.max_payload_bytes, self.max_chunk_bytes)
         except grpc.RpcError as exc:
-            raise error_from_rpc(address, exc) from None
+            raise self._error(address, exc) from None
         except ValidationError as exc:
             call.cancel()
+            self._mark_used(address)
             raise type(exc)(f"peer {address}: {exc}") from None
         except BaseException:
             call.cancel()
