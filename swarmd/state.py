@@ -121,10 +121,15 @@ class BlockState:
         return block, emb
 
     # -- writing -------------------------------------------------------------------------------
-    def train_steps(self, steps: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-        """H local AdamW steps (blocking: run it in the worker thread); returns loss / CE / samples/s."""
+    def train_steps(self, steps: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], stop: threading.Event | None = None) -> dict:
+        """H local AdamW steps (blocking: run it in the worker thread); returns CE, samples, seconds.
+
+        :param stop: checked between steps; when set, returns early with what was done
+        """
         ces, n, start = [], 0, time.perf_counter()
         for _ in range(steps):
+            if stop is not None and stop.is_set():
+                break
             x, y = next(batches)
             with self.lock:
                 m = self.trainer.step(x, y)
@@ -133,7 +138,7 @@ class BlockState:
         seconds = time.perf_counter() - start
         with self.lock:
             self.samples += n
-            self.last_train_ce = sum(ces) / len(ces)
+            self.last_train_ce = sum(ces) / len(ces) if ces else self.last_train_ce
         return {"ce": self.last_train_ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
 
     @torch.no_grad()

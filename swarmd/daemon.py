@@ -1,0 +1,259 @@
+"""Daemon: one swarm peer. Wires discovery, state, gossip, transport, serving and checkpoints.
+
+Owns the peer's lifecycle and nothing else (the math lives in state/gossip, the bytes in delta,
+the sockets in transport):
+  start()      discovery (hivemind DHT or static list), block choice (--block auto: least combined
+               throughput), BlockState (resumed from the checkpoint dir when there is one), the gRPC
+               server (none in client mode), BlockServing, first announce;
+  serve()      one asyncio TaskGroup: the announce loop and the round loop, until stop() or
+               max_rounds; then a final checkpoint and a clean shutdown;
+  run_round()  one round: re-sync from the reference if our base differs (joiners too), H local
+               steps in the single worker thread (asyncio.to_thread), gossip average, serving
+               update, announce, atomic checkpoint, consensus distance from same-block statuses.
+Implements the transport's SwarmHandler (status, swarm_config, pull_state, exchange, forward).
+Starts: the DHT process (hivemind), one worker thread at a time for torch, grpc's own threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+
+from swarmd import checkpoint as ck
+from swarmd.data import ByteData
+from swarmd.delta import Encoded
+from swarmd.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
+from swarmd.errors import CheckpointError, ConfigMismatch, SwarmdError
+from swarmd.gossip import Gossip, NotReady
+from swarmd.metrics import Metrics
+from swarmd.model import ByteEmbedding, DenoisingBlock
+from swarmd.peer_config import DaemonConfig
+from swarmd.state import BlockState, sketch_distance
+from swarmd.train import seed_for
+from swarmd.transport import PeerClient, start_server
+from swarmd.v1 import swarm_pb2 as pb
+
+logger = logging.getLogger(__name__)
+PROTOCOL = "swarmd.v1"
+
+
+def checkpoint_block(directory: str | Path) -> int | None:
+    """The block a checkpoint dir was training (None if there is no peer checkpoint there)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None
+    body = ck.read_config(Path(directory))
+    return int(body["block_index"]) if body.get("kind") == "swarm-peer" else None
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig):
+        self.config = config
+        self.cfg = config.model
+        self.metrics = Metrics()
+        self.phase = "joining"
+        self.stopping = asyncio.Event()
+        self._stop_thread = threading.Event()
+        self.round_done = asyncio.Event()  # pulsed after every merged round (tests wait on it)
+        self.reports: list = []
+        self.server = self.discovery = self.gossip = self.state = self.serving = None
+        self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        c, net = self.config, self.config.net
+        if net.discovery == "static":
+            self.discovery = StaticDiscovery(list(net.initial_peers), lambda a: self.client.status(a, c.gossip.rpc_timeout_s), net.swarm_id)
+        else:
+            self.discovery = await HivemindDiscovery.create(net.swarm_id, net.initial_peers, net.dht_host, net.dht_start_timeout_s, net.client_mode)
+        self.peer_id = self.discovery.peer_id
+        resumed = c.checkpoint_dir and checkpoint_block(c.checkpoint_dir) is not None
+        block = checkpoint_block(c.checkpoint_dir) if resumed else c.block
+        if block is None or block < 0:
+            records = [r for r in await self.discovery.find_all() if r.config_hash == self.cfg.config_hash()]
+            block = choose_block(records, self.cfg.blocks)
+        self.state = BlockState(self.cfg, c.train, block, c.device, worker_seed=c.peer_seed)
+        if resumed:
+            await asyncio.to_thread(self._load_checkpoint)
+        if not net.client_mode:
+            host, _, port = net.listen.rpartition(":")
+            self.server = await start_server(self, host, int(port), max_payload_bytes=c.gossip.max_payload_bytes)
+        address = self.server.address if self.server else ""
+        me = PeerRecord(self.peer_id, address, block, 0, 0.0, self.cfg.config_hash(), "", net.client_mode, net.swarm_id)
+        self.gossip = Gossip(self.state, self.client, c.gossip, me, self.metrics)
+        self.serving = self._make_serving()
+        self._update_serving()
+        data = ByteData.from_path(c.data_path, self.cfg.seq_len)
+        self.batches = data.stream(seed_for("data", c.train.seed, block, c.peer_seed), c.train.batch_size)
+        await self.announce()
+        logger.info("%s started (round %d%s), address %s", self.gossip.tag, self.state.round, ", resumed" if resumed else "", address or "none (client mode)")
+
+    def _make_serving(self):
+        try:
+            from swarmd.serving import BlockServing
+        except ImportError:  # pragma: no cover - serving lands with the inference issue
+            return None
+        return BlockServing(self.cfg, self.state.block_index, self.config.device, peer_id=self.peer_id)
+
+    def _update_serving(self) -> None:
+        if self.serving is not None:
+            _, block, emb = self.state.snapshot()
+            self.serving.update_weights(block, emb["table"])
+
+    async def serve(self) -> None:
+        """Run until stop() (or max_rounds), then checkpoint and shut down."""
+        if self.state is None:
+            await self.start()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._announce_loop())
+                tg.create_task(self._round_loop())
+        finally:
+            await self.shutdown()
+
+    def stop(self) -> None:
+        """Ask serve() to finish (safe from a signal handler on the loop)."""
+        self.phase = "stopping"
+        self._stop_thread.set()
+        self.stopping.set()
+
+    async def shutdown(self) -> None:
+        self.phase = "stopping"
+        if self.state is not None and self.config.checkpoint_dir:
+            await asyncio.to_thread(self.save_checkpoint)
+        if self.server is not None:
+            await self.server.stop(1.0)
+            self.server = None
+        await self.client.close()
+        if self.discovery is not None:
+            await self.discovery.shutdown()
+            self.discovery = None
+
+    async def _announce_loop(self) -> None:
+        period = self.config.net.announce_period_s
+        while not self.stopping.is_set():
+            try:
+                await self.announce()
+            except Exception as exc:  # noqa: BLE001 - a failed announce must not kill the peer
+                logger.warning("%s announce failed: %s", self.gossip.tag, exc)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), period * (1 + 0.2 * random.random()))
+            except TimeoutError:
+                pass
+
+    async def _round_loop(self) -> None:
+        while not self.stopping.is_set():
+            await self.run_round()
+            if self.config.max_rounds and self.metrics.rounds >= self.config.max_rounds:
+                self.stop()
+
+    async def announce(self) -> None:
+        started = time.monotonic()
+        await self.discovery.announce(self.gossip.record(), self.config.net.record_ttl_s)
+        if time.monotonic() - started > self.config.net.announce_period_s:
+            logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, time.monotonic() - started)
+
+    async def _records(self) -> list[PeerRecord]:
+        try:
+            return await self.discovery.find_all()
+        except Exception as exc:  # noqa: BLE001 - discovery hiccups cost one round's peers, not the peer
+            logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
+            return []
+
+    async def run_round(self):
+        """One round: sync, H local steps, average, publish. Returns the RoundReport (None if stopped)."""
+        g, H = self.gossip, self.config.gossip.steps_per_round
+        pulled = await g.sync(await self._records())
+        if pulled:
+            self._update_serving()
+        await g.open_round()
+        self.phase = "training"
+        stats = await asyncio.to_thread(self.state.train_steps, H, self.batches, self._stop_thread)
+        self.metrics.observe_throughput(stats["samples"], stats["seconds"])
+        self.metrics.last_train_ce = stats["ce"]
+        if self.stopping.is_set():
+            return None
+        self.phase = "averaging"
+        report = await g.average(await self._records())
+        self.phase = "training"
+        self._update_serving()
+        self.reports.append(report)
+        await self.announce()
+        if self.config.checkpoint_dir:
+            await asyncio.to_thread(self.save_checkpoint)
+        await self._measure_consensus()
+        self.round_done.set()
+        self.round_done.clear()
+        return report
+
+    async def _measure_consensus(self) -> None:
+        """Max sketch distance to same-block peers that reached our round (NaN if none did)."""
+        peers = [r for r in await self._records() if r.block_index == self.state.block_index and r.peer_id != self.peer_id and r.address]
+        results = await asyncio.gather(*(self.client.status(r.address, 2.0) for r in peers), return_exceptions=True)
+        dists = [sketch_distance(self.state.sketch, list(st.sketch), self.state.param_norm) for st in results if not isinstance(st, BaseException) and st.round == self.state.round]
+        self.metrics.consensus_distance = max(dists) if dists else (0.0 if not peers else self.metrics.consensus_distance)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Atomically write the merged block, embedding, AdamW state and progress (worker thread)."""
+        d, st = Path(self.config.checkpoint_dir), self.state
+        round, block_sd, emb_sd = st.snapshot()
+        block, emb = DenoisingBlock(self.cfg), ByteEmbedding(self.cfg)
+        block.load_state_dict(block_sd)
+        emb.load_state_dict(emb_sd)
+        with st.lock:
+            ck.save_optimizer(d, st.block_index, st.trainer.opt, st.trainer.step_count)
+            step = st.trainer.step_count
+        ck.save_block(d, self.cfg, st.block_index, block, step)
+        ck.save_embedding(d, self.cfg, emb)
+        ck.write_config(d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id)
+
+    def _load_checkpoint(self) -> None:
+        d, st = Path(self.config.checkpoint_dir), self.state
+        body = ck.read_config(d)
+        if body["model_config"].config_hash() != self.cfg.config_hash():
+            raise ConfigMismatch(f"checkpoint {d} holds another model config ({body['config_hash']}); use another --checkpoint-dir or the same model flags")
+        block, step = ck.load_block(d, self.cfg, st.block_index)
+        emb = ck.load_embedding(d, self.cfg)
+        st.adopt(block.state_dict(), emb.state_dict(), int(body.get("round", 0)))
+        with st.lock:
+            try:
+                ck.load_optimizer(d, st.block_index, st.trainer.opt)
+            except CheckpointError as exc:
+                logger.warning("optimizer state not restored: %s", exc)
+            st.trainer.step_count = step
+            st.samples = int(body.get("samples", 0))
+
+    # -- SwarmHandler ------------------------------------------------------------------------
+    def status(self) -> pb.PeerStatus:
+        st, m = self.state, self.metrics
+        return pb.PeerStatus(
+            peer_id=self.peer_id, block_index=st.block_index, state=self.phase, round=st.round, local_steps=st.trainer.step_count,
+            samples_per_s=m.samples_per_s, last_ce=m.last_ce, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received,
+            participation=m.participation, uptime_s=m.uptime_s, address=self.server.address if self.server else "",
+            swarm_id=self.config.net.swarm_id, config_hash=self.cfg.config_hash(),
+            consensus_distance=m.consensus_distance,
+            base_hash=f"{st.block_hash}/{st.emb_hash}",  # block hash / embedding hash
+            multiaddrs=self.discovery.multiaddrs() if self.discovery else [], client_mode=self.config.net.client_mode,
+            raw_bytes_sent=m.raw_bytes_sent, last_round_s=m.last_round_s, sketch=st.sketch, param_norm=st.param_norm,
+        )
+
+    def swarm_config(self) -> pb.SwarmConfig:
+        return pb.SwarmConfig(swarm_id=self.config.net.swarm_id, model_config_json=json.dumps(self.cfg.to_dict(), sort_keys=True), config_hash=self.cfg.config_hash(), protocol=PROTOCOL)
+
+    async def pull_state(self, request: pb.PullStateRequest) -> Encoded:
+        return self.gossip.state_payload(request)
+
+    async def exchange(self, incoming: Encoded) -> Encoded:
+        if self.gossip is None:
+            raise NotReady("peer is still starting")
+        return await self.gossip.handle_exchange(incoming)
+
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
+        if self.serving is None:
+            raise SwarmdError("this peer does not serve inference")
+        return await self.serving.forward(request)
