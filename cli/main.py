@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from cli import data, evaluate, model_info, train
+from cli import generate, score
 
 app = typer.Typer(
     name="blocktrain",
@@ -20,6 +21,8 @@ app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("model-info")(model_info.info)
 app.add_typer(data.app, name="data")
+app.command("score")(score.score)
+app.command("generate")(generate.generate)
 
 
 if __name__ == "__main__":
