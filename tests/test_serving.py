@@ -292,3 +292,117 @@ def test_grpc_scoring_generation_and_failover_equal_local():
     assert got["ce"] == pytest.approx(ref["ce"], abs=1e-4)
     assert out == ref_gen
     assert remote.failovers >= 1 and any(h.resent and h.block_index == 1 for h in remote.trace)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real daemons (swarmd.daemon) on loopback, driven through the `blocktrain` CLI.
+# ---------------------------------------------------------------------------------------------
+async def start_daemons(tmp_path, layout, discovery="static"):
+    from swarmd.daemon import Daemon
+    from tests.swarm_utils import daemon_config
+
+    daemons = []
+    try:
+        for i, b in enumerate(layout):
+            peers = tuple(daemons[0].discovery.multiaddrs()) if discovery == "hivemind" and daemons else ()
+            d = Daemon(daemon_config(tmp_path, b, blocks=3, seed=i, discovery=discovery, initial_peers=peers))
+            daemons.append(d)
+            await d.start()
+    except BaseException:
+        await stop_daemons(daemons)
+        raise
+    return daemons
+
+
+async def stop_daemons(daemons):
+    for d in reversed(daemons):
+        await asyncio.wait_for(d.shutdown(), 30)
+
+
+def checkpoint_of(daemons, directory):
+    """The swarm's current weights as a local checkpoint (one block from a peer of each block)."""
+    from swarmd.checkpoint import save_model
+    from swarmd.model import ByteEmbedding, DenoisingBlock
+
+    cfg = daemons[0].cfg
+    blocks, emb = {}, ByteEmbedding(cfg)
+    for d in daemons:
+        _, block_sd, emb_sd = d.state.snapshot()
+        blocks.setdefault(d.state.block_index, DenoisingBlock(cfg)).load_state_dict(block_sd)
+        emb.load_state_dict(emb_sd)
+    save_model(directory, cfg, blocks, emb)
+    return directory
+
+
+def cli_json(*args):
+    import json
+
+    res = run_cli(*args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def run_cli(*args):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path):
+    from tests.swarm_utils import TEXT
+
+    text = tmp_path / "score.txt"
+    text.write_bytes(TEXT[:300])
+
+    async def scenario():
+        daemons = await start_daemons(tmp_path, [0, 1, 2])
+        try:
+            ckpt = checkpoint_of(daemons, tmp_path / "ckpt")
+            swarm = [a for d in daemons for a in ("--swarm", d.server.address)]
+            common = ["--swarm-id", "test", "--timeout-s", "5"]
+            remote = await asyncio.to_thread(cli_json, "score", *swarm, *common, text, "--json", "--seed", 9)
+            local = await asyncio.to_thread(cli_json, "score", "--checkpoint", ckpt, text, "--json", "--seed", 9)
+            gen = [await asyncio.to_thread(run_cli, "generate", *src, "the ", "--max-bytes", 12, "--seed", 3) for src in (swarm + common, ["--checkpoint", ckpt])]
+            no_block = await asyncio.to_thread(run_cli, "score", *swarm[:4], *common, text)
+            wrong_swarm = await asyncio.to_thread(run_cli, "generate", *swarm, "--swarm-id", "other", "--timeout-s", "5", "hi")
+            return remote, local, gen, no_block, wrong_swarm
+        finally:
+            await stop_daemons(daemons)
+
+    remote, local, gen, no_block, wrong_swarm = asyncio.run(scenario())
+    assert remote["ce"] == pytest.approx(local["ce"], abs=1e-4) and remote["tokens"] == local["tokens"]
+    assert remote["sweeps"] == local["sweeps"] and remote["hops"] == 3 * remote["sweeps"]
+    assert gen[0].exit_code == 0 and gen[0].stdout == gen[1].stdout and len(gen[0].stdout) > len("the ")
+    assert no_block.exit_code == 1 and no_block.output.strip() == "error: no reachable peer serves block 2 of swarm 'test'"
+    assert wrong_swarm.exit_code == 1 and "no serving peers found in swarm 'other'" in wrong_swarm.output
+
+
+def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
+    from swarmd.inference import generate, load_local
+    from swarmd.remote import connect_swarm
+
+    async def scenario():
+        daemons = await start_daemons(tmp_path, [0, 1, 1, 2])
+        try:
+            local = load_local(checkpoint_of(daemons, tmp_path / "ckpt"))
+            ref = await generate_bytes(local, b"the ", 12, 1.0, seed=6)
+            remote, closer = await connect_swarm([d.server.address for d in daemons], "test", timeout_s=5.0)
+            try:
+                out = []
+                async for byte in generate(remote, b"the ", 12, 1.0, seed=6):
+                    out.append(byte)
+                    if len(out) == 5:  # shut down the daemon serving block 1 for this session
+                        address = next(iter(remote._sessions.values())).streams[1][0].address
+                        victim = next(d for d in daemons if d.server and d.server.address == address)
+                        await victim.shutdown()
+                return ref, bytes(out), remote.failovers, [h for h in remote.trace if h.resent]
+            finally:
+                await closer()
+        finally:
+            await stop_daemons(daemons)
+
+    ref, out, failovers, resent = asyncio.run(scenario())
+    assert out == ref
+    assert failovers >= 1 and resent and all(h.block_index == 1 for h in resent)
