@@ -406,3 +406,25 @@ def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
     ref, out, failovers, resent = asyncio.run(scenario())
     assert out == ref
     assert failovers >= 1 and resent and all(h.block_index == 1 for h in resent)
+
+
+@pytest.mark.slow  # hivemind's MPFuture starts a torch_shm_manager that outlives the test (see conftest)
+def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
+    from tests.swarm_utils import TEXT
+
+    text = tmp_path / "score.txt"
+    text.write_bytes(TEXT[:200])
+
+    async def scenario():
+        daemons = await start_daemons(tmp_path, [0, 1, 2], discovery="hivemind")
+        try:
+            ckpt = checkpoint_of(daemons, tmp_path / "ckpt")
+            maddr = daemons[0].discovery.multiaddrs()[0]
+            remote = await asyncio.to_thread(cli_json, "score", "--swarm", maddr, "--swarm-id", "test", text, "--json")
+            local = await asyncio.to_thread(cli_json, "score", "--checkpoint", ckpt, text, "--json")
+            return remote, local
+        finally:
+            await stop_daemons(daemons)
+
+    remote, local = asyncio.run(scenario())
+    assert remote["ce"] == pytest.approx(local["ce"], abs=1e-4)
