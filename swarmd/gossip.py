@@ -298,20 +298,26 @@ class Gossip:
         h = incoming.header
         self.metrics.add_received(incoming.wire_bytes)
         kind = h.kind
-        if kind not in (BLOCK, EMB):
-            raise ValidationError(f"cannot exchange a {kind!r} payload")
-        if kind == BLOCK and h.block_index != self.me.block_index:
-            raise WrongBlock(f"this peer trains block {self.me.block_index}, not {h.block_index}")
-        wait_s = self.cfg.deadline_max_s
-        async with self._opened:
-            try:
-                await asyncio.wait_for(self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round), wait_s)
-            except TimeoutError:
-                raise StaleRound(f"round {h.round} is ahead of ours ({self.state.round})") from None
-        rs = self.current
-        if rs.round != h.round or rs.closed:
+        try:
+            if kind not in (BLOCK, EMB):
+                raise ValidationError(f"cannot exchange a {kind!r} payload")
+            if kind == BLOCK and h.block_index != self.me.block_index:
+                raise WrongBlock(f"this peer trains block {self.me.block_index}, not {h.block_index}")
+            if self.current is not None and h.round > self.current.round + 1:
+                raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
+            async with self._opened:
+                try:  # the caller may be a little ahead: wait (bounded) for our round to open
+                    await asyncio.wait_for(self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round), self.cfg.deadline_max_s)
+                except TimeoutError:
+                    raise StaleRound(f"round {h.round} is ahead of ours ({self.state.round})") from None
+            rs = self.current
+            if rs.round != h.round or rs.closed:
+                raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
+        except SwarmdError as exc:
             self.metrics.rejected += 1
-            raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
+            logger.info("%s refused a %s exchange from %s: %s", self.tag, kind, (h.peer_id or "?")[-6:], exc)
+            raise
+        wait_s = self.cfg.deadline_max_s
         try:
             await asyncio.wait_for(rs.ready.wait(), wait_s)
         except TimeoutError:
@@ -335,6 +341,7 @@ class Gossip:
                 self._ban(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return
+        self.banned.pop(peer.peer_id, None)
         self.metrics.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
         self.metrics.add_received(reply.wire_bytes)
         try:

@@ -97,7 +97,7 @@ async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: s
         await g.sync(records)
         await g.open_round()
     for g in live:
-        stream = streams.setdefault(id(g), batches(hash(g.me.peer_id) & 0xFFFF))
+        stream = streams.setdefault(id(g), batches(int(g.me.peer_id[-2:]) if g.me.peer_id[-2:].isdigit() else 0))
         await asyncio.to_thread(g.state.train_steps, steps, stream)
     reports = await asyncio.gather(*(g.average(records) for g in live))
     for g in live:

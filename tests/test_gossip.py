@@ -1,0 +1,251 @@
+"""Gossip rounds in memory: merge math, validation rejects, deadlines, client mode, re-sync.
+
+Peers are real Gossip + BlockState objects on a tiny model; the transport is an in-process
+stand-in with PeerClient's semantics (tests/swarm_utils.MemoryTransport), so no sockets here.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from swarm_utils import memory_round, memory_swarm
+from swarmd.delta import Encoded, ErrorFeedback, encode
+from swarmd.discovery import PeerRecord
+from swarmd.errors import SwarmdError, ValidationError
+from swarmd.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
+from swarmd.peer_config import GossipConfig
+from swarmd.state import count_sketch, relative_distance, sketch_distance, weights_hash
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rand(seed: int, shapes=(("w", (4, 3)), ("b", (3,)))) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=g) for k, s in shapes}
+
+
+# -- pure functions ---------------------------------------------------------------------------
+def test_merge_mean_is_the_uniform_mean_in_any_insertion_order():
+    deltas = {f"p{i}": rand(i) for i in range(4)}
+    expected = {k: torch.stack([d[k] for d in deltas.values()]).mean(0) for k in ("w", "b")}
+    forward = merge_mean(deltas)
+    backward = merge_mean(dict(reversed(list(deltas.items()))))
+    for k in expected:
+        assert torch.allclose(forward[k], expected[k], atol=1e-6)
+        assert torch.equal(forward[k], backward[k])  # fixed summation order: same bits everywhere
+    with pytest.raises(ValueError):
+        merge_mean({})
+
+
+def test_merge_preserves_the_mean_of_the_replicas():
+    base = rand(10)
+    live = [{k: base[k] + d[k] for k in base} for d in (rand(1), rand(2), rand(3))]
+    deltas = {f"p{i}": {k: live[i][k] - base[k] for k in base} for i in range(3)}
+    merged = {k: base[k] + v for k, v in merge_mean(deltas).items()}
+    for k in base:
+        assert torch.allclose(merged[k], torch.stack([x[k] for x in live]).mean(0), atol=1e-6)
+
+
+def test_dial_rule_exactly_one_side_dials_and_client_mode_always_dials():
+    a = PeerRecord("a", "h:1", 0, 0, 0, "c", "", False, "s")
+    b = PeerRecord("b", "h:2", 0, 0, 0, "c", "", False, "s")
+    c = PeerRecord("c", "", 0, 0, 0, "c", "", True, "s")
+    assert dials(a, b) and not dials(b, a)
+    assert dials(c, a) and dials(c, b) and not dials(a, c) and not dials(b, c)
+
+
+def test_reference_is_highest_round_then_server_then_peer_id():
+    me = PeerRecord("m", "h:1", 0, 3, 0, "c", "x", False, "s")
+    higher_round = PeerRecord("a", "h:2", 0, 4, 0, "c", "y", False, "s")
+    same_round_bigger_id = PeerRecord("z", "h:3", 0, 3, 0, "c", "y", False, "s")
+    client = PeerRecord("zz", "", 0, 3, 0, "c", "y", True, "s")
+    assert reference(me, [same_round_bigger_id, client]).peer_id == "z"
+    assert reference(me, [same_round_bigger_id, higher_round]).peer_id == "a"
+    assert reference(me, [client]).peer_id == "m"  # nobody can pull from a client-mode peer
+    assert rank(me) < rank(same_round_bigger_id)
+
+
+def test_deadline_follows_arrival_lag_within_bounds():
+    cfg = GossipConfig(deadline_min_s=1.0, deadline_max_s=10.0, deadline_factor=3.0)
+    policy = DeadlinePolicy(cfg)
+    assert policy.deadline_s() == 10.0  # nothing measured yet: the upper bound
+    policy.observe(0.01)
+    assert policy.deadline_s() == 1.0
+    for _ in range(30):
+        policy.observe(2.0)
+    assert 5.5 < policy.deadline_s() <= 6.0
+    for _ in range(30):
+        policy.observe(100.0)
+    assert policy.deadline_s() == 10.0
+
+
+def test_count_sketch_estimates_relative_distance():
+    a = {"w": torch.randn(20000)}
+    b = {"w": a["w"] + 0.1 * torch.randn(20000)}
+    exact = relative_distance(a, b)
+    est = sketch_distance(count_sketch(a), count_sketch(b), float(a["w"].norm()))
+    assert abs(est - exact) / exact < 0.35
+    assert sketch_distance(count_sketch(a), count_sketch(a), 1.0) == 0.0
+
+
+# -- rounds in memory -------------------------------------------------------------------------
+def test_same_block_replicas_end_bit_identical_and_embedding_is_averaged_over_all_blocks():
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 1], codec="fp32")
+        base_emb = peers[0].state.base_emb["table"].clone()
+        base_block = peers[0].state.base_block
+        base_block = {k: v.clone() for k, v in base_block.items()}
+        for g in peers:
+            await g.open_round()
+        for i, g in enumerate(peers):
+            from swarm_utils import batches
+
+            await asyncio.to_thread(g.state.train_steps, 2, batches(i))
+        live = [await asyncio.to_thread(g.state.current) for g in peers]
+        reports = await asyncio.gather(*(g.average(list(board.values())) for g in peers))
+        return peers, live, reports, base_emb, base_block
+
+    peers, live, reports, base_emb, base_block = asyncio.run(scenario())
+    a, b, c = peers
+    assert all(r.participation == 1.0 for r in reports)
+    # block 0: both replicas hold base + mean(delta_a, delta_b), bit for bit
+    for k in a.state.base_block:
+        assert torch.equal(a.state.base_block[k], b.state.base_block[k])
+    mean_live = {k: (live[0][0][k] + live[1][0][k]) / 2 for k in base_block}
+    assert relative_distance(a.state.base_block, mean_live) < 1e-6  # fp32 codec == direct average
+    assert reports[0].premerge_distance > 0  # replicas drifted apart during local steps ...
+    assert relative_distance(a.state.base_block, b.state.base_block) == 0.0  # ... and agree after the merge
+    # the byte table: every peer of every block holds base + mean of all three deltas
+    mean_table = torch.stack([x[1]["table"] for x in live]).mean(0)
+    for g in peers:
+        assert torch.equal(g.state.base_emb["table"], a.state.base_emb["table"])
+        assert torch.allclose(g.state.base_emb["table"], mean_table, atol=1e-6)
+    assert c.state.block_hash != a.state.block_hash and a.state.round == b.state.round == c.state.round == 1
+
+
+@pytest.mark.parametrize("codec", ["bf16", "int8"])
+def test_lossy_codecs_still_give_identical_replicas(codec):
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0], codec=codec)
+        for _ in range(2):
+            await memory_round(peers, board)
+        return peers
+
+    a, b = asyncio.run(scenario())
+    assert a.state.block_hash == b.state.block_hash and a.state.emb_hash == b.state.emb_hash
+    assert a.metrics.raw_bytes_sent > 0 and a.metrics.bytes_sent < a.metrics.raw_bytes_sent
+
+
+def _tampered(g, kind=BLOCK, **override) -> Encoded:
+    rs = g.current
+    hdr = dict(swarm_id=g.me.swarm_id, config_hash=g.me.config_hash, kind=kind, block_index=g.me.block_index if kind == BLOCK else -1, round=rs.round, base_hash=rs.hashes[kind], peer_id="intruder")
+    tensors = {k: torch.zeros(v) for k, v in (g.state.block_shapes() if kind == BLOCK else g.state.emb_shapes()).items()}
+    shapes_override = override.pop("tensors", None)
+    hdr.update(override)
+    return encode(shapes_override or tensors, "fp32", **hdr)
+
+
+def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
+    async def scenario():
+        peers, _, board = memory_swarm([0], codec="fp32")
+        (g,) = peers
+        await g.open_round()
+        await g.publish()
+        before = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
+        good_shapes = g.state.block_shapes()
+        bad = [
+            _tampered(g, config_hash="other"),
+            _tampered(g, swarm_id="other-swarm"),
+            _tampered(g, round=7),
+            _tampered(g, base_hash="not-our-base"),
+            _tampered(g, tensors={k: torch.zeros(tuple(s) + (1,)) for k, s in good_shapes.items()}),
+            _tampered(g, kind=BLOCK, block_index=1),
+        ]
+        nan = _tampered(g)
+        nan.payload = encode({k: torch.zeros(s) for k, s in good_shapes.items()}, "fp32", zstd=False, **{f: getattr(nan.header, f) for f in ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "peer_id")}).payload
+        nan.header.zstd = False
+        nan.payload = bytes(nan.payload[:-4]) + bytes.fromhex("0000c07f")  # last float := NaN
+        nan.header.payload_bytes = len(nan.payload)
+        bad.append(nan)
+        errors = []
+        for enc in bad:
+            try:
+                await g.handle_exchange(enc)
+            except SwarmdError as exc:
+                errors.append(type(exc).__name__)
+        after = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
+        inbox = {k: dict(v) for k, v in g.current.inbox.items()}
+        report = await g.average([])
+        return before, after, errors, inbox, g, report
+
+    before, after, errors, inbox, g, report = asyncio.run(scenario())
+    assert len(errors) >= 6, errors  # the base-mismatch one is answered (so the caller can re-sync) but not stashed
+    assert before == after
+    assert inbox == {BLOCK: {}, EMB: {}}
+    assert g.metrics.rejected >= 7
+    assert report.accepted_block == [] and report.accepted_emb == []
+
+
+def test_a_dead_peer_costs_its_contribution_not_the_round():
+    async def scenario():
+        peers, transport, board = memory_swarm([0, 0, 0, 1], codec="int8", deadline_max_s=1.5)
+        transport.dead.add(peers[3].me.address)  # dies before the round: calls to it fail fast
+        silent = peers[2]  # peer02 is alive in the records but never trains or dials (hangs)
+        start = time.monotonic()
+        reports = await memory_round(peers, board, skip={2, 3})
+        return reports, time.monotonic() - start, silent
+
+    reports, seconds, silent = asyncio.run(scenario())
+    assert seconds < 1.5 + 2.0  # the deadline bounds the round
+    a, b = reports
+    assert a.accepted_block == ["peer01"] and b.accepted_block == ["peer00"]
+    assert a.participation < 1.0 and b.participation < 1.0
+
+
+def test_client_mode_peer_dials_out_and_is_averaged():
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 1], codec="fp32", client_mode={1})
+        reports = await memory_round(peers, board)
+        return peers, reports
+
+    peers, reports = asyncio.run(scenario())
+    a, client, c = peers
+    assert client.me.address == ""
+    assert a.state.block_hash == client.state.block_hash
+    assert all(r.participation == 1.0 for r in reports)
+
+
+def test_a_diverged_replica_re_syncs_from_the_reference():
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 1], codec="fp32")
+        await memory_round(peers, board)
+        lagging = peers[0]
+        await memory_round(peers, board, skip={0})  # peer00 misses a round: behind by one
+        assert lagging.state.round == 1 and peers[1].state.round == 2
+        pulled = await lagging.sync(list(board.values()))
+        return peers, pulled
+
+    peers, pulled = asyncio.run(scenario())
+    a, b, c = peers
+    assert pulled == ["block", "embedding"]
+    assert a.state.block_hash == b.state.block_hash and a.state.emb_hash == c.state.emb_hash and a.state.round == 2
+
+
+def test_error_feedback_int8_tracks_the_true_sum():
+    ef = ErrorFeedback()
+    total_true, total_sent = torch.zeros(64, 8), torch.zeros(64, 8)
+    for i in range(20):
+        d = rand(100 + i, (("w", (64, 8)),))["w"] * 1e-3
+        _, decoded = ef.compress({"w": d}, "int8", swarm_id="s", config_hash="c", kind="block_delta", block_index=0)
+        total_true += d
+        total_sent += decoded["w"]
+    assert (total_true - total_sent).abs().max() < 1e-4  # within one step's quantisation error
