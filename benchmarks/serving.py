@@ -1,0 +1,243 @@
+"""Serving benchmark: traversal economics, swarm vs local generation, served size, failover.
+
+    python benchmarks/serving.py [--quick] [--out benchmarks/results/serving.json]
+
+Every peer is a real gRPC server on 127.0.0.1 (swarmd.transport.start_server hosting a
+swarmd.serving.BlockServing through ServingOnlyHandler), one block each, all in this process; the
+client is swarmd.remote.RemoteSweeper. Per-hop delay is injected in user space: the client awaits
+asyncio.sleep(delay) before every hop (every Forward call), so a traversal of B blocks pays B delays.
+No tc netem, no proxy.
+
+1. Traversal economics (random weights, litepaper Table 8 shape: B=3, L_b=4, d=512, FFN 2048):
+   one-sweep scoring of N output bytes = ONE traversal (3 hops) over N positions; the matched
+   autoregressive pipeline = the same three servers and shapes run as a plain causal pipeline,
+   one traversal per token, each processing only the new token against per-peer KV caches.
+   tokens/s = N / wall time; ratio = one_sweep_tok_s / ar_tok_s.
+2. Generation: bytes/s of `generate` through the swarm vs locally, same checkpoint and seed (and
+   the same text), at each delay.
+3. Size: a ladder of random-weight shapes served by three peers; the largest that serves a
+   128-byte window within the time and memory budget, with the hop trace of that one sweep.
+4. Failover: two replicas of block 1; the server the session uses is stopped mid-generation; the
+   request completes; added latency = that byte's time minus the median byte time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarmd.checkpoint import save_model  # noqa: E402
+from swarmd.config import ModelConfig  # noqa: E402
+from swarmd.discovery import StaticDiscovery  # noqa: E402
+from swarmd.inference import GenerationStats, LocalSweeper, generate, generate_bytes  # noqa: E402
+from swarmd.model import count_params, start_noise  # noqa: E402
+from swarmd.remote import BlockRouter, RemoteSweeper  # noqa: E402
+from swarmd.serving import BlockServing, ServingOnlyHandler  # noqa: E402
+from swarmd.train import init_block, init_embedding  # noqa: E402
+from swarmd.transport import PeerClient, start_server  # noqa: E402
+
+SWARM = "bench"
+
+
+class Swarm:
+    """Block servers on loopback plus a client; `sweeper(delay_s)` gives a RemoteSweeper."""
+
+    def __init__(self, cfg: ModelConfig, blocks, emb, layout: list[int]):
+        self.cfg, self.blocks, self.emb, self.layout = cfg, blocks, emb, layout
+        self.servers, self.client = [], None
+
+    async def __aenter__(self):
+        for i, b in enumerate(self.layout):
+            serving = BlockServing(self.cfg, b, peer_id=f"peer{i}")
+            serving.update_weights(self.blocks[b].state_dict(), self.emb.table)
+            handler = ServingOnlyHandler(serving, SWARM)
+            server = await start_server(handler)
+            handler.address = server.address
+            self.servers.append(server)
+        self.blocks = self.emb = None  # the servers hold their own snapshots
+        self.client = PeerClient()
+        return self
+
+    def sweeper(self, delay_s: float = 0.0, timeout_s: float = 120.0) -> RemoteSweeper:
+        discovery = StaticDiscovery([s.address for s in self.servers], lambda a: self.client.status(a, timeout_s=5.0), SWARM)
+        router = BlockRouter(discovery, self.client, self.cfg.config_hash(), SWARM)
+        return RemoteSweeper(self.cfg, router, self.client, timeout_s=timeout_s, hop_delay_s=delay_s)
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+        for server in self.servers:
+            await server.stop(0)
+
+
+def random_model(cfg: ModelConfig, seed: int = 0):
+    return [init_block(cfg, b, seed) for b in range(cfg.blocks)], init_embedding(cfg, seed)
+
+
+def block_params(cfg: ModelConfig, blocks, emb) -> int:
+    return sum(count_params(b) for b in blocks) + count_params(emb)
+
+
+async def one_sweep_s(sweeper, cfg: ModelConfig, n: int) -> float:
+    x = torch.randint(0, 256, (1, n))
+    z = start_noise(cfg, (1, n, cfg.d_model), torch.Generator().manual_seed(n))
+    t0 = time.perf_counter()
+    await sweeper.sweep(f"sweep-{n}-{time.perf_counter_ns()}", x, z, 0, False)
+    return time.perf_counter() - t0
+
+
+async def ar_pipeline_s(sweeper, cfg: ModelConfig, n: int) -> float:
+    """A plain autoregressive pipeline over the same hops: one traversal per token, one new position each."""
+    x = torch.randint(0, 256, (1, n))
+    z = start_noise(cfg, (1, n, cfg.d_model), torch.Generator().manual_seed(n))
+    session = f"ar-{n}-{time.perf_counter_ns()}"
+    t0 = time.perf_counter()
+    for p in range(n):
+        await sweeper.sweep(session, x[:, p : p + 1], z[:, p : p + 1], p, True)
+    seconds = time.perf_counter() - t0
+    await sweeper.end_session(session)
+    return seconds
+
+
+async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[dict], dict]:
+    rows, hops = [], {}
+    async with Swarm(cfg, blocks, emb, [0, 1, 2]) as swarm:
+        warm = swarm.sweeper()
+        await one_sweep_s(warm, cfg, 8)
+        await ar_pipeline_s(warm, cfg, 4)
+        for delay_ms in delays_ms:
+            sweeper = swarm.sweeper(delay_ms / 1000)
+            for n in lengths:
+                one = statistics.median([await one_sweep_s(sweeper, cfg, n) for _ in range(reps)])
+                before = len(sweeper.trace)
+                ar = statistics.median([await ar_pipeline_s(sweeper, cfg, n) for _ in range(reps if delay_ms == 0 else 1)])
+                hops[f"{delay_ms}ms/{n}"] = {"one_sweep_hops": 3, "ar_hops": (len(sweeper.trace) - before) // (reps if delay_ms == 0 else 1)}
+                row = {"delay_ms": delay_ms, "output_bytes": n, "one_sweep_tok_s": n / one, "ar_tok_s": n / ar, "ratio": ar / one, "one_sweep_s": one, "ar_s": ar}
+                rows.append(row)
+                print(f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x", flush=True)
+    return rows, hops
+
+
+async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:  # the swarm and the local run read the same checkpoint
+        save_model(Path(tmp), cfg, dict(enumerate(blocks)), emb)
+        from swarmd.inference import load_local
+
+        local = load_local(tmp)
+        st = GenerationStats()
+        ref = await generate_bytes(local, b"The ", n_bytes, 1.0, seed=1, stats=st)
+        local_rate = n_bytes / st.seconds
+        async with Swarm(cfg, blocks, emb, [0, 1, 2]) as swarm:
+            for delay_ms in delays_ms:
+                sweeper = swarm.sweeper(delay_ms / 1000)
+                st = GenerationStats()
+                out = await generate_bytes(sweeper, b"The ", n_bytes, 1.0, seed=1, stats=st)
+                rows.append({"delay_ms": delay_ms, "bytes": n_bytes, "swarm_bytes_s": n_bytes / st.seconds, "local_bytes_s": local_rate, "same_text": out == ref, "sweeps": st.sweeps, "hops": len(sweeper.trace)})
+                print(f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  local {local_rate:7.1f} B/s  same text {out == ref}", flush=True)
+    return rows
+
+
+async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
+    rungs, best = [], None
+    for d, layers in ladder:
+        cfg = ModelConfig(blocks=3, layers_per_block=layers, d_model=d, n_heads=max(1, d // 64), hidden=4 * d, seq_len=seq_len)
+        est = 3 * layers * 12 * d * d
+        if 2 * 4 * est > max_param_bytes:  # fp32 weights, twice (the builder's copy and the served snapshot)
+            rungs.append({"d_model": d, "layers_per_block": layers, "skipped": f"over the {max_param_bytes >> 30} GiB weight budget"})
+            continue
+        t0 = time.perf_counter()
+        blocks, emb = random_model(cfg)
+        params = block_params(cfg, blocks, emb)
+        try:
+            async with Swarm(cfg, blocks, emb, [0, 1, 2]) as swarm:
+                del blocks
+                sweeper = swarm.sweeper(timeout_s=budget_s)
+                seconds = await one_sweep_s(sweeper, cfg, seq_len)
+                trace = [{"step": h.step_index, "block": h.block_index, "peer": h.address, "positions": h.positions, "seconds": round(h.seconds, 4), "compute_s": round(h.compute_s, 4)} for h in sweeper.trace]
+        except Exception as exc:  # noqa: BLE001 - a rung that fails ends the ladder
+            rungs.append({"d_model": d, "layers_per_block": layers, "params": params, "failed": f"{type(exc).__name__}: {exc}"})
+            break
+        rung = {"d_model": d, "layers_per_block": layers, "hidden": 4 * d, "params": params, "params_fp16_gb": params * 2 / 1e9, "sweep_s": seconds, "build_s": time.perf_counter() - t0 - seconds, "hop_trace": trace}
+        rungs.append(rung)
+        print(f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops", flush=True)
+        best = rung
+        if seconds > budget_s:
+            break
+    return {"ladder": rungs, "largest": best, "seq_len": seq_len, "budget_s": budget_s, "max_weight_bytes": max_param_bytes}
+
+
+async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
+    local = LocalSweeper(cfg, blocks, emb)
+    ref = await generate_bytes(local, b"The ", n_bytes, 1.0, seed=2)
+    async with Swarm(cfg, blocks, emb, [0, 1, 1, 2]) as swarm:
+        sweeper = swarm.sweeper(delay_ms / 1000, timeout_s=10.0)
+        st, out, victim = GenerationStats(), [], None
+        async for byte in generate(sweeper, b"The ", n_bytes, 1.0, seed=2, stats=st):
+            out.append(byte)
+            if len(out) == kill_at:
+                address = next(iter(sweeper._sessions.values())).streams[1][0].address
+                victim = next(s for s in swarm.servers if s.address == address)
+                await victim.stop(0)
+        times = st.per_byte_s
+        normal = statistics.median(times[:kill_at] + times[kill_at + 1 :])
+        resent = [h for h in sweeper.trace if h.resent]
+        row = {
+            "delay_ms": delay_ms, "bytes": n_bytes, "killed_after_byte": kill_at, "completed": len(out) == n_bytes, "same_text": bytes(out) == ref,
+            "failovers": sweeper.failovers, "median_byte_s": normal, "failover_byte_s": times[kill_at], "added_latency_s": times[kill_at] - normal,
+            "resent_positions": [h.positions for h in resent], "new_peer": resent[0].address if resent else None, "killed_peer": victim.address if victim else None,
+        }
+    print(f"failover: completed {row['completed']}, same text {row['same_text']}, added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)", flush=True)
+    return row
+
+
+async def main(args) -> dict:
+    torch.manual_seed(0)
+    if args.quick:
+        cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=64, n_heads=2, hidden=256, seq_len=128)
+        lengths, delays, reps, gen_bytes, ladder = [16, 32], [0, 5], 1, 8, [(64, 1), (128, 1)]
+    else:
+        cfg = ModelConfig(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=2048, seq_len=128)
+        lengths, delays, reps, gen_bytes, ladder = [64, 128], [0, 20, 50], 3, 32, [(512, 4), (1024, 4), (2048, 4), (2048, 8)]
+    blocks, emb = random_model(cfg)
+    t0 = time.perf_counter()
+    rows, hop_counts = await traversal(cfg, blocks, emb, delays, lengths, reps)
+    gen = await generation(cfg, blocks, emb, delays, gen_bytes)
+    fail = await failover(cfg, blocks, emb, gen_bytes, gen_bytes // 2, delays[1])
+    sz = await size(ladder, cfg.seq_len, args.size_budget_s, args.max_weight_gib << 30)
+    return {
+        "traversal": rows,
+        "traversal_hops": hop_counts,
+        "generation": gen,
+        "failover": fail,
+        "size": sz,
+        "setup": {
+            "model": cfg.to_dict(), "params": block_params(cfg, blocks, emb), "delay": "client-side asyncio.sleep(delay) before every Forward call (user space; no tc netem, no proxy)",
+            "peers": "one gRPC server per block on 127.0.0.1, all in one process with the client", "torch_threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "machine": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "seconds": time.perf_counter() - t0, "command": "python benchmarks/serving.py" + (" --quick" if args.quick else ""),
+        },
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, two delays: a smoke run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "serving.json")
+    parser.add_argument("--size-budget-s", type=float, default=60.0, help="the size ladder stops after a sweep slower than this")
+    parser.add_argument("--max-weight-gib", type=int, default=8, help="skip size rungs whose fp32 weights (x2) exceed this")
+    args = parser.parse_args()
+    result = asyncio.run(main(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
