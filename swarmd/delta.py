@@ -318,22 +318,24 @@ async def read_payload(
     size = header.payload_bytes
     if size > max_payload_bytes:
         raise ValidationError(f"payload of {size} bytes exceeds the limit of {max_payload_bytes}")
-    buf, got = bytearray(size), 0
+    chunks: list[bytes] = []
+    got = 0
     async for msg in it:
         part = msg.WhichOneof("part")
         if part == "chunk":
-            n = len(msg.chunk)
+            chunk = msg.chunk  # each access copies the bytes out of the message: once only
+            n = len(chunk)
             if n > max_chunk_bytes:
                 raise ValidationError(f"chunk of {n} bytes exceeds the limit of {max_chunk_bytes}")
             if got + n > size:
                 raise ValidationError(f"chunks exceed the declared payload size of {size} bytes")
-            buf[got : got + n] = msg.chunk
+            chunks.append(chunk)
             got += n
         elif part == "end":
             if got != size:
                 raise ValidationError(f"payload ended after {got} of {size} declared bytes")
-            payload = bytes(buf)
-            enc = Encoded(header, payload)
+            enc = Encoded(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            chunks.clear()
             if enc.sha256() != msg.end.sha256:
                 raise ValidationError("payload sha256 does not match its end marker")
             return enc
