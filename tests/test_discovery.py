@@ -1,0 +1,109 @@
+"""Discovery: key helpers, block choice, records, a real hivemind DHT on loopback, static lists."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from swarm_utils import wait_until
+from swarmd.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, block_key, block_throughput, choose_block, connect_discovery, parse_block_key
+from swarmd.errors import PeerUnavailable, SwarmdError
+from swarmd.v1 import swarm_pb2 as pb
+
+
+def rec(pid: str, block: int, sps: float = 10.0, round: int = 0, address: str = "127.0.0.1:1") -> PeerRecord:
+    return PeerRecord(pid, address, block, round, sps, "cfg", "base", False, "sw", "emb")
+
+
+def test_block_key_round_trip_and_errors():
+    assert block_key("sw", 3) == "sw.block.3"
+    assert parse_block_key(block_key("my.swarm", 12)) == ("my.swarm", 12)
+    assert parse_block_key(block_key("sw", None)) == ("sw", None)
+    for bad in ("sw", "sw.block.x", ".block.1", "sw.blocks.1"):
+        with pytest.raises(ValueError):
+            parse_block_key(bad)
+
+
+def test_choose_block_picks_least_throughput_then_lowest_index():
+    assert choose_block([], 3) == 0
+    assert choose_block([rec("a", 0), rec("b", 2)], 3) == 1
+    assert choose_block([rec("a", 0, 5.0), rec("b", 1, 50.0), rec("c", 2, 20.0)], 3) == 0
+    assert choose_block([rec("a", 0, 30.0), rec("b", 1, 10.0), rec("c", 1, 10.0), rec("d", 2, 20.0)], 3) == 1
+    assert choose_block([rec("a", 0, 0.0)], 2) == 1  # a new peer (no EMA yet) still counts
+    assert block_throughput([rec("a", 0, 5.0), rec("b", 0, 7.0)], 2) == [{"block": 0, "peers": 2, "samples_per_s": 12.0}, {"block": 1, "peers": 0, "samples_per_s": 0}]
+
+
+def test_malformed_records_are_ignored():
+    good = rec("a", 0).to_value()
+    assert PeerRecord.from_value(good) == rec("a", 0)
+    assert PeerRecord.from_value({**good, "round": "x"}) is None
+    assert PeerRecord.from_value({**good, "evil": 1}) is None
+    assert PeerRecord.from_value([1, 2]) is None
+    assert PeerRecord.from_value({**good, "peer_id": 5}) is None
+
+
+def test_hivemind_dht_announce_find_and_expiry():
+    async def scenario():
+        first = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
+        second = None
+        try:
+            second = await HivemindDiscovery.create("sw", first.multiaddrs(), start_timeout_s=20)
+            assert first.multiaddrs() and all(m.startswith("/ip4/127.0.0.1/tcp/") for m in first.multiaddrs())
+            await first.announce(rec(first.peer_id, 0, address="127.0.0.1:5000"), ttl_s=30)
+            await second.announce(rec(second.peer_id, 1, address="127.0.0.1:5001"), ttl_s=1.5)
+            found0 = await second.find(0)
+            all_found = await first.find_all()
+            assert [r.peer_id for r in found0] == [first.peer_id] and found0[0].address == "127.0.0.1:5000"
+            assert sorted(r.peer_id for r in all_found) == sorted([first.peer_id, second.peer_id])
+            other_swarm = HivemindDiscovery.__new__(HivemindDiscovery)
+            other_swarm.dht, other_swarm.swarm_id = first.dht, "other"
+            assert await other_swarm.find_all() == []  # keys are scoped by swarm id
+
+            async def expired():
+                return [r.peer_id for r in await first.find(1)] == []
+
+            await wait_until(expired, timeout_s=10, poll_s=0.2, what="the block-1 record to expire")
+        finally:
+            if second is not None:
+                await second.shutdown()
+            await first.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_dht_that_cannot_start_fails_fast_with_cause_and_hint():
+    start = time.monotonic()
+    with pytest.raises(SwarmdError) as info:
+        HivemindDiscovery("sw", ["/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi"], start_timeout_s=15)
+    assert time.monotonic() - start < 20
+    message = str(info.value)
+    assert "could not start the DHT" in message and "check that the multiaddrs" in message
+    with pytest.raises(SwarmdError, match="could not start the DHT"):
+        HivemindDiscovery("sw", ["not-a-multiaddr"], start_timeout_s=5)
+
+
+def test_static_discovery_asks_each_address_and_skips_the_unreachable():
+    async def status(address: str):
+        if address == "127.0.0.1:2":
+            raise PeerUnavailable("down")
+        return pb.PeerStatus(peer_id="p" + address[-1], block_index=1, round=4, swarm_id="sw", config_hash="cfg", address=address, base_hash="b/e", samples_per_s=3.0)
+
+    async def scenario():
+        d = StaticDiscovery(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], status, "sw")
+        records = await d.find_all()
+        return records, await d.find(0)
+
+    records, none = asyncio.run(scenario())
+    assert [r.peer_id for r in records] == ["p1", "p3"] and records[0].base_hash == "b" and records[0].emb_hash == "e"
+    assert none == []
+
+
+def test_connect_discovery_refuses_mixed_or_empty_addresses():
+    async def scenario(addresses):
+        return await connect_discovery(addresses, "sw", status_fn=None)
+
+    with pytest.raises(SwarmdError, match="no swarm address"):
+        asyncio.run(scenario([]))
+    with pytest.raises(SwarmdError, match="mix of"):
+        asyncio.run(scenario(["/ip4/127.0.0.1/tcp/1", "127.0.0.1:5"]))
