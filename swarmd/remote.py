@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,14 +75,17 @@ class BlockRouter:
     :param probe_timeout_s: deadline of the latency probe of a new replica
     """
 
-    def __init__(self, discovery, client, config_hash: str, swarm_id: str | None = None, probe_timeout_s: float = 5.0, ban_s: float = 2.0, max_ban_s: float = 60.0):
+    def __init__(self, discovery, client, config_hash: str, swarm_id: str | None = None, probe_timeout_s: float = 5.0, ban_s: float = 2.0, max_ban_s: float = 60.0, refresh_s: float = 30.0):
         self.discovery, self.client = discovery, client
         self.config_hash, self.swarm_id = config_hash, swarm_id
-        self.probe_timeout_s, self.ban_s, self.max_ban_s = probe_timeout_s, ban_s, max_ban_s
+        self.probe_timeout_s, self.ban_s, self.max_ban_s, self.refresh_s = probe_timeout_s, ban_s, max_ban_s, refresh_s
         self._replicas: dict[int, dict[str, Replica]] = {}
+        self._refreshed: dict[int, float] = {}  # block -> monotonic time of the last discovery lookup
 
     async def refresh(self, block_index: int) -> list[Replica]:
+        """Look the block's holders up again (new replicas join; stats of known ones are kept)."""
         known = self._replicas.setdefault(block_index, {})
+        self._refreshed[block_index] = time.monotonic()
         for rec in await self.discovery.find(block_index):
             if not rec.address or getattr(rec, "client_mode", False):
                 continue  # client-mode peers accept no inbound calls
@@ -98,7 +102,8 @@ class BlockRouter:
     async def choose(self, block_index: int, exclude: set[str] = frozenset()) -> Replica:
         """The best usable replica of a block; raises PeerUnavailable when there is none."""
         now = time.monotonic()
-        for attempt in range(2):
+        stale = now - self._refreshed.get(block_index, -math.inf) > self.refresh_s
+        for attempt in range(int(stale), 2):
             replicas = list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
             usable = [r for r in replicas if r.address not in exclude and r.banned_until <= now]
             for r in usable:

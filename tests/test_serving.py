@@ -46,6 +46,7 @@ class InProcessClient:
     def __init__(self, servings: dict[str, BlockServing]):
         self.servings = servings
         self.dead: set[str] = set()
+        self.stalled: set[str] = set()  # peers that never answer a forward step
         self.calls: list[str] = []
 
     async def status(self, address, timeout_s):
@@ -61,6 +62,11 @@ class InProcessClient:
                 if address in client.dead:
                     raise PeerUnavailable(f"{address} unreachable")
                 client.calls.append(address)
+                if address in client.stalled:
+                    try:
+                        await asyncio.wait_for(asyncio.Event().wait(), timeout_s)
+                    except TimeoutError:
+                        raise PeerUnavailable(f"{address}: forward step timed out") from None
                 reply = await client.servings[address].forward(pb.ForwardRequest.FromString(request.SerializeToString()))
                 return pb.ForwardReply.FromString(reply.SerializeToString())
 
@@ -218,6 +224,25 @@ def test_failover_mid_generation_completes_with_the_same_text():
     assert remote.failovers == 1
     resent = [h for h in remote.trace if h.resent]
     assert len(resent) == 1 and resent[0].block_index == 1 and resent[0].positions > 1
+
+
+def test_stalled_peer_fails_over_after_the_step_timeout():
+    blocks, emb = tiny_model()
+    remote, client = remote_for(make_servings(blocks, emb, replicas=2), timeout_s=0.3)
+    local = asyncio.run(generate_bytes(LocalSweeper(CFG, blocks, emb), b"ab", 6, 1.0, seed=1))
+
+    async def go():
+        from swarmd.inference import generate
+
+        out = []
+        async for b in generate(remote, b"ab", 6, 1.0, seed=1):
+            out.append(b)
+            if len(out) == 2:  # block 2's peer stops answering (alive, but stalled)
+                client.stalled.add(next(iter(remote._sessions.values())).streams[2][0].address)
+        return bytes(out)
+
+    assert asyncio.run(go()) == local
+    assert remote.failovers == 1 and [h.block_index for h in remote.trace if h.resent] == [2]
 
 
 def test_no_peer_for_a_block_is_a_clear_error():
