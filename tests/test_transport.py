@@ -104,7 +104,8 @@ def test_exchange_both_ways():
         reply = await client.exchange(server.address, out, timeout_s=10)
         assert reply.header.peer_id == "peer-b"
         theirs = decode(reply, SHAPES, **META)
-        assert all((theirs[k] - h.own[k]).abs().max() <= h.own[k].abs().max() / 254 + 1e-7 for k in SHAPES)
+        expect = decode(encode(h.own, "int8", **META), SHAPES, **META)
+        assert all(torch.equal(theirs[k], expect[k]) for k in SHAPES)
         assert len(h.received) == 1
         sent = decode(out, SHAPES, **META)
         assert all(torch.equal(h.received[0][k], sent[k]) for k in SHAPES)

@@ -148,7 +148,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             except Exception as exc:  # noqa: BLE001
                 await self._abort(context, "Forward", exc)
                 return
-            yield reply
+            yield reply if reply is not None else pb.ForwardReply()  # e.g. end_session: an empty reply
 
 
 def format_address(host: str, port: int) -> str:
