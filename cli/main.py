@@ -9,6 +9,7 @@ import typer
 
 from cli import data, evaluate, model_info, train
 from cli import generate, score
+from cli import demo, join, run, status
 
 app = typer.Typer(
     name="blocktrain",
@@ -21,6 +22,10 @@ app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("model-info")(model_info.info)
 app.add_typer(data.app, name="data")
+app.command("run")(run.run)
+app.command("join")(join.join)
+app.command("status")(status.status)
+app.command("demo")(demo.demo)
 app.command("score")(score.score)
 app.command("generate")(generate.generate)
 

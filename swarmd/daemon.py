@@ -210,7 +210,11 @@ class Daemon:
             step = st.trainer.step_count
         ck.save_block(d, self.cfg, st.block_index, block, step)
         ck.save_embedding(d, self.cfg, emb)
-        ck.write_config(d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id)
+        m = self.metrics
+        ck.write_config(
+            d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id,
+            peer_id=getattr(self, "peer_id", ""), rounds_merged=m.rounds, participation=m.participation, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received, raw_bytes_sent=m.raw_bytes_sent, rejected=m.rejected, last_round_s=m.last_round_s, train_ce=m.last_train_ce,
+        )
 
     def _load_checkpoint(self) -> None:
         d, st = Path(self.config.checkpoint_dir), self.state

@@ -1,0 +1,198 @@
+"""LocalSwarm: N `blocktrain run` daemons as separate processes on loopback (demo, benchmarks, tests).
+
+Owns process orchestration only: spawn peer 0, read the multiaddr it prints, spawn the others
+joining through it (block i mod B, peer seed i, own checkpoint dir), poll their GetStatus, wait
+for them to finish their rounds, kill -9 / restart one (fault benchmark), stop all (SIGTERM, then
+SIGKILL after a grace period), and assemble the trained model from their checkpoints. Every wait
+has a deadline. Children get OMP_NUM_THREADS=1 so N peers share a small machine fairly.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmd import checkpoint as ck
+from swarmd.config import ModelConfig
+from swarmd.errors import SwarmdError
+from swarmd.transport import PeerClient
+
+
+@dataclass
+class PeerProc:
+    index: int
+    block: int
+    checkpoint_dir: Path
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)  # key: value lines the peer printed (address, peer, multiaddr, ...)
+    rounds_seen: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def address(self) -> str:
+        return self.info.get("address", "")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalSwarm:
+    """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
+    :param extra: more `blocktrain run` flags for every peer (e.g. ["--codec", "int8"])
+    """
+
+    def __init__(self, peers: int, model: ModelConfig, data: Path, workdir: Path, *, rounds: int, steps_per_round: int, codec: str = "int8", batch_size: int = 16, lr: float = 1e-3, seed: int = 0, deadline_max_s: float = 30.0, swarm_id: str = "demo", extra: list[str] | None = None):
+        if peers < 1:
+            raise ValueError("need at least one peer")
+        self.model, self.data, self.workdir = model, Path(data), Path(workdir)
+        self.args = ["--rounds", str(rounds), "--steps-per-round", str(steps_per_round), "--codec", codec, "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed), "--deadline-max", str(deadline_max_s), "--swarm-id", swarm_id, *(extra or [])]
+        self.model_args = ["--blocks", str(model.blocks), "--layers-per-block", str(model.layers_per_block), "--d-model", str(model.d_model), "--n-heads", str(model.n_heads), "--hidden", str(model.hidden), "--seq-len", str(model.seq_len), "--sigma-lo", str(model.sigma_lo), "--sigma-hi", str(model.sigma_hi)]
+        self.peers = [PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log") for i in range(peers)]
+        self.bootstrap: list[str] = []
+
+    # -- processes -------------------------------------------------------------------------------
+    def _spawn(self, p: PeerProc) -> None:
+        cmd = [sys.executable, "-m", "cli.main", "run", *self.bootstrap, "--data", str(self.data), "--block", str(p.block), "--peer-seed", str(p.index), "--checkpoint-dir", str(p.checkpoint_dir), *self.model_args, *self.args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        p.info, p.rounds_seen, p.ready = {}, [], threading.Event()
+        log = open(p.log_path, "ab")
+        p.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+        log.close()
+        threading.Thread(target=self._read, args=(p, p.proc), daemon=True).start()
+
+    @staticmethod
+    def _read(p: PeerProc, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line == "ready":
+                p.ready.set()
+            elif line.startswith("round "):
+                p.rounds_seen.append(line)
+            elif ": " in line:
+                key, _, value = line.partition(": ")
+                if key == "multiaddr":
+                    p.info.setdefault("multiaddrs", []).append(value)
+                else:
+                    p.info.setdefault(key, value)
+        proc.stdout.close()
+
+    def _wait_ready(self, p: PeerProc, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not p.ready.wait(0.2):
+            if not p.alive():
+                raise SwarmdError(f"peer {p.index} exited with code {p.proc.returncode} before it was ready; see {p.log_path}: {self.tail(p)}")
+            if time.monotonic() > deadline:
+                raise SwarmdError(f"peer {p.index} not ready after {timeout_s:.0f}s; see {p.log_path}")
+
+    def tail(self, p: PeerProc, lines: int = 3) -> str:
+        try:
+            return " | ".join(p.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start peer 0, then every other peer joining through its multiaddrs; wait until all are ready."""
+        first = self.peers[0]
+        self._spawn(first)
+        self._wait_ready(first, timeout_s)
+        self.bootstrap = list(first.info.get("multiaddrs", []))
+        for p in self.peers[1:]:
+            self._spawn(p)
+        for p in self.peers[1:]:
+            self._wait_ready(p, timeout_s)
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        p = self.peers[index]
+        if p.alive():
+            p.proc.send_signal(sig)
+            p.proc.wait(timeout=30)
+
+    def restart(self, index: int, timeout_s: float = 120.0) -> PeerProc:
+        """Start a stopped peer again with the same checkpoint dir (it resumes from its last checkpoint)."""
+        p = self.peers[index]
+        if p.alive():
+            raise SwarmdError(f"peer {index} is still running")
+        if not self.bootstrap or index == 0:
+            live = [q for q in self.peers if q.alive() and q.info.get("multiaddrs")]
+            self.bootstrap = live[0].info["multiaddrs"] if live else []
+        self._spawn(p)
+        self._wait_ready(p, timeout_s)
+        return p
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for every peer to exit on its own (its rounds done); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.peers:
+            try:
+                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM every live peer (they checkpoint and leave), SIGKILL whatever is left after grace_s."""
+        for p in self.peers:
+            if p.alive():
+                p.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.peers:
+            if p.proc is None:
+                continue
+            try:
+                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.proc.kill()
+                p.proc.wait(timeout=10)
+
+    def __enter__(self) -> "LocalSwarm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- observation -----------------------------------------------------------------------------
+    async def statuses(self, timeout_s: float = 2.0) -> list:
+        """GetStatus of every live peer (None for a dead or silent one), in peer order."""
+        client = PeerClient()
+        try:
+            async def one(p: PeerProc):
+                if not p.alive() or not p.address:
+                    return None
+                try:
+                    return await client.status(p.address, timeout_s)
+                except SwarmdError:
+                    return None
+
+            return await asyncio.gather(*(one(p) for p in self.peers))
+        finally:
+            await client.close()
+
+    def summaries(self) -> list[dict]:
+        """Each peer's last checkpoint config.json (round, participation, bytes, ...)."""
+        out = []
+        for p in self.peers:
+            try:
+                out.append(ck.read_config(p.checkpoint_dir))
+            except SwarmdError:
+                out.append({})
+        return out
+
+    def assemble(self):
+        """(blocks, embedding) of the trained model from the checkpoints: block b from the first peer
+        that trained it (replicas are identical after a merge), the byte table from peer 0."""
+        blocks = []
+        for b in range(self.model.blocks):
+            holders = [p for p in self.peers if p.block == b and (p.checkpoint_dir / "config.json").is_file()]
+            if not holders:
+                raise SwarmdError(f"no checkpoint holds block {b}")
+            blocks.append(ck.load_block(holders[0].checkpoint_dir, self.model, b)[0])
+        emb_dir = next(p.checkpoint_dir for p in self.peers if (p.checkpoint_dir / "config.json").is_file())
+        return blocks, ck.load_embedding(emb_dir, self.model)
