@@ -319,7 +319,7 @@ async def read_payload(
     if size > max_payload_bytes:
         raise ValidationError(f"payload of {size} bytes exceeds the limit of {max_payload_bytes}")
     chunks: list[bytes] = []
-    got = 0
+    got, hasher = 0, hashlib.sha256()
     async for msg in it:
         part = msg.WhichOneof("part")
         if part == "chunk":
@@ -329,15 +329,16 @@ async def read_payload(
                 raise ValidationError(f"chunk of {n} bytes exceeds the limit of {max_chunk_bytes}")
             if got + n > size:
                 raise ValidationError(f"chunks exceed the declared payload size of {size} bytes")
+            hasher.update(chunk)  # while the chunk is still in cache
             chunks.append(chunk)
             got += n
         elif part == "end":
             if got != size:
                 raise ValidationError(f"payload ended after {got} of {size} declared bytes")
-            enc = Encoded(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
-            chunks.clear()
-            if enc.sha256() != msg.end.sha256:
+            if hasher.hexdigest() != msg.end.sha256:
                 raise ValidationError("payload sha256 does not match its end marker")
+            enc = Encoded(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            enc._sha256 = msg.end.sha256
             return enc
         elif part == "reject":
             raise PeerRejected(f"peer rejected the exchange: {msg.reject}")
