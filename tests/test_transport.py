@@ -296,3 +296,17 @@ def test_peer_dying_mid_exchange_fails_fast():
             await server.stop(0)
 
     asyncio.run(main())
+
+
+def test_cancelled_forward_step_never_pairs_a_late_reply():
+    async def body(client, server, h):
+        session = client.forward_session(server.address, step_timeout_s=5)
+        z = torch.ones(1, 2, 4)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(session.step(pb.ForwardRequest(session_id="hang", z=to_proto(z))), 0.2)
+        req = pb.ForwardRequest(session_id="s2", config_hash=META["config_hash"], z=to_proto(z), step_index=5)
+        reply = await session.step(req)  # a fresh stream: the hung request's reply can never arrive here
+        assert torch.equal(from_proto(reply.z), z * 2 + 5)
+        await session.close()
+
+    with_peer(body)

@@ -90,9 +90,18 @@ class ForwardSession:
     def __init__(self, client: "PeerClient", address: str, step_timeout_s: float):
         self.client, self.address, self.step_timeout_s = client, address, step_timeout_s
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._lock = asyncio.Lock()  # one step in flight: replies pair with requests by order
 
     async def step(self, request: pb.ForwardRequest, timeout_s: float | None = None) -> pb.ForwardReply:
-        """Send one request and wait at most timeout_s (default step_timeout_s) for its reply."""
+        """Send one request and wait at most timeout_s (default step_timeout_s) for its reply.
+
+        Concurrent steps on one session run one after the other. A step cancelled from outside
+        drops the stream, so a late reply can never be paired with a later request.
+        """
+        async with self._lock:
+            return await self._step(request, timeout_s)
+
+    async def _step(self, request: pb.ForwardRequest, timeout_s: float | None) -> pb.ForwardReply:
         if self._call is None:
             stub, fresh = self.client._stub(self.address)
             self._call = stub.Forward(wait_for_ready=fresh)
@@ -110,6 +119,9 @@ class ForwardSession:
         except asyncio.InvalidStateError:  # write after the call ended: read its status
             self._drop()
             raise self.client._error(self.address, await _status_error(call)) from None
+        except asyncio.CancelledError:
+            self._drop()
+            raise
         if reply is grpc.aio.EOF:
             self._drop()
             raise self.client._error(self.address, await _status_error(call)) from None
