@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sigma-lo", type=float, default=ModelConfig.sigma_lo)
     p.add_argument("--sigma-hi", type=float, default=ModelConfig.sigma_hi)
     p.add_argument("--noise-feature-scale", type=float, default=ModelConfig.noise_feature_scale)
+    p.add_argument("--logit-scale", type=float, default=ModelConfig.logit_scale)
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -75,7 +76,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     mcfg = ModelConfig(
         blocks=args.blocks, layers_per_block=args.layers_per_block, d_model=args.d_model, n_heads=args.n_heads,
         hidden=4 * args.d_model, seq_len=args.seq_len, sigma_lo=args.sigma_lo, sigma_hi=args.sigma_hi,
-        noise_feature_scale=args.noise_feature_scale,
+        noise_feature_scale=args.noise_feature_scale, logit_scale=args.logit_scale,
     )
     total = args.steps_per_round * args.rounds
     tcfg = TrainConfig(

@@ -28,6 +28,7 @@ class ModelConfig:
     gamma: float = 0.05  # interval overlap, fraction of each interval's log-width per side
     sigma_data: float = 0.5  # EDM sigma_data used by the preconditioning
     noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
+    logit_scale: float = 1.0  # fixed multiplier on the logits <z_hat, e_hat_k> (1 = documented, no temperature)
     vocab: int = 256  # bytes
 
     def __post_init__(self) -> None:
@@ -42,6 +43,8 @@ class ModelConfig:
             raise ValueError(f"gamma must be in [0, 1), got {self.gamma}")
         if self.p_std <= 0 or self.sigma_data <= 0:
             raise ValueError("p_std and sigma_data must be > 0")
+        if self.logit_scale <= 0:
+            raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
         if self.vocab != 256:
             raise ValueError("vocab is fixed at 256 (bytes)")
 

@@ -253,7 +253,8 @@ def denoise_logits(
     with torch.autocast(z.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         f = block(ctx, pc.c_in[:, None, None] * z, pc.c_noise, cache)
     z_hat = pc.c_skip[:, None, None] * z + pc.c_out[:, None, None] * f.float()
-    return z_hat @ table_hat.T
+    logits = z_hat @ table_hat.T
+    return logits if block.cfg.logit_scale == 1.0 else block.cfg.logit_scale * logits
 
 
 def noisy_targets(table_hat: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
