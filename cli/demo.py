@@ -68,7 +68,8 @@ def demo(
         start = time.monotonic()
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as view:
-                view.console.print(f"starting {peers} peers (B={cfg.blocks}, L_b={cfg.layers_per_block}, d={cfg.d_model}, seq={cfg.seq_len}) in {root}; initial from-noise CE {ce_start:.4f}")
+                if not json_out:
+                    view.console.print(f"starting {peers} peers (B={cfg.blocks}, L_b={cfg.layers_per_block}, d={cfg.d_model}, seq={cfg.seq_len}) in {root}; initial from-noise CE {ce_start:.4f}")
                 swarm.start(timeout_s=min(timeout, 300))
                 tasks = [view.add_task(f"peer {p.index} block {p.block}", total=rounds) for p in swarm.peers]
                 while any(p.alive() for p in swarm.peers):

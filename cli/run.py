@@ -41,12 +41,13 @@ PeerSeed = Annotated[int, typer.Option("--peer-seed", help="Seed of this peer's 
 DeadlineMax = Annotated[float, typer.Option("--deadline-max", help="Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", rich_help_panel=S)]
 Static = Annotated[bool, typer.Option("--static", help="PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", rich_help_panel=N)]
 DhtHost = Annotated[str, typer.Option("--dht-host", help="Interface the DHT listens on.", envvar="BLOCKTRAIN_DHT_HOST", rich_help_panel=N)]
+MinPeers = Annotated[int, typer.Option("--min-peers", help="Wait before the first round until the swarm has this many peers (self included).", rich_help_panel=S)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round and exchange to stderr.")]
 
 
 def build_config(
     model: ModelConfig, *, data: Path | None, block: str, device: str, listen: str, checkpoint_dir: Path | None, swarm_id: str, codec: Codec, client_mode: bool,
-    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str,
+    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str, min_peers: int = 0,
 ) -> DaemonConfig:
     if block != "auto" and not block.isdigit():
         raise ValueError(f"--block must be a number or 'auto', got {block!r}")
@@ -62,6 +63,7 @@ def build_config(
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "",
         peer_seed=peer_seed,
         max_rounds=rounds,
+        min_peers=min_peers,
     )
 
 
@@ -119,6 +121,7 @@ def run(
     rounds: RoundsOpt = 0,
     deadline_max: DeadlineMax = 30.0,
     peer_seed: PeerSeed = 0,
+    min_peers: MinPeers = 0,
     blocks: o.Blocks = 3,
     layers_per_block: o.LayersPerBlock = 2,
     d_model: o.DModel = 128,
@@ -140,6 +143,6 @@ def run(
         config = build_config(
             model, data=data, block=block, device=dev, listen=listen, checkpoint_dir=checkpoint_dir, swarm_id=swarm_id, codec=codec, client_mode=client_mode,
             steps_per_round=steps_per_round, rounds=rounds, batch_size=batch_size, lr=lr, seed=seed, peer_seed=peer_seed, deadline_max=deadline_max,
-            initial_peers=list(peers or []), static=static, dht_host=dht_host,
+            initial_peers=list(peers or []), static=static, dht_host=dht_host, min_peers=min_peers,
         )
         run_daemon(config)

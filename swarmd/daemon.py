@@ -111,6 +111,7 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._announce_loop())
+                await self.wait_for_peers()
                 tg.create_task(self._round_loop())
         finally:
             await self.shutdown()
@@ -144,6 +145,19 @@ class Daemon:
                 await asyncio.wait_for(self.stopping.wait(), period * (1 + 0.2 * random.random()))
             except TimeoutError:
                 pass
+
+    async def wait_for_peers(self) -> None:
+        """Block the first round until discovery sees config.min_peers peers (or the timeout passes)."""
+        want, deadline = self.config.min_peers, time.monotonic() + self.config.min_peers_timeout_s
+        while want > 1 and not self.stopping.is_set() and time.monotonic() < deadline:
+            if len({r.peer_id for r in await self._records()} | {self.peer_id}) >= want:
+                return
+            try:
+                await asyncio.wait_for(self.stopping.wait(), 0.25)
+            except TimeoutError:
+                pass
+        if want > 1 and time.monotonic() >= deadline:
+            logger.warning("%s started with fewer than %d peers after %.0fs", self.gossip.tag, want, self.config.min_peers_timeout_s)
 
     async def _round_loop(self) -> None:
         while not self.stopping.is_set():

@@ -73,7 +73,8 @@ class DaemonConfig:
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
     peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
     max_rounds: int = 0  # stop after this many rounds (0 = run until stopped)
-    eval_every: int = 0  # measure from-noise CE every this many rounds (0 = never; needs all blocks locally)
+    min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
+    min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
 
     def __post_init__(self) -> None:
         if self.block < -1 or self.block >= self.model.blocks:
