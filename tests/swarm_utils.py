@@ -105,7 +105,7 @@ async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: s
     return reports
 
 
-def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32") -> DaemonConfig:
+def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32", min_peers: int = 0) -> DaemonConfig:
     data = write_corpus(tmp) if not (Path(tmp) / "train.txt").exists() else Path(tmp) / "train.txt"
     return DaemonConfig(
         model=tiny_model(blocks),
@@ -117,6 +117,8 @@ def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, init
         checkpoint_dir=str(Path(tmp) / f"ckpt{seed}") if checkpoint else "",
         peer_seed=seed,
         max_rounds=max_rounds,
+        min_peers=min_peers,
+        min_peers_timeout_s=30.0,
     )
 
 

@@ -1,0 +1,184 @@
+"""Real daemons on 127.0.0.1 (ephemeral ports), real gRPC, real hivemind DHT where marked.
+
+Each test drives daemons in one event loop: start, serve for a bounded number of rounds (or call
+run_round directly), assert, and shut everything down in reverse order.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import torch
+
+from swarm_utils import daemon_config, wait_until
+from swarmd.daemon import Daemon
+from swarmd.state import relative_distance
+from swarmd.transport import PeerClient
+from swarmd.v1 import swarm_pb2 as pb
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+async def started(*configs) -> list[Daemon]:
+    daemons = []
+    try:
+        for cfg in configs:
+            d = Daemon(cfg)
+            daemons.append(d)
+            await d.start()
+    except BaseException:
+        await stop_all(daemons)
+        raise
+    return daemons
+
+
+async def stop_all(daemons: list[Daemon]) -> None:
+    for d in reversed(daemons):
+        await asyncio.wait_for(d.shutdown(), 30)
+
+
+def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge(tmp_path):
+    async def scenario():
+        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
+        multiaddrs = tuple(d0.discovery.multiaddrs())
+        try:
+            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3))
+        except BaseException:
+            await stop_all([d0])
+            raise
+        daemons = [d0, d1, d2]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+        finally:
+            await stop_all(daemons)
+        return daemons
+
+    d0, d1, d2 = asyncio.run(scenario())
+    assert d2.state.block_index == 1  # --block auto: block 1 had no throughput
+    assert [d.state.round for d in (d0, d1, d2)] == [2, 2, 2]
+    # same-block replicas drifted apart during local steps, and are bit-identical after each merge
+    assert all(r.premerge_distance > 0 for r in d0.reports)
+    assert d0.state.block_hash == d1.state.block_hash
+    assert relative_distance(d0.state.base_block, d1.state.base_block) == 0.0
+    assert d0.state.emb_hash == d1.state.emb_hash == d2.state.emb_hash
+    assert all(r.participation == 1.0 for d in (d0, d1, d2) for r in d.reports)
+    assert d0.metrics.consensus_distance == 0.0  # from d1's status sketch at the same round
+    assert d0.metrics.bytes_sent > 0 and d0.metrics.bytes_received > 0
+
+
+def test_client_mode_peer_gossips_without_a_server(tmp_path):
+    async def scenario():
+        (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2))
+        try:
+            (client,) = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=tuple(server.discovery.multiaddrs()), client_mode=True, max_rounds=2, min_peers=2))
+        except BaseException:
+            await stop_all([server])
+            raise
+        try:
+            await asyncio.wait_for(asyncio.gather(server.serve(), client.serve()), 90)
+        finally:
+            await stop_all([server, client])
+        return server, client
+
+    server, client = asyncio.run(scenario())
+    assert client.server is None and client.status().address == "" and client.status().client_mode
+    assert client.state.round == server.state.round == 2
+    assert client.state.block_hash == server.state.block_hash and client.state.emb_hash == server.state.emb_hash
+    assert all(r.accepted_block for r in server.reports)  # the server merged the client's delta (it was dialled)
+
+
+def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
+    async def scenario():
+        daemons = await started(*(daemon_config(tmp_path, 0, seed=i, discovery="static", deadline_max_s=3.0) for i in range(3)))
+        addresses = [d.server.address for d in daemons]
+        for d in daemons:
+            d.discovery.addresses = addresses
+        a, b, victim = daemons
+
+        async def die(incoming):  # the victim's process "dies" while a caller streams to it
+            await victim.server.stop(0)
+            await asyncio.Event().wait()
+
+        victim.gossip.handle_exchange = die
+        try:
+            start = time.monotonic()
+            reports = await asyncio.wait_for(asyncio.gather(a.run_round(), b.run_round()), 30)
+            return reports, time.monotonic() - start, a, b
+        finally:
+            await stop_all(daemons)
+
+    (ra, rb), seconds, a, b = asyncio.run(scenario())
+    assert seconds < 3.0 + 8.0  # deadline_max_s plus training and slack
+    assert ra.participation < 1.0 and rb.participation < 1.0
+    assert len(ra.accepted_block) == 1 and len(rb.accepted_block) == 1  # a and b still averaged together
+    assert a.state.block_hash == b.state.block_hash
+
+
+def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
+    async def first_run():
+        (d,) = await started(daemon_config(tmp_path, 1, seed=0, discovery="static", checkpoint=True))
+        task = asyncio.create_task(d.serve())
+        try:
+            await wait_until(lambda: d.state.round >= 2, 60, what="two rounds")
+            d.stop()  # what SIGINT / SIGTERM do
+            await asyncio.wait_for(task, 30)
+        finally:
+            if not task.done():
+                task.cancel()
+        return d
+
+    async def second_run():
+        (d,) = await started(daemon_config(tmp_path, -1, seed=0, discovery="static", checkpoint=True))
+        try:
+            resumed = (d.state.round, d.state.block_hash, d.state.emb_hash, d.state.trainer.step_count, {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()})
+            await d.run_round()
+            return resumed, d.state.round
+        finally:
+            await stop_all([d])
+
+    d = asyncio.run(first_run())
+    body = json.loads((tmp_path / "ckpt0" / "config.json").read_text())
+    assert body["kind"] == "swarm-peer" and body["block_index"] == 1 and body["round"] == d.state.round
+    saved_opt = {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()}
+    (round, block_hash, emb_hash, steps, opt_state), after = asyncio.run(second_run())
+    assert (round, block_hash, emb_hash, steps) == (d.state.round, d.state.block_hash, d.state.emb_hash, d.state.trainer.step_count)
+    assert all(torch.equal(opt_state[k], saved_opt[k]) for k in saved_opt)  # AdamW moments survive a restart
+    assert after == round + 1
+
+
+def test_a_joiner_downloads_state_before_its_first_step_and_serves_status(tmp_path):
+    async def scenario():
+        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, discovery="static"))
+        try:
+            for _ in range(2):
+                await d0.run_round()
+            (d1,) = await started(daemon_config(tmp_path, 0, seed=1, discovery="static", initial_peers=(d0.server.address,)))
+            try:
+                before = d1.state.block_hash
+                pulled = await d1.gossip.sync(await d1._records())
+                client = PeerClient()
+                try:
+                    st = await client.status(d0.server.address, 5)
+                    cfg = await client.swarm_config(d0.server.address, 5)
+                finally:
+                    await client.close()
+                return d0, d1, before, pulled, st, cfg
+            finally:
+                await stop_all([d1])
+        finally:
+            await stop_all([d0])
+
+    d0, d1, before, pulled, st, cfg = asyncio.run(scenario())
+    assert pulled == ["block", "embedding"] and before != d0.state.block_hash
+    assert (d1.state.round, d1.state.block_hash, d1.state.emb_hash) == (2, d0.state.block_hash, d0.state.emb_hash)
+    assert isinstance(st, pb.PeerStatus) and st.round == 2 and st.block_index == 0 and len(st.sketch) == 256 and st.param_norm > 0
+    assert st.base_hash == f"{d0.state.block_hash}/{d0.state.emb_hash}" and st.state in ("training", "averaging")
+    assert cfg.config_hash == d0.cfg.config_hash() and json.loads(cfg.model_config_json)["d_model"] == 32
