@@ -38,6 +38,8 @@ def no_nan(obj):
 
 def render(summary: dict) -> None:
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # pipes and tests: do not squeeze the table to 80 columns
     peers = Table(title="peers")
     for col in ("peer", "block", "state", "round", "steps", "samples/s", "last CE", "sent", "received", "particip.", "uptime", "address"):
         peers.add_column(col)
