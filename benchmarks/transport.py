@@ -5,9 +5,10 @@ answers every ExchangeDeltas with a pre-encoded payload of the same size. The cl
 pre-encoded fp32 payload of --mb MiB (Gaussian values, zstd off and/or on) and reads the answer on
 the same bidirectional stream, exactly as gossip does: 1 MiB chunks, framing and sha256 checked on
 both sides. The baseline copies the same number of bytes each way over one plain TCP socket
-(sendall / recv_into, server in a separate process), in the same run. MB/s counts the payload
-bytes moved in both directions (2 x payload) over the wall time of one exchange; best and median
-of --repeats runs are reported, with the ratio gRPC/TCP.
+(sendall / recv_into, server in a separate process), in the same run: each round runs every
+path once, in turn, so all see the same background load. MB/s counts the payload bytes moved in
+both directions (2 x payload) over the wall time of one exchange; best and median of --repeats
+rounds (after a warm-up round) are reported, with the ratio gRPC/TCP.
 
 Part 2 (codecs): wire bytes per codec relative to raw fp32 for a realistic block delta: a default
 ModelConfig block (block 1 of 3, 2 layers, d=128) trained --train-steps AdamW steps with
@@ -100,47 +101,23 @@ def _grpc_server_main(mb: int, zstd: bool, conn) -> None:
     asyncio.run(main())
 
 
-async def _grpc_runs(port: int, payload: Encoded, repeats: int) -> tuple[list[float], int]:
-    client = PeerClient(max_payload_bytes=2 * payload.header.payload_bytes + MIB)
-    address = f"127.0.0.1:{port}"
-    try:
-        await client.status(address, timeout_s=60)  # dial and warm up the channel
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            reply = await client.exchange(address, payload, timeout_s=300)
-            times.append(time.perf_counter() - start)
-            assert reply.raw_bytes == payload.raw_bytes
-        return times[1:], reply.header.payload_bytes  # the first exchange warms allocators and flow-control windows
-    finally:
-        await client.close()
-
-
-def bench_grpc(mb: int, zstd: bool, repeats: int) -> dict:
+def _spawn(target, *args) -> tuple[mp.Process, object, int]:
+    """Start a server process; returns it, our pipe end and the port it reports."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_grpc_server_main, args=(mb, zstd, child), daemon=True)
+    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
     proc.start()
-    try:
-        if not parent.poll(120):
-            raise RuntimeError("gRPC benchmark server did not start within 120 s")
-        port = parent.recv()
-        payload = gaussian_payload(mb, zstd, seed=0)
-        times, reply_bytes = asyncio.run(_grpc_runs(port, payload, repeats))
-    finally:
-        parent.send("stop")
-        proc.join(30)
-        if proc.is_alive():
-            proc.terminate()
-    moved = payload.header.payload_bytes + reply_bytes
-    return _summary(times, moved, payload_bytes=payload.header.payload_bytes, raw_bytes=payload.raw_bytes, zstd=zstd)
+    if not parent.poll(120):
+        proc.terminate()
+        raise RuntimeError(f"benchmark server {target.__name__} did not start within 120 s")
+    return proc, parent, parent.recv()
 
 
 # ---- plain TCP baseline ---------------------------------------------------------------------
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf, view, got = bytearray(n), None, 0
+    buf, got = bytearray(n), 0
     view = memoryview(buf)
     while got < n:
         k = sock.recv_into(view[got:], min(n - got, 4 * MIB))
@@ -161,28 +138,68 @@ def _tcp_server_main(nbytes: int, count: int, conn) -> None:
                 peer.sendall(data)
 
 
-def bench_tcp(nbytes: int, repeats: int) -> dict:
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_tcp_server_main, args=(nbytes, repeats + 1, child), daemon=True)
-    proc.start()
+def tcp_copy(port: int, data: bytes) -> float:
+    """Seconds to send data over a fresh loopback connection and receive as many bytes back."""
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(data)
+        _recv_exactly(s, len(data))
+    return time.perf_counter() - start
+
+
+async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> dict:
+    """Every variant once per repeat, round-robin, so all see the same background load."""
+    procs, names, runs = [], [], {}
     try:
-        if not parent.poll(60):
-            raise RuntimeError("TCP benchmark server did not start within 60 s")
-        port = parent.recv()
-        data = os.urandom(nbytes)
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(data)
-                _recv_exactly(s, nbytes)
-            times.append(time.perf_counter() - start)
+        client = PeerClient(max_payload_bytes=2 * mb * MIB)
+        for zstd in zstd_variants:
+            proc, pipe, port = _spawn(_grpc_server_main, mb, zstd)
+            procs.append((proc, pipe))
+            name = f"gRPC ExchangeDeltas (fp32, zstd {'on' if zstd else 'off'})"
+            payload = gaussian_payload(mb, zstd, seed=0)
+            address = f"127.0.0.1:{port}"
+            await client.status(address, timeout_s=60)  # dial the channel
+
+            async def grpc_run(address=address, payload=payload):
+                start = time.perf_counter()
+                reply = await client.exchange(address, payload, timeout_s=300)
+                assert reply.raw_bytes == payload.raw_bytes
+                return time.perf_counter() - start, payload.header.payload_bytes + reply.header.payload_bytes
+
+            runs[name] = (grpc_run, {"payload_bytes": payload.header.payload_bytes, "raw_bytes": payload.raw_bytes, "zstd": zstd})
+        data = os.urandom(mb * MIB)
+        proc, pipe, tcp_port = _spawn(_tcp_server_main, len(data), repeats + 1)
+        procs.append((proc, pipe))
+
+        async def tcp_run():
+            return tcp_copy(tcp_port, data), 2 * len(data)
+
+        runs["tcp"] = (tcp_run, {"payload_bytes": len(data)})
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        moved: dict[str, int] = {}
+        for i in range(repeats + 1):  # round 0 warms allocators and flow-control windows
+            for name, (run, _) in runs.items():
+                seconds, moved[name] = await run()
+                if i:
+                    times[name].append(seconds)
+            if i:
+                print(f"  round {i}: " + ", ".join(f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs), flush=True)
+        await client.close()
+        out = {name: _summary(times[name], moved[name], **extra) for name, (_, extra) in runs.items()}
+        for name, r in out.items():  # paired by round: same background load for both paths
+            per_round = [(moved[name] / t) / (moved["tcp"] / t_tcp) for t, t_tcp in zip(times[name], times["tcp"])]
+            r["ratio_to_tcp_per_round"] = per_round
+            r["ratio_to_tcp_median"] = statistics.median(per_round)
+        return out
     finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.terminate()
-    return _summary(times[1:], 2 * nbytes, payload_bytes=nbytes)
+        for proc, pipe in procs:
+            try:
+                pipe.send("stop")
+            except OSError:
+                pass
+            proc.join(30)
+            if proc.is_alive():
+                proc.terminate()
 
 
 def _summary(times: list[float], moved: int, **extra) -> dict:
@@ -250,16 +267,17 @@ def markdown(result: dict) -> str:
         f"Command: `{result['command']}`",
         "",
         f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in a separate process, "
-        f"best / median of {result['repeats']} exchanges after one warm-up; MB/s = payload bytes moved both ways / wall time. "
+        f"best / median of {result['repeats']} rounds after one warm-up round (each round runs every path once, in turn, "
+        "so all paths see the same background load); MB/s = payload bytes moved both ways / wall time. "
         "The gRPC figure includes what gossip does per exchange: 1 MiB chunks, framing checks and sha256 on both sides.",
         "",
-        "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best) |",
-        "|---|---:|---:|---:|---:|",
+        "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) | ratio to TCP (median of rounds) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     tcp = tp["tcp"]
     for name, r in tp.items():
         ratio = r["mb_per_s_best"] / tcp["mb_per_s_best"]
-        lines.append(f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} | {ratio:.2f} |")
+        lines.append(f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} | {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} |")
     lines += [
         "",
         f"### Wire bytes per codec for one block delta ({result['delta_source']})",
@@ -290,13 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(1)
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.zstd]
-    throughput = {}
-    for zstd in variants:
-        name = f"gRPC ExchangeDeltas (fp32, zstd {'on' if zstd else 'off'})"
-        print(f"{name}: {args.mb} MiB each way ...", flush=True)
-        throughput[name] = bench_grpc(args.mb, zstd, args.repeats)
-    print("plain TCP socket copy ...", flush=True)
-    throughput["tcp"] = bench_tcp(args.mb * MIB, args.repeats)
+    print(f"gRPC exchange vs TCP copy, {args.mb} MiB each way, {args.repeats} rounds ...", flush=True)
+    throughput = asyncio.run(bench_throughput(args.mb, variants, args.repeats))
     print("codecs on a block delta ...", flush=True)
     delta, source = block_delta(args.data_dir, args.train_steps)
     result = {
