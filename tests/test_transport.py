@@ -97,6 +97,7 @@ def test_status_and_config():
 
 
 def test_exchange_both_ways():
+    """The caller runs no server (client mode): both deltas travel on the stream it dialled."""
     mine = delta(1)
 
     async def body(client, server, h):
