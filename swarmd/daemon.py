@@ -151,6 +151,7 @@ class Daemon:
         want, deadline = self.config.min_peers, time.monotonic() + self.config.min_peers_timeout_s
         while want > 1 and not self.stopping.is_set() and time.monotonic() < deadline:
             if len({r.peer_id for r in await self._records()} | {self.peer_id}) >= want:
+                self.metrics.discovery_s = self.metrics.uptime_s
                 return
             try:
                 await asyncio.wait_for(self.stopping.wait(), 0.25)
@@ -228,6 +229,7 @@ class Daemon:
         ck.write_config(
             d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id,
             peer_id=getattr(self, "peer_id", ""), rounds_merged=m.rounds, participation=m.participation, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received, raw_bytes_sent=m.raw_bytes_sent, rejected=m.rejected, last_round_s=m.last_round_s, train_ce=m.last_train_ce,
+            discovery_s=m.discovery_s, history=m.round_history,
         )
 
     def _load_checkpoint(self) -> None:

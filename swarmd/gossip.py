@@ -395,6 +395,6 @@ class Gossip:
         await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
         seconds = time.monotonic() - rs.ready_at
         report = RoundReport(rs.round, sorted(expected[BLOCK]), sorted(expected[EMB]), accepted[BLOCK], accepted[EMB], rs.rejected, deadline_s, seconds, premerge)
-        self.metrics.end_round(report.participation, seconds)
+        self.metrics.end_round(report.participation, seconds, round=rs.round, premerge_distance=premerge, deadline_s=deadline_s, accepted=len(accepted[BLOCK]) + len(accepted[EMB]), expected=len(expected[BLOCK]) + len(expected[EMB]), at_s=self.metrics.uptime_s)
         logger.info("%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)", self.tag, rs.round, len(accepted[BLOCK]), len(expected[BLOCK]), len(accepted[EMB]), len(expected[EMB]), seconds, deadline_s)
         return report

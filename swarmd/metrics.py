@@ -27,6 +27,7 @@ class Metrics:
     last_ce: float = float("nan")  # last from-noise CE measured (nats/byte)
     last_train_ce: float = float("nan")
     consensus_distance: float = float("nan")
+    discovery_s: float = float("nan")  # from start until the swarm had min_peers peers
     round_history: list[dict] = field(default_factory=list)  # last rounds, for status / benchmarks
 
     def observe_throughput(self, samples: int, seconds: float) -> None:
