@@ -121,10 +121,12 @@ async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[di
         for delay_ms in delays_ms:
             sweeper = swarm.sweeper(delay_ms / 1000)
             for n in lengths:
+                start = len(sweeper.trace)
                 one = statistics.median([await one_sweep_s(sweeper, cfg, n) for _ in range(reps)])
-                before = len(sweeper.trace)
-                ar = statistics.median([await ar_pipeline_s(sweeper, cfg, n) for _ in range(reps if delay_ms == 0 else 1)])
-                hops[f"{delay_ms}ms/{n}"] = {"one_sweep_hops": 3, "ar_hops": (len(sweeper.trace) - before) // (reps if delay_ms == 0 else 1)}
+                mid = len(sweeper.trace)
+                ar_reps = reps if delay_ms == 0 else 1
+                ar = statistics.median([await ar_pipeline_s(sweeper, cfg, n) for _ in range(ar_reps)])
+                hops[f"{delay_ms}ms/{n}"] = {"one_sweep_hops": (mid - start) // reps, "ar_hops": (len(sweeper.trace) - mid) // ar_reps}
                 row = {"delay_ms": delay_ms, "output_bytes": n, "one_sweep_tok_s": n / one, "ar_tok_s": n / ar, "ratio": ar / one, "one_sweep_s": one, "ar_s": ar}
                 rows.append(row)
                 print(f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x", flush=True)
@@ -233,13 +235,38 @@ async def main(args) -> dict:
     }
 
 
+def render(result: dict) -> str:
+    """Markdown tables of a result file (python benchmarks/serving.py --render FILE)."""
+    out = ["| per-hop delay | output bytes | one-sweep tok/s | AR pipeline tok/s | ratio |", "|---|---|---|---|---|"]
+    for r in result["traversal"]:
+        out.append(f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} | {r['ratio']:.1f}x |")
+    out += ["", "| per-hop delay | swarm generation B/s | local generation B/s | same text |", "|---|---|---|---|"]
+    for r in result["generation"]:
+        out.append(f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} | {'yes' if r['same_text'] else 'NO'} |")
+    out += ["", "| d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s) |", "|---|---|---|---|---|"]
+    for r in result["size"]["ladder"]:
+        if "skipped" in r or "failed" in r:
+            out.append(f"| {r['d_model']} | {r['layers_per_block']} | {r.get('params', 0) / 1e6:.0f}M | {r.get('skipped') or r.get('failed')} | |")
+            continue
+        hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
+        out.append(f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) | {r['sweep_s']:.2f} s | {hops} |")
+    f = result["failover"]
+    out += ["", "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte | added latency | prefix re-sent |", "|---|---|---|---|---|---|---|---|---|"]
+    out.append(f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} | {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms | {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, two delays: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "serving.json")
     parser.add_argument("--size-budget-s", type=float, default=60.0, help="the size ladder stops after a sweep slower than this")
     parser.add_argument("--max-weight-gib", type=int, default=8, help="skip size rungs whose fp32 weights (x2) exceed this")
+    parser.add_argument("--render", type=Path, help="print the markdown tables of an existing result file and exit")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        sys.exit(0)
     result = asyncio.run(main(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
