@@ -161,10 +161,12 @@ class Daemon:
             logger.warning("%s started with fewer than %d peers after %.0fs", self.gossip.tag, want, self.config.min_peers_timeout_s)
 
     async def _round_loop(self) -> None:
+        if self.config.max_rounds and self.state.round >= self.config.max_rounds:
+            self.stop()
         while not self.stopping.is_set():
             await self.run_round()
-            if self.config.max_rounds and self.metrics.rounds >= self.config.max_rounds:
-                self.stop()
+            if self.config.max_rounds and self.state.round >= self.config.max_rounds:
+                self.stop()  # the swarm's round counter: a resumed or joined peer stops at the same round as the rest
 
     async def announce(self) -> None:
         started = time.monotonic()

@@ -52,7 +52,7 @@ class LocalSwarm:
         if peers < 1:
             raise ValueError("need at least one peer")
         self.model, self.data, self.workdir = model, Path(data), Path(workdir)
-        self.args = ["--rounds", str(rounds), "--steps-per-round", str(steps_per_round), "--codec", codec, "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed), "--deadline-max", str(deadline_max_s), "--swarm-id", swarm_id, "--min-peers", str(peers), *(extra or [])]
+        self.args = ["--rounds", str(rounds), "--steps-per-round", str(steps_per_round), "--codec", codec, "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed), "--deadline-max", str(deadline_max_s), "--swarm-id", swarm_id, "--min-peers", str(peers), "--verbose", *(extra or [])]
         self.model_args = ["--blocks", str(model.blocks), "--layers-per-block", str(model.layers_per_block), "--d-model", str(model.d_model), "--n-heads", str(model.n_heads), "--hidden", str(model.hidden), "--seq-len", str(model.seq_len), "--sigma-lo", str(model.sigma_lo), "--sigma-hi", str(model.sigma_hi)]
         self.peers = [PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log") for i in range(peers)]
         self.bootstrap: list[str] = []

@@ -72,7 +72,7 @@ class DaemonConfig:
     device: str = "cpu"
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
     peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
-    max_rounds: int = 0  # stop after this many rounds (0 = run until stopped)
+    max_rounds: int = 0  # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
     min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
     min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
 

@@ -1,0 +1,126 @@
+"""Scale: time to discover peers and complete a round with 3, 6 and 12 daemons on one machine.
+
+Each size runs a LocalSwarm of N `blocktrain run` processes (tiny model, block i mod B, joined
+through peer 0's DHT multiaddr, --min-peers N so nobody starts before it sees the whole swarm),
+--rounds rounds of --steps local steps. From each peer's checkpoint (config.json) it reads:
+discovery_s (daemon start -> DHT lookup shows all N peers; includes starting its DHT node),
+the uptime at each merge, and participation. Reported per N: all ready (launcher wall time until
+every process printed its address), max discovery time, first round (discovered -> first merge,
+max over peers, H local steps included), later rounds (median merge-to-merge time), exchange
+time (own delta ready -> merge, median), participation.
+
+    python benchmarks/scale.py --data-dir /work/shared/data/wikitext-2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarmd.config import ModelConfig  # noqa: E402
+from swarmd.launch import LocalSwarm  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
+    p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/scale.json"))
+    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
+    return p.parse_args(argv)
+
+
+CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=128, seq_len=32)
+
+
+def run_size(a, n: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as tmp:
+        swarm = LocalSwarm(n, CFG, a.data_dir / "train.txt", Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec="int8", batch_size=8, lr=3e-3, deadline_max_s=30.0)
+        start = time.monotonic()
+        try:
+            swarm.start(timeout_s=600)
+            ready_s = time.monotonic() - start
+            finished = swarm.wait(timeout_s=900)
+        finally:
+            swarm.stop()
+        sums = swarm.summaries()
+        failed = [p.index for p in swarm.peers if p.proc.returncode != 0]
+    if not finished or failed:
+        raise SystemExit(f"N={n}: peers {failed} failed or timed out")
+    first, later, exchange = [], [], []
+    for s in sums:
+        hist = sorted(s["history"], key=lambda h: h["round"])
+        first.append(hist[0]["at_s"] - s["discovery_s"])
+        later += [b["at_s"] - a_["at_s"] for a_, b in zip(hist, hist[1:])]
+        exchange += [h["seconds"] for h in hist]
+    return {
+        "peers": n,
+        "all_ready_s": ready_s,
+        "discovery_s_max": max(s["discovery_s"] for s in sums),
+        "discovery_s_median": statistics.median(s["discovery_s"] for s in sums),
+        "first_round_s_max": max(first),
+        "round_s_median": statistics.median(later) if later else None,
+        "exchange_s_median": statistics.median(exchange),
+        "participation": sum(s["participation"] for s in sums) / len(sums),
+        "rounds": min(s["round"] for s in sums),
+        "bytes_sent_per_peer_round": sum(s["bytes_sent"] for s in sums) / len(sums) / a.rounds,
+    }
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    rows = []
+    for n in a.sizes:
+        row = run_size(a, n)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    command = ("python benchmarks/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    out = {"command": command, "config": CFG.to_dict(), "rounds": a.rounds, "steps_per_round": a.steps, "rows": rows, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
+    lines = [
+        "### Scale: discovery and round time with 3, 6, 12 daemons (one machine)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, every daemon a separate process on loopback, all on {out['machine']} (shared with other jobs).",
+        "",
+        "| daemons | all ready s | discovery s (max / median) | first round s (max) | later rounds s (median) | exchange s (median) | participation | bytes sent per peer per round |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['peers']} | {r['all_ready_s']:.1f} | {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} | {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} | {r['bytes_sent_per_peer_round']:,.0f} |")
+    lines += [
+        "",
+        "discovery s: daemon start until its DHT lookup shows all N peers (includes starting its own DHT node). first round: from then until its first merge (H local steps + exchange). "
+        "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down ~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with same-block peers) grows with N as well.",
+        "",
+    ]
+    replace_section(a.md, "scale.py", lines)
+
+
+def replace_section(path: Path, name: str, lines: list[str]) -> None:
+    existing = path.read_text() if path.exists() else ""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    block = start + "\n" + "\n".join(lines) + "\n" + end
+    if start in existing:
+        pre, rest = existing.split(start, 1)
+        existing = pre + block + rest.split(end, 1)[1]
+    else:
+        existing = (existing + "\n" if existing else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(existing)
+
+
+if __name__ == "__main__":
+    main()
