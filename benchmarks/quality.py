@@ -10,8 +10,11 @@ seed, with the CE after every sampler step as `trace`), the E2E model by next-by
 Writes <out>.json (blocktrain_ce, e2e_ce, ratio, config, tokens_per_block, seconds, history,
 trace, command) and <out>.png (learning curves). The default run (4 rounds x 100 steps per
 block, B=3, L_b=2, d=128, seq 128, batch 32) takes about 15 minutes on one CPU thread; --long
-runs 8 rounds x 250 steps. The training-variant flags (--trajectory-prob, --sigma-sampling, ...)
-are the knobs screened in benchmarks/results/ISSUE2.md; --only blocktrain skips the E2E run.
+runs 8 rounds x 250 steps. BlockTrain trains with trajectory inputs by default here
+(--trajectory-prob 1: each block sees the z the sampler itself holds at its sigma, produced by
+the other blocks' round-start snapshots run frozen); --trajectory-prob 0 gives the documented
+noisy-target mechanics. The other training-variant flags (--sigma-sampling, ...) are the knobs
+screened in benchmarks/results/ISSUE2.md; --only blocktrain skips the E2E run.
 
     python benchmarks/quality.py --data-dir $BLOCKTRAIN_DATA --out benchmarks/results/quality
 """
@@ -57,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--trajectory-prob", type=float, default=TrainConfig.trajectory_prob)
+    p.add_argument("--trajectory-prob", type=float, default=1.0, help="1 (default here): train every block on the sampler's own trajectory; 0: the documented noisy targets")
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--trajectory-source", choices=("snapshot", "live"), default="snapshot")
     p.add_argument("--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=TrainConfig.sigma_sampling)
