@@ -41,23 +41,30 @@ PeerSeed = Annotated[int, typer.Option("--peer-seed", help="Seed of this peer's 
 DeadlineMax = Annotated[float, typer.Option("--deadline-max", help="Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", rich_help_panel=S)]
 Static = Annotated[bool, typer.Option("--static", help="PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", rich_help_panel=N)]
 DhtHost = Annotated[str, typer.Option("--dht-host", help="Interface the DHT listens on.", envvar="BLOCKTRAIN_DHT_HOST", rich_help_panel=N)]
+EvalEvery = Annotated[int, typer.Option("--eval-every", help="Every this many rounds, pull the other blocks from peers and measure the from-noise CE shown by `status` (0 = never).", rich_help_panel=S)]
 MinPeers = Annotated[int, typer.Option("--min-peers", help="Wait before the first round until the swarm has this many peers (self included).", rich_help_panel=S)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round and exchange to stderr.")]
 
 
 def build_config(
     model: ModelConfig, *, data: Path | None, block: str, device: str, listen: str, checkpoint_dir: Path | None, swarm_id: str, codec: Codec, client_mode: bool,
-    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str, min_peers: int = 0,
+    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str, min_peers: int = 0, eval_data: Path | None = None, eval_every: int = 0,
 ) -> DaemonConfig:
     if block != "auto" and not block.isdigit():
         raise ValueError(f"--block must be a number or 'auto', got {block!r}")
+    train_path = resolve_data(data, "train")
+    if eval_every and eval_data is None:
+        sibling = train_path.parent / "eval.txt"
+        eval_data = sibling if sibling.is_file() else train_path
     static = static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
     return DaemonConfig(
         model=model,
         train=TrainConfig(batch_size=batch_size, lr=lr, seed=seed, warmup_steps=min(50, steps_per_round)),
         gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec.value, deadline_max_s=deadline_max),
         net=NetConfig(swarm_id=swarm_id, listen=listen, initial_peers=tuple(initial_peers), discovery="static" if static else "hivemind", client_mode=client_mode, dht_host=dht_host),
-        data_path=str(resolve_data(data, "train")),
+        data_path=str(train_path),
+        eval_path=str(eval_data) if eval_data else "",
+        eval_every=eval_every,
         block=-1 if block == "auto" else int(block),
         device=device,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "",
@@ -122,6 +129,8 @@ def run(
     deadline_max: DeadlineMax = 30.0,
     peer_seed: PeerSeed = 0,
     min_peers: MinPeers = 0,
+    eval_data: o.EvalData = None,
+    eval_every: EvalEvery = 0,
     blocks: o.Blocks = 3,
     layers_per_block: o.LayersPerBlock = 2,
     d_model: o.DModel = 128,
@@ -143,6 +152,6 @@ def run(
         config = build_config(
             model, data=data, block=block, device=dev, listen=listen, checkpoint_dir=checkpoint_dir, swarm_id=swarm_id, codec=codec, client_mode=client_mode,
             steps_per_round=steps_per_round, rounds=rounds, batch_size=batch_size, lr=lr, seed=seed, peer_seed=peer_seed, deadline_max=deadline_max,
-            initial_peers=list(peers or []), static=static, dht_host=dht_host, min_peers=min_peers,
+            initial_peers=list(peers or []), static=static, dht_host=dht_host, min_peers=min_peers, eval_data=eval_data, eval_every=eval_every,
         )
         run_daemon(config)

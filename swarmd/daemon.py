@@ -203,6 +203,8 @@ class Daemon:
         if self.config.checkpoint_dir:
             await asyncio.to_thread(self.save_checkpoint)
         await self._measure_consensus()
+        if self.config.eval_every and self.config.eval_path and self.state.round % self.config.eval_every == 0:
+            await self.measure_ce()
         self.round_done.set()
         self.round_done.clear()
         return report
@@ -213,6 +215,36 @@ class Daemon:
         results = await asyncio.gather(*(self.client.status(r.address, 2.0) for r in peers), return_exceptions=True)
         dists = [sketch_distance(self.state.sketch, list(st.sketch), self.state.param_norm) for st in results if not isinstance(st, BaseException) and st.round == self.state.round]
         self.metrics.consensus_distance = max(dists) if dists else (0.0 if not peers else self.metrics.consensus_distance)
+
+    async def measure_ce(self) -> float:
+        """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers."""
+        from swarmd.evaluate import from_noise_ce
+
+        records = await self._records()
+        _, own_block, own_emb = self.state.snapshot()
+        states = {self.state.block_index: own_block}
+        for b in range(self.cfg.blocks):
+            for r in (r for r in records if r.block_index == b and r.address and b not in states):
+                try:
+                    states[b] = await self.gossip.fetch_block(r)
+                except SwarmdError as exc:
+                    logger.info("%s could not pull block %d from %s: %s", self.gossip.tag, b, r.peer_id[-6:], exc)
+        if len(states) < self.cfg.blocks:
+            return float("nan")
+
+        def evaluate() -> float:
+            blocks = []
+            for b in range(self.cfg.blocks):
+                m = DenoisingBlock(self.cfg)
+                m.load_state_dict(states[b])
+                blocks.append(m)
+            emb = ByteEmbedding(self.cfg)
+            emb.load_state_dict(own_emb)
+            x, y = ByteData.from_path(self.config.eval_path, self.cfg.seq_len).eval_windows(self.config.eval_tokens)
+            return from_noise_ce(blocks, emb, x, y, self.cfg)["ce"]
+
+        self.metrics.last_ce = await asyncio.to_thread(evaluate)
+        return self.metrics.last_ce
 
     # -- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> None:

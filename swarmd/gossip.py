@@ -231,6 +231,13 @@ class Gossip:
         self.ef[BLOCK if what == "block" else EMB].reset()
         logger.info("%s adopted the %s of %s (round %d)", self.tag, what, peer.peer_id[-6:], enc.header.round)
 
+    async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+        """Download (and validate) another peer's block state without adopting it (CE measurement)."""
+        request = pb.PullStateRequest(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block", block_index=peer.block_index)
+        enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        self.metrics.add_received(enc.wire_bytes)
+        return decode(enc, self.state.block_shapes(), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block_state", block_index=peer.block_index, max_bytes=self.cfg.max_payload_bytes)
+
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
         if request.swarm_id != self.me.swarm_id or request.config_hash != self.me.config_hash:

@@ -73,6 +73,7 @@ class DaemonConfig:
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
     peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
     max_rounds: int = 0  # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
+    eval_every: int = 0  # every this many rounds, pull the other blocks from peers and measure the from-noise CE (0 = never; needs eval_path)
     min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
     min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
 

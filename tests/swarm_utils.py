@@ -105,7 +105,7 @@ async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: s
     return reports
 
 
-def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32", min_peers: int = 0) -> DaemonConfig:
+def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32", min_peers: int = 0, eval_every: int = 0) -> DaemonConfig:
     data = write_corpus(tmp) if not (Path(tmp) / "train.txt").exists() else Path(tmp) / "train.txt"
     return DaemonConfig(
         model=tiny_model(blocks),
@@ -113,6 +113,9 @@ def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, init
         gossip=GossipConfig(steps_per_round=steps, codec=codec, deadline_min_s=0.5, deadline_max_s=deadline_max_s, rpc_timeout_s=5.0),
         net=NetConfig(swarm_id="test", listen="127.0.0.1:0", initial_peers=tuple(initial_peers), discovery=discovery, client_mode=client_mode, announce_period_s=0.5, record_ttl_s=4.0, dht_start_timeout_s=20.0),
         data_path=str(data),
+        eval_path=str(Path(tmp) / "eval.txt"),
+        eval_tokens=256,
+        eval_every=eval_every,
         block=block,
         checkpoint_dir=str(Path(tmp) / f"ckpt{seed}") if checkpoint else "",
         peer_seed=seed,

@@ -50,7 +50,7 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
         (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
         multiaddrs = tuple(d0.discovery.multiaddrs())
         try:
-            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3))
+            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=2))
         except BaseException:
             await stop_all([d0])
             raise
@@ -72,6 +72,7 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
     assert all(r.participation == 1.0 for d in (d0, d1, d2) for r in d.reports)
     assert d0.metrics.consensus_distance == 0.0  # from d1's status sketch at the same round
     assert d0.metrics.bytes_sent > 0 and d0.metrics.bytes_received > 0
+    assert 0 < d2.metrics.last_ce < 10 and d2.status().last_ce == d2.metrics.last_ce  # pulled block 0, measured the assembled model
 
 
 def test_client_mode_peer_gossips_without_a_server(tmp_path):
