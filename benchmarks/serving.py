@@ -246,7 +246,8 @@ def render(result: dict) -> str:
     out += ["", "| d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s) |", "|---|---|---|---|---|"]
     for r in result["size"]["ladder"]:
         if "skipped" in r or "failed" in r:
-            out.append(f"| {r['d_model']} | {r['layers_per_block']} | {r.get('params', 0) / 1e6:.0f}M | {r.get('skipped') or r.get('failed')} | |")
+            params = f"{r['params'] / 1e6:.1f}M" if "params" in r else "-"
+            out.append(f"| {r['d_model']} | {r['layers_per_block']} | {params} | {r.get('skipped') or r.get('failed')} | |")
             continue
         hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
         out.append(f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) | {r['sweep_s']:.2f} s | {hops} |")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 

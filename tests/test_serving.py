@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from swarmd.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, ValidationError
 from swarmd.inference import LocalSweeper, generate_bytes, score_windows
 from swarmd.remote import BlockRouter, RemoteSweeper
