@@ -9,8 +9,11 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
   - block deltas go to same-block peers, embedding deltas to peers of every block;
   - deltas are validated (swarmd.delta.decode), and must carry our round and base hash, else they
     are rejected (counted, logged) and cost the round only that peer's contribution;
-  - the collection ends when every expected peer answered, or at an adaptive deadline (factor x
-    EMA of the arrival lag, clipped to [deadline_min_s, deadline_max_s]);
+  - the collection ends when every expected peer answered, or at an adaptive deadline: the later
+    of (own delta ready + factor x EMA of the arrival lag) and (round start + 1.5 x EMA of the
+    round length until the last arrival), never before ready + deadline_min_s nor after
+    ready + deadline_max_s. The second term makes the fastest peer of a round wait for the
+    slower ones' training even when it was itself the slowest last round (lags swap roles);
   - merge: base + mean of the accepted decoded deltas, own decoded delta included, summed in
     peer-id order, uniform weights (every peer trains H steps of the same batch size), so replicas
     that accepted the same set end bit-identical. AdamW state is kept.
@@ -114,18 +117,29 @@ def reference(me: PeerRecord, others: list[PeerRecord]) -> PeerRecord:
 
 
 class DeadlinePolicy:
-    """Adaptive collection deadline: factor x EMA(arrival lag), clipped to [min_s, max_s]; max_s until measured."""
+    """Adaptive collection deadline (see the module doc); max_s until something was measured.
 
-    def __init__(self, cfg: GossipConfig, alpha: float = 0.3):
-        self.cfg, self.alpha, self.ema = cfg, alpha, None
+    :param round_factor: slack on the measured round length (open -> last arrival), 1.5 = +50 %
+    """
 
-    def deadline_s(self) -> float:
+    def __init__(self, cfg: GossipConfig, alpha: float = 0.3, round_factor: float = 1.5):
+        self.cfg, self.alpha, self.round_factor = cfg, alpha, round_factor
+        self.ema: float | None = None  # arrival lag after own delta was ready, seconds
+        self.round_ema: float | None = None  # round start -> last accepted arrival, seconds
+
+    def deadline_s(self, ready_after_open_s: float = 0.0) -> float:
+        """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round."""
         if self.ema is None:
             return self.cfg.deadline_max_s
-        return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, self.cfg.deadline_factor * self.ema))
+        wait = self.cfg.deadline_factor * self.ema
+        if self.round_ema is not None:
+            wait = max(wait, self.round_factor * self.round_ema - ready_after_open_s)
+        return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, wait))
 
-    def observe(self, lag_s: float) -> None:
+    def observe(self, lag_s: float, round_s: float | None = None) -> None:
         self.ema = lag_s if self.ema is None else (1 - self.alpha) * self.ema + self.alpha * lag_s
+        if round_s is not None:
+            self.round_ema = round_s if self.round_ema is None else (1 - self.alpha) * self.round_ema + self.alpha * round_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,6 +176,7 @@ class _Round:
     inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
     failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
     closed: bool = False
+    opened_at: float = field(default_factory=time.monotonic)
     ready_at: float = 0.0
     last_arrival: float = 0.0
     rejected: int = 0
@@ -368,7 +383,7 @@ class Gossip:
         peers = [r for r in records if self._usable(r)]
         expected = {BLOCK: {r.peer_id for r in peers if r.block_index == self.me.block_index}, EMB: {r.peer_id for r in peers}}
         me = self.record()
-        deadline_s = self.deadline.deadline_s()
+        deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at)
         deadline = rs.ready_at + deadline_s
         tasks = [asyncio.create_task(self._dial(rs, p, kind, deadline)) for p in peers if dials(me, p) for kind in ((BLOCK, EMB) if p.block_index == me.block_index else (EMB,))]
 
@@ -394,7 +409,7 @@ class Gossip:
             await asyncio.gather(*tasks, return_exceptions=True)
         accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
         if accepted[BLOCK] or accepted[EMB]:
-            self.deadline.observe(rs.last_arrival - rs.ready_at)
+            self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
         live_block, _ = await asyncio.to_thread(self.state.current)
         premerge = max((relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()), default=0.0)
         block_mean = merge_mean({self.me.peer_id: rs.own[BLOCK], **rs.inbox[BLOCK]})

@@ -86,6 +86,12 @@ def test_deadline_follows_arrival_lag_within_bounds():
     for _ in range(30):
         policy.observe(100.0)
     assert policy.deadline_s() == 10.0
+    # a peer that was the slowest (lag ~0) still waits for the others' training when it is fast
+    swapped = DeadlinePolicy(cfg)
+    for _ in range(30):
+        swapped.observe(0.0, round_s=6.0)  # rounds took 6 s from start to the last arrival
+    assert swapped.deadline_s(ready_after_open_s=1.0) == pytest.approx(8.0)  # 1.5 x 6 - 1
+    assert swapped.deadline_s(ready_after_open_s=9.0) == 1.0  # slowest this time: the floor
 
 
 def test_count_sketch_estimates_relative_distance():
