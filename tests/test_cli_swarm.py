@@ -80,6 +80,18 @@ def test_status_of_a_live_daemon_table_and_json(tmp_path):
     assert json.loads(swarm.output)["peers"][0]["peer_id"] == d.peer_id
 
 
+def test_status_of_the_whole_swarm_through_the_dht(tmp_path):
+    with LiveDaemon(daemon_config(tmp_path, 0)) as d:
+        multiaddr = d.discovery.multiaddrs()[0]
+        result = runner.invoke(app, ["status", "--swarm", multiaddr, "--swarm-id", "test", "--json"])
+        wrong_id = runner.invoke(app, ["status", "--swarm", multiaddr, "--swarm-id", "nobody", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert [p["peer_id"] for p in body["peers"]] == [d.peer_id] and body["peers"][0]["round"] == 1
+    assert body["blocks"][0]["peers"] == 1 and body["blocks"][0]["samples_per_s"] > 0
+    assert json.loads(wrong_id.output)["peers"] == []
+
+
 def test_status_errors_are_one_line():
     result = runner.invoke(app, ["status", "127.0.0.1:1", "--timeout", "1"])
     assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output
