@@ -263,7 +263,7 @@ class Daemon:
         ck.write_config(
             d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id,
             peer_id=getattr(self, "peer_id", ""), rounds_merged=m.rounds, participation=m.participation, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received, raw_bytes_sent=m.raw_bytes_sent, rejected=m.rejected, last_round_s=m.last_round_s, train_ce=m.last_train_ce,
-            discovery_s=m.discovery_s, history=m.round_history,
+            discovery_s=m.discovery_s, started_wall=m.started_wall, history=m.round_history,
         )
 
     def _load_checkpoint(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 class Metrics:
     alpha: float = 0.2  # EMA smoothing of samples/s
     started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)  # unix time, to line up peers in benchmarks
     samples_per_s: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
