@@ -37,7 +37,7 @@ from swarmd.launch import LocalSwarm  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--kill-after", type=int, default=3, help="kill the victim once it has merged this many rounds")
     p.add_argument("--deadline-max", type=float, default=10.0)
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
             killed = asyncio.run(kill_mid_exchange(swarm))
             ckpt_round = ck.read_config(swarm.peers[VICTIM].checkpoint_dir)["round"]
             print(f"killed peer {VICTIM} during round {killed['round']} (its checkpoint is at round {ckpt_round})", flush=True)
-            asyncio.run(wait_round(swarm, survivors, killed["round"] + 2))
+            asyncio.run(wait_round(swarm, survivors, killed["round"] + 1))
             restart_at = time.monotonic()
             swarm.restart(VICTIM, timeout_s=300)
             resumed_line = swarm.peers[VICTIM].info.get("round")
