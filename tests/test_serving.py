@@ -432,7 +432,6 @@ def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
     assert failovers >= 1 and resent and all(h.block_index == 1 for h in resent)
 
 
-@pytest.mark.slow  # hivemind's MPFuture starts a torch_shm_manager that outlives the test (see conftest)
 def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
     from tests.swarm_utils import TEXT
 
