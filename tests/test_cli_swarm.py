@@ -109,6 +109,16 @@ def test_join_refuses_a_mismatched_explicit_model_flag(tmp_path):
     assert wrong_swarm.exit_code == 2 and "--swarm-id test" in wrong_swarm.output
 
 
+def test_join_through_the_dht_fetches_the_config_and_the_state(tmp_path):
+    data = write_corpus(tmp_path)
+    with LiveDaemon(daemon_config(tmp_path, 0)) as d:
+        multiaddr = d.discovery.multiaddrs()[0]
+        result = runner.invoke(app, ["join", multiaddr, "--swarm-id", "test", "--data", str(data), "--rounds", "2", "--steps-per-round", "2", "--batch-size", "4", "--deadline-max", "2", "--codec", "fp32"])
+    assert result.exit_code == 0, result.output
+    assert f"swarm config {d.cfg.config_hash()}" in result.output and "block: 1" in result.output  # auto: block 1 had nobody
+    assert "round 2:" in result.output and "stopped at round 2" in result.output  # adopted round 1 from the peer, then one round
+
+
 def test_run_reports_a_dht_that_cannot_start(tmp_path):
     data = write_corpus(tmp_path)
     result = runner.invoke(app, ["run", "/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi", "--data", str(data), "--blocks", "2", "--d-model", "32", "--n-heads", "2", "--seq-len", "16", "--layers-per-block", "1"])
