@@ -17,6 +17,7 @@ from swarmd.daemon import Daemon
 from swarmd.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
+from swarmd.wire import to_proto
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +156,7 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     assert after == round + 1
 
 
-def test_a_joiner_downloads_state_before_its_first_step_and_serves_status(tmp_path):
+def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_status_and_forward(tmp_path):
     async def scenario():
         (d0,) = await started(daemon_config(tmp_path, 0, seed=0, discovery="static"))
         try:
@@ -169,15 +170,20 @@ def test_a_joiner_downloads_state_before_its_first_step_and_serves_status(tmp_pa
                 try:
                     st = await client.status(d0.server.address, 5)
                     cfg = await client.swarm_config(d0.server.address, 5)
+                    session = client.forward_session(d0.server.address, 10)
+                    request = pb.ForwardRequest(session_id="s", block_index=0, config_hash=d0.cfg.config_hash(), context=to_proto(torch.randint(0, 256, (1, 4), dtype=torch.uint8)), z=to_proto(torch.randn(1, 4, 32)), sigma=5.0, sigma_next=2.0, start_position=0)
+                    reply = await session.step(request)
+                    await session.close()
                 finally:
                     await client.close()
-                return d0, d1, before, pulled, st, cfg
+                return d0, d1, before, pulled, st, cfg, reply
             finally:
                 await stop_all([d1])
         finally:
             await stop_all([d0])
 
-    d0, d1, before, pulled, st, cfg = asyncio.run(scenario())
+    d0, d1, before, pulled, st, cfg, reply = asyncio.run(scenario())
+    assert list(reply.z.shape) == [1, 4, 32] and reply.peer_id == d0.peer_id  # Forward is delegated to BlockServing
     assert pulled == ["block", "embedding"] and before != d0.state.block_hash
     assert (d1.state.round, d1.state.block_hash, d1.state.emb_hash) == (2, d0.state.block_hash, d0.state.emb_hash)
     assert isinstance(st, pb.PeerStatus) and st.round == 2 and st.block_index == 0 and len(st.sketch) == 256 and st.param_norm > 0
