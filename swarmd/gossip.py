@@ -109,11 +109,27 @@ def rank(record: PeerRecord) -> tuple:
     return (record.round, not record.client_mode, record.peer_id)
 
 
-def reference(me: PeerRecord, others: list[PeerRecord]) -> PeerRecord:
-    """The peer whose state everyone in `[me] + others` converges to (me if I rank highest)."""
-    pool = [me, *[o for o in others if o.address or o.peer_id == me.peer_id]]
-    top_round = max(r.round for r in pool)
-    return max((r for r in pool if r.round == top_round), key=rank)
+def reference(me: PeerRecord, others: list[PeerRecord], key=lambda r: r.base_hash) -> PeerRecord:
+    """The peer whose state everyone in `[me] + others` converges to (me if I am in its group).
+
+    Among the records at the highest round, the weights (key: block or embedding hash) held by
+    the most peers win (ties: the group holding the highest-ranked peer); the reference is that
+    group's highest-ranked peer that can be dialled. A lone diverged peer (a restarted one that
+    merged alone) thus adopts the majority's state instead of imposing its own.
+    """
+    pool = [me, *[o for o in others if o.peer_id != me.peer_id]]
+    top = max(r.round for r in pool)
+    groups: dict[str, list[PeerRecord]] = {}
+    for r in pool:
+        if r.round == top:
+            groups.setdefault(key(r), []).append(r)
+    for group in sorted(groups.values(), key=lambda g: (len(g), max(rank(r) for r in g)), reverse=True):
+        if any(r.peer_id == me.peer_id for r in group):
+            return me
+        dialable = [r for r in group if r.address]
+        if dialable:
+            return max(dialable, key=rank)
+    return me
 
 
 class DeadlinePolicy:
@@ -207,8 +223,9 @@ class Gossip:
         return self.state.block_shapes() if kind == BLOCK else self.state.emb_shapes()
 
     def _ban(self, peer_id: str) -> None:
+        """Skip an unreachable peer for 1, 2, 4 ... (at most 16) seconds; a sign of life lifts it."""
         _, period = self.banned.get(peer_id, (0.0, 1.0))
-        self.banned[peer_id] = (time.monotonic() + period, min(period * 2, 60.0))
+        self.banned[peer_id] = (time.monotonic() + period, min(period * 2, 16.0))
 
     def _usable(self, rec: PeerRecord) -> bool:
         until = self.banned.get(rec.peer_id, (0.0, 0.0))[0]
@@ -221,7 +238,7 @@ class Gossip:
         others = [r for r in records if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id]
         pulled = []
         for what, pool, my_hash in (("block", [r for r in others if r.block_index == me.block_index], me.base_hash), ("embedding", others, me.emb_hash)):
-            ref = reference(me, pool)
+            ref = reference(me, pool, (lambda r: r.base_hash) if what == "block" else (lambda r: r.emb_hash))
             ref_hash = ref.base_hash if what == "block" else ref.emb_hash
             if ref.peer_id == me.peer_id or (ref_hash == my_hash and ref.round == me.round):
                 continue
@@ -319,6 +336,7 @@ class Gossip:
         """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
         h = incoming.header
         self.metrics.add_received(incoming.wire_bytes)
+        self.banned.pop(h.peer_id, None)  # it is alive
         kind = h.kind
         try:
             if kind not in (BLOCK, EMB):
@@ -359,7 +377,8 @@ class Gossip:
         except SwarmdError as exc:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
-            if isinstance(exc, PeerUnavailable):
+            code = getattr(getattr(exc, "code", None), "name", "UNAVAILABLE")
+            if isinstance(exc, PeerUnavailable) and code == "UNAVAILABLE":  # unreachable; a slow peer (deadline) is not banned
                 self._ban(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return

@@ -72,6 +72,12 @@ def test_reference_is_highest_round_then_server_then_peer_id():
     assert reference(me, [same_round_bigger_id, higher_round]).peer_id == "a"
     assert reference(me, [client]).peer_id == "m"  # nobody can pull from a client-mode peer
     assert rank(me) < rank(same_round_bigger_id)
+    # a lone diverged peer with the highest id does not impose its weights on the majority
+    a = PeerRecord("a", "h:4", 0, 3, 0, "c", "y", False, "s")
+    b = PeerRecord("b", "h:5", 0, 3, 0, "c", "y", False, "s")
+    loner = PeerRecord("zz9", "h:6", 0, 3, 0, "c", "x", False, "s")
+    assert reference(a, [b, loner]).peer_id == "a" and reference(b, [a, loner]).peer_id == "b"
+    assert reference(loner, [a, b]).peer_id == "b"
 
 
 def test_deadline_follows_arrival_lag_within_bounds():
