@@ -5,7 +5,7 @@ no sockets); `test_grpc_*` run real gRPC on 127.0.0.1 ephemeral ports.
 """
 import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -329,7 +329,9 @@ async def start_daemons(tmp_path, layout, discovery="static"):
     try:
         for i, b in enumerate(layout):
             peers = tuple(daemons[0].discovery.multiaddrs()) if discovery == "hivemind" and daemons else ()
-            d = Daemon(daemon_config(tmp_path, b, blocks=3, seed=i, discovery=discovery, initial_peers=peers))
+            config = daemon_config(tmp_path, b, blocks=3, seed=i, discovery=discovery, initial_peers=peers)
+            # no announce loop runs here (no serve()), so the one announce of start() must outlive the test
+            d = Daemon(replace(config, net=replace(config.net, record_ttl_s=600.0)))
             daemons.append(d)
             await d.start()
     except BaseException:
