@@ -51,7 +51,7 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
         (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
         multiaddrs = tuple(d0.discovery.multiaddrs())
         try:
-            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=2))
+            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=1))
         except BaseException:
             await stop_all([d0])
             raise
