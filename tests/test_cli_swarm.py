@@ -52,8 +52,11 @@ class LiveDaemon:
 
     def __enter__(self):
         self.thread.start()
-        assert self.ready.wait(60), "daemon did not start"
+        if not self.ready.wait(120):
+            self.__exit__()
+            raise AssertionError("daemon did not start within 120 s")
         if self.error:
+            self.thread.join(30)
             raise self.error
         return self.daemon
 

@@ -105,8 +105,11 @@ def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
             d.discovery.addresses = addresses
         a, b, victim = daemons
 
+        killed = []
+
         async def die(incoming):  # the victim's process "dies" while a caller streams to it
-            await victim.server.stop(0)
+            if not killed:
+                killed.append(asyncio.create_task(victim.server.stop(0)))
             await asyncio.Event().wait()
 
         victim.gossip.handle_exchange = die
@@ -115,6 +118,9 @@ def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
             reports = await asyncio.wait_for(asyncio.gather(a.run_round(), b.run_round()), 30)
             return reports, time.monotonic() - start, a, b
         finally:
+            if killed:
+                await asyncio.wait_for(killed[0], 10)
+                victim.server = None  # already gone
             await stop_all(daemons)
 
     (ra, rb), seconds, a, b = asyncio.run(scenario())
