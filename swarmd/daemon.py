@@ -66,13 +66,17 @@ class Daemon:
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         c, net = self.config, self.config.net
+        data = ByteData.from_path(c.data_path, self.cfg.seq_len)  # bad data fails before anything starts
+        saved_block = checkpoint_block(c.checkpoint_dir) if c.checkpoint_dir else None
+        if saved_block is not None and c.block >= 0 and c.block != saved_block:
+            raise ConfigMismatch(f"checkpoint {c.checkpoint_dir} trains block {saved_block}, not --block {c.block}; use --block auto or another --checkpoint-dir")
         if net.discovery == "static":
             self.discovery = StaticDiscovery(list(net.initial_peers), lambda a: self.client.status(a, c.gossip.rpc_timeout_s), net.swarm_id)
         else:
             self.discovery = await HivemindDiscovery.create(net.swarm_id, net.initial_peers, net.dht_host, net.dht_start_timeout_s, net.client_mode)
         self.peer_id = self.discovery.peer_id
-        resumed = c.checkpoint_dir and checkpoint_block(c.checkpoint_dir) is not None
-        block = checkpoint_block(c.checkpoint_dir) if resumed else c.block
+        resumed = saved_block is not None
+        block = saved_block if resumed else c.block
         if block is None or block < 0:
             records = [r for r in await self.discovery.find_all() if r.config_hash == self.cfg.config_hash()]
             block = choose_block(records, self.cfg.blocks)
@@ -87,8 +91,8 @@ class Daemon:
         self.gossip = Gossip(self.state, self.client, c.gossip, me, self.metrics)
         self.serving = self._make_serving()
         self._update_serving()
-        data = ByteData.from_path(c.data_path, self.cfg.seq_len)
-        self.batches = data.stream(seed_for("data", c.train.seed, block, c.peer_seed), c.train.batch_size)
+        # a resumed peer continues with fresh batches instead of replaying the ones it trained on
+        self.batches = data.stream(seed_for("data", c.train.seed, block, c.peer_seed, *((self.state.round,) if resumed else ())), c.train.batch_size)
         await self.announce()
         logger.info("%s started (round %d%s), address %s", self.gossip.tag, self.state.round, ", resumed" if resumed else "", address or "none (client mode)")
 

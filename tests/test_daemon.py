@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from swarm_utils import daemon_config, wait_until
 from swarmd.daemon import Daemon
+from swarmd.errors import ConfigMismatch, DataError
 from swarmd.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -160,6 +162,14 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     assert (round, block_hash, emb_hash, steps) == (d.state.round, d.state.block_hash, d.state.emb_hash, d.state.trainer.step_count)
     assert all(torch.equal(opt_state[k], saved_opt[k]) for k in saved_opt)  # AdamW moments survive a restart
     assert after == round + 1
+    with pytest.raises(ConfigMismatch, match="trains block 1, not --block 0"):
+        asyncio.run(started(daemon_config(tmp_path, 0, seed=0, discovery="static", checkpoint=True)))
+
+
+def test_bad_data_fails_before_anything_starts(tmp_path):
+    cfg = replace(daemon_config(tmp_path, 0, discovery="hivemind"), data_path=str(tmp_path / "missing.txt"))
+    with pytest.raises(DataError, match="does not exist"):
+        asyncio.run(started(cfg))
 
 
 def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_status_and_forward(tmp_path):
