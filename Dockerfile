@@ -13,7 +13,8 @@ COPY cli ./cli
 COPY proto ./proto
 RUN pip install --no-cache-dir .
 
-# gRPC (daemon API) and the hivemind DHT (libp2p) listen here.
-EXPOSE 50051 31337
+# The daemon's gRPC API listens on 50051; the hivemind DHT picks its own port (printed at start).
+# Mount training text at /data/train.txt and a volume for checkpoints at /data/checkpoint.
+EXPOSE 50051
 ENTRYPOINT ["blocktrain"]
-CMD ["run", "--listen", "0.0.0.0:50051", "--dht-listen", "/ip4/0.0.0.0/tcp/31337", "--checkpoint-dir", "/data/checkpoint"]
+CMD ["run", "--data", "/data/train.txt", "--listen", "0.0.0.0:50051", "--dht-host", "0.0.0.0", "--checkpoint-dir", "/data/checkpoint"]
