@@ -158,7 +158,7 @@ class Daemon:
                 self.metrics.discovery_s = self.metrics.uptime_s
                 return
             try:
-                await asyncio.wait_for(self.stopping.wait(), 0.25)
+                await asyncio.wait_for(self.stopping.wait(), 1.0)  # each lookup is a DHT traversal: do not hammer it
             except TimeoutError:
                 pass
         if want > 1 and time.monotonic() >= deadline:
