@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, fields
 from typing import Awaitable, Callable, Protocol
 
-from swarmd.errors import SwarmdError
+from swarmd.errors import PeerUnavailable, SwarmdError
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ class HivemindDiscovery:
     :note: the DHT runs in its own process; every call here awaits an MPFuture.
     """
 
+    call_timeout_s = 20.0  # bound on every store / lookup, seconds
+
     def __init__(self, swarm_id: str, initial_peers: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1", start_timeout_s: float = 30.0, client_mode: bool = False):
         import hivemind
 
@@ -216,18 +218,28 @@ class HivemindDiscovery:
         """Start the DHT without blocking the event loop."""
         return await asyncio.to_thread(cls, *args, **kwargs)
 
+    async def _call(self, what: str, fn):
+        """Run a blocking DHT call in a worker thread with a timeout (MPFuture.result(timeout)).
+
+        :note: awaiting hivemind's MPFuture directly from event loops in several threads proved
+            flaky in tests; a worker thread and a bounded wait never hang the daemon.
+        """
+        try:
+            return await asyncio.to_thread(lambda: fn().result(timeout=self.call_timeout_s))
+        except TimeoutError:
+            raise PeerUnavailable(f"DHT {what} took longer than {self.call_timeout_s:.0f}s") from None
+
     async def announce(self, record: PeerRecord, ttl_s: float) -> None:
         from hivemind.utils import get_dht_time
 
         expiration = get_dht_time() + ttl_s
         value = record.to_value()
-        futures = [self.dht.store(block_key(self.swarm_id, k), value, expiration, subkey=record.peer_id, return_future=True) for k in (record.block_index, None)]
-        ok = await asyncio.gather(*futures)
+        ok = await asyncio.gather(*(self._call("store", lambda k=k: self.dht.store(block_key(self.swarm_id, k), value, expiration, subkey=record.peer_id, return_future=True)) for k in (record.block_index, None)))
         if not all(ok):
             logger.warning("[block %d %s] DHT announce was not stored everywhere", record.block_index, record.peer_id[-6:])
 
     async def _get(self, block_index: int | None) -> list[PeerRecord]:
-        found = await self.dht.get(block_key(self.swarm_id, block_index), latest=True, return_future=True)
+        found = await self._call("lookup", lambda: self.dht.get(block_key(self.swarm_id, block_index), latest=True, return_future=True))
         if found is None or not isinstance(found.value, dict):
             return []
         records = [PeerRecord.from_value(item.value) for item in found.value.values()]
