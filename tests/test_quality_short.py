@@ -50,3 +50,24 @@ def test_short_training_lowers_from_noise_ce_well_below_uniform():
     assert abs(before - UNIFORM_CE) < 0.3, f"untrained from-noise CE {before:.3f} should be near ln 256"
     assert after["ce"] < UNIFORM_CE - 1.5, f"from-noise CE {after['ce']:.3f} after 80 steps per block is not well below {UNIFORM_CE:.3f}"
     assert all(math.isfinite(s["ce"]) for s in after["trace"])
+
+
+def test_trajectory_training_uses_frozen_predecessors_only():
+    """Trajectory inputs need the earlier blocks; their weights never change during the step."""
+    from swarmd.train import BlockTrainer, init_block, init_embedding
+
+    mcfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=4, hidden=64, seq_len=16)
+    tcfg = TrainConfig(batch_size=4, trajectory_prob=1.0, sigma_sampling="sampler")
+    x = torch.randint(0, 256, (4, 16))
+    y = torch.randint(0, 256, (4, 16))
+    trainer = BlockTrainer(mcfg, tcfg, 2)
+    with pytest.raises(ValueError, match="needs blocks"):
+        trainer.step(x, y)
+    others = {b: init_block(mcfg, b) for b in range(2)}
+    before = {b: [p.detach().clone() for p in blk.parameters()] for b, blk in others.items()}
+    trainer.set_others(others, table=init_embedding(mcfg))
+    out = trainer.step(x, y)
+    assert math.isfinite(out["ce"])
+    for b, blk in others.items():
+        assert all(torch.equal(p, q) for p, q in zip(blk.parameters(), before[b]))
+        assert all(p.grad is None for p in blk.parameters())
