@@ -127,7 +127,9 @@ def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
 
     (ra, rb), seconds, a, b = asyncio.run(scenario())
     assert seconds < 3.0 + 8.0  # deadline_max_s plus training and slack
-    assert ra.participation < 1.0 and rb.participation < 1.0
+    # whoever expected the victim (dialled it, or waited for its call) lost its contribution; a peer
+    # that looked the swarm up after the victim died did not expect it at all
+    assert ra.participation < 1.0 or rb.participation < 1.0
     assert len(ra.accepted_block) == 1 and len(rb.accepted_block) == 1  # a and b still averaged together
     assert a.state.block_hash == b.state.block_hash
 
