@@ -63,8 +63,7 @@ async def kill_mid_exchange(swarm: LocalSwarm, timeout_s: float = 300) -> dict:
             except Exception:  # noqa: BLE001 - keep polling until the deadline
                 st = None
             if st is not None and st.state == "averaging" and st.round >= swarm.kill_after:
-                victim.proc.send_signal(signal.SIGKILL)
-                victim.proc.wait(timeout=30)
+                swarm.kill(VICTIM, signal.SIGKILL)  # the daemon, its DHT process and p2pd
                 return {"round": st.round, "at": time.monotonic()}
             await asyncio.sleep(0.02)  # polling the victim's status at 50 Hz
     finally:

@@ -24,6 +24,13 @@ from swarmd.errors import SwarmdError
 from swarmd.transport import PeerClient
 
 
+def _killpg(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 @dataclass
 class PeerProc:
     index: int
@@ -64,7 +71,8 @@ class LocalSwarm:
         self.workdir.mkdir(parents=True, exist_ok=True)
         p.info, p.rounds_seen, p.ready = {}, [], threading.Event()
         log = open(p.log_path, "ab")
-        p.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+        # own process group: kill -9 must take the peer's DHT process and p2pd along (they would be orphaned)
+        p.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
         log.close()
         threading.Thread(target=self._read, args=(p, p.proc), daemon=True).start()
 
@@ -110,9 +118,10 @@ class LocalSwarm:
             self._wait_ready(p, timeout_s)
 
     def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a peer's whole process group (daemon, its DHT process, p2pd) and wait for the daemon."""
         p = self.peers[index]
         if p.alive():
-            p.proc.send_signal(sig)
+            _killpg(p.proc, sig)
             p.proc.wait(timeout=30)
 
     def restart(self, index: int, timeout_s: float = 120.0) -> PeerProc:
@@ -149,8 +158,9 @@ class LocalSwarm:
             try:
                 p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.proc.kill()
-                p.proc.wait(timeout=10)
+                pass
+            _killpg(p.proc, signal.SIGKILL)  # whatever is left of the group (a DHT child of a killed daemon)
+            p.proc.wait(timeout=10)
 
     def __enter__(self) -> "LocalSwarm":
         return self
