@@ -192,6 +192,7 @@ class _Round:
     inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
     failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
     closed: bool = False
+    mismatched: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})  # senders on another base
     opened_at: float = field(default_factory=time.monotonic)
     ready_at: float = 0.0
     last_arrival: float = 0.0
@@ -211,6 +212,7 @@ class Gossip:
         self.deadline = DeadlinePolicy(cfg)
         self.ef = {BLOCK: ErrorFeedback(), EMB: ErrorFeedback()}
         self.current: _Round | None = None
+        self.last_split: dict[str, tuple[set[str], set[str]]] = {}  # kind -> (peers on our base, peers on another) last round
         self._opened = asyncio.Condition()
         self.banned: dict[str, tuple[float, float]] = {}  # peer id -> (until, period)
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
@@ -241,14 +243,34 @@ class Gossip:
             ref = reference(me, pool, (lambda r: r.base_hash) if what == "block" else (lambda r: r.emb_hash))
             ref_hash = ref.base_hash if what == "block" else ref.emb_hash
             if ref.peer_id == me.peer_id or (ref_hash == my_hash and ref.round == me.round):
-                continue
+                ref = self._split_reference(what, me, pool)  # DHT records may lag: use what last round's exchanges showed
+                if ref is None:
+                    continue
             try:
                 await self.pull(ref, what)
                 pulled.append(what)
             except SwarmdError as exc:
                 logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, what, ref.peer_id[-6:], exc)
                 self._ban(ref.peer_id)
+        self.last_split = {}  # consumed
         return pulled
+
+    def _split_reference(self, what: str, me: PeerRecord, pool: list[PeerRecord]) -> PeerRecord | None:
+        """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
+
+        The side with fewer peers on its base moves; on a tie the lower-ranked side moves (the
+        same rule as reference(), applied to the deltas' headers instead of DHT records).
+        """
+        same, other = self.last_split.get(BLOCK if what == "block" else EMB, (set(), set()))
+        if not other:
+            return None
+        candidates = [r for r in pool if r.peer_id in other and r.address]
+        if not candidates:
+            return None
+        best = max(candidates, key=rank)
+        if len(other) > len(same) or (len(other) == len(same) and rank(best) > rank(me)):
+            return best
+        return None
 
     async def pull(self, peer: PeerRecord, what: str) -> None:
         """Download a peer's block or embedding state (validated) and adopt it with its round."""
@@ -320,6 +342,7 @@ class Gossip:
             if h.round != rs.round:
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
             if h.base_hash != rs.hashes[kind]:
+                rs.mismatched[kind].add(h.peer_id)
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
             tensors = decode(enc, self._expected_shapes(kind), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=kind, block_index=self.me.block_index if kind == BLOCK else -1, max_bytes=self.cfg.max_payload_bytes)
         except SwarmdError as exc:
@@ -435,6 +458,7 @@ class Gossip:
         emb_mean = merge_mean({self.me.peer_id: rs.own[EMB], **rs.inbox[EMB]})
         await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
         seconds = time.monotonic() - rs.ready_at
+        self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = RoundReport(rs.round, sorted(expected[BLOCK]), sorted(expected[EMB]), accepted[BLOCK], accepted[EMB], rs.rejected, deadline_s, seconds, premerge)
         self.metrics.end_round(report.participation, seconds, round=rs.round, premerge_distance=premerge, deadline_s=deadline_s, accepted=len(accepted[BLOCK]) + len(accepted[EMB]), expected=len(expected[BLOCK]) + len(expected[EMB]), at_s=self.metrics.uptime_s)
         logger.info("%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)", self.tag, rs.round, len(accepted[BLOCK]), len(expected[BLOCK]), len(accepted[EMB]), len(expected[EMB]), seconds, deadline_s)

@@ -266,3 +266,31 @@ def test_error_feedback_int8_tracks_the_true_sum():
     # with error feedback the gap stays at one step's quantisation error; without it, it grows
     assert (total_true - total_ef).norm() < 2 * first
     assert (total_true - total_ef).norm() < 0.5 * (total_true - total_plain).norm()
+
+
+def test_replicas_on_different_bases_converge_even_with_stale_records():
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0], codec="fp32")
+        a, b = peers
+        bumped = {k: v + 0.01 for k, v in a.state.base_block.items()}
+        a.state.adopt(bumped, None)  # a's block diverged, but the (lagging) DHT says b holds a's hash
+        from dataclasses import replace
+
+        stale = {a.me.peer_id: a.record(), b.me.peer_id: replace(a.record(), peer_id=b.me.peer_id, address=b.me.address)}
+        reports = []
+        for _ in range(2):
+            records = list(stale.values())
+            for g in peers:
+                await g.sync(records)
+                await g.open_round()
+            for i, g in enumerate(peers):
+                from swarm_utils import batches
+
+                await asyncio.to_thread(g.state.train_steps, 2, batches(i))
+            reports.append(await asyncio.gather(*(g.average(records) for g in peers)))
+        return a, b, reports
+
+    a, b, reports = asyncio.run(scenario())
+    assert [r.accepted_block for r in reports[0]] == [[], []]  # round 1: each rejects the other's block delta
+    assert reports[1][0].accepted_block == ["peer01"] and reports[1][1].accepted_block == ["peer00"]  # the lower id adopted, then they averaged
+    assert a.state.block_hash == b.state.block_hash
