@@ -5,11 +5,13 @@ no sockets); `test_grpc_*` run real gRPC on 127.0.0.1 ephemeral ports.
 """
 import asyncio
 import math
+import os
 from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
+from swarmd.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, ValidationError
 from swarmd.inference import LocalSweeper, generate_bytes, score_windows
 from swarmd.remote import BlockRouter, RemoteSweeper
@@ -434,6 +436,7 @@ def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
     assert failovers >= 1 and resent and all(h.block_index == 1 for h in resent)
 
 
+@pytest.mark.slow  # in-process DHTs forked from a process with live gRPC threads can stall late in a long run
 def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
     from tests.swarm_utils import TEXT
 
@@ -453,3 +456,41 @@ def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
 
     remote, local = asyncio.run(scenario())
     assert remote["ce"] == pytest.approx(local["ce"], abs=1e-4)
+
+
+def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
+    """Three `blocktrain run` processes on a real hivemind DHT; `blocktrain score --swarm MULTIADDR`
+    (its own process) equals local scoring of the same weights. H is huge, so no merge happens and
+    every peer serves its initial weights, which are seeded: init_block / init_embedding rebuild them."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from swarmd.checkpoint import save_model
+    from swarmd.launch import LocalSwarm
+    from swarmd.train import init_block, init_embedding
+    from tests.swarm_utils import TEXT
+
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
+    corpus, text = tmp_path / "train.txt", tmp_path / "score.txt"
+    corpus.write_bytes(TEXT)
+    text.write_bytes(TEXT[:200])
+    save_model(tmp_path / "ckpt", cfg, {b: init_block(cfg, b, 0) for b in range(3)}, init_embedding(cfg, 0))
+
+    def score(*source: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "cli.main", "score", *source, str(text), "--json"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    with LocalSwarm(3, cfg, corpus, tmp_path / "swarm", rounds=0, steps_per_round=1_000_000, swarm_id="procs") as swarm:
+        swarm.start(timeout_s=120)
+        maddr = swarm.peers[0].info["multiaddrs"][0]
+        deadline = time.monotonic() + 60
+        while True:  # the peers announce right after they start: poll until every block is found
+            remote = score("--swarm", maddr, "--swarm-id", "procs")
+            if remote.returncode == 0 or time.monotonic() > deadline:
+                break
+        assert remote.returncode == 0, remote.stderr
+    local = score("--checkpoint", str(tmp_path / "ckpt"))
+    assert local.returncode == 0, local.stderr
+    assert json.loads(remote.stdout)["ce"] == pytest.approx(json.loads(local.stdout)["ce"], abs=1e-4)
