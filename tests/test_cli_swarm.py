@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def test_run_reports_a_dht_that_cannot_start(tmp_path):
 @pytest.mark.slow
 def test_demo_six_peers_trains_the_assembled_model(tmp_path):
     """The README's command at a tiny size: 6 processes, B=3 x 2 replicas, from-noise CE goes down."""
-    data = Path("/work/shared/data/wikitext-2/train.txt")
+    data = Path(os.environ.get("BLOCKTRAIN_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2") / "train.txt"
     if not data.is_file():
         data = write_corpus(tmp_path)
     result = runner.invoke(app, ["demo", "--peers", "6", "--blocks", "3", "--data", str(data), "--rounds", "3", "--steps-per-round", "10", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--batch-size", "8", "--eval-tokens", "2048", "--workdir", str(tmp_path / "demo"), "--json"])
