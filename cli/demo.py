@@ -50,6 +50,7 @@ def demo(
     batch_size: o.BatchSize = 16,
     lr: o.LR = 3e-3,
     seed: o.Seed = 0,
+    trajectory_prob: o.TrajectoryProb = 0.0,
     eval_tokens: o.EvalTokens = 4096,
     timeout: Annotated[float, typer.Option("--timeout", help="Give up (and stop every peer) after this many seconds.")] = 900.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary (ce_start, ce_end, participation, bytes_sent, rounds, ...).")] = False,
@@ -64,7 +65,7 @@ def demo(
         ce_start = assembled_ce([init_block(cfg, b, seed) for b in range(cfg.blocks)], init_embedding(cfg, seed), cfg, eval_xy)
         tmp = None if workdir else tempfile.TemporaryDirectory(prefix="blocktrain-demo-")
         root = Path(workdir or tmp.name)
-        swarm = LocalSwarm(peers, cfg, train_path, root, rounds=rounds, steps_per_round=steps_per_round, codec=codec.value, batch_size=batch_size, lr=lr, seed=seed)
+        swarm = LocalSwarm(peers, cfg, train_path, root, rounds=rounds, steps_per_round=steps_per_round, codec=codec.value, batch_size=batch_size, lr=lr, seed=seed, extra=["--trajectory-prob", str(trajectory_prob)])
         start = time.monotonic()
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as view:

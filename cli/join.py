@@ -47,6 +47,7 @@ def join(
     batch_size: o.BatchSize = 32,
     lr: o.LR = 1e-3,
     seed: o.Seed = 0,
+    trajectory_prob: o.TrajectoryProb = 0.0,
     verbose: Verbose = False,
 ) -> None:
     """Join a running swarm: fetch its model config from a peer, download state, train a block."""
@@ -64,6 +65,6 @@ def join(
         config = build_config(
             model, data=data, block=block, device=dev, listen=listen, checkpoint_dir=checkpoint_dir, swarm_id=swarm_id, codec=codec, client_mode=client_mode,
             steps_per_round=steps_per_round, rounds=rounds, batch_size=batch_size, lr=lr, seed=seed, peer_seed=peer_seed, deadline_max=deadline_max,
-            initial_peers=list(peers), static=False, dht_host=dht_host,
+            initial_peers=list(peers), static=False, dht_host=dht_host, trajectory_prob=trajectory_prob,
         )
         run_daemon(config)

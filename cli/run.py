@@ -48,7 +48,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round 
 
 def build_config(
     model: ModelConfig, *, data: Path | None, block: str, device: str, listen: str, checkpoint_dir: Path | None, swarm_id: str, codec: Codec, client_mode: bool,
-    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str, min_peers: int = 0, eval_data: Path | None = None, eval_every: int = 0,
+    steps_per_round: int, rounds: int, batch_size: int, lr: float, seed: int, peer_seed: int, deadline_max: float, initial_peers: list[str], static: bool, dht_host: str, min_peers: int = 0, eval_data: Path | None = None, eval_every: int = 0, trajectory_prob: float = 0.0,
 ) -> DaemonConfig:
     if block != "auto" and not block.isdigit():
         raise ValueError(f"--block must be a number or 'auto', got {block!r}")
@@ -59,7 +59,7 @@ def build_config(
     static = static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
     return DaemonConfig(
         model=model,
-        train=TrainConfig(batch_size=batch_size, lr=lr, seed=seed, warmup_steps=min(50, steps_per_round)),
+        train=TrainConfig(batch_size=batch_size, lr=lr, seed=seed, warmup_steps=min(50, steps_per_round), trajectory_prob=trajectory_prob),
         gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec.value, deadline_max_s=deadline_max),
         net=NetConfig(swarm_id=swarm_id, listen=listen, initial_peers=tuple(initial_peers), discovery="static" if static else "hivemind", client_mode=client_mode, dht_host=dht_host),
         data_path=str(train_path),
@@ -142,6 +142,7 @@ def run(
     batch_size: o.BatchSize = 32,
     lr: o.LR = 1e-3,
     seed: o.Seed = 0,
+    trajectory_prob: o.TrajectoryProb = 0.0,
     verbose: Verbose = False,
 ) -> None:
     """Start a swarm peer that trains one block; prints the multiaddrs others join with."""
@@ -152,6 +153,6 @@ def run(
         config = build_config(
             model, data=data, block=block, device=dev, listen=listen, checkpoint_dir=checkpoint_dir, swarm_id=swarm_id, codec=codec, client_mode=client_mode,
             steps_per_round=steps_per_round, rounds=rounds, batch_size=batch_size, lr=lr, seed=seed, peer_seed=peer_seed, deadline_max=deadline_max,
-            initial_peers=list(peers or []), static=static, dht_host=dht_host, min_peers=min_peers, eval_data=eval_data, eval_every=eval_every,
+            initial_peers=list(peers or []), static=static, dht_host=dht_host, min_peers=min_peers, eval_data=eval_data, eval_every=eval_every, trajectory_prob=trajectory_prob,
         )
         run_daemon(config)

@@ -21,7 +21,10 @@ import logging
 import random
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import torch.nn.functional as F
 
 from swarmd import checkpoint as ck
 from swarmd.data import ByteData
@@ -33,7 +36,7 @@ from swarmd.metrics import Metrics
 from swarmd.model import ByteEmbedding, DenoisingBlock
 from swarmd.peer_config import DaemonConfig
 from swarmd.state import BlockState, sketch_distance
-from swarmd.train import seed_for
+from swarmd.train import seed_for, trajectory_predecessors
 from swarmd.transport import PeerClient, start_server
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -192,6 +195,7 @@ class Daemon:
         if pulled:
             self._update_serving()
         await g.open_round()
+        await self.load_predecessors()
         self.phase = "training"
         stats = await asyncio.to_thread(self.state.train_steps, H, self.batches, self._stop_thread)
         self.metrics.observe_throughput(stats["samples"], stats["seconds"])
@@ -212,6 +216,38 @@ class Daemon:
         self.round_done.set()
         self.round_done.clear()
         return report
+
+    async def load_predecessors(self) -> int:
+        """Trajectory training: pull the blocks that run before ours (frozen, forward only) at round start.
+
+        They come with the round's merged byte table. If a predecessor block has no reachable peer,
+        this round trains on the documented noisy targets instead. Returns the blocks loaded.
+        """
+        wanted = self.config.train
+        needed = sorted({b for b, _ in trajectory_predecessors(self.cfg, self.state.block_index)})
+        if wanted.trajectory_prob <= 0 or not needed:
+            return 0
+        records = await self._records()
+        others = {}
+        for b in needed:
+            for r in (r for r in records if r.block_index == b and r.address):
+                try:
+                    state = await self.gossip.fetch_block(r)
+                except SwarmdError as exc:
+                    logger.info("%s could not pull block %d from %s: %s", self.gossip.tag, b, r.peer_id[-6:], exc)
+                    continue
+                others[b] = DenoisingBlock(self.cfg)
+                others[b].load_state_dict(state)
+                others[b].to(self.config.device).eval()
+                break
+        trainer = self.state.trainer
+        complete = len(others) == len(needed)
+        if not complete:
+            logger.warning("%s trajectory training needs blocks %s, found %s: this round uses noisy targets", self.gossip.tag, needed, sorted(others))
+        _, _, emb_state = self.state.snapshot()
+        trainer.set_others(others if complete else {}, table=F.normalize(emb_state["table"].float(), dim=-1))
+        trainer.train_cfg = wanted if complete else replace(wanted, trajectory_prob=0.0)
+        return len(others) if complete else 0
 
     async def _measure_consensus(self) -> None:
         """Max sketch distance to same-block peers that reached our round (NaN if none did)."""

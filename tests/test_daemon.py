@@ -207,3 +207,52 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
     assert isinstance(st, pb.PeerStatus) and st.round == 2 and st.block_index == 0 and len(st.sketch) == 256 and st.param_norm > 0
     assert st.base_hash == f"{d0.state.block_hash}/{d0.state.emb_hash}" and st.state in ("training", "averaging")
     assert cfg.config_hash == d0.cfg.config_hash() and json.loads(cfg.model_config_json)["d_model"] == 32
+
+
+def test_trajectory_training_pulls_the_earlier_blocks_at_round_start(tmp_path):
+    """--trajectory-prob 1: the block-2 peer trains on the sampler's own states, which needs the
+    merged weights of blocks 0 and 1 from their peers; gradients stay in its own block."""
+
+    def config(block, seed):
+        cfg = daemon_config(tmp_path, block, blocks=3, seed=seed, discovery="static", deadline_max_s=3.0)
+        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0))
+
+    async def scenario():
+        daemons = await started(*(config(b, b) for b in range(3)))
+        addresses = [d.server.address for d in daemons]
+        for d in daemons:
+            d.discovery.addresses = addresses
+        try:
+            last = daemons[2]
+            loaded = await last.load_predecessors()
+            before = {b: {k: v.clone() for k, v in daemons[b].state.snapshot()[1].items()} for b in (0, 1)}
+            await asyncio.wait_for(asyncio.gather(*(d.run_round() for d in daemons)), 60)
+            return loaded, before, last
+        finally:
+            await stop_all(daemons)
+
+    loaded, before, last = asyncio.run(scenario())
+    assert loaded == 2
+    trainer = last.state.trainer
+    assert trainer.train_cfg.trajectory_prob == 1.0 and sorted(trainer.others) == [0, 1]
+    for b in (0, 1):  # the frozen copies are the predecessors' merged weights from the round start
+        for k, v in before[b].items():
+            assert torch.equal(trainer.others[b].state_dict()[k], v)
+        assert all(p.grad is None for p in trainer.others[b].parameters())
+
+
+def test_trajectory_training_without_a_predecessor_falls_back_to_noisy_targets(tmp_path):
+    cfg = daemon_config(tmp_path, 1, blocks=3, seed=0, discovery="static")
+    cfg = replace(cfg, train=replace(cfg.train, trajectory_prob=1.0))
+
+    async def scenario():
+        (d,) = await started(cfg)
+        try:
+            loaded = await d.load_predecessors()
+            await asyncio.wait_for(d.run_round(), 60)
+            return loaded, d
+        finally:
+            await stop_all([d])
+
+    loaded, d = asyncio.run(scenario())
+    assert loaded == 0 and d.state.trainer.train_cfg.trajectory_prob == 0.0 and d.state.round == 1
