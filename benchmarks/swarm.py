@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
+    p.add_argument("--trajectory-prob", type=float, default=0.0, help="train on the sampler's own trajectory (swarm and single-process alike)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/swarm.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
     return p.parse_args(argv)
@@ -60,12 +61,12 @@ def model_config(a) -> ModelConfig:
 
 
 def train_config(a) -> TrainConfig:
-    return TrainConfig(batch_size=a.batch_size, lr=a.lr, seed=0, warmup_steps=min(50, a.steps))  # exactly what `blocktrain run` builds
+    return TrainConfig(batch_size=a.batch_size, lr=a.lr, seed=0, warmup_steps=min(50, a.steps), trajectory_prob=a.trajectory_prob)  # exactly what `blocktrain run` builds
 
 
 def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"swarm-bench-{codec}-") as tmp:
-        swarm = LocalSwarm(a.peers, cfg, train_path, Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec=codec, batch_size=a.batch_size, lr=a.lr, seed=0)
+        swarm = LocalSwarm(a.peers, cfg, train_path, Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec=codec, batch_size=a.batch_size, lr=a.lr, seed=0, extra=["--trajectory-prob", str(a.trajectory_prob)])
         start = time.monotonic()
         try:
             swarm.start(timeout_s=300)
@@ -157,7 +158,7 @@ def main(argv=None) -> None:
 def write_md(a, out: dict) -> None:
     cfg = out["config"]
     lines = [
-        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback)",
+        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback)" + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ""),
         "",
         f"Command: `{out['command']}`",
         "",
@@ -188,7 +189,8 @@ def write_md(a, out: dict) -> None:
     ]
     a.md.parent.mkdir(parents=True, exist_ok=True)
     existing = a.md.read_text() if a.md.exists() else ""
-    marker_start, marker_end = "<!-- swarm.py -->", "<!-- /swarm.py -->"
+    tag = "swarm.py" + (" trajectory" if a.trajectory_prob else "")
+    marker_start, marker_end = f"<!-- {tag} -->", f"<!-- /{tag} -->"
     block = marker_start + "\n" + "\n".join(lines) + "\n" + marker_end
     if marker_start in existing:
         pre, rest = existing.split(marker_start, 1)
