@@ -155,6 +155,9 @@ def main(argv=None) -> None:
     print(json.dumps({k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")}, indent=2))
 
 
+TRAJECTORY_NOTE = 'With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, which is why wire / raw is higher than for the block deltas alone.'
+
+
 def write_md(a, out: dict) -> None:
     cfg = out["config"]
     lines = [
@@ -187,6 +190,8 @@ def write_md(a, out: dict) -> None:
         "The swarm trains each block on two data streams per round (two replicas) and averages them, so per block it sees twice the samples of the single-process run at the same step count.",
         "",
     ]
+    if a.trajectory_prob:
+        lines += [TRAJECTORY_NOTE, ""]
     a.md.parent.mkdir(parents=True, exist_ok=True)
     existing = a.md.read_text() if a.md.exists() else ""
     tag = "swarm.py" + (" trajectory" if a.trajectory_prob else "")

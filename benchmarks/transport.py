@@ -292,7 +292,7 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 "
-        "encoder (step max(absmax/127, rms/5) per row, so zstd packs each value into ~4.5 bits); its per-round "
+        "encoder (step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round "
         "error is what ErrorFeedback carries into the next round. The absmax/127 row is the same wire format "
         "with the finest step (int8_rms_levels=None). The gRPC/TCP gap is Python-side work per 1 MiB chunk "
         "(slice, protobuf serialize/parse, join: ~3 copies a side) plus sha256 on both ends; "

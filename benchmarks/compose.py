@@ -1,0 +1,38 @@
+"""Assemble BENCHMARKS.md from the fragments the benchmark scripts write under benchmarks/results/.
+
+Each benchmark script writes its JSON and a markdown fragment (tables + the exact command that
+produced every figure); this script only concatenates them in issue order:
+    python benchmarks/compose.py
+"""
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PARTS = [
+    ("Model core: quality, sigma range, memory, throughput (issue 2)", "ISSUE2.md"),
+    ("Swarm: gossip, codecs, scale, fault tolerance (issue 3)", "ISSUE3_swarm.md"),
+    ("Swarm transport: gRPC stream vs TCP, bytes per codec (issue 3)", "ISSUE3_transport.md"),
+    ("Serving across the swarm (issue 4)", "ISSUE4.md"),
+]
+HEADER = """# BlockTrain benchmarks
+
+Every figure below was measured on this project's development machine: 2 CPU cores shared with
+other jobs (load averages of 4-12 during most runs), no GPU, Python 3.11, torch 2.13.0 CPU. Absolute
+times are noisy; comparisons are made side by side in one run and quoted as ratios. Each section
+names the command that produced it; the raw results are the JSON (and PNG) files next to the
+fragments in `benchmarks/results/`. CE is in nats per byte on `../shared/data/wikitext-2/eval.txt`;
+BlockTrain CE is always from-noise CE (the Euler sampler from pure noise with the true context).
+This file is assembled by `python benchmarks/compose.py`.
+"""
+
+
+def main() -> None:
+    out = [HEADER]
+    for title, name in PARTS:
+        body = (RESULTS / name).read_text().strip()
+        out += [f"\n# {title}\n", body, ""]
+    (ROOT / "BENCHMARKS.md").write_text("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
