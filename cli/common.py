@@ -16,8 +16,8 @@ from pathlib import Path
 
 import typer
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.errors import DataError, SwarmdError
+from swarmd.config import ModelConfig
+from swarmd.errors import SwarmdError
 
 
 class Device(str, Enum):
@@ -98,5 +98,3 @@ def setup_logging(verbose: bool = False) -> None:
     except ImportError:  # pragma: no cover - hivemind is a hard dependency
         pass
 
-
-__all__ = ["DataError", "Device", "ModelConfig", "TrainConfig", "check_device", "cli_errors", "fail", "model_config", "print_json", "resolve_data", "setup_logging"]
