@@ -44,6 +44,17 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (swarm tests run several peers in one process)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_children():
     yield

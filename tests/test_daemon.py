@@ -22,12 +22,7 @@ from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 async def started(*configs) -> list[Daemon]:

@@ -20,12 +20,7 @@ from swarmd.peer_config import GossipConfig
 from swarmd.state import count_sketch, relative_distance, sketch_distance, weights_hash
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rand(seed: int, shapes=(("w", (4, 3)), ("b", (3,)))) -> dict[str, torch.Tensor]:
