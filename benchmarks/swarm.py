@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.scale import replace_section  # noqa: E402
 from swarmd.config import ModelConfig, TrainConfig  # noqa: E402
 from swarmd.data import ByteData  # noqa: E402
 from swarmd.evaluate import from_noise_ce  # noqa: E402
@@ -192,17 +193,7 @@ def write_md(a, out: dict) -> None:
     ]
     if a.trajectory_prob:
         lines += [TRAJECTORY_NOTE, ""]
-    a.md.parent.mkdir(parents=True, exist_ok=True)
-    existing = a.md.read_text() if a.md.exists() else ""
-    tag = "swarm.py" + (" trajectory" if a.trajectory_prob else "")
-    marker_start, marker_end = f"<!-- {tag} -->", f"<!-- /{tag} -->"
-    block = marker_start + "\n" + "\n".join(lines) + "\n" + marker_end
-    if marker_start in existing:
-        pre, rest = existing.split(marker_start, 1)
-        existing = pre + block + rest.split(marker_end, 1)[1]
-    else:
-        existing = (existing + "\n" if existing else "") + block + "\n"
-    a.md.write_text(existing)
+    replace_section(a.md, "swarm.py" + (" trajectory" if a.trajectory_prob else ""), lines)
 
 
 if __name__ == "__main__":
