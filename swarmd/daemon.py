@@ -7,7 +7,8 @@ the sockets in transport):
                server (none in client mode), BlockServing, first announce;
   serve()      one asyncio TaskGroup: the announce loop and the round loop, until stop() or
                max_rounds; then a final checkpoint and a clean shutdown;
-  run_round()  one round: re-sync from the reference if our base differs (joiners too), H local
+  run_round()  one round: re-sync from the reference if our base differs (joiners too), pull the
+               earlier blocks when training on the sampler's trajectory, H local
                steps in the single worker thread (asyncio.to_thread), gossip average, serving
                update, announce, atomic checkpoint, consensus distance from same-block statuses.
 Implements the transport's SwarmHandler (status, swarm_config, pull_state, exchange, forward).
@@ -217,6 +218,15 @@ class Daemon:
         self.round_done.clear()
         return report
 
+    async def _pull_block(self, records: list[PeerRecord], block_index: int) -> dict | None:
+        """The merged state of another block from the first of its peers that answers (None if none does)."""
+        for r in (r for r in records if r.block_index == block_index and r.address):
+            try:
+                return await self.gossip.fetch_block(r)
+            except SwarmdError as exc:
+                logger.info("%s could not pull block %d from %s: %s", self.gossip.tag, block_index, r.peer_id[-6:], exc)
+        return None
+
     async def load_predecessors(self) -> int:
         """Trajectory training: pull the blocks that run before ours (frozen, forward only) at round start.
 
@@ -230,16 +240,10 @@ class Daemon:
         records = await self._records()
         others = {}
         for b in needed:
-            for r in (r for r in records if r.block_index == b and r.address):
-                try:
-                    state = await self.gossip.fetch_block(r)
-                except SwarmdError as exc:
-                    logger.info("%s could not pull block %d from %s: %s", self.gossip.tag, b, r.peer_id[-6:], exc)
-                    continue
+            if (state := await self._pull_block(records, b)) is not None:
                 others[b] = DenoisingBlock(self.cfg)
                 others[b].load_state_dict(state)
                 others[b].to(self.config.device).eval()
-                break
         trainer = self.state.trainer
         complete = len(others) == len(needed)
         if not complete:
@@ -264,11 +268,8 @@ class Daemon:
         _, own_block, own_emb = self.state.snapshot()
         states = {self.state.block_index: own_block}
         for b in range(self.cfg.blocks):
-            for r in (r for r in records if r.block_index == b and r.address and b not in states):
-                try:
-                    states[b] = await self.gossip.fetch_block(r)
-                except SwarmdError as exc:
-                    logger.info("%s could not pull block %d from %s: %s", self.gossip.tag, b, r.peer_id[-6:], exc)
+            if b not in states and (state := await self._pull_block(records, b)) is not None:
+                states[b] = state
         if len(states) < self.cfg.blocks:
             return float("nan")
 
