@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.scale import replace_section  # noqa: E402
-from swarmd import checkpoint as ck  # noqa: E402
-from swarmd.config import ModelConfig  # noqa: E402
-from swarmd.launch import LocalSwarm  # noqa: E402
+from swarmd.core import checkpoint as ck  # noqa: E402
+from swarmd.core.config import ModelConfig  # noqa: E402
+from swarmd.swarm.launch import LocalSwarm  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData
-from swarmd.memory import GIB, model_info
-from swarmd.train import BlockTrainer, E2ETrainer, init_block
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.memory import GIB, model_info
+from swarmd.core.train import BlockTrainer, E2ETrainer, init_block
 
 CPU_CFG = dict(blocks=3, layers_per_block=2, d_model=128, n_heads=4, hidden=512, seq_len=128)
 PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=2048)

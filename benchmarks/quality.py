@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData
-from swarmd.local_run import RoundReport, train_blocktrain, train_e2e
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

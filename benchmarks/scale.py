@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmd.config import ModelConfig  # noqa: E402
-from swarmd.launch import LocalSwarm  # noqa: E402
+from swarmd.core.config import ModelConfig  # noqa: E402
+from swarmd.swarm.launch import LocalSwarm  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -3,8 +3,8 @@
     python benchmarks/serving.py [--quick] [--out benchmarks/results/serving.json]
 
 Every peer is a real gRPC server on 127.0.0.1 (swarmd.transport.start_server hosting a
-swarmd.serving.BlockServing through ServingOnlyHandler), one block each, all in this process; the
-client is swarmd.remote.RemoteSweeper. Per-hop delay is injected in user space: the client awaits
+swarmd.serve.serving.BlockServing through ServingOnlyHandler), one block each, all in this process; the
+client is swarmd.serve.remote.RemoteSweeper. Per-hop delay is injected in user space: the client awaits
 asyncio.sleep(delay) before every hop (every Forward call), so a traversal of B blocks pays B delays.
 No tc netem, no proxy.
 
@@ -37,14 +37,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmd.checkpoint import save_model  # noqa: E402
-from swarmd.config import ModelConfig  # noqa: E402
-from swarmd.discovery import StaticDiscovery  # noqa: E402
-from swarmd.inference import GenerationStats, LocalSweeper, generate, generate_bytes  # noqa: E402
-from swarmd.model import DenoisingBlock, count_params, start_noise  # noqa: E402
-from swarmd.remote import BlockRouter, RemoteSweeper  # noqa: E402
-from swarmd.serving import BlockServing, ServingOnlyHandler  # noqa: E402
-from swarmd.train import init_block, init_embedding  # noqa: E402
+from swarmd.core.checkpoint import save_model  # noqa: E402
+from swarmd.core.config import ModelConfig  # noqa: E402
+from swarmd.swarm.discovery import StaticDiscovery  # noqa: E402
+from swarmd.serve.inference import GenerationStats, LocalSweeper, generate, generate_bytes  # noqa: E402
+from swarmd.core.model import DenoisingBlock, count_params, start_noise  # noqa: E402
+from swarmd.serve.remote import BlockRouter, RemoteSweeper  # noqa: E402
+from swarmd.serve.serving import BlockServing, ServingOnlyHandler  # noqa: E402
+from swarmd.core.train import init_block, init_embedding  # noqa: E402
 from swarmd.transport import PeerClient, start_server  # noqa: E402
 
 SWARM = "bench"
@@ -137,7 +137,7 @@ async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:  # the swarm and the local run read the same checkpoint
         save_model(Path(tmp), cfg, dict(enumerate(blocks)), emb)
-        from swarmd.inference import load_local
+        from swarmd.serve.inference import load_local
 
         local = load_local(tmp)
         st = GenerationStats()

@@ -6,7 +6,7 @@ stack (B=3, L_b=2, d=128, seq 128, batch 32) is trained for the same number of s
 two ways on the held-out text:
 
 - denoising CE: the training-style CE of each block given z = e_hat[y] + sigma eps at sigmas drawn
-  from its own interval (swarmd.evaluate.denoising_ce), averaged over blocks; a diagnostic only;
+  from its own interval (swarmd.core.evaluate.denoising_ce), averaged over blocks; a diagnostic only;
 - from-noise CE: the Euler sampler from fresh noise with the true context (the real score).
 
 Writes benchmarks/results/sigma_range.json. Takes a few minutes on one CPU thread.
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData
-from swarmd.evaluate import denoising_ce, from_noise_ce
-from swarmd.local_run import train_blocktrain
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import denoising_ce, from_noise_ce
+from swarmd.core.local_run import train_blocktrain
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ For each codec (--codecs, default fp32 bf16 int8) it runs a LocalSwarm of --peer
 processes on loopback (block i mod B, joined through peer 0's DHT multiaddr, --rounds rounds of
 --steps local steps), assembles the model from the peers' checkpoints (replicas of a block are
 bit-identical after a merge) and measures its from-noise CE on held-out text. The reference is
-swarmd.local_run.train_blocktrain with the same config, the same TrainConfig and the same per-block
+swarmd.core.local_run.train_blocktrain with the same config, the same TrainConfig and the same per-block
 steps (rounds x steps), one replica per block. Reports swarm_ce, single_ce, ratio, participation,
 wire and raw bytes, wire bytes per round per peer relative to the raw fp32 delta size, and the
 replicas' pre-merge distance per round (post-merge they are identical).
@@ -29,12 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.scale import replace_section  # noqa: E402
-from swarmd.config import ModelConfig, TrainConfig  # noqa: E402
-from swarmd.data import ByteData  # noqa: E402
-from swarmd.evaluate import from_noise_ce  # noqa: E402
-from swarmd.launch import LocalSwarm  # noqa: E402
-from swarmd.local_run import train_blocktrain  # noqa: E402
-from swarmd.model import ByteEmbedding, DenoisingBlock, count_params  # noqa: E402
+from swarmd.core.config import ModelConfig, TrainConfig  # noqa: E402
+from swarmd.core.data import ByteData  # noqa: E402
+from swarmd.core.evaluate import from_noise_ce  # noqa: E402
+from swarmd.swarm.launch import LocalSwarm  # noqa: E402
+from swarmd.core.local_run import train_blocktrain  # noqa: E402
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -170,7 +170,7 @@ def write_md(a, out: dict) -> None:
         f"{out['rounds']} rounds x H={out['steps_per_round']} local steps = {out['per_block_steps']} steps per block (same in the single-process run, one replica per block). "
         f"Block {out['block_params']:,} params + byte table {out['embedding_params']:,} params. Eval: from-noise CE on eval.txt ({a.eval_tokens} bytes). Machine: {out['machine']} (shared).",
         "",
-        f"Single-process BlockTrain (swarmd.local_run.train_blocktrain): CE **{out['single_ce']:.4f}** nats/byte.",
+        f"Single-process BlockTrain (swarmd.core.local_run.train_blocktrain): CE **{out['single_ce']:.4f}** nats/byte.",
         "",
         "| codec | swarm CE | ratio swarm/single | participation | wire bytes | raw fp32 bytes | wire / raw | wire bytes per round per peer | median round s | rejected |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

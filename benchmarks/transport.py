@@ -12,7 +12,7 @@ rounds (after a warm-up round) are reported, with the ratio gRPC/TCP.
 
 Part 2 (codecs): wire bytes per codec relative to raw fp32 for a realistic block delta: a default
 ModelConfig block (block 1 of 3, 2 layers, d=128) trained --train-steps AdamW steps with
-swarmd.train.BlockTrainer on wikitext-2 (--data-dir, default $BLOCKTRAIN_DATA); without data it
+swarmd.core.train.BlockTrainer on wikitext-2 (--data-dir, default $BLOCKTRAIN_DATA); without data it
 falls back to a Gaussian delta and says so in the output. Also the relative L2 error of each codec
 and its encode+decode time.
 
@@ -37,7 +37,8 @@ from pathlib import Path
 import grpc
 import torch
 
-from swarmd.delta import CODECS, Encoded, decode, encode, shapes_of
+from swarmd.swarm.delta import CODECS, decode, encode, shapes_of
+from swarmd.transport.framing import Encoded
 from swarmd.transport import PeerClient, start_server
 
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=1)
@@ -211,15 +212,15 @@ def _summary(times: list[float], moved: int, **extra) -> dict:
 
 
 def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tensor], str]:
-    from swarmd.config import ModelConfig, TrainConfig
-    from swarmd.train import BlockTrainer, init_block
+    from swarmd.core.config import ModelConfig, TrainConfig
+    from swarmd.core.train import BlockTrainer, init_block
 
     train_file = data_dir / "train.txt" if data_dir else None
     if train_file is None or not train_file.exists():
         block = init_block(ModelConfig(), 1, 0)
         g = torch.Generator().manual_seed(0)
         return {k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.state_dict().items()}, "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
-    from swarmd.data import ByteData
+    from swarmd.core.data import ByteData
 
     torch.manual_seed(0)
     model_cfg, train_cfg = ModelConfig(), TrainConfig(batch_size=16, warmup_steps=0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from swarmd.config import ModelConfig
+from swarmd.core.config import ModelConfig
 from swarmd.errors import SwarmdError
 
 
@@ -67,7 +67,7 @@ def resolve_data(path: Path | None, split: str = "train") -> Path:
     if env:
         candidate = Path(env)
         return candidate / f"{split}.txt" if candidate.is_dir() else candidate
-    from swarmd.corpus import ensure_wikitext2
+    from swarmd.core.corpus import ensure_wikitext2
 
     return ensure_wikitext2()[split]
 

@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
 from cli.common import cli_errors
-from swarmd.corpus import ensure_wikitext2
+from swarmd.core.corpus import ensure_wikitext2
 
 app = typer.Typer(help="Training corpora.", no_args_is_help=True)
 

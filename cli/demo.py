@@ -19,12 +19,12 @@ from cli import options as o
 from cli.common import cli_errors, model_config, print_json, resolve_data
 from cli.run import Codec, CodecOpt
 from cli.train import eval_path_for
-from swarmd.config import ModelConfig
-from swarmd.data import ByteData
+from swarmd.core.config import ModelConfig
+from swarmd.core.data import ByteData
 from swarmd.errors import SwarmdError
-from swarmd.evaluate import from_noise_ce
-from swarmd.launch import LocalSwarm
-from swarmd.train import init_block, init_embedding
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.swarm.launch import LocalSwarm
+from swarmd.core.train import init_block, init_embedding
 
 
 def assembled_ce(blocks, emb, cfg: ModelConfig, eval_xy) -> float:

@@ -8,9 +8,9 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, print_json, resolve_data
-from swarmd.checkpoint import load_e2e, load_model, read_config
-from swarmd.data import ByteData
-from swarmd.evaluate import e2e_ce, from_noise_ce
+from swarmd.core.checkpoint import load_e2e, load_model, read_config
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import e2e_ce, from_noise_ce
 
 
 def evaluate(

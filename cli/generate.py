@@ -42,7 +42,7 @@ def generate(
 
 
 async def _generate(prompt, swarm, swarm_id, checkpoint, device, steps, timeout_s, max_bytes, temperature, seed, show_stats) -> None:
-    from swarmd.inference import GenerationStats, generate as run
+    from swarmd.serve.inference import GenerationStats, generate as run
 
     sweeper, closer = await open_sweeper(swarm, swarm_id, checkpoint, device, steps, timeout_s)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

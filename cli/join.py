@@ -17,7 +17,7 @@ from cli import options as o
 from cli.common import check_device, cli_errors, setup_logging
 from cli.run import BlockOpt, CheckpointDir, ClientMode, Codec, CodecOpt, DeadlineMax, DhtHost, Listen, PeerSeed, RoundsOpt, StepsPerRoundOpt, SwarmId, Verbose, build_config, run_daemon
 from swarmd.errors import ConfigMismatch
-from swarmd.survey import fetch_swarm_config
+from swarmd.swarm.survey import fetch_swarm_config
 
 M = "Model"
 Opt = lambda flag, what: Annotated[Optional[int], typer.Option(flag, help=f"{what} (must match the swarm; default: the swarm's).", rich_help_panel=M)]  # noqa: E731

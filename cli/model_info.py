@@ -7,7 +7,7 @@ import typer
 
 from cli import options as o
 from cli.common import cli_errors, model_config, print_json
-from swarmd.memory import GIB, model_info
+from swarmd.core.memory import GIB, model_info
 
 
 def info(

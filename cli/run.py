@@ -16,8 +16,8 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, model_config, resolve_data, setup_logging
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.peer_config import DaemonConfig, GossipConfig, NetConfig
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
 
 S, N = "Swarm", "Network"
 
@@ -76,7 +76,7 @@ def build_config(
 
 def run_daemon(config: DaemonConfig) -> None:
     """Start a Daemon, print how to reach it, serve until SIGINT/SIGTERM or max_rounds."""
-    from swarmd.daemon import Daemon
+    from swarmd.swarm.daemon import Daemon
 
     async def main() -> None:
         daemon = Daemon(config)

@@ -2,7 +2,7 @@
 
 One sweep (one traversal of the block stack) scores a whole batch of seq_len-byte windows; the
 result equals `blocktrain eval` of the same weights and noise seed. `open_sweeper` is shared with
-`blocktrain generate`: --swarm builds a swarmd.remote.RemoteSweeper, --checkpoint a LocalSweeper.
+`blocktrain generate`: --swarm builds a swarmd.serve.remote.RemoteSweeper, --checkpoint a LocalSweeper.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ async def open_sweeper(swarm: list[str] | None, swarm_id: str, checkpoint: Path 
     if steps is not None and steps < 1:
         raise ValueError("--steps must be >= 1")
     if checkpoint is not None:
-        from swarmd.inference import load_local
+        from swarmd.serve.inference import load_local
 
         sweeper = load_local(checkpoint, device, steps)
 
@@ -38,7 +38,7 @@ async def open_sweeper(swarm: list[str] | None, swarm_id: str, checkpoint: Path 
             return None
 
         return sweeper, nothing
-    from swarmd.remote import connect_swarm
+    from swarmd.serve.remote import connect_swarm
 
     return await connect_swarm(list(swarm), swarm_id, steps=steps, timeout_s=timeout_s)
 
@@ -68,7 +68,7 @@ def score(
 
 
 async def _score(file, swarm, swarm_id, checkpoint, device, steps, timeout_s, seed, max_bytes) -> dict:
-    from swarmd.inference import score_file
+    from swarmd.serve.inference import score_file
 
     sweeper, closer = await open_sweeper(swarm, swarm_id, checkpoint, device, steps, timeout_s)
     try:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.common import cli_errors, fail, print_json, setup_logging
-from swarmd.survey import survey_peer, survey_swarm
+from swarmd.swarm.survey import survey_peer, survey_swarm
 
 
 def _num(v: float, fmt: str = "{:.2f}") -> str:

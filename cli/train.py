@@ -9,10 +9,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cli import options as o
 from cli.common import check_device, cli_errors, model_config, print_json, resolve_data
-from swarmd.checkpoint import save_e2e, save_model
-from swarmd.config import TrainConfig
-from swarmd.data import ByteData
-from swarmd.local_run import RoundReport, train_blocktrain, train_e2e
+from swarmd.core.checkpoint import save_e2e, save_model
+from swarmd.core.config import TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
 
 def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:

@@ -35,3 +35,7 @@ class ValidationError(SwarmdError):
 
 class PeerUnavailable(SwarmdError):
     """No peer could be reached for what was asked."""
+
+
+class PeerRejected(ValidationError):
+    """The peer refused the exchange (a pb.Payload.reject), with its reason."""

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.delta import Encoded
-from swarmd.discovery import MemoryDiscovery, PeerRecord
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.transport.framing import Encoded
+from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.errors import PeerUnavailable
-from swarmd.gossip import Gossip
-from swarmd.metrics import Metrics
-from swarmd.peer_config import DaemonConfig, GossipConfig, NetConfig
-from swarmd.state import BlockState
+from swarmd.swarm.gossip import Gossip
+from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
+from swarmd.swarm.state import BlockState
 
 TEXT = (b"the quick brown fox jumps over the lazy dog. " * 40) + bytes(range(32, 127)) * 8
 
@@ -41,7 +41,7 @@ def write_corpus(directory: Path) -> Path:
 
 
 def batches(seed: int, seq_len: int = 16, batch_size: int = 4):
-    from swarmd.data import ByteData
+    from swarmd.core.data import ByteData
 
     return ByteData(np.frombuffer(TEXT, dtype=np.uint8), seq_len).stream(seed, batch_size)
 

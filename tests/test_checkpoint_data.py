@@ -4,11 +4,11 @@ import json
 import pytest
 import torch
 
-from swarmd.checkpoint import block_file, load_block, load_model, load_optimizer, read_config, save_model, save_optimizer
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData, load_bytes
+from swarmd.core.checkpoint import block_file, load_block, load_model, load_optimizer, read_config, save_model, save_optimizer
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData, load_bytes
 from swarmd.errors import CheckpointError, DataError
-from swarmd.train import BlockTrainer, init_block, init_embedding
+from swarmd.core.train import BlockTrainer, init_block, init_embedding
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
 

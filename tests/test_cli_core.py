@@ -82,7 +82,7 @@ def test_train_then_eval_tiny(tmp_path):
 
 
 def test_data_fetch_without_network_fails_cleanly(tmp_path, monkeypatch):
-    import swarmd.corpus as corpus
+    import swarmd.core.corpus as corpus
 
     monkeypatch.setenv("BLOCKTRAIN_CACHE", str(tmp_path))
     monkeypatch.setattr(corpus, "BASE_URL", "http://127.0.0.1:9/nothing")  # discard port: refused at once

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarm_utils import daemon_config, write_corpus
-from swarmd.daemon import Daemon
+from swarmd.swarm.daemon import Daemon
 
 runner = CliRunner()
 

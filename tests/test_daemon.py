@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from swarm_utils import daemon_config, wait_until
-from swarmd.daemon import Daemon
+from swarmd.swarm.daemon import Daemon
 from swarmd.errors import ConfigMismatch, DataError
-from swarmd.state import relative_distance
+from swarmd.swarm.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto

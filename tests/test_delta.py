@@ -1,4 +1,4 @@
-"""Codec round trips and ratios, error feedback, chunking and validation of swarmd.delta."""
+"""Codec round trips and ratios, error feedback, chunking and validation of swarmd.swarm.delta."""
 from __future__ import annotations
 
 import asyncio
@@ -8,18 +8,9 @@ import math
 import pytest
 import torch
 
-from swarmd.delta import (
-    CODECS,
-    INT8_RMS_LEVELS,
-    ErrorFeedback,
-    PeerRejected,
-    decode,
-    encode,
-    read_payload,
-    shapes_of,
-    to_messages,
-)
-from swarmd.errors import ValidationError
+from swarmd.errors import PeerRejected, ValidationError
+from swarmd.swarm.delta import CODECS, INT8_RMS_LEVELS, ErrorFeedback, decode, encode, shapes_of
+from swarmd.transport.framing import read_payload, to_messages
 from swarmd.v1 import swarm_pb2 as pb
 
 META = dict(swarm_id="swarm-a", config_hash="abc123", kind="block_delta", block_index=1)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from swarm_utils import wait_until
-from swarmd.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, block_key, block_throughput, choose_block, connect_discovery, parse_block_key
+from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, block_key, block_throughput, choose_block, connect_discovery, parse_block_key
 from swarmd.errors import PeerUnavailable, SwarmdError
 from swarmd.v1 import swarm_pb2 as pb
 

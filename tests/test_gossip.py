@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from swarm_utils import memory_round, memory_swarm
-from swarmd.delta import Encoded, ErrorFeedback, encode
-from swarmd.discovery import PeerRecord
+from swarmd.swarm.delta import ErrorFeedback, encode
+from swarmd.transport.framing import Encoded
+from swarmd.swarm.discovery import PeerRecord
 from swarmd.errors import SwarmdError, ValidationError
-from swarmd.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
-from swarmd.peer_config import GossipConfig
-from swarmd.state import count_sketch, relative_distance, sketch_distance, weights_hash
+from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
+from swarmd.swarm.peer_config import GossipConfig
+from swarmd.swarm.sketch import count_sketch, sketch_distance
+from swarmd.swarm.state import relative_distance, weights_hash
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from swarmd.config import ModelConfig
-from swarmd.evaluate import from_noise_ce
-from swarmd.inference import GenerationStats, LocalSweeper, generate_bytes, pick_byte, position_noise, score_windows, score_windows_of
-from swarmd.model import sample_from_noise
-from swarmd.train import init_block, init_embedding
+from swarmd.core.config import ModelConfig
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.serve.inference import GenerationStats, LocalSweeper, generate_bytes, pick_byte, position_noise, score_windows, score_windows_of
+from swarmd.core.model import sample_from_noise
+from swarmd.core.train import init_block, init_embedding
 
 CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
 
@@ -88,7 +88,7 @@ def test_empty_prompt_is_refused():
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def tiny_checkpoint(tmp_path):
-    from swarmd.checkpoint import save_model
+    from swarmd.core.checkpoint import save_model
 
     blocks, emb = tiny_model()
     save_model(tmp_path / "ckpt", CFG, dict(enumerate(blocks)), emb)

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from swarmd.config import ModelConfig
-from swarmd.model import (
+from swarmd.core.config import ModelConfig
+from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
     block_for_sigma,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData
-from swarmd.evaluate import from_noise_ce
-from swarmd.local_run import train_blocktrain
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.core.local_run import train_blocktrain
 
 UNIFORM_CE = math.log(256)  # 5.545 nats: an untrained model
 
@@ -54,7 +54,7 @@ def test_short_training_lowers_from_noise_ce_well_below_uniform():
 
 def test_trajectory_training_uses_frozen_predecessors_only():
     """Trajectory inputs need the earlier blocks; their weights never change during the step."""
-    from swarmd.train import BlockTrainer, init_block, init_embedding
+    from swarmd.core.train import BlockTrainer, init_block, init_embedding
 
     mcfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=4, hidden=64, seq_len=16)
     tcfg = TrainConfig(batch_size=4, trajectory_prob=1.0, sigma_sampling="sampler")

@@ -11,18 +11,18 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from swarmd.config import ModelConfig
+from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, ValidationError
-from swarmd.inference import LocalSweeper, generate_bytes, score_windows
-from swarmd.remote import BlockRouter, RemoteSweeper
-from swarmd.serving import BlockServing, SessionMissing, WrongBlock
+from swarmd.serve.inference import LocalSweeper, generate_bytes, score_windows
+from swarmd.serve.remote import BlockRouter, RemoteSweeper
+from swarmd.serve.serving import BlockServing, SessionMissing, WrongBlock
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto
 from tests.test_inference import CFG, text_windows, tiny_model
 
 
 @dataclass
-class Rec:  # the fields of swarmd.discovery.PeerRecord the client reads
+class Rec:  # the fields of swarmd.swarm.discovery.PeerRecord the client reads
     address: str
     block_index: int
     config_hash: str = CFG.config_hash()
@@ -172,7 +172,7 @@ def test_lru_eviction_is_recovered_by_resending_the_prefix():
     local = LocalSweeper(CFG, blocks, emb)
 
     async def two_interleaved(sweeper):
-        from swarmd.inference import generate
+        from swarmd.serve.inference import generate
 
         ga, gb = generate(sweeper, b"ab", 6, 1.0, seed=1), generate(sweeper, b"xy", 6, 1.0, seed=2)
         a, b = [], []
@@ -212,7 +212,7 @@ def test_failover_mid_generation_completes_with_the_same_text():
     local = asyncio.run(generate_bytes(LocalSweeper(CFG, blocks, emb), b"the ", 12, 1.0, seed=4))
 
     async def go():
-        from swarmd.inference import generate
+        from swarmd.serve.inference import generate
 
         out = []
         async for b in generate(remote, b"the ", 12, 1.0, seed=4):
@@ -233,7 +233,7 @@ def test_stalled_peer_fails_over_after_the_step_timeout():
     local = asyncio.run(generate_bytes(LocalSweeper(CFG, blocks, emb), b"ab", 6, 1.0, seed=1))
 
     async def go():
-        from swarmd.inference import generate
+        from swarmd.serve.inference import generate
 
         out = []
         async for b in generate(remote, b"ab", 6, 1.0, seed=1):
@@ -260,7 +260,7 @@ def test_no_peer_for_a_block_is_a_clear_error():
 # ---------------------------------------------------------------------------------------------
 async def start_hosts(blocks, emb, layout):
     """layout: block index per server; returns [(server, handler)]."""
-    from swarmd.serving import ServingOnlyHandler
+    from swarmd.serve.serving import ServingOnlyHandler
     from swarmd.transport.server import start_server
 
     hosts = []
@@ -275,8 +275,8 @@ async def start_hosts(blocks, emb, layout):
 
 
 async def grpc_remote(hosts, timeout_s=10.0):
-    from swarmd.discovery import StaticDiscovery
-    from swarmd.remote import swarm_model_config
+    from swarmd.swarm.discovery import StaticDiscovery
+    from swarmd.serve.remote import swarm_model_config
     from swarmd.transport.client import PeerClient
 
     client = PeerClient()
@@ -294,7 +294,7 @@ def test_grpc_scoring_generation_and_failover_equal_local():
     ref_gen = asyncio.run(generate_bytes(local, b"the ", 10, 1.0, seed=8))
 
     async def scenario():
-        from swarmd.inference import generate
+        from swarmd.serve.inference import generate
 
         hosts = await start_hosts(blocks, emb, [0, 1, 1, 2])
         remote, client = await grpc_remote(hosts)
@@ -321,10 +321,10 @@ def test_grpc_scoring_generation_and_failover_equal_local():
 
 
 # ---------------------------------------------------------------------------------------------
-# Real daemons (swarmd.daemon) on loopback, driven through the `blocktrain` CLI.
+# Real daemons (swarmd.swarm.daemon) on loopback, driven through the `blocktrain` CLI.
 # ---------------------------------------------------------------------------------------------
 async def start_daemons(tmp_path, layout, discovery="static"):
-    from swarmd.daemon import Daemon
+    from swarmd.swarm.daemon import Daemon
     from tests.swarm_utils import daemon_config
 
     daemons = []
@@ -349,8 +349,8 @@ async def stop_daemons(daemons):
 
 def checkpoint_of(daemons, directory):
     """The swarm's current weights as a local checkpoint (one block from a peer of each block)."""
-    from swarmd.checkpoint import save_model
-    from swarmd.model import ByteEmbedding, DenoisingBlock
+    from swarmd.core.checkpoint import save_model
+    from swarmd.core.model import ByteEmbedding, DenoisingBlock
 
     cfg = daemons[0].cfg
     blocks, emb = {}, ByteEmbedding(cfg)
@@ -408,8 +408,8 @@ def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path)
 
 
 def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
-    from swarmd.inference import generate, load_local
-    from swarmd.remote import connect_swarm
+    from swarmd.serve.inference import generate, load_local
+    from swarmd.serve.remote import connect_swarm
 
     async def scenario():
         daemons = await start_daemons(tmp_path, [0, 1, 1, 2])
@@ -467,9 +467,9 @@ def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
     import sys
     import time
 
-    from swarmd.checkpoint import save_model
-    from swarmd.launch import LocalSwarm
-    from swarmd.train import init_block, init_embedding
+    from swarmd.core.checkpoint import save_model
+    from swarmd.swarm.launch import LocalSwarm
+    from swarmd.core.train import init_block, init_embedding
     from tests.swarm_utils import TEXT
 
     cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)

@@ -11,7 +11,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from swarmd.delta import PeerRejected, decode, encode, shapes_of
+from swarmd.errors import PeerRejected
+from swarmd.swarm.delta import decode, encode, shapes_of
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.transport import NotFound, PeerClient, start_server, status_code_for
 from swarmd.transport.server import Busy

@@ -5,9 +5,9 @@
   and server reflection.
 - client.py: PeerClient: channel cache, retry policy via service config, per-call deadlines,
   exchange() on one bidirectional stream (works from behind NAT), forward_session().
-Payload bytes, codecs and validation live in swarmd.delta.
+Payload bytes, codecs and validation live in swarmd.swarm.delta.
 """
-from swarmd.delta import PeerRejected
+from swarmd.errors import PeerRejected
 from swarmd.transport.client import ForwardSession, PeerClient, error_from_rpc
 from swarmd.transport.server import Busy, NotFound, SwarmHandler, SwarmServer, SwarmServicer, start_server, status_code_for
 

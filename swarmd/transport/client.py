@@ -15,7 +15,7 @@ import logging
 
 import grpc
 
-from swarmd.delta import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.v1 import swarm_pb2 as pb

@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.delta import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc

@@ -11,8 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from swarmd.config import ModelConfig
-from swarmd.model import ByteEmbedding, DenoisingBlock, E2EModel, denoise_logits, noisy_targets, sample_from_noise, sample_sigma, sampler_plan, start_noise
+from swarmd.core.config import ModelConfig
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel, denoise_logits, noisy_targets, sample_from_noise, sample_sigma, sampler_plan, start_noise
 
 
 def _ce_sum(logits: torch.Tensor, y: torch.Tensor) -> float:

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.model import (
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
     E2EModel,

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmd import checkpoint as ck
-from swarmd.config import ModelConfig
+from swarmd.core import checkpoint as ck
+from swarmd.core.config import ModelConfig
 from swarmd.errors import SwarmdError
 from swarmd.transport import PeerClient
 

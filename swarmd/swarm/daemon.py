@@ -27,17 +27,18 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
-from swarmd import checkpoint as ck
-from swarmd.data import ByteData
-from swarmd.delta import Encoded
-from swarmd.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
+from swarmd.core import checkpoint as ck
+from swarmd.core.data import ByteData
+from swarmd.transport.framing import Encoded
+from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
 from swarmd.errors import CheckpointError, ConfigMismatch, SwarmdError
-from swarmd.gossip import Gossip, NotReady
-from swarmd.metrics import Metrics
-from swarmd.model import ByteEmbedding, DenoisingBlock
-from swarmd.peer_config import DaemonConfig
-from swarmd.state import BlockState, sketch_distance
-from swarmd.train import seed_for, trajectory_predecessors
+from swarmd.swarm.gossip import Gossip, NotReady
+from swarmd.swarm.metrics import Metrics
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
+from swarmd.swarm.peer_config import DaemonConfig
+from swarmd.swarm.sketch import sketch_distance
+from swarmd.swarm.state import BlockState
+from swarmd.core.train import seed_for, trajectory_predecessors
 from swarmd.transport import PeerClient, start_server
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -102,7 +103,7 @@ class Daemon:
 
     def _make_serving(self):
         try:
-            from swarmd.serving import BlockServing
+            from swarmd.serve.serving import BlockServing
         except ImportError:  # pragma: no cover - serving lands with the inference issue
             return None
         return BlockServing(self.cfg, self.state.block_index, self.config.device, peer_id=self.peer_id)
@@ -262,7 +263,7 @@ class Daemon:
 
     async def measure_ce(self) -> float:
         """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers."""
-        from swarmd.evaluate import from_noise_ce
+        from swarmd.core.evaluate import from_noise_ce
 
         records = await self._records()
         _, own_block, own_emb = self.state.snapshot()

@@ -10,19 +10,15 @@ Follows hivemind's averager.get_tensors(): every reader takes a copy under the l
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 import time
 from typing import Iterator
 
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.train import BlockTrainer
-
-SKETCH_SIZE = 256  # buckets of the count-sketch in PeerStatus.sketch
-SKETCH_SEED = 20240601  # every peer must hash parameters to the same buckets
-_SKETCH_CACHE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.train import BlockTrainer
+from swarmd.swarm.sketch import count_sketch, flatten
 
 
 def weights_hash(tensors: dict[str, torch.Tensor]) -> str:
@@ -34,33 +30,6 @@ def weights_hash(tensors: dict[str, torch.Tensor]) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()[:16]
-
-
-def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([tensors[k].detach().reshape(-1).float().cpu() for k in sorted(tensors)]) if tensors else torch.zeros(0)
-
-
-def count_sketch(tensors: dict[str, torch.Tensor], size: int = SKETCH_SIZE) -> list[float]:
-    """Fixed count-sketch (bucket and sign per element, same on every peer) of the flattened weights.
-
-    ||sketch(a) - sketch(b)|| estimates ||a - b|| (relative error about sqrt(2 / size)), so two
-    peers' statuses alone give their parameter distance.
-    """
-    flat = flatten(tensors)
-    n = flat.numel()
-    if n not in _SKETCH_CACHE:
-        gen = torch.Generator().manual_seed(SKETCH_SEED)
-        _SKETCH_CACHE[n] = (torch.randint(0, size, (n,), generator=gen), torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1)
-    bucket, sign = _SKETCH_CACHE[n]
-    return torch.zeros(size).index_add_(0, bucket, flat * sign).tolist()
-
-
-def sketch_distance(a: list[float], b: list[float], norm: float) -> float:
-    """Relative distance estimated from two sketches: ||a - b|| / norm (0 when norm is 0)."""
-    if len(a) != len(b) or not a:
-        return float("nan")
-    d = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
-    return d / norm if norm > 0 else 0.0
 
 
 def relative_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

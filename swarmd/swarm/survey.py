@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import math
 
-from swarmd.discovery import PeerRecord, connect_discovery
-from swarmd.state import sketch_distance
+from swarmd.swarm.discovery import PeerRecord, connect_discovery
+from swarmd.swarm.sketch import sketch_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -104,8 +104,8 @@ async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float =
     """
     import json
 
-    from swarmd.config import ModelConfig
-    from swarmd.discovery import is_multiaddr
+    from swarmd.core.config import ModelConfig
+    from swarmd.swarm.discovery import is_multiaddr
     from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError
 
     client = PeerClient()

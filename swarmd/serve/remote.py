@@ -1,11 +1,11 @@
 """Swarm inference client: route each sampler step to a peer holding its block, with failover.
 
 Owns:
-  - `BlockRouter`: finds the holders of every block through a Discovery (swarmd.discovery), probes
+  - `BlockRouter`: finds the holders of every block through a Discovery (swarmd.swarm.discovery), probes
     each once for its round-trip time, then picks one peer per block by latency EMA x (1 + calls this
     client has in flight to it); a peer that fails or stalls is banned for an exponentially growing
     period (petals' sequence-manager rule) and the next replica is used;
-  - `RemoteSweeper`: the swarm implementation of swarmd.inference.Sweeper. One Forward stream per
+  - `RemoteSweeper`: the swarm implementation of swarmd.serve.inference.Sweeper. One Forward stream per
     (session, block) for the session's life; every hop is timed into `trace`. For cached generation
     it keeps each step's input history (context bytes and z of every cached position) so a peer that
     lacks the session's cache (a fresh replica after failover, or one that evicted it) receives the
@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from swarmd.config import ModelConfig
+from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
-from swarmd.model import sampler_plan
+from swarmd.core.model import sampler_plan
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
 logger = logging.getLogger(__name__)
 
-RESEND_HINT = "re-send the prefix"  # in swarmd.serving.SessionMissing messages
+RESEND_HINT = "re-send the prefix"  # in swarmd.serve.serving.SessionMissing messages
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Hop:
 
 @dataclass
 class Replica:
-    record: Any  # swarmd.discovery.PeerRecord
+    record: Any  # swarmd.swarm.discovery.PeerRecord
     latency_s: float | None = None  # EMA of call round-trip time
     inflight: int = 0
     failures: int = 0
@@ -144,7 +144,7 @@ class _Session:
 
 
 class RemoteSweeper:
-    """swarmd.inference.Sweeper over the swarm: step i of the sampler runs on a peer of its block.
+    """swarmd.serve.inference.Sweeper over the swarm: step i of the sampler runs on a peer of its block.
 
     :param hop_delay_s: injected user-space delay awaited before every hop (benchmarks only)
     :param timeout_s: a call slower than this counts as a stalled peer and fails over
@@ -301,7 +301,7 @@ async def connect_swarm(swarm: list[str], swarm_id: str = "blocktrain", steps: i
 
     The closer ends every session and shuts the client and the discovery down.
     """
-    from swarmd.discovery import connect_discovery
+    from swarmd.swarm.discovery import connect_discovery
     from swarmd.transport.client import PeerClient
 
     client = PeerClient()

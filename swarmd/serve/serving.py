@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from swarmd.config import ModelConfig
+from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigMismatch, SwarmdError, ValidationError
-from swarmd.model import DenoisingBlock, euler_step
+from swarmd.core.model import DenoisingBlock, euler_step
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 

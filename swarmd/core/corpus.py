@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from swarmd.checkpoint import atomic_write_bytes
+from swarmd.core.checkpoint import atomic_write_bytes
 from swarmd.errors import DataError
 
 BASE_URL = "https://raw.githubusercontent.com/pytorch/examples/main/word_language_model/data/wikitext-2"

@@ -15,10 +15,10 @@ from typing import Callable
 
 import torch
 
-from swarmd.config import ModelConfig, TrainConfig
-from swarmd.data import ByteData
-from swarmd.evaluate import e2e_ce, from_noise_ce
-from swarmd.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import e2e_ce, from_noise_ce
+from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from swarmd.config import ModelConfig
+from swarmd.core.config import ModelConfig
 
 # ---------------------------------------------------------------------------------------------
 # 1. Noise schedule: lognormal prior on sigma, equal-mass partition, gamma widening, sampling.

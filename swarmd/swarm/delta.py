@@ -22,15 +22,13 @@ with a one-line reason. Pure: no grpc, no asyncio tasks, no torch.nn; never unpi
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from swarmd.errors import ValidationError
+from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, Encoded
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import bytes_to_tensor, tensor_to_bytes, zstd_compress, zstd_decompress
 
@@ -39,38 +37,8 @@ logger = logging.getLogger(__name__)
 CODECS = ("fp32", "fp16", "bf16", "int8")
 KINDS = ("block_delta", "embedding_delta", "block_state", "embedding_state")
 CODEC_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
-MAX_CHUNK_BYTES = 1 << 20  # default chunk size on the wire; well below gRPC's 4 MiB default limit
-DEFAULT_MAX_PAYLOAD_BYTES = 1 << 30  # refuse payloads (and decoded blobs) larger than this
 _FP16_MAX = 65504.0
 INT8_RMS_LEVELS = 4.0  # int8 steps per row rms (see above); ~7% relative error, carried by ErrorFeedback
-
-
-class PeerRejected(ValidationError):
-    """The peer refused the exchange (a pb.Payload.reject), with its reason."""
-
-
-@dataclass
-class Encoded:
-    """One encoded payload: the header (schema, sizes) and the payload bytes it describes."""
-
-    header: pb.PayloadHeader
-    payload: bytes
-    _sha256: str = field(default="", init=False, repr=False, compare=False)
-
-    @property
-    def raw_bytes(self) -> int:
-        """fp32 size of all tensors (what an uncompressed fp32 exchange would move)."""
-        return int(self.header.raw_bytes)
-
-    @property
-    def wire_bytes(self) -> int:
-        """Bytes this payload costs on the wire: payload plus serialized header."""
-        return len(self.payload) + self.header.ByteSize()
-
-    def sha256(self) -> str:
-        if not self._sha256:
-            self._sha256 = hashlib.sha256(self.payload).hexdigest()
-        return self._sha256
 
 
 def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
@@ -280,68 +248,3 @@ class ErrorFeedback:
         decoded = _decode_raw(enc.header.tensors, blob, codec)
         self.residual = {name: corrected[name] - decoded[name] for name in corrected}
         return enc, decoded
-
-
-def to_messages(enc: Encoded, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[pb.Payload]:
-    """Stream messages of one payload: header, chunks of at most max_chunk_bytes, end (sha256)."""
-    if max_chunk_bytes < 1:
-        raise ValueError(f"max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
-    yield pb.Payload(header=enc.header)
-    view = memoryview(enc.payload)
-    for start in range(0, len(view), max_chunk_bytes):
-        yield pb.Payload(chunk=bytes(view[start : start + max_chunk_bytes]))
-    yield pb.Payload(end=pb.PayloadEnd(sha256=enc.sha256()))
-
-
-async def read_payload(
-    messages: AsyncIterator[pb.Payload],
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    max_chunk_bytes: int = MAX_CHUNK_BYTES,
-) -> Encoded:
-    """Read one payload (header, chunks, end) from a message stream and check its framing.
-
-    Stops right after the end message, so the stream can carry more afterwards. Checks: header
-    first, declared size within max_payload_bytes (before anything is buffered), each chunk at
-    most max_chunk_bytes, chunks adding up to exactly payload_bytes, sha256 of the bytes.
-    :raises PeerRejected: the peer sent a reject; ValidationError: any framing violation
-    """
-    it = aiter(messages)
-    first = await anext(it, None)
-    if first is None:
-        raise ValidationError("payload stream ended before its header")
-    part = first.WhichOneof("part")
-    if part == "reject":
-        raise PeerRejected(f"peer rejected the exchange: {first.reject}")
-    if part != "header":
-        raise ValidationError(f"payload stream must start with a header, got {part or 'an empty message'}")
-    header = first.header
-    size = header.payload_bytes
-    if size > max_payload_bytes:
-        raise ValidationError(f"payload of {size} bytes exceeds the limit of {max_payload_bytes}")
-    chunks: list[bytes] = []
-    got, hasher = 0, hashlib.sha256()
-    async for msg in it:
-        part = msg.WhichOneof("part")
-        if part == "chunk":
-            chunk = msg.chunk  # each access copies the bytes out of the message: once only
-            n = len(chunk)
-            if n > max_chunk_bytes:
-                raise ValidationError(f"chunk of {n} bytes exceeds the limit of {max_chunk_bytes}")
-            if got + n > size:
-                raise ValidationError(f"chunks exceed the declared payload size of {size} bytes")
-            hasher.update(chunk)  # while the chunk is still in cache
-            chunks.append(chunk)
-            got += n
-        elif part == "end":
-            if got != size:
-                raise ValidationError(f"payload ended after {got} of {size} declared bytes")
-            if hasher.hexdigest() != msg.end.sha256:
-                raise ValidationError("payload sha256 does not match its end marker")
-            enc = Encoded(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
-            enc._sha256 = msg.end.sha256
-            return enc
-        elif part == "reject":
-            raise PeerRejected(f"peer rejected the exchange: {msg.reject}")
-        else:
-            raise ValidationError(f"unexpected {part or 'empty message'} inside a payload")
-    raise ValidationError(f"payload stream ended after {got} of {size} bytes without an end marker")

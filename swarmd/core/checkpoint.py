@@ -22,9 +22,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save as st_save
 
-from swarmd.config import ModelConfig, TrainConfig
+from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import CheckpointError
-from swarmd.model import ByteEmbedding, DenoisingBlock, E2EModel
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
 
 FORMAT = "blocktrain-checkpoint/1"
 

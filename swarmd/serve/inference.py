@@ -2,11 +2,11 @@
 
 Owns the one definition of what scoring and generation compute, written against a small `Sweeper`
 protocol (run the sampler's steps, block after block, over some positions of a session), so the
-local path (`LocalSweeper`, blocks in this process) and the swarm path (swarmd.remote.RemoteSweeper,
+local path (`LocalSweeper`, blocks in this process) and the swarm path (swarmd.serve.remote.RemoteSweeper,
 one peer per block) run the very same loop and give the same numbers for the same seed.
 
 - Scoring (`score_windows`, `score_bytes`): consecutive windows of seq_len bytes with the true
-  context, from the fixed eval noise of swarmd.evaluate; ONE sweep (one traversal of the block
+  context, from the fixed eval noise of swarmd.core.evaluate; ONE sweep (one traversal of the block
   stack) per batch of windows predicts every byte of the window. Equals `blocktrain eval`.
 - Generation (`generate`): free-running generation needs each new byte as context, so it costs one
   sweep per byte. Every block keeps a KV cache per (session, sampler step), so a sweep after the
@@ -14,7 +14,7 @@ one peer per block) run the very same loop and give the same numbers for the sam
   drawn there come from generators seeded by (seed, absolute position), so local and swarm runs
   produce identical text. Past seq_len the window rule is: keep the last seq_len // 2 bytes, rebuild
   every cache with one prefill sweep over them (positions restart at 0), and go on.
-No grpc here (remote.py owns the wire); the torch math is swarmd.model's euler_step.
+No grpc here (remote.py owns the wire); the torch math is swarmd.core.model's euler_step.
 """
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from swarmd.config import ModelConfig
-from swarmd.data import ByteData, load_bytes
+from swarmd.core.config import ModelConfig
+from swarmd.core.data import ByteData, load_bytes
 from swarmd.errors import DataError
-from swarmd.evaluate import eval_noise
-from swarmd.model import ByteEmbedding, DenoisingBlock, euler_step, sampler_plan, start_noise
+from swarmd.core.evaluate import eval_noise
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, euler_step, sampler_plan, start_noise
 
 
 class Sweeper(Protocol):
@@ -102,7 +102,7 @@ class LocalSweeper:
 
 def load_local(checkpoint: str | Path, device: str = "cpu", steps: int | None = None) -> LocalSweeper:
     """A LocalSweeper over a full BlockTrain checkpoint (raises CheckpointError)."""
-    from swarmd.checkpoint import load_model  # filesystem layer only when asked
+    from swarmd.core.checkpoint import load_model  # filesystem layer only when asked
 
     cfg, blocks, emb, _ = load_model(Path(checkpoint), device)
     return LocalSweeper(cfg, blocks, emb, steps, device)
@@ -114,7 +114,7 @@ def load_local(checkpoint: str | Path, device: str = "cpu", steps: int | None = 
 async def score_windows(sweeper: Sweeper, x: torch.Tensor, y: torch.Tensor, seed: int = 1234, batch_size: int = 64) -> dict:
     """From-noise CE (nats/byte) and perplexity of windows (x, y), one sweep per batch.
 
-    Uses swarmd.evaluate's noise and batching, so it equals from_noise_ce for the same seed.
+    Uses swarmd.core.evaluate's noise and batching, so it equals from_noise_ce for the same seed.
     """
     noise = eval_noise(sweeper.cfg, x, seed)
     total, sweeps, t0 = 0.0, 0, time.perf_counter()

@@ -1,7 +1,7 @@
 """Swarm daemon configuration: GossipConfig, NetConfig and DaemonConfig (frozen, validated).
 
 Owns every knob of a swarm peer that is not the model or the optimiser (those stay in
-swarmd.config, owned by the model core). Built once at the edge (CLI or test fixture) and handed
+swarmd.core.config, owned by the model core). Built once at the edge (CLI or test fixture) and handed
 down: gossip gets GossipConfig, discovery gets NetConfig, the daemon gets the whole DaemonConfig.
 No torch, grpc or hivemind imports here.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from swarmd.config import ModelConfig, TrainConfig
+from swarmd.core.config import ModelConfig, TrainConfig
 
-CODECS = ("fp32", "fp16", "bf16", "int8")  # mirrors swarmd.delta.CODECS (no import: keep this module light)
+CODECS = ("fp32", "fp16", "bf16", "int8")  # mirrors swarmd.swarm.delta.CODECS (no import: keep this module light)
 
 
 @dataclass(frozen=True)

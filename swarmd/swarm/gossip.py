@@ -7,7 +7,7 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     the other (the lower peer id dials, client-mode peers always dial), the callee stashes the
     caller's delta and answers with its own delta of the same round;
   - block deltas go to same-block peers, embedding deltas to peers of every block;
-  - deltas are validated (swarmd.delta.decode), and must carry our round and base hash, else they
+  - deltas are validated (swarmd.swarm.delta.decode), and must carry our round and base hash, else they
     are rejected (counted, logged) and cost the round only that peer's contribution;
   - the collection ends when every expected peer answered, or at an adaptive deadline: the later
     of (own delta ready + factor x EMA of the arrival lag) and (round start + 1.5 x EMA of the
@@ -35,12 +35,13 @@ from typing import Protocol
 
 import torch
 
-from swarmd.delta import Encoded, ErrorFeedback, decode, encode, shapes_of
-from swarmd.discovery import PeerRecord
+from swarmd.swarm.delta import ErrorFeedback, decode, encode, shapes_of
+from swarmd.transport.framing import Encoded
+from swarmd.swarm.discovery import PeerRecord
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
-from swarmd.metrics import Metrics
-from swarmd.peer_config import GossipConfig
-from swarmd.state import BlockState, relative_distance
+from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.peer_config import GossipConfig
+from swarmd.swarm.state import BlockState, relative_distance
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
