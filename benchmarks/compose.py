@@ -4,6 +4,7 @@ Each benchmark script writes its JSON and a markdown fragment (tables + the exac
 produced every figure); this script only concatenates them in issue order:
     python benchmarks/compose.py
 """
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ checks that its final block is bit-identical to its replica's.
 
     python benchmarks/fault.py --data-dir /work/shared/data/wikitext-2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.scale import replace_section  # noqa: E402
-from swarmd.core import checkpoint as ck  # noqa: E402
-from swarmd.core.config import ModelConfig  # noqa: E402
-from swarmd.swarm.launch import LocalSwarm  # noqa: E402
+from benchmarks.scale import replace_section
+from swarmd.core import checkpoint as ck
+from swarmd.core.config import ModelConfig
+from swarmd.swarm.launch import LocalSwarm
 
 
 def parse_args(argv=None):
@@ -60,7 +61,7 @@ async def kill_mid_exchange(swarm: LocalSwarm, timeout_s: float = 300) -> dict:
         while time.monotonic() < deadline:
             try:
                 st = await client.status(victim.address, 1.0)
-            except Exception:  # noqa: BLE001 - keep polling until the deadline
+            except Exception:
                 st = None
             if st is not None and st.state == "averaging" and st.round >= swarm.kill_after:
                 swarm.kill(VICTIM, signal.SIGKILL)  # the daemon, its DHT process and p2pd
@@ -75,7 +76,9 @@ async def wait_round(swarm: LocalSwarm, survivors: list[int], round: int, timeou
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         sts = await swarm.statuses()
-        if all(sts[i] is not None and sts[i].round >= round for i in survivors) or not any(swarm.peers[i].alive() for i in survivors):
+        if all(sts[i] is not None and sts[i].round >= round for i in survivors) or not any(
+            swarm.peers[i].alive() for i in survivors
+        ):
             return
         await asyncio.sleep(0.2)  # polling statuses with a deadline
     raise SystemExit(f"survivors did not reach round {round}")
@@ -85,13 +88,27 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     survivors = [i for i in range(6) if i != VICTIM]
     with tempfile.TemporaryDirectory(prefix="fault-") as tmp:
-        swarm = LocalSwarm(6, CFG, a.data_dir / "train.txt", Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec="int8", batch_size=8, lr=3e-3, deadline_max_s=a.deadline_max)
+        swarm = LocalSwarm(
+            6,
+            CFG,
+            a.data_dir / "train.txt",
+            Path(tmp),
+            rounds=a.rounds,
+            steps_per_round=a.steps,
+            codec="int8",
+            batch_size=8,
+            lr=3e-3,
+            deadline_max_s=a.deadline_max,
+        )
         swarm.kill_after = a.kill_after
         try:
             swarm.start(timeout_s=300)
             killed = asyncio.run(kill_mid_exchange(swarm))
             ckpt_round = ck.read_config(swarm.peers[VICTIM].checkpoint_dir)["round"]
-            print(f"killed peer {VICTIM} during round {killed['round']} (its checkpoint is at round {ckpt_round})", flush=True)
+            print(
+                f"killed peer {VICTIM} during round {killed['round']} (its checkpoint is at round {ckpt_round})",
+                flush=True,
+            )
             asyncio.run(wait_round(swarm, survivors, killed["round"] + 1))
             restart_at = time.monotonic()
             swarm.restart(VICTIM, timeout_s=300)
@@ -112,21 +129,33 @@ def main(argv=None) -> None:
     for i in survivors:
         hist = {h["round"]: h for h in sums[i]["history"]}
         h = hist.get(kr)
-        rows.append({
-            "peer": i, "block": i % CFG.blocks,
-            "kill_round_exchange_s": h["seconds"] if h else None, "kill_round_deadline_s": h["deadline_s"] if h else None,
-            "participation_before": hist[kr - 1]["participation"] if kr - 1 in hist else None,
-            "participation_kill_round": h["participation"] if h else None,
-            "participation_after": [hist[r]["participation"] for r in sorted(hist) if r > kr],
-            "final_round": sums[i]["round"],
-        })
+        rows.append(
+            {
+                "peer": i,
+                "block": i % CFG.blocks,
+                "kill_round_exchange_s": h["seconds"] if h else None,
+                "kill_round_deadline_s": h["deadline_s"] if h else None,
+                "participation_before": hist[kr - 1]["participation"] if kr - 1 in hist else None,
+                "participation_kill_round": h["participation"] if h else None,
+                "participation_after": [hist[r]["participation"] for r in sorted(hist) if r > kr],
+                "final_round": sums[i]["round"],
+            }
+        )
     vhist = sorted(sums[VICTIM]["history"], key=lambda h: h["round"])
     out = {
         "command": ("python benchmarks/fault.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
-        "config": CFG.to_dict(), "rounds": a.rounds, "steps_per_round": a.steps, "deadline_max_s": a.deadline_max,
-        "killed_round": kr, "victim_checkpoint_round": ckpt_round, "victim_resumed_at_round": int(resumed_line) if resumed_line else None,
+        "config": CFG.to_dict(),
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "deadline_max_s": a.deadline_max,
+        "killed_round": kr,
+        "victim_checkpoint_round": ckpt_round,
+        "victim_resumed_at_round": int(resumed_line) if resumed_line else None,
         "survivors": rows,
-        "all_survivors_within_deadline": all(r["kill_round_exchange_s"] is not None and r["kill_round_exchange_s"] <= r["kill_round_deadline_s"] + 0.5 for r in rows),
+        "all_survivors_within_deadline": all(
+            r["kill_round_exchange_s"] is not None and r["kill_round_exchange_s"] <= r["kill_round_deadline_s"] + 0.5
+            for r in rows
+        ),
         "victim_rounds_after_restart": [h["round"] for h in vhist],
         "victim_participation_after_restart": [h["participation"] for h in vhist],
         "victim_first_merge_after_restart_s": (vhist[0]["at_s"] if vhist else None),
@@ -150,7 +179,9 @@ def main(argv=None) -> None:
     ]
     for r in rows:
         after = r["participation_after"]
-        lines.append(f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} | {r['kill_round_deadline_s'] or 0:.2f} | {r['participation_before'] if r['participation_before'] is not None else float('nan'):.3f} | {r['participation_kill_round'] or 0:.3f} | {sum(after) / len(after) if after else float('nan'):.3f} |")
+        lines.append(
+            f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} | {r['kill_round_deadline_s'] or 0:.2f} | {r['participation_before'] if r['participation_before'] is not None else float('nan'):.3f} | {r['participation_kill_round'] or 0:.3f} | {sum(after) / len(after) if after else float('nan'):.3f} |"
+        )
     lines += [
         "",
         f"Every survivor finished the kill round within its deadline: **{out['all_survivors_within_deadline']}**; all reached round {min(r['final_round'] for r in rows)}. "

@@ -17,6 +17,7 @@ Three measurements, written to benchmarks/results/memory_throughput.json:
 
     python benchmarks/memory_throughput.py --data-dir $BLOCKTRAIN_DATA
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,12 @@ PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=20
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA"), help="folder with train.txt (default $BLOCKTRAIN_DATA)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("BLOCKTRAIN_DATA"),
+        help="folder with train.txt (default $BLOCKTRAIN_DATA)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/memory_throughput.json"))
     p.add_argument("--mem-steps", type=int, default=5, help="optimiser steps per memory case")
     p.add_argument("--tput-steps", type=int, default=12, help="timed steps per model (after 2 warm-up steps)")
@@ -75,20 +81,33 @@ def run_case(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     mcfg = ModelConfig(**CPU_CFG)
-    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(args.seed, TrainConfig.batch_size)
+    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(
+        args.seed, TrainConfig.batch_size
+    )
     batches = [next(stream) for _ in range(args.mem_steps)]
     before = maxrss_bytes()
     trainer = make_trainer(args.case, mcfg, args.seed)
     for x, y in batches:
         trainer.step(x, y)
     after = maxrss_bytes()
-    print(json.dumps({"case": args.case, "maxrss_before_bytes": before, "maxrss_after_bytes": after, "peak_added_bytes": after - before}))
+    print(
+        json.dumps(
+            {
+                "case": args.case,
+                "maxrss_before_bytes": before,
+                "maxrss_after_bytes": after,
+                "peak_added_bytes": after - before,
+            }
+        )
+    )
 
 
 def throughput(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     mcfg = ModelConfig(**CPU_CFG)
-    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(args.seed, TrainConfig.batch_size)
+    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(
+        args.seed, TrainConfig.batch_size
+    )
     trainers = {case: make_trainer(case, mcfg, args.seed) for case in ("block", "block_trajectory", "e2e")}
     times: dict[str, list[float]] = {case: [] for case in trainers}
     for i in range(args.tput_steps + 2):
@@ -99,7 +118,10 @@ def throughput(args: argparse.Namespace) -> dict:
             if i >= 2:
                 times[case].append(time.perf_counter() - t0)
     tokens = TrainConfig.batch_size * mcfg.seq_len
-    out = {case: {"median_step_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)} for case, t in times.items()}
+    out = {
+        case: {"median_step_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
+        for case, t in times.items()
+    }
     out["block_over_e2e_tokens_per_s"] = out["block"]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
     out["block_trajectory_over_e2e_tokens_per_s"] = out["block_trajectory"]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
     out["timed_steps"] = args.tput_steps
@@ -129,23 +151,81 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     memory = {}
     for case in ("block", "block_trajectory", "e2e"):
-        cmd = [sys.executable, __file__, "--data-dir", str(args.data_dir), "--case", case, "--mem-steps", str(args.mem_steps), "--threads", str(args.threads), "--seed", str(args.seed)]
-        line = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}).stdout.strip().splitlines()[-1]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--data-dir",
+            str(args.data_dir),
+            "--case",
+            case,
+            "--mem-steps",
+            str(args.mem_steps),
+            "--threads",
+            str(args.threads),
+            "--seed",
+            str(args.seed),
+        ]
+        line = (
+            subprocess.run(
+                cmd,
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         memory[case] = json.loads(line)
         print(line, flush=True)
     memory["block_over_e2e_peak_added"] = memory["block"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
-    memory["block_trajectory_over_e2e_peak_added"] = memory["block_trajectory"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
-    memory["method"] = "resource.getrusage(RUSAGE_SELF).ru_maxrss after training minus before building the model, one fresh subprocess per case"
+    memory["block_trajectory_over_e2e_peak_added"] = (
+        memory["block_trajectory"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
+    )
+    memory["method"] = (
+        "resource.getrusage(RUSAGE_SELF).ru_maxrss after training minus before building the model, one fresh subprocess per case"
+    )
     tput = throughput(args)
     print(json.dumps(tput), flush=True)
-    cli = subprocess.run(["blocktrain", "model-info", "--blocks", "3", "--layers-per-block", "4", "--d-model", "512", "--n-heads", "8", "--hidden", "2048", "--json"],
-                         capture_output=True, text=True)
+    cli = subprocess.run(
+        [
+            "blocktrain",
+            "model-info",
+            "--blocks",
+            "3",
+            "--layers-per-block",
+            "4",
+            "--d-model",
+            "512",
+            "--n-heads",
+            "8",
+            "--hidden",
+            "2048",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     paper_info = json.loads(cli.stdout) if cli.returncode == 0 else model_info(ModelConfig(**PAPER_CFG))
     result = {
-        "config": CPU_CFG | {"batch_size": TrainConfig.batch_size, "threads": args.threads, "mem_steps": args.mem_steps},
+        "config": CPU_CFG
+        | {"batch_size": TrainConfig.batch_size, "threads": args.threads, "mem_steps": args.mem_steps},
         "peak_memory": memory,
         "throughput": tput,
-        "model_info_paper_config": {k: paper_info[k] for k in ("block_params", "embedding_params", "active_trainable_params", "active_adamw_bytes", "active_adamw_gib", "full_stack_adamw_bytes", "full_stack_adamw_gib", "e2e_params", "stack_params")},
+        "model_info_paper_config": {
+            k: paper_info[k]
+            for k in (
+                "block_params",
+                "embedding_params",
+                "active_trainable_params",
+                "active_adamw_bytes",
+                "active_adamw_gib",
+                "full_stack_adamw_bytes",
+                "full_stack_adamw_gib",
+                "e2e_params",
+                "stack_params",
+            )
+        },
         "model_info_command": "blocktrain model-info --blocks 3 --layers-per-block 4 --d-model 512 --n-heads 8 --hidden 2048 --json",
         "paper_active_adamw_gib": 0.198,
         "active_adamw_vs_paper": paper_info["active_adamw_gib"] / 0.198,

@@ -18,6 +18,7 @@ screened in benchmarks/results/ISSUE2.md; --only blocktrain skips the E2E run.
 
     python benchmarks/quality.py --data-dir $BLOCKTRAIN_DATA --out benchmarks/results/quality
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,8 +37,18 @@ from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA"), help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/quality"), help="output path without extension (.json and .png are written)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("BLOCKTRAIN_DATA"),
+        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results/quality"),
+        help="output path without extension (.json and .png are written)",
+    )
     p.add_argument("--long", action="store_true", help="8 rounds x 250 steps per block instead of 4 x 100")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps-per-round", type=int, default=None)
@@ -60,10 +70,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--trajectory-prob", type=float, default=1.0, help="1 (default here): train every block on the sampler's own trajectory; 0: the documented noisy targets")
+    p.add_argument(
+        "--trajectory-prob",
+        type=float,
+        default=1.0,
+        help="1 (default here): train every block on the sampler's own trajectory; 0: the documented noisy targets",
+    )
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--trajectory-source", choices=("snapshot", "live"), default="snapshot")
-    p.add_argument("--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=TrainConfig.sigma_sampling)
+    p.add_argument(
+        "--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=TrainConfig.sigma_sampling
+    )
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
     p.add_argument("--no-plot", action="store_true")
@@ -77,15 +94,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     mcfg = ModelConfig(
-        blocks=args.blocks, layers_per_block=args.layers_per_block, d_model=args.d_model, n_heads=args.n_heads,
-        hidden=4 * args.d_model, seq_len=args.seq_len, sigma_lo=args.sigma_lo, sigma_hi=args.sigma_hi,
-        noise_feature_scale=args.noise_feature_scale, logit_scale=args.logit_scale,
+        blocks=args.blocks,
+        layers_per_block=args.layers_per_block,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        hidden=4 * args.d_model,
+        seq_len=args.seq_len,
+        sigma_lo=args.sigma_lo,
+        sigma_hi=args.sigma_hi,
+        noise_feature_scale=args.noise_feature_scale,
+        logit_scale=args.logit_scale,
     )
     total = args.steps_per_round * args.rounds
     tcfg = TrainConfig(
-        batch_size=args.batch_size, lr=args.lr, seed=args.seed, total_steps=total, warmup_steps=min(50, total // 10),
-        trajectory_prob=args.trajectory_prob, trajectory_steps=args.trajectory_steps, sigma_sampling=args.sigma_sampling,
-        sigma_jitter=args.sigma_jitter, table_lr_scale=args.table_lr_scale,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        total_steps=total,
+        warmup_steps=min(50, total // 10),
+        trajectory_prob=args.trajectory_prob,
+        trajectory_steps=args.trajectory_steps,
+        sigma_sampling=args.sigma_sampling,
+        sigma_jitter=args.sigma_jitter,
+        table_lr_scale=args.table_lr_scale,
     )
     return mcfg, tcfg
 
@@ -107,7 +138,9 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("training tokens per block (millions)")
     ax.set_ylabel("held-out CE (nats/byte)")
     c = result["config"]["model"]
-    ax.set_title(f"B={c['blocks']} L_b={c['layers_per_block']} d={c['d_model']} seq={c['seq_len']}: ratio {result.get('ratio') or float('nan'):.3f}")
+    ax.set_title(
+        f"B={c['blocks']} L_b={c['layers_per_block']} d={c['d_model']} seq={c['seq_len']}: ratio {result.get('ratio') or float('nan'):.3f}"
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -127,18 +160,37 @@ def main(argv: list[str] | None = None) -> dict:
 
     def recorder(kind: str):
         def on_round(r: RoundReport) -> None:
-            row = {"round": r.round, "steps_per_block": r.steps_per_block, "tokens_per_block": r.tokens_per_block,
-                   "train_ce": r.train_ce, "eval_ce": r.eval["ce"], "seconds": round(r.seconds, 1)}
+            row = {
+                "round": r.round,
+                "steps_per_block": r.steps_per_block,
+                "tokens_per_block": r.tokens_per_block,
+                "train_ce": r.train_ce,
+                "eval_ce": r.eval["ce"],
+                "seconds": round(r.seconds, 1),
+            }
             if "trace" in r.eval:
                 row["trace"] = [round(s["ce"], 4) for s in r.eval["trace"]]
             history.setdefault(kind, []).append(row)
-            print(f"[{kind}] round {r.round}: train ce {r.train_ce:.3f} eval ce {r.eval['ce']:.4f} {row.get('trace', '')} ({r.seconds:.0f}s)", flush=True)
+            print(
+                f"[{kind}] round {r.round}: train ce {r.train_ce:.3f} eval ce {r.eval['ce']:.4f} {row.get('trace', '')} ({r.seconds:.0f}s)",
+                flush=True,
+            )
+
         return on_round
 
     if args.only in ("both", "blocktrain"):
         t0 = time.perf_counter()
-        train_blocktrain(mcfg, tcfg, corpus, eval_xy, args.steps_per_round, args.rounds, on_round=recorder("blocktrain"),
-                         eval_steps=args.eval_steps, trajectory_source=args.trajectory_source)
+        train_blocktrain(
+            mcfg,
+            tcfg,
+            corpus,
+            eval_xy,
+            args.steps_per_round,
+            args.rounds,
+            on_round=recorder("blocktrain"),
+            eval_steps=args.eval_steps,
+            trajectory_source=args.trajectory_source,
+        )
         seconds["blocktrain"] = round(time.perf_counter() - t0, 1)
     if args.only in ("both", "e2e"):
         t0 = time.perf_counter()
@@ -152,8 +204,15 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio": bt_ce / e2e if bt_ce is not None and e2e is not None else None,
         "block0_alone_ce": history["blocktrain"][-1]["trace"][0] if "blocktrain" in history else None,
         "trace": history["blocktrain"][-1]["trace"] if "blocktrain" in history else None,
-        "config": {"model": mcfg.to_dict(), "train": tcfg.to_dict(), "rounds": args.rounds, "steps_per_round": args.steps_per_round,
-                   "eval_steps": args.eval_steps, "trajectory_source": args.trajectory_source, "threads": args.threads},
+        "config": {
+            "model": mcfg.to_dict(),
+            "train": tcfg.to_dict(),
+            "rounds": args.rounds,
+            "steps_per_round": args.steps_per_round,
+            "eval_steps": args.eval_steps,
+            "trajectory_source": args.trajectory_source,
+            "threads": args.threads,
+        },
         "steps_per_block": args.rounds * args.steps_per_round,
         "tokens_per_block": args.rounds * args.steps_per_round * tcfg.batch_size * mcfg.seq_len,
         "eval_tokens": int(eval_xy[1].numel()),

@@ -11,6 +11,7 @@ time (own delta ready -> merge, median), participation.
 
     python benchmarks/scale.py --data-dir /work/shared/data/wikitext-2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmd.core.config import ModelConfig  # noqa: E402
-from swarmd.swarm.launch import LocalSwarm  # noqa: E402
+from swarmd.core.config import ModelConfig
+from swarmd.swarm.launch import LocalSwarm
 
 
 def parse_args(argv=None):
@@ -45,7 +46,18 @@ CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=12
 
 def run_size(a, n: int) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as tmp:
-        swarm = LocalSwarm(n, CFG, a.data_dir / "train.txt", Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec="int8", batch_size=8, lr=3e-3, deadline_max_s=30.0)
+        swarm = LocalSwarm(
+            n,
+            CFG,
+            a.data_dir / "train.txt",
+            Path(tmp),
+            rounds=a.rounds,
+            steps_per_round=a.steps,
+            codec="int8",
+            batch_size=8,
+            lr=3e-3,
+            deadline_max_s=30.0,
+        )
         start = time.monotonic()
         try:
             swarm.start(timeout_s=600)
@@ -88,7 +100,14 @@ def main(argv=None) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     command = ("python benchmarks/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    out = {"command": command, "config": CFG.to_dict(), "rounds": a.rounds, "steps_per_round": a.steps, "rows": rows, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"}
+    out = {
+        "command": command,
+        "config": CFG.to_dict(),
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "rows": rows,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
     lines = [
@@ -102,7 +121,9 @@ def main(argv=None) -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['peers']} | {r['all_ready_s']:.1f} | {r['discovery_after_last_start_s'] if r['discovery_after_last_start_s'] is not None else float('nan'):.2f} | {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} | {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} | {r['bytes_sent_per_peer_round']:,.0f} |")
+        lines.append(
+            f"| {r['peers']} | {r['all_ready_s']:.1f} | {r['discovery_after_last_start_s'] if r['discovery_after_last_start_s'] is not None else float('nan'):.2f} | {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} | {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} | {r['bytes_sent_per_peer_round']:,.0f} |"
+        )
     lines += [
         "",
         "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup shows all N peers (includes starting its own DHT node). first round: from then until its first merge (H local steps + exchange). "

@@ -20,6 +20,7 @@ No tc netem, no proxy.
 4. Failover: two replicas of block 1; the server the session uses is stopped mid-generation; the
    request completes; added latency = that byte's time minus the median byte time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,15 +38,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmd.core.checkpoint import save_model  # noqa: E402
-from swarmd.core.config import ModelConfig  # noqa: E402
-from swarmd.swarm.discovery import StaticDiscovery  # noqa: E402
-from swarmd.serve.inference import GenerationStats, LocalSweeper, generate, generate_bytes  # noqa: E402
-from swarmd.core.model import DenoisingBlock, count_params, start_noise  # noqa: E402
-from swarmd.serve.remote import BlockRouter, RemoteSweeper  # noqa: E402
-from swarmd.serve.serving import BlockServing, ServingOnlyHandler  # noqa: E402
-from swarmd.core.train import init_block, init_embedding  # noqa: E402
-from swarmd.transport import PeerClient, start_server  # noqa: E402
+from swarmd.core.checkpoint import save_model
+from swarmd.core.config import ModelConfig
+from swarmd.core.model import DenoisingBlock, count_params, start_noise
+from swarmd.core.train import init_block, init_embedding
+from swarmd.serve.inference import GenerationStats, LocalSweeper, generate, generate_bytes
+from swarmd.serve.remote import BlockRouter, RemoteSweeper
+from swarmd.serve.serving import BlockServing, ServingOnlyHandler
+from swarmd.swarm.discovery import StaticDiscovery
+from swarmd.transport import PeerClient, start_server
 
 SWARM = "bench"
 
@@ -72,7 +73,9 @@ class Swarm:
         return self
 
     def sweeper(self, delay_s: float = 0.0, timeout_s: float = 120.0) -> RemoteSweeper:
-        discovery = StaticDiscovery([s.address for s in self.servers], lambda a: self.client.status(a, timeout_s=5.0), SWARM)
+        discovery = StaticDiscovery(
+            [s.address for s in self.servers], lambda a: self.client.status(a, timeout_s=5.0), SWARM
+        )
         router = BlockRouter(discovery, self.client, self.cfg.config_hash(), SWARM)
         return RemoteSweeper(self.cfg, router, self.client, timeout_s=timeout_s, hop_delay_s=delay_s)
 
@@ -126,10 +129,24 @@ async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[di
                 mid = len(sweeper.trace)
                 ar_reps = reps if delay_ms == 0 else 1
                 ar = statistics.median([await ar_pipeline_s(sweeper, cfg, n) for _ in range(ar_reps)])
-                hops[f"{delay_ms}ms/{n}"] = {"one_sweep_hops": (mid - start) // reps, "ar_hops": (len(sweeper.trace) - mid) // ar_reps}
-                row = {"delay_ms": delay_ms, "output_bytes": n, "one_sweep_tok_s": n / one, "ar_tok_s": n / ar, "ratio": ar / one, "one_sweep_s": one, "ar_s": ar}
+                hops[f"{delay_ms}ms/{n}"] = {
+                    "one_sweep_hops": (mid - start) // reps,
+                    "ar_hops": (len(sweeper.trace) - mid) // ar_reps,
+                }
+                row = {
+                    "delay_ms": delay_ms,
+                    "output_bytes": n,
+                    "one_sweep_tok_s": n / one,
+                    "ar_tok_s": n / ar,
+                    "ratio": ar / one,
+                    "one_sweep_s": one,
+                    "ar_s": ar,
+                }
                 rows.append(row)
-                print(f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x", flush=True)
+                print(
+                    f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x",
+                    flush=True,
+                )
     return rows, hops
 
 
@@ -148,18 +165,39 @@ async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
                 sweeper = swarm.sweeper(delay_ms / 1000)
                 st = GenerationStats()
                 out = await generate_bytes(sweeper, b"The ", n_bytes, 1.0, seed=1, stats=st)
-                rows.append({"delay_ms": delay_ms, "bytes": n_bytes, "swarm_bytes_s": n_bytes / st.seconds, "local_bytes_s": local_rate, "same_text": out == ref, "sweeps": st.sweeps, "hops": len(sweeper.trace)})
-                print(f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  local {local_rate:7.1f} B/s  same text {out == ref}", flush=True)
+                rows.append(
+                    {
+                        "delay_ms": delay_ms,
+                        "bytes": n_bytes,
+                        "swarm_bytes_s": n_bytes / st.seconds,
+                        "local_bytes_s": local_rate,
+                        "same_text": out == ref,
+                        "sweeps": st.sweeps,
+                        "hops": len(sweeper.trace),
+                    }
+                )
+                print(
+                    f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  local {local_rate:7.1f} B/s  same text {out == ref}",
+                    flush=True,
+                )
     return rows
 
 
 async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
     rungs, best = [], None
     for d, layers in ladder:
-        cfg = ModelConfig(blocks=3, layers_per_block=layers, d_model=d, n_heads=max(1, d // 64), hidden=4 * d, seq_len=seq_len)
+        cfg = ModelConfig(
+            blocks=3, layers_per_block=layers, d_model=d, n_heads=max(1, d // 64), hidden=4 * d, seq_len=seq_len
+        )
         est = 3 * layers * 12 * d * d
         if 4 * est * 4 // 3 > max_param_bytes:  # fp32 snapshots of 3 blocks + one block being built
-            rungs.append({"d_model": d, "layers_per_block": layers, "skipped": f"over the {max_param_bytes >> 30} GiB weight budget"})
+            rungs.append(
+                {
+                    "d_model": d,
+                    "layers_per_block": layers,
+                    "skipped": f"over the {max_param_bytes >> 30} GiB weight budget",
+                }
+            )
             continue
         t0 = time.perf_counter()
         emb = init_embedding(cfg)
@@ -169,17 +207,47 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
             async with Swarm(cfg, lambda b: init_block(cfg, b), emb, [0, 1, 2]) as swarm:
                 sweeper = swarm.sweeper(timeout_s=budget_s)
                 seconds = await one_sweep_s(sweeper, cfg, seq_len)
-                trace = [{"step": h.step_index, "block": h.block_index, "peer": h.address, "positions": h.positions, "seconds": round(h.seconds, 4), "compute_s": round(h.compute_s, 4)} for h in sweeper.trace]
-        except Exception as exc:  # noqa: BLE001 - a rung that fails ends the ladder
-            rungs.append({"d_model": d, "layers_per_block": layers, "params": params, "failed": f"{type(exc).__name__}: {exc}"})
+                trace = [
+                    {
+                        "step": h.step_index,
+                        "block": h.block_index,
+                        "peer": h.address,
+                        "positions": h.positions,
+                        "seconds": round(h.seconds, 4),
+                        "compute_s": round(h.compute_s, 4),
+                    }
+                    for h in sweeper.trace
+                ]
+        except Exception as exc:
+            rungs.append(
+                {"d_model": d, "layers_per_block": layers, "params": params, "failed": f"{type(exc).__name__}: {exc}"}
+            )
             break
-        rung = {"d_model": d, "layers_per_block": layers, "hidden": 4 * d, "params": params, "params_fp16_gb": params * 2 / 1e9, "sweep_s": seconds, "build_s": time.perf_counter() - t0 - seconds, "hop_trace": trace}
+        rung = {
+            "d_model": d,
+            "layers_per_block": layers,
+            "hidden": 4 * d,
+            "params": params,
+            "params_fp16_gb": params * 2 / 1e9,
+            "sweep_s": seconds,
+            "build_s": time.perf_counter() - t0 - seconds,
+            "hop_trace": trace,
+        }
         rungs.append(rung)
-        print(f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops", flush=True)
+        print(
+            f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops",
+            flush=True,
+        )
         best = rung
         if seconds > budget_s:
             break
-    return {"ladder": rungs, "largest": best, "seq_len": seq_len, "budget_s": budget_s, "max_weight_bytes": max_param_bytes}
+    return {
+        "ladder": rungs,
+        "largest": best,
+        "seq_len": seq_len,
+        "budget_s": budget_s,
+        "max_weight_bytes": max_param_bytes,
+    }
 
 
 async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
@@ -198,11 +266,23 @@ async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
         normal = statistics.median(times[:kill_at] + times[kill_at + 1 :])
         resent = [h for h in sweeper.trace if h.resent]
         row = {
-            "delay_ms": delay_ms, "bytes": n_bytes, "killed_after_byte": kill_at, "completed": len(out) == n_bytes, "same_text": bytes(out) == ref,
-            "failovers": sweeper.failovers, "median_byte_s": normal, "failover_byte_s": times[kill_at], "added_latency_s": times[kill_at] - normal,
-            "resent_positions": [h.positions for h in resent], "new_peer": resent[0].address if resent else None, "killed_peer": victim.address if victim else None,
+            "delay_ms": delay_ms,
+            "bytes": n_bytes,
+            "killed_after_byte": kill_at,
+            "completed": len(out) == n_bytes,
+            "same_text": bytes(out) == ref,
+            "failovers": sweeper.failovers,
+            "median_byte_s": normal,
+            "failover_byte_s": times[kill_at],
+            "added_latency_s": times[kill_at] - normal,
+            "resent_positions": [h.positions for h in resent],
+            "new_peer": resent[0].address if resent else None,
+            "killed_peer": victim.address if victim else None,
         }
-    print(f"failover: completed {row['completed']}, same text {row['same_text']}, added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)", flush=True)
+    print(
+        f"failover: completed {row['completed']}, same text {row['same_text']}, added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)",
+        flush=True,
+    )
     return row
 
 
@@ -213,7 +293,13 @@ async def main(args) -> dict:
         lengths, delays, reps, gen_bytes, ladder = [16, 32], [0, 5], 1, 8, [(64, 1), (128, 1)]
     else:
         cfg = ModelConfig(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=2048, seq_len=128)
-        lengths, delays, reps, gen_bytes, ladder = [64, 128], [0, 20, 50], 5, 32, [(512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 4)]
+        lengths, delays, reps, gen_bytes, ladder = (
+            [64, 128],
+            [0, 20, 50],
+            5,
+            32,
+            [(512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 4)],
+        )
     blocks, emb = random_model(cfg)
     t0 = time.perf_counter()
     rows, hop_counts = await traversal(cfg, blocks, emb, delays, lengths, reps)
@@ -227,10 +313,17 @@ async def main(args) -> dict:
         "failover": fail,
         "size": sz,
         "setup": {
-            "model": cfg.to_dict(), "params": block_params(cfg, blocks, emb), "delay": "client-side asyncio.sleep(delay) before every Forward call (user space; no tc netem, no proxy)",
-            "peers": "one gRPC server per block on 127.0.0.1, all in one process with the client", "torch_threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "machine": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "seconds": time.perf_counter() - t0, "command": "python benchmarks/serving.py" + (" --quick" if args.quick else ""),
+            "model": cfg.to_dict(),
+            "params": block_params(cfg, blocks, emb),
+            "delay": "client-side asyncio.sleep(delay) before every Forward call (user space; no tc netem, no proxy)",
+            "peers": "one gRPC server per block on 127.0.0.1, all in one process with the client",
+            "torch_threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "machine": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "seconds": time.perf_counter() - t0,
+            "command": "python benchmarks/serving.py" + (" --quick" if args.quick else ""),
         },
     }
 
@@ -239,21 +332,39 @@ def render(result: dict) -> str:
     """Markdown tables of a result file (python benchmarks/serving.py --render FILE)."""
     out = ["| per-hop delay | output bytes | one-sweep tok/s | AR pipeline tok/s | ratio |", "|---|---|---|---|---|"]
     for r in result["traversal"]:
-        out.append(f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} | {r['ratio']:.1f}x |")
+        out.append(
+            f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} | {r['ratio']:.1f}x |"
+        )
     out += ["", "| per-hop delay | swarm generation B/s | local generation B/s | same text |", "|---|---|---|---|"]
     for r in result["generation"]:
-        out.append(f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} | {'yes' if r['same_text'] else 'NO'} |")
-    out += ["", "| d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s) |", "|---|---|---|---|---|"]
+        out.append(
+            f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} | {'yes' if r['same_text'] else 'NO'} |"
+        )
+    out += [
+        "",
+        "| d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s) |",
+        "|---|---|---|---|---|",
+    ]
     for r in result["size"]["ladder"]:
         if "skipped" in r or "failed" in r:
             params = f"{r['params'] / 1e6:.1f}M" if "params" in r else "-"
-            out.append(f"| {r['d_model']} | {r['layers_per_block']} | {params} | {r.get('skipped') or r.get('failed')} | |")
+            out.append(
+                f"| {r['d_model']} | {r['layers_per_block']} | {params} | {r.get('skipped') or r.get('failed')} | |"
+            )
             continue
         hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
-        out.append(f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) | {r['sweep_s']:.2f} s | {hops} |")
+        out.append(
+            f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) | {r['sweep_s']:.2f} s | {hops} |"
+        )
     f = result["failover"]
-    out += ["", "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte | added latency | prefix re-sent |", "|---|---|---|---|---|---|---|---|---|"]
-    out.append(f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} | {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms | {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |")
+    out += [
+        "",
+        "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte | added latency | prefix re-sent |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    out.append(
+        f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} | {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms | {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |"
+    )
     return "\n".join(out)
 
 
@@ -261,8 +372,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, two delays: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "serving.json")
-    parser.add_argument("--size-budget-s", type=float, default=60.0, help="the size ladder stops after a sweep slower than this")
-    parser.add_argument("--max-weight-gib", type=int, default=8, help="skip size rungs whose fp32 weights (x2) exceed this")
+    parser.add_argument(
+        "--size-budget-s", type=float, default=60.0, help="the size ladder stops after a sweep slower than this"
+    )
+    parser.add_argument(
+        "--max-weight-gib", type=int, default=8, help="skip size rungs whose fp32 weights (x2) exceed this"
+    )
     parser.add_argument("--render", type=Path, help="print the markdown tables of an existing result file and exit")
     args = parser.parse_args()
     if args.render:

@@ -13,6 +13,7 @@ Writes benchmarks/results/sigma_range.json. Takes a few minutes on one CPU threa
 
     python benchmarks/sigma_range.py --data-dir $BLOCKTRAIN_DATA
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,12 @@ from swarmd.core.local_run import train_blocktrain
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA"), help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("BLOCKTRAIN_DATA"),
+        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sigma_range.json"))
     p.add_argument("--ranges", default="0.1:2,1:10", help="comma-separated lo:hi noise ranges")
     p.add_argument("--rounds", type=int, default=2)
@@ -75,8 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(row), flush=True)
     result = {
         "ranges": rows,
-        "config": {"model": ModelConfig().to_dict() | {"sigma_lo": None, "sigma_hi": None}, "rounds": args.rounds,
-                   "steps_per_round": args.steps_per_round, "batch_size": TrainConfig.batch_size, "lr": TrainConfig.lr},
+        "config": {
+            "model": ModelConfig().to_dict() | {"sigma_lo": None, "sigma_hi": None},
+            "rounds": args.rounds,
+            "steps_per_round": args.steps_per_round,
+            "batch_size": TrainConfig.batch_size,
+            "lr": TrainConfig.lr,
+        },
         "eval_tokens": int(y.numel()),
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
     }

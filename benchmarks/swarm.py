@@ -13,6 +13,7 @@ Writes --out (JSON) and --md (markdown fragment with table and command).
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.scale import replace_section  # noqa: E402
-from swarmd.core.config import ModelConfig, TrainConfig  # noqa: E402
-from swarmd.core.data import ByteData  # noqa: E402
-from swarmd.core.evaluate import from_noise_ce  # noqa: E402
-from swarmd.swarm.launch import LocalSwarm  # noqa: E402
-from swarmd.core.local_run import train_blocktrain  # noqa: E402
-from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params  # noqa: E402
+from benchmarks.scale import replace_section
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.core.local_run import train_blocktrain
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
+from swarmd.swarm.launch import LocalSwarm
 
 
 def parse_args(argv=None):
@@ -51,23 +52,49 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
-    p.add_argument("--trajectory-prob", type=float, default=0.0, help="train on the sampler's own trajectory (swarm and single-process alike)")
+    p.add_argument(
+        "--trajectory-prob",
+        type=float,
+        default=0.0,
+        help="train on the sampler's own trajectory (swarm and single-process alike)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/swarm.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
     return p.parse_args(argv)
 
 
 def model_config(a) -> ModelConfig:
-    return ModelConfig(blocks=a.blocks, layers_per_block=a.layers_per_block, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len)
+    return ModelConfig(
+        blocks=a.blocks,
+        layers_per_block=a.layers_per_block,
+        d_model=a.d_model,
+        n_heads=4,
+        hidden=4 * a.d_model,
+        seq_len=a.seq_len,
+    )
 
 
 def train_config(a) -> TrainConfig:
-    return TrainConfig(batch_size=a.batch_size, lr=a.lr, seed=0, warmup_steps=min(50, a.steps), trajectory_prob=a.trajectory_prob)  # exactly what `blocktrain run` builds
+    return TrainConfig(
+        batch_size=a.batch_size, lr=a.lr, seed=0, warmup_steps=min(50, a.steps), trajectory_prob=a.trajectory_prob
+    )  # exactly what `blocktrain run` builds
 
 
 def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"swarm-bench-{codec}-") as tmp:
-        swarm = LocalSwarm(a.peers, cfg, train_path, Path(tmp), rounds=a.rounds, steps_per_round=a.steps, codec=codec, batch_size=a.batch_size, lr=a.lr, seed=0, extra=["--trajectory-prob", str(a.trajectory_prob)])
+        swarm = LocalSwarm(
+            a.peers,
+            cfg,
+            train_path,
+            Path(tmp),
+            rounds=a.rounds,
+            steps_per_round=a.steps,
+            codec=codec,
+            batch_size=a.batch_size,
+            lr=a.lr,
+            seed=0,
+            extra=["--trajectory-prob", str(a.trajectory_prob)],
+        )
         start = time.monotonic()
         try:
             swarm.start(timeout_s=300)
@@ -76,7 +103,9 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
             swarm.stop()
         wall = time.monotonic() - start
         if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
-            raise SystemExit(f"swarm run with {codec} failed: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}")
+            raise SystemExit(
+                f"swarm run with {codec} failed: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}"
+            )
         blocks, emb = swarm.assemble()
         ce = from_noise_ce(blocks, emb, *eval_xy, cfg)["ce"]
         sums = swarm.summaries()
@@ -96,7 +125,9 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
         "rounds": min(s["round"] for s in sums),
         "rejected": sum(s.get("rejected", 0) for s in sums),
         "wall_s": wall,
-        "premerge_distance_by_round": {int(r): max(h["premerge_distance"] for h in hs) for r, hs in sorted(per_round.items())},
+        "premerge_distance_by_round": {
+            int(r): max(h["premerge_distance"] for h in hs) for r, hs in sorted(per_round.items())
+        },
         "round_seconds_median": sorted(h["seconds"] for h in rounds)[len(rounds) // 2] if rounds else None,
     }
 
@@ -123,7 +154,10 @@ def main(argv=None) -> None:
         r = run_swarm(a, cfg, codec, train_path, eval_xy)
         r["ratio"] = r["swarm_ce"] / single_ce
         results[codec] = r
-        print(f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s", flush=True)
+        print(
+            f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s",
+            flush=True,
+        )
 
     main_codec = "int8" if "int8" in results else a.codecs[0]
     command = "python benchmarks/swarm.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -153,16 +187,22 @@ def main(argv=None) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
     write_md(a, out)
-    print(json.dumps({k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")}, indent=2))
+    print(
+        json.dumps(
+            {k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")},
+            indent=2,
+        )
+    )
 
 
-TRAJECTORY_NOTE = 'With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, which is why wire / raw is higher than for the block deltas alone.'
+TRAJECTORY_NOTE = "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, which is why wire / raw is higher than for the block deltas alone."
 
 
 def write_md(a, out: dict) -> None:
     cfg = out["config"]
     lines = [
-        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback)" + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ""),
+        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback)"
+        + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ""),
         "",
         f"Command: `{out['command']}`",
         "",
@@ -176,9 +216,14 @@ def write_md(a, out: dict) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, r in out["codecs"].items():
-        lines.append(f"| {c} | {r['swarm_ce']:.4f} | {r['ratio']:.4f} | {r['participation']:.3f} | {r['wire_bytes']:,} | {r['raw_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_bytes_per_round_per_peer']:,.0f} | {r['round_seconds_median'] or 0:.2f} | {r['rejected']} |")
+        lines.append(
+            f"| {c} | {r['swarm_ce']:.4f} | {r['ratio']:.4f} | {r['participation']:.3f} | {r['wire_bytes']:,} | {r['raw_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_bytes_per_round_per_peer']:,.0f} | {r['round_seconds_median'] or 0:.2f} | {r['rejected']} |"
+        )
     if "int8_ce_loss_vs_fp32" in out:
-        lines += ["", f"int8 + error feedback + zstd vs fp32: {out['codecs']['int8']['wire_over_raw']:.3f}x the raw fp32 bytes, CE difference {out['int8_ce_loss_vs_fp32']:+.4f} nats."]
+        lines += [
+            "",
+            f"int8 + error feedback + zstd vs fp32: {out['codecs']['int8']['wire_over_raw']:.3f}x the raw fp32 bytes, CE difference {out['int8_ce_loss_vs_fp32']:+.4f} nats.",
+        ]
     first = next(iter(out["codecs"].values()))
     dist = first["premerge_distance_by_round"]
     lines += [

@@ -20,6 +20,7 @@ Writes --out (JSON) and --md (a markdown fragment with the table and the command
 
     python benchmarks/transport.py --data-dir /work/shared/data/wikitext-2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ import grpc
 import torch
 
 from swarmd.swarm.delta import CODECS, decode, encode, shapes_of
-from swarmd.transport.framing import Encoded
 from swarmd.transport import PeerClient, start_server
+from swarmd.transport.framing import Encoded
 
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=1)
 MIB = 1 << 20
@@ -48,10 +49,19 @@ MIB = 1 << 20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mb", type=int, default=64, help="payload size each way, MiB of fp32 (default 64)")
-    p.add_argument("--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload (default both)")
+    p.add_argument(
+        "--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload (default both)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed exchanges per variant (default 3)")
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA"), help="folder with train.txt for the trained block delta")
-    p.add_argument("--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("BLOCKTRAIN_DATA"),
+        help="folder with train.txt for the trained block delta",
+    )
+    p.add_argument(
+        "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/transport.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_transport.md"))
     return p.parse_args(argv)
@@ -167,7 +177,10 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
                 assert reply.raw_bytes == payload.raw_bytes
                 return time.perf_counter() - start, payload.header.payload_bytes + reply.header.payload_bytes
 
-            runs[name] = (grpc_run, {"payload_bytes": payload.header.payload_bytes, "raw_bytes": payload.raw_bytes, "zstd": zstd})
+            runs[name] = (
+                grpc_run,
+                {"payload_bytes": payload.header.payload_bytes, "raw_bytes": payload.raw_bytes, "zstd": zstd},
+            )
         data = os.urandom(mb * MIB)
         proc, pipe, tcp_port = _spawn(_tcp_server_main, len(data), repeats + 1)
         procs.append((proc, pipe))
@@ -184,7 +197,13 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
                 if i:
                     times[name].append(seconds)
             if i:
-                print(f"  round {i}: " + ", ".join(f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs), flush=True)
+                print(
+                    f"  round {i}: "
+                    + ", ".join(
+                        f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs
+                    ),
+                    flush=True,
+                )
         await client.close()
         out = {name: _summary(times[name], moved[name], **extra) for name, (_, extra) in runs.items()}
         for name, r in out.items():  # paired by round: same background load for both paths
@@ -205,7 +224,15 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
 
 def _summary(times: list[float], moved: int, **extra) -> dict:
     best, median = min(times), statistics.median(times)
-    return {"seconds": times, "best_s": best, "median_s": median, "mb_per_s_best": moved / best / 1e6, "mb_per_s_median": moved / median / 1e6, "bytes_moved": moved, **extra}
+    return {
+        "seconds": times,
+        "best_s": best,
+        "median_s": median,
+        "mb_per_s_best": moved / best / 1e6,
+        "mb_per_s_median": moved / median / 1e6,
+        "bytes_moved": moved,
+        **extra,
+    }
 
 
 # ---- codecs on a realistic block delta ------------------------------------------------------
@@ -219,7 +246,9 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
     if train_file is None or not train_file.exists():
         block = init_block(ModelConfig(), 1, 0)
         g = torch.Generator().manual_seed(0)
-        return {k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.state_dict().items()}, "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
+        return {
+            k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.state_dict().items()
+        }, "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
     from swarmd.core.data import ByteData
 
     torch.manual_seed(0)
@@ -231,13 +260,18 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
     for _ in range(steps):
         trainer.step(*next(stream))
     after = trainer.block.state_dict()
-    return {k: (after[k].float() - before[k].float()) for k in before}, f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup) on {train_file}"
+    return (
+        {k: (after[k].float() - before[k].float()) for k in before},
+        f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup) on {train_file}",
+    )
 
 
 def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
     shapes, out = shapes_of(delta), {}
     norm = torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values())).item()
-    variants = [(codec, codec, {}) for codec in CODECS] + [("int8 (absmax/127 step)", "int8", {"int8_rms_levels": None})]
+    variants = [(codec, codec, {}) for codec in CODECS] + [
+        ("int8 (absmax/127 step)", "int8", {"int8_rms_levels": None})
+    ]
     for label, codec, kw in variants:
         start = time.perf_counter()
         enc = encode(delta, codec, **META, **kw)
@@ -278,7 +312,9 @@ def markdown(result: dict) -> str:
     tcp = tp["tcp"]
     for name, r in tp.items():
         ratio = r["mb_per_s_best"] / tcp["mb_per_s_best"]
-        lines.append(f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} | {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} |")
+        lines.append(
+            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} | {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} |"
+        )
     lines += [
         "",
         f"### Wire bytes per codec for one block delta ({result['delta_source']})",
@@ -289,7 +325,9 @@ def markdown(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for codec, r in cod.items():
-        lines.append(f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} | {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |")
+        lines.append(
+            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} | {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
+        )
     lines += [
         "",
         "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 "
@@ -318,7 +356,9 @@ def main(argv: list[str] | None = None) -> dict:
         "payload_mib": args.mb,
         "repeats": args.repeats,
         "throughput": throughput,
-        "grpc_over_tcp_best": {k: v["mb_per_s_best"] / throughput["tcp"]["mb_per_s_best"] for k, v in throughput.items() if k != "tcp"},
+        "grpc_over_tcp_best": {
+            k: v["mb_per_s_best"] / throughput["tcp"]["mb_per_s_best"] for k, v in throughput.items() if k != "tcp"
+        },
         "delta_source": source,
         "codecs": bench_codecs(delta),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, grpcio {grpc.__version__}, torch {torch.__version__}",

@@ -4,6 +4,7 @@ Owns `cli_errors()`, the one context manager that turns SwarmdError, ValueError 
 validation and grpc.RpcError into a one-line message on stderr and a non-zero exit (2 for bad
 input, 1 otherwise), never a traceback. Commands stay thin: parse, build configs, call swarmd.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,7 +73,16 @@ def resolve_data(path: Path | None, split: str = "train") -> Path:
     return ensure_wikitext2()[split]
 
 
-def model_config(blocks: int, layers_per_block: int, d_model: int, n_heads: int, hidden: int | None, seq_len: int, sigma_lo: float, sigma_hi: float) -> ModelConfig:
+def model_config(
+    blocks: int,
+    layers_per_block: int,
+    d_model: int,
+    n_heads: int,
+    hidden: int | None,
+    seq_len: int,
+    sigma_lo: float,
+    sigma_hi: float,
+) -> ModelConfig:
     return ModelConfig(
         blocks=blocks,
         layers_per_block=layers_per_block,
@@ -90,11 +100,14 @@ def print_json(obj) -> None:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         from hivemind.utils.logging import use_hivemind_log_handler
 
         use_hivemind_log_handler("in_root_logger")
     except ImportError:  # pragma: no cover - hivemind is a hard dependency
         pass
-

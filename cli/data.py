@@ -1,4 +1,5 @@
 """`blocktrain data fetch`: download a corpus into the local cache."""
+
 from __future__ import annotations
 
 from enum import Enum

@@ -4,13 +4,14 @@ Starts --peers `blocktrain run` processes on loopback (block i mod B, joined thr
 DHT multiaddr), shows each peer's round as it trains and averages, and ends with the assembled
 model's from-noise CE on held-out text (before and after), the participation and the bytes moved.
 """
+
 from __future__ import annotations
 
 import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,10 +22,10 @@ from cli.run import Codec, CodecOpt
 from cli.train import eval_path_for
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
-from swarmd.errors import SwarmdError
 from swarmd.core.evaluate import from_noise_ce
-from swarmd.swarm.launch import LocalSwarm
 from swarmd.core.train import init_block, init_embedding
+from swarmd.errors import SwarmdError
+from swarmd.swarm.launch import LocalSwarm
 
 
 def assembled_ce(blocks, emb, cfg: ModelConfig, eval_xy) -> float:
@@ -36,9 +37,13 @@ def demo(
     data: o.Data = None,
     eval_data: o.EvalData = None,
     rounds: Annotated[int, typer.Option("--rounds", help="Averaging rounds every peer runs.")] = 5,
-    steps_per_round: Annotated[int, typer.Option("--steps-per-round", help="H: local steps between averaging rounds.")] = 20,
+    steps_per_round: Annotated[
+        int, typer.Option("--steps-per-round", help="H: local steps between averaging rounds.")
+    ] = 20,
     codec: CodecOpt = Codec.int8,
-    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where peers keep checkpoints and logs (default: a temp dir).")] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", help="Where peers keep checkpoints and logs (default: a temp dir).")
+    ] = None,
     blocks: o.Blocks = 3,
     layers_per_block: o.LayersPerBlock = 1,
     d_model: o.DModel = 64,
@@ -52,8 +57,15 @@ def demo(
     seed: o.Seed = 0,
     trajectory_prob: o.TrajectoryProb = 0.0,
     eval_tokens: o.EvalTokens = 4096,
-    timeout: Annotated[float, typer.Option("--timeout", help="Give up (and stop every peer) after this many seconds.")] = 900.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary (ce_start, ce_end, participation, bytes_sent, rounds, ...).")] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Give up (and stop every peer) after this many seconds.")
+    ] = 900.0,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON summary (ce_start, ce_end, participation, bytes_sent, rounds, ...)."
+        ),
+    ] = False,
 ) -> None:
     """Run a whole swarm on this machine and report the assembled model's from-noise CE."""
     with cli_errors():
@@ -62,23 +74,51 @@ def demo(
         cfg = model_config(blocks, layers_per_block, d_model, n_heads, hidden, seq_len, sigma_lo, sigma_hi)
         train_path = resolve_data(data, "train")
         eval_xy = ByteData.from_path(eval_path_for(train_path, eval_data), cfg.seq_len).eval_windows(eval_tokens)
-        ce_start = assembled_ce([init_block(cfg, b, seed) for b in range(cfg.blocks)], init_embedding(cfg, seed), cfg, eval_xy)
+        ce_start = assembled_ce(
+            [init_block(cfg, b, seed) for b in range(cfg.blocks)], init_embedding(cfg, seed), cfg, eval_xy
+        )
         tmp = None if workdir else tempfile.TemporaryDirectory(prefix="blocktrain-demo-")
         root = Path(workdir or tmp.name)
-        swarm = LocalSwarm(peers, cfg, train_path, root, rounds=rounds, steps_per_round=steps_per_round, codec=codec.value, batch_size=batch_size, lr=lr, seed=seed, extra=["--trajectory-prob", str(trajectory_prob)])
+        swarm = LocalSwarm(
+            peers,
+            cfg,
+            train_path,
+            root,
+            rounds=rounds,
+            steps_per_round=steps_per_round,
+            codec=codec.value,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            extra=["--trajectory-prob", str(trajectory_prob)],
+        )
         start = time.monotonic()
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out) as view:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                disable=json_out,
+            ) as view:
                 if not json_out:
-                    view.console.print(f"starting {peers} peers (B={cfg.blocks}, L_b={cfg.layers_per_block}, d={cfg.d_model}, seq={cfg.seq_len}) in {root}; initial from-noise CE {ce_start:.4f}")
+                    view.console.print(
+                        f"starting {peers} peers (B={cfg.blocks}, L_b={cfg.layers_per_block}, d={cfg.d_model}, seq={cfg.seq_len}) in {root}; initial from-noise CE {ce_start:.4f}"
+                    )
                 swarm.start(timeout_s=min(timeout, 300))
                 tasks = [view.add_task(f"peer {p.index} block {p.block}", total=rounds) for p in swarm.peers]
                 while any(p.alive() for p in swarm.peers):
                     if time.monotonic() - start > timeout:
-                        raise SwarmdError(f"the swarm did not finish {rounds} rounds within {timeout:.0f}s (logs in {root})")
+                        raise SwarmdError(
+                            f"the swarm did not finish {rounds} rounds within {timeout:.0f}s (logs in {root})"
+                        )
                     for p, st, task in zip(swarm.peers, asyncio.run(swarm.statuses()), tasks):
                         done = len(p.rounds_seen)
-                        extra = f" {st.state} part {st.participation:.2f} sent {st.bytes_sent / 1e6:.2f} MB" if st is not None else (" done" if not p.alive() else "")
+                        extra = (
+                            f" {st.state} part {st.participation:.2f} sent {st.bytes_sent / 1e6:.2f} MB"
+                            if st is not None
+                            else (" done" if not p.alive() else "")
+                        )
                         view.update(task, completed=done, description=f"peer {p.index} block {p.block}{extra}")
                     swarm.wait(0.5) if not any(p.alive() for p in swarm.peers) else time.sleep(0.5)
         finally:
@@ -90,15 +130,24 @@ def demo(
         ce_end = assembled_ce(model_blocks, emb, cfg, eval_xy)
         sums = swarm.summaries()
         result = {
-            "peers": peers, "blocks": cfg.blocks, "rounds": min(int(s.get("round", 0)) for s in sums), "steps_per_round": steps_per_round, "codec": codec.value,
-            "ce_start": ce_start, "ce_end": ce_end,
+            "peers": peers,
+            "blocks": cfg.blocks,
+            "rounds": min(int(s.get("round", 0)) for s in sums),
+            "steps_per_round": steps_per_round,
+            "codec": codec.value,
+            "ce_start": ce_start,
+            "ce_end": ce_end,
             "participation": sum(float(s.get("participation", 0)) for s in sums) / len(sums),
-            "bytes_sent": sum(int(s.get("bytes_sent", 0)) for s in sums), "raw_bytes_sent": sum(int(s.get("raw_bytes_sent", 0)) for s in sums),
-            "wall_s": time.monotonic() - start, "config": cfg.to_dict(),
+            "bytes_sent": sum(int(s.get("bytes_sent", 0)) for s in sums),
+            "raw_bytes_sent": sum(int(s.get("raw_bytes_sent", 0)) for s in sums),
+            "wall_s": time.monotonic() - start,
+            "config": cfg.to_dict(),
         }
         if tmp is not None:
             tmp.cleanup()
         if json_out:
             print_json(result)
         else:
-            typer.echo(f"from-noise CE {ce_start:.4f} -> {ce_end:.4f} nats/byte after {result['rounds']} rounds x {steps_per_round} steps; participation {result['participation']:.2f}; {result['bytes_sent'] / 1e6:.2f} MB sent ({result['raw_bytes_sent'] / 1e6:.2f} MB raw fp32) in {result['wall_s']:.0f}s")
+            typer.echo(
+                f"from-noise CE {ce_start:.4f} -> {ce_end:.4f} nats/byte after {result['rounds']} rounds x {steps_per_round} steps; participation {result['participation']:.2f}; {result['bytes_sent'] / 1e6:.2f} MB sent ({result['raw_bytes_sent'] / 1e6:.2f} MB raw fp32) in {result['wall_s']:.0f}s"
+            )

@@ -1,4 +1,5 @@
 """`blocktrain eval`: from-noise CE and perplexity of a checkpoint on held-out text."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,10 +16,15 @@ from swarmd.core.evaluate import e2e_ce, from_noise_ce
 
 def evaluate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
-    data: Annotated[Path | None, typer.Option("--data", help="Held-out text (default: $BLOCKTRAIN_DATA/eval.txt or the WikiText-2 cache).")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option("--data", help="Held-out text (default: $BLOCKTRAIN_DATA/eval.txt or the WikiText-2 cache)."),
+    ] = None,
     eval_tokens: o.EvalTokens = 65536,
     steps: Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")] = None,
-    draws: Annotated[int, typer.Option("--draws", help="Noise draws; >1 also reports the CE of their averaged probabilities.")] = 1,
+    draws: Annotated[
+        int, typer.Option("--draws", help="Noise draws; >1 also reports the CE of their averaged probabilities.")
+    ] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Noise seed of the sampler.")] = 1234,
     trace: Annotated[bool, typer.Option("--trace", help="Report the CE after every sampler step.")] = False,
     device: o.DeviceOpt = "cpu",

@@ -4,6 +4,7 @@ Free-running generation needs each new byte as context, so every byte costs one 
 stack; each block keeps per-session caches, so a sweep after the prompt processes only the new
 position. Bytes are streamed to the terminal as they are produced (UTF-8, invalid bytes replaced).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,11 +26,15 @@ def generate(
     swarm_id: SwarmId = "blocktrain",
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Bytes to generate.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="Softmax temperature; 0 = greedy.")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")
+    ] = 0,
     steps: Steps = None,
     timeout_s: TimeoutS = 30.0,
     device: o.DeviceOpt = "cpu",
-    stats: Annotated[bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")] = False,
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")
+    ] = False,
 ) -> None:
     """Continue a prompt, streaming the bytes as they are produced."""
     with cli_errors():
@@ -38,11 +43,18 @@ def generate(
             raise ValueError("the prompt is empty; give at least one byte")
         if max_bytes < 1 or temperature < 0:
             raise ValueError("--max-bytes must be >= 1 and --temperature >= 0")
-        asyncio.run(_generate(prompt.encode(), swarm, swarm_id, checkpoint, dev, steps, timeout_s, max_bytes, temperature, seed, stats))
+        asyncio.run(
+            _generate(
+                prompt.encode(), swarm, swarm_id, checkpoint, dev, steps, timeout_s, max_bytes, temperature, seed, stats
+            )
+        )
 
 
-async def _generate(prompt, swarm, swarm_id, checkpoint, device, steps, timeout_s, max_bytes, temperature, seed, show_stats) -> None:
-    from swarmd.serve.inference import GenerationStats, generate as run
+async def _generate(
+    prompt, swarm, swarm_id, checkpoint, device, steps, timeout_s, max_bytes, temperature, seed, show_stats
+) -> None:
+    from swarmd.serve.inference import GenerationStats
+    from swarmd.serve.inference import generate as run
 
     sweeper, closer = await open_sweeper(swarm, swarm_id, checkpoint, device, steps, timeout_s)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -60,11 +72,17 @@ async def _generate(prompt, swarm, swarm_id, checkpoint, device, steps, timeout_
         await closer()
     if show_stats:
         rate = len(st.per_byte_s) / st.seconds if st.seconds else 0.0
-        typer.echo(f"{len(st.per_byte_s)} bytes in {st.seconds:.2f} s ({rate:.1f} bytes/s), {st.sweeps} sweeps, {st.positions} positions processed", err=True)
+        typer.echo(
+            f"{len(st.per_byte_s)} bytes in {st.seconds:.2f} s ({rate:.1f} bytes/s), {st.sweeps} sweeps, {st.positions} positions processed",
+            err=True,
+        )
         trace = getattr(sweeper, "trace", None)
         if trace:
             for b in sorted({h.block_index for h in trace}):
                 hops = [h for h in trace if h.block_index == b]
-                typer.echo(f"  block {b}: {len(hops)} hops, mean {1000 * sum(h.seconds for h in hops) / len(hops):.1f} ms via {sorted({h.address for h in hops})}", err=True)
+                typer.echo(
+                    f"  block {b}: {len(hops)} hops, mean {1000 * sum(h.seconds for h in hops) / len(hops):.1f} ms via {sorted({h.address for h in hops})}",
+                    err=True,
+                )
             if getattr(sweeper, "failovers", 0):
                 typer.echo(f"  failovers: {sweeper.failovers}", err=True)

@@ -3,13 +3,12 @@
 Commands: train, eval, model-info, data fetch (model core); run, join, status, demo (swarm);
 score, generate (inference). Each lives in its own module under cli/.
 """
+
 from __future__ import annotations
 
 import typer
 
-from cli import data, evaluate, model_info, train
-from cli import generate, score
-from cli import demo, join, run, status
+from cli import data, demo, evaluate, generate, join, model_info, run, score, status, train
 
 app = typer.Typer(
     name="blocktrain",

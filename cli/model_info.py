@@ -1,4 +1,5 @@
 """`blocktrain model-info`: parameter counts and AdamW memory of a block worker vs the whole stack."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -26,9 +27,15 @@ def info(
         if json_out:
             print_json(result)
             return
-        typer.echo(f"config  B={cfg.blocks} L_b={cfg.layers_per_block} d={cfg.d_model} hidden={cfg.hidden} seq={cfg.seq_len}  hash {result['config_hash']}")
+        typer.echo(
+            f"config  B={cfg.blocks} L_b={cfg.layers_per_block} d={cfg.d_model} hidden={cfg.hidden} seq={cfg.seq_len}  hash {result['config_hash']}"
+        )
         typer.echo(f"block params            {result['block_params']:>14,}")
         typer.echo(f"byte table params       {result['embedding_params']:>14,}")
-        typer.echo(f"active worker AdamW     {result['active_adamw_bytes'] / GIB:>14.4f} GiB  ({result['active_trainable_params']:,} trainable params)")
-        typer.echo(f"whole stack AdamW       {result['full_stack_adamw_bytes'] / GIB:>14.4f} GiB  ({result['stack_params']:,} params)")
+        typer.echo(
+            f"active worker AdamW     {result['active_adamw_bytes'] / GIB:>14.4f} GiB  ({result['active_trainable_params']:,} trainable params)"
+        )
+        typer.echo(
+            f"whole stack AdamW       {result['full_stack_adamw_bytes'] / GIB:>14.4f} GiB  ({result['stack_params']:,} params)"
+        )
         typer.echo(f"active / stack          {result['active_fraction']:>14.3f}")

@@ -4,11 +4,12 @@ One sweep (one traversal of the block stack) scores a whole batch of seq_len-byt
 result equals `blocktrain eval` of the same weights and noise seed. `open_sweeper` is shared with
 `blocktrain generate`: --swarm builds a swarmd.serve.remote.RemoteSweeper, --checkpoint a LocalSweeper.
 """
+
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,14 +17,36 @@ from cli import options as o
 from cli.common import check_device, cli_errors, print_json
 
 S = "Swarm"
-Swarm = Annotated[Optional[list[str]], typer.Option("--swarm", help="Multiaddr (or host:port) of a running peer; repeat for several.", envvar="BLOCKTRAIN_SWARM", rich_help_panel=S)]
-SwarmId = Annotated[str, typer.Option("--swarm-id", help="Swarm name the peers run under.", envvar="BLOCKTRAIN_SWARM_ID", rich_help_panel=S)]
-Checkpoint = Annotated[Optional[Path], typer.Option("--checkpoint", help="Run locally from this checkpoint directory instead of a swarm.")]
-TimeoutS = Annotated[float, typer.Option("--timeout-s", help="Seconds a peer may take for one step before the client fails over to a replica.", rich_help_panel=S)]
-Steps = Annotated[Optional[int], typer.Option("--steps", help="Sampler steps (default: one per block).")]
+Swarm = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--swarm",
+        help="Multiaddr (or host:port) of a running peer; repeat for several.",
+        envvar="BLOCKTRAIN_SWARM",
+        rich_help_panel=S,
+    ),
+]
+SwarmId = Annotated[
+    str,
+    typer.Option("--swarm-id", help="Swarm name the peers run under.", envvar="BLOCKTRAIN_SWARM_ID", rich_help_panel=S),
+]
+Checkpoint = Annotated[
+    Path | None, typer.Option("--checkpoint", help="Run locally from this checkpoint directory instead of a swarm.")
+]
+TimeoutS = Annotated[
+    float,
+    typer.Option(
+        "--timeout-s",
+        help="Seconds a peer may take for one step before the client fails over to a replica.",
+        rich_help_panel=S,
+    ),
+]
+Steps = Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")]
 
 
-async def open_sweeper(swarm: list[str] | None, swarm_id: str, checkpoint: Path | None, device: str, steps: int | None, timeout_s: float):
+async def open_sweeper(
+    swarm: list[str] | None, swarm_id: str, checkpoint: Path | None, device: str, steps: int | None, timeout_s: float
+):
     """(sweeper, async closer) for exactly one of --swarm / --checkpoint."""
     if bool(swarm) == (checkpoint is not None):
         raise ValueError("give exactly one of --swarm and --checkpoint")
@@ -48,8 +71,12 @@ def score(
     swarm: Swarm = None,
     checkpoint: Checkpoint = None,
     swarm_id: SwarmId = "blocktrain",
-    max_bytes: Annotated[Optional[int], typer.Option("--max-bytes", help="Score at most this many bytes (whole windows).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Noise seed of the sampler (same as `blocktrain eval --seed`).")] = 1234,
+    max_bytes: Annotated[
+        int | None, typer.Option("--max-bytes", help="Score at most this many bytes (whole windows).")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Noise seed of the sampler (same as `blocktrain eval --seed`).")
+    ] = 1234,
     steps: Steps = None,
     timeout_s: TimeoutS = 30.0,
     device: o.DeviceOpt = "cpu",
@@ -64,7 +91,9 @@ def score(
         if json_out:
             print_json(result)
             return
-        typer.echo(f"ce {result['ce']:.4f} nats/byte  ppl {result['ppl']:.3f}  tokens {result['tokens']}  sweeps {result['sweeps']}  ({result['source']})")
+        typer.echo(
+            f"ce {result['ce']:.4f} nats/byte  ppl {result['ppl']:.3f}  tokens {result['tokens']}  sweeps {result['sweeps']}  ({result['source']})"
+        )
 
 
 async def _score(file, swarm, swarm_id, checkpoint, device, steps, timeout_s, seed, max_bytes) -> dict:
@@ -77,7 +106,12 @@ async def _score(file, swarm, swarm_id, checkpoint, device, steps, timeout_s, se
         if trace is not None:
             result["hops"] = len(trace)
             blocks = sorted({h.block_index for h in trace})
-            result["hop_ms"] = {str(b): 1000 * sum(h.seconds for h in trace if h.block_index == b) / sum(h.block_index == b for h in trace) for b in blocks}
+            result["hop_ms"] = {
+                str(b): 1000
+                * sum(h.seconds for h in trace if h.block_index == b)
+                / sum(h.block_index == b for h in trace)
+                for b in blocks
+            }
         result["source"] = f"swarm {swarm_id}" if swarm else str(checkpoint)
         return result
     finally:

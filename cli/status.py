@@ -1,9 +1,10 @@
 """`blocktrain status`: one peer (ADDRESS) or the whole swarm (--swarm MULTIADDR) as a table or JSON."""
+
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -41,27 +42,66 @@ def render(summary: dict) -> None:
     if not console.is_terminal:
         console = Console(width=160)  # pipes and tests: do not squeeze the table to 80 columns
     peers = Table(title="peers")
-    for col in ("peer", "block", "state", "round", "steps", "samples/s", "last CE", "sent", "received", "particip.", "uptime", "address"):
+    for col in (
+        "peer",
+        "block",
+        "state",
+        "round",
+        "steps",
+        "samples/s",
+        "last CE",
+        "sent",
+        "received",
+        "particip.",
+        "uptime",
+        "address",
+    ):
         peers.add_column(col)
     for r in summary["peers"]:
         peers.add_row(
-            r["peer_id"][-8:], str(r["block"]), r["state"], str(r["round"]), str(r["local_steps"]), _num(r["samples_per_s"], "{:.1f}"), _num(r["last_ce"], "{:.4f}"),
-            _bytes(r["bytes_sent"]), _bytes(r["bytes_received"]), _num(r["participation"]), _num(r["uptime_s"], "{:.0f}s"), r["address"] or "(client)",
+            r["peer_id"][-8:],
+            str(r["block"]),
+            r["state"],
+            str(r["round"]),
+            str(r["local_steps"]),
+            _num(r["samples_per_s"], "{:.1f}"),
+            _num(r["last_ce"], "{:.4f}"),
+            _bytes(r["bytes_sent"]),
+            _bytes(r["bytes_received"]),
+            _num(r["participation"]),
+            _num(r["uptime_s"], "{:.0f}s"),
+            r["address"] or "(client)",
         )
     blocks = Table(title="blocks")
     for col in ("block", "peers", "samples/s", "consensus distance"):
         blocks.add_column(col)
     for b in summary["blocks"]:
-        blocks.add_row(str(b["block"]), str(b["peers"]), _num(b["samples_per_s"], "{:.1f}"), _num(b["consensus_distance"], "{:.2e}"))
+        blocks.add_row(
+            str(b["block"]),
+            str(b["peers"]),
+            _num(b["samples_per_s"], "{:.1f}"),
+            _num(b["consensus_distance"], "{:.2e}"),
+        )
     console.print(peers)
     console.print(blocks)
     console.print(f"swarm consensus distance (max over blocks): {_num(summary['consensus_distance'], '{:.2e}')}")
 
 
 def status(
-    address: Annotated[Optional[str], typer.Argument(help="HOST:PORT of one peer's gRPC server.", show_default=False)] = None,
-    swarm: Annotated[Optional[list[str]], typer.Option("--swarm", help="DHT multiaddr (repeatable) or HOST:PORT list: show every peer of the swarm.", show_default=False)] = None,
-    swarm_id: Annotated[str, typer.Option("--swarm-id", help="Swarm name to look up in the DHT.", envvar="BLOCKTRAIN_SWARM_ID")] = "blocktrain",
+    address: Annotated[
+        str | None, typer.Argument(help="HOST:PORT of one peer's gRPC server.", show_default=False)
+    ] = None,
+    swarm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--swarm",
+            help="DHT multiaddr (repeatable) or HOST:PORT list: show every peer of the swarm.",
+            show_default=False,
+        ),
+    ] = None,
+    swarm_id: Annotated[
+        str, typer.Option("--swarm-id", help="Swarm name to look up in the DHT.", envvar="BLOCKTRAIN_SWARM_ID")
+    ] = "blocktrain",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each peer.")] = 5.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -70,7 +110,9 @@ def status(
     with cli_errors():
         if bool(address) == bool(swarm):
             fail("pass either ADDRESS or --swarm MULTIADDR", 2)
-        summary = asyncio.run(survey_peer(address, timeout) if address else survey_swarm(list(swarm), swarm_id, timeout))
+        summary = asyncio.run(
+            survey_peer(address, timeout) if address else survey_swarm(list(swarm), swarm_id, timeout)
+        )
         if json_out:
             print_json(no_nan(summary))
         else:

@@ -1,4 +1,5 @@
 """`blocktrain train`: train a BlockTrain stack (or the E2E reference) in one process."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,34 +52,74 @@ def train(
         cfg = model_config(blocks, layers_per_block, d_model, n_heads, hidden, seq_len, sigma_lo, sigma_hi)
         if steps_per_round < 1 or rounds < 1:
             raise ValueError("--steps-per-round and --rounds must be >= 1")
-        tcfg = TrainConfig(batch_size=batch_size, lr=lr, seed=seed, total_steps=steps_per_round * rounds, warmup_steps=min(50, steps_per_round * rounds // 10), trajectory_prob=trajectory_prob)
+        tcfg = TrainConfig(
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            total_steps=steps_per_round * rounds,
+            warmup_steps=min(50, steps_per_round * rounds // 10),
+            trajectory_prob=trajectory_prob,
+        )
         train_path = resolve_data(data, "train")
         corpus = ByteData.from_path(train_path, cfg.seq_len)
         eval_xy = ByteData.from_path(eval_path_for(train_path, eval_data), cfg.seq_len).eval_windows(eval_tokens)
         history: list[dict] = []
         total = steps_per_round * rounds * (1 if e2e else cfg.blocks)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=json_out, disable=json_out) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=json_out,
+            disable=json_out,
+        ) as bar:
             task = bar.add_task("training", total=total)
 
             def on_step(block_index: int, metrics: dict) -> None:
-                bar.update(task, advance=1, description=f"{'e2e' if e2e else f'block {block_index}'} ce {metrics['ce']:.3f}")
+                bar.update(
+                    task, advance=1, description=f"{'e2e' if e2e else f'block {block_index}'} ce {metrics['ce']:.3f}"
+                )
 
             def on_round(r: RoundReport) -> None:
-                row = {"round": r.round, "steps_per_block": r.steps_per_block, "train_ce": r.train_ce, "eval_ce": r.eval["ce"], "seconds": r.seconds}
+                row = {
+                    "round": r.round,
+                    "steps_per_block": r.steps_per_block,
+                    "train_ce": r.train_ce,
+                    "eval_ce": r.eval["ce"],
+                    "seconds": r.seconds,
+                }
                 if "trace" in r.eval:
                     row["trace"] = [s["ce"] for s in r.eval["trace"]]
                 history.append(row)
                 if not json_out:
                     trace = f" per-step {', '.join(f'{c:.3f}' for c in row.get('trace', []))}" if "trace" in row else ""
-                    bar.console.print(f"round {r.round}: train ce {r.train_ce:.3f}  eval {'' if e2e else 'from-noise '}ce {r.eval['ce']:.4f}{trace}")
+                    bar.console.print(
+                        f"round {r.round}: train ce {r.train_ce:.3f}  eval {'' if e2e else 'from-noise '}ce {r.eval['ce']:.4f}{trace}"
+                    )
 
             if e2e:
                 trainer = train_e2e(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
                 save_e2e(out, cfg, trainer.model, tcfg, rounds=rounds, steps=trainer.step_count)
             else:
                 stack = train_blocktrain(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
-                save_model(out, cfg, dict(enumerate(stack.blocks)), stack.emb, tcfg, {b: t.step_count for b, t in enumerate(stack.trainers)}, rounds=rounds)
+                save_model(
+                    out,
+                    cfg,
+                    dict(enumerate(stack.blocks)),
+                    stack.emb,
+                    tcfg,
+                    {b: t.step_count for b, t in enumerate(stack.trainers)},
+                    rounds=rounds,
+                )
         if json_out:
-            print_json({"checkpoint": str(out), "kind": "e2e" if e2e else "blocktrain", "config": cfg.to_dict(), "history": history, "ce": history[-1]["eval_ce"]})
+            print_json(
+                {
+                    "checkpoint": str(out),
+                    "kind": "e2e" if e2e else "blocktrain",
+                    "config": cfg.to_dict(),
+                    "history": history,
+                    "ce": history[-1]["eval_ce"],
+                }
+            )
         else:
             typer.echo(f"checkpoint written to {out}")

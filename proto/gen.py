@@ -4,6 +4,7 @@ Runs grpc_tools.protoc -I proto --python_out --grpc_python_out --pyi_out over pr
 which writes swarmd/v1/swarm_pb2{,_grpc}.py{,i}. tests/test_protos.py regenerates into a temp
 directory and compares bytes, so committed stubs never drift from the .proto.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,7 +19,14 @@ PROTOS = sorted((ROOT / "proto" / "swarmd" / "v1").glob("*.proto"))
 def generate(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     include = str(Path(protoc.__file__).parent / "_proto")
-    args = ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", f"--pyi_out={out_dir}"]
+    args = [
+        "protoc",
+        f"-I{ROOT / 'proto'}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+    ]
     rc = protoc.main(args + [str(p) for p in PROTOS])
     if rc != 0:
         raise SystemExit(f"protoc failed with exit code {rc}")

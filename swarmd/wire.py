@@ -5,6 +5,7 @@ applied to every tensor that arrives from a peer before it is used: known dtype,
 matches the shape, a size limit, and (for floats) finite values. Tensors are little-endian raw
 bytes, optionally one zstd frame; nothing is ever pickled. No grpc server or torch.nn here.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,13 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def bytes_to_tensor(data: bytes | memoryview, dtype: str, shape: list[int] | tuple[int, ...], max_bytes: int = DEFAULT_MAX_TENSOR_BYTES, check_finite: bool = True) -> torch.Tensor:
+def bytes_to_tensor(
+    data: bytes | memoryview,
+    dtype: str,
+    shape: list[int] | tuple[int, ...],
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+    check_finite: bool = True,
+) -> torch.Tensor:
     """Validated tensor from raw bytes: raises ValidationError on any mismatch."""
     if dtype not in DTYPES:
         raise ValidationError(f"unknown dtype {dtype!r}")
@@ -53,7 +60,9 @@ def bytes_to_tensor(data: bytes | memoryview, dtype: str, shape: list[int] | tup
     if expected > max_bytes:
         raise ValidationError(f"tensor of {expected} bytes exceeds the limit of {max_bytes}")
     if len(data) != expected:
-        raise ValidationError(f"tensor bytes {len(data)} do not match dtype {dtype} and shape {list(shape)} ({expected} expected)")
+        raise ValidationError(
+            f"tensor bytes {len(data)} do not match dtype {dtype} and shape {list(shape)} ({expected} expected)"
+        )
     np_dtype = np.int16 if torch_dtype == torch.bfloat16 else torch.empty(0, dtype=torch_dtype).numpy().dtype
     arr = np.frombuffer(bytes(data), dtype=np_dtype).reshape([int(s) for s in shape]).copy()
     t = torch.from_numpy(arr)
@@ -81,15 +90,24 @@ def zstd_decompress(data: bytes, max_bytes: int) -> bytes:
 
 def to_proto(t: torch.Tensor, compress: bool = False) -> pb.Tensor:
     raw = tensor_to_bytes(t)
-    return pb.Tensor(dtype=DTYPE_NAMES[t.dtype], shape=list(t.shape), data=zstd_compress(raw) if compress else raw, zstd=compress)
+    return pb.Tensor(
+        dtype=DTYPE_NAMES[t.dtype], shape=list(t.shape), data=zstd_compress(raw) if compress else raw, zstd=compress
+    )
 
 
-def from_proto(msg: pb.Tensor, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES, expect_shape: tuple[int | None, ...] | None = None, expect_dtype: str | None = None) -> torch.Tensor:
+def from_proto(
+    msg: pb.Tensor,
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+    expect_shape: tuple[int | None, ...] | None = None,
+    expect_dtype: str | None = None,
+) -> torch.Tensor:
     """Validated tensor from a Tensor message; expect_shape may hold None for free dimensions."""
     if expect_dtype is not None and msg.dtype != expect_dtype:
         raise ValidationError(f"expected dtype {expect_dtype}, got {msg.dtype!r}")
     if expect_shape is not None:
-        if len(msg.shape) != len(expect_shape) or any(e is not None and e != s for e, s in zip(expect_shape, msg.shape)):
+        if len(msg.shape) != len(expect_shape) or any(
+            e is not None and e != s for e, s in zip(expect_shape, msg.shape)
+        ):
             raise ValidationError(f"expected shape {list(expect_shape)}, got {list(msg.shape)}")
     data = zstd_decompress(msg.data, max_bytes) if msg.zstd else msg.data
     return bytes_to_tensor(data, msg.dtype, list(msg.shape), max_bytes)

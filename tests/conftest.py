@@ -5,6 +5,7 @@ every descendant of the pytest process to be gone (hivemind DHT processes, their
 `blocktrain run` subprocesses, multiprocessing children), then reaps and reports leftovers. Linux
 only (/proc); elsewhere it checks multiprocessing.active_children() alone.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -31,7 +32,9 @@ def _descendants(root: int) -> dict[int, str]:
             if fields[0] == "Z":
                 continue
             parents[int(entry.name)] = int(fields[1])
-            names[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+            names[int(entry.name)] = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+            )
         except (OSError, ValueError):
             continue
     found, frontier = {}, [root]
@@ -62,7 +65,11 @@ def no_leaked_children():
     while True:
         for child in multiprocessing.active_children():  # joins finished ones as a side effect
             pass
-        left = _descendants(os.getpid()) if Path("/proc").is_dir() else {p.pid: p.name for p in multiprocessing.active_children()}
+        left = (
+            _descendants(os.getpid())
+            if Path("/proc").is_dir()
+            else {p.pid: p.name for p in multiprocessing.active_children()}
+        )
         left = {pid: cmd for pid, cmd in left.items() if not any(a in cmd for a in ALLOWED)}
         if not left or time.monotonic() > deadline:
             break

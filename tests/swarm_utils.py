@@ -4,6 +4,7 @@ Everything here runs on 127.0.0.1 with ephemeral ports and is torn down by the c
 reverse order, each with a timeout). Waiting is always on an event or a polled condition with a
 deadline, never a bare sleep.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,13 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from swarmd.core.config import ModelConfig, TrainConfig
-from swarmd.transport.framing import Encoded
-from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.errors import PeerUnavailable
+from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.swarm.gossip import Gossip
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
 from swarmd.swarm.state import BlockState
+from swarmd.transport.framing import Encoded
 
 TEXT = (b"the quick brown fox jumps over the lazy dog. " * 40) + bytes(range(32, 127)) * 8
 
@@ -67,7 +68,13 @@ class MemoryTransport:
         return self.peers[address].state_payload(request)
 
 
-def memory_swarm(blocks_of: list[int], codec: str = "fp32", blocks: int = 2, deadline_max_s: float = 5.0, client_mode: set[int] = frozenset()) -> tuple[list[Gossip], MemoryTransport, dict]:
+def memory_swarm(
+    blocks_of: list[int],
+    codec: str = "fp32",
+    blocks: int = 2,
+    deadline_max_s: float = 5.0,
+    client_mode: set[int] = frozenset(),
+) -> tuple[list[Gossip], MemoryTransport, dict]:
     """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board."""
     cfg = tiny_model(blocks)
     gcfg = GossipConfig(steps_per_round=2, codec=codec, deadline_min_s=0.2, deadline_max_s=deadline_max_s)
@@ -78,7 +85,18 @@ def memory_swarm(blocks_of: list[int], codec: str = "fp32", blocks: int = 2, dea
     for i, b in enumerate(blocks_of):
         state = BlockState(cfg, tiny_train(), b, worker_seed=i)
         pid = f"peer{i:02d}"
-        me = PeerRecord(pid, "" if i in client_mode else f"mem:{i}", b, 0, 0.0, cfg.config_hash(), state.block_hash, i in client_mode, "test", state.emb_hash)
+        me = PeerRecord(
+            pid,
+            "" if i in client_mode else f"mem:{i}",
+            b,
+            0,
+            0.0,
+            cfg.config_hash(),
+            state.block_hash,
+            i in client_mode,
+            "test",
+            state.emb_hash,
+        )
         g = Gossip(state, transport, gcfg, me, Metrics())
         if me.address:
             peers[me.address] = g
@@ -105,13 +123,40 @@ async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: s
     return reports
 
 
-def daemon_config(tmp: Path, block: int, *, blocks: int = 2, seed: int = 0, initial_peers: tuple[str, ...] = (), discovery: str = "hivemind", client_mode: bool = False, checkpoint: bool = False, max_rounds: int = 0, steps: int = 2, deadline_max_s: float = 8.0, codec: str = "fp32", min_peers: int = 0, eval_every: int = 0) -> DaemonConfig:
+def daemon_config(
+    tmp: Path,
+    block: int,
+    *,
+    blocks: int = 2,
+    seed: int = 0,
+    initial_peers: tuple[str, ...] = (),
+    discovery: str = "hivemind",
+    client_mode: bool = False,
+    checkpoint: bool = False,
+    max_rounds: int = 0,
+    steps: int = 2,
+    deadline_max_s: float = 8.0,
+    codec: str = "fp32",
+    min_peers: int = 0,
+    eval_every: int = 0,
+) -> DaemonConfig:
     data = write_corpus(tmp) if not (Path(tmp) / "train.txt").exists() else Path(tmp) / "train.txt"
     return DaemonConfig(
         model=tiny_model(blocks),
         train=tiny_train(),
-        gossip=GossipConfig(steps_per_round=steps, codec=codec, deadline_min_s=0.5, deadline_max_s=deadline_max_s, rpc_timeout_s=5.0),
-        net=NetConfig(swarm_id="test", listen="127.0.0.1:0", initial_peers=tuple(initial_peers), discovery=discovery, client_mode=client_mode, announce_period_s=0.5, record_ttl_s=4.0, dht_start_timeout_s=20.0),
+        gossip=GossipConfig(
+            steps_per_round=steps, codec=codec, deadline_min_s=0.5, deadline_max_s=deadline_max_s, rpc_timeout_s=5.0
+        ),
+        net=NetConfig(
+            swarm_id="test",
+            listen="127.0.0.1:0",
+            initial_peers=tuple(initial_peers),
+            discovery=discovery,
+            client_mode=client_mode,
+            announce_period_s=0.5,
+            record_ttl_s=4.0,
+            dht_start_timeout_s=20.0,
+        ),
         data_path=str(data),
         eval_path=str(Path(tmp) / "eval.txt"),
         eval_tokens=256,
@@ -139,4 +184,14 @@ async def wait_until(predicate, timeout_s: float = 20.0, poll_s: float = 0.05, w
         await asyncio.sleep(poll_s)
 
 
-__all__ = ["MemoryDiscovery", "memory_round", "memory_swarm", "replace", "tiny_model", "tiny_train", "daemon_config", "wait_until", "write_corpus"]
+__all__ = [
+    "MemoryDiscovery",
+    "daemon_config",
+    "memory_round",
+    "memory_swarm",
+    "replace",
+    "tiny_model",
+    "tiny_train",
+    "wait_until",
+    "write_corpus",
+]

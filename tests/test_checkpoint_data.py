@@ -1,14 +1,23 @@
 """Checkpoint round trips (bit-exact, atomic, swappable blocks) and data loading errors."""
+
 import json
 
 import pytest
 import torch
 
-from swarmd.core.checkpoint import block_file, load_block, load_model, load_optimizer, read_config, save_model, save_optimizer
+from swarmd.core.checkpoint import (
+    block_file,
+    load_block,
+    load_model,
+    load_optimizer,
+    read_config,
+    save_model,
+    save_optimizer,
+)
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData, load_bytes
-from swarmd.errors import CheckpointError, DataError
 from swarmd.core.train import BlockTrainer, init_block, init_embedding
+from swarmd.errors import CheckpointError, DataError
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
 

@@ -1,4 +1,5 @@
 """CLI of the model core: --help everywhere, clear errors and exit codes, a tiny train/eval run."""
+
 import json
 import math
 
@@ -30,7 +31,23 @@ def test_help_for_every_command(command):
 
 
 def test_model_info_json_paper_config():
-    result = runner.invoke(app, ["model-info", "--blocks", "3", "--layers-per-block", "4", "--d-model", "512", "--n-heads", "8", "--hidden", "2048", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "model-info",
+            "--blocks",
+            "3",
+            "--layers-per-block",
+            "4",
+            "--d-model",
+            "512",
+            "--n-heads",
+            "8",
+            "--hidden",
+            "2048",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     gib = info["active_adamw_bytes"] / 2**30
@@ -54,7 +71,12 @@ def test_model_info_json_paper_config():
 def test_bad_input_gives_one_line_error(tmp_path, args, needle):
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "text.txt").write_bytes(b"some text " * 50)
-    subst = {"OUT": str(tmp_path / "out"), "MISSING": str(tmp_path / "missing"), "EMPTY": str(tmp_path / "empty.txt"), "TEXT": str(tmp_path / "text.txt")}
+    subst = {
+        "OUT": str(tmp_path / "out"),
+        "MISSING": str(tmp_path / "missing"),
+        "EMPTY": str(tmp_path / "empty.txt"),
+        "TEXT": str(tmp_path / "text.txt"),
+    }
     result = runner.invoke(app, [subst.get(a, a) for a in args])
     assert result.exit_code in (1, 2)
     assert needle in result.output
@@ -65,19 +87,62 @@ def test_train_then_eval_tiny(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     out = tmp_path / "ck"
-    result = runner.invoke(app, ["train", "--out", str(out), "--data", str(text), *TINY, "--steps-per-round", "5", "--rounds", "2", "--batch-size", "4", "--eval-tokens", "256", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--out",
+            str(out),
+            "--data",
+            str(text),
+            *TINY,
+            "--steps-per-round",
+            "5",
+            "--rounds",
+            "2",
+            "--batch-size",
+            "4",
+            "--eval-tokens",
+            "256",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert len(summary["history"]) == 2 and len(summary["history"][0]["trace"]) == 2
-    result = runner.invoke(app, ["eval", "--checkpoint", str(out), "--data", str(text), "--eval-tokens", "256", "--trace", "--json"])
+    result = runner.invoke(
+        app, ["eval", "--checkpoint", str(out), "--data", str(text), "--eval-tokens", "256", "--trace", "--json"]
+    )
     assert result.exit_code == 0, result.output
     ev = json.loads(result.output)
     assert {"ce", "ppl", "tokens"} <= set(ev) and ev["tokens"] == 256
     assert ev["ppl"] == pytest.approx(math.exp(ev["ce"]))
     assert [s["block"] for s in ev["trace"]] == [0, 1]
-    result = runner.invoke(app, ["train", "--e2e", "--out", str(tmp_path / "e2e"), "--data", str(text), *TINY, "--steps-per-round", "5", "--rounds", "1", "--batch-size", "4", "--eval-tokens", "256", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--e2e",
+            "--out",
+            str(tmp_path / "e2e"),
+            "--data",
+            str(text),
+            *TINY,
+            "--steps-per-round",
+            "5",
+            "--rounds",
+            "1",
+            "--batch-size",
+            "4",
+            "--eval-tokens",
+            "256",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "e2e"), "--data", str(text), "--eval-tokens", "256", "--json"])
+    result = runner.invoke(
+        app, ["eval", "--checkpoint", str(tmp_path / "e2e"), "--data", str(text), "--eval-tokens", "256", "--json"]
+    )
     assert result.exit_code == 0 and json.loads(result.output)["kind"] == "e2e"
 
 

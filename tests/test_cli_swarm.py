@@ -1,4 +1,5 @@
 """CLI of the swarm: --help of every command, `status` and `join` against a live daemon, the demo (slow)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +9,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from swarm_utils import daemon_config, write_corpus
 from typer.testing import CliRunner
 
 from cli.main import app
-from swarm_utils import daemon_config, write_corpus
 from swarmd.swarm.daemon import Daemon
 
 runner = CliRunner()
@@ -78,7 +79,16 @@ def test_status_of_a_live_daemon_table_and_json(tmp_path):
     body = json.loads(as_json.output)
     (peer,) = body["peers"]
     assert peer["block"] == 1 and peer["round"] == 1 and peer["local_steps"] == 2 and peer["address"] == address
-    for key in ("state", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "peer_id"):
+    for key in (
+        "state",
+        "samples_per_s",
+        "last_ce",
+        "bytes_sent",
+        "bytes_received",
+        "participation",
+        "uptime_s",
+        "peer_id",
+    ):
         assert key in peer
     assert [b["peers"] for b in body["blocks"]] == [0, 1]
     assert json.loads(swarm.output)["peers"][0]["peer_id"] == d.peer_id
@@ -106,7 +116,9 @@ def test_status_errors_are_one_line():
 def test_join_refuses_a_mismatched_explicit_model_flag(tmp_path):
     data = write_corpus(tmp_path)
     with LiveDaemon(daemon_config(tmp_path, 0, discovery="static")) as d:
-        result = runner.invoke(app, ["join", d.server.address, "--swarm-id", "test", "--data", str(data), "--d-model", "64"])
+        result = runner.invoke(
+            app, ["join", d.server.address, "--swarm-id", "test", "--data", str(data), "--d-model", "64"]
+        )
         wrong_swarm = runner.invoke(app, ["join", d.server.address, "--swarm-id", "other", "--data", str(data)])
     assert result.exit_code == 2, result.output
     assert "--d-model 64 (swarm: 32)" in result.output
@@ -118,25 +130,105 @@ def test_join_fetches_the_config_and_the_state(tmp_path):
     # test process; the DHT path of join is what `blocktrain demo` and benchmarks/*.py run.
     data = write_corpus(tmp_path)
     with LiveDaemon(daemon_config(tmp_path, 0, discovery="static")) as d:
-        result = runner.invoke(app, ["join", d.server.address, "--swarm-id", "test", "--data", str(data), "--rounds", "2", "--steps-per-round", "2", "--batch-size", "4", "--deadline-max", "2", "--codec", "fp32"])
+        result = runner.invoke(
+            app,
+            [
+                "join",
+                d.server.address,
+                "--swarm-id",
+                "test",
+                "--data",
+                str(data),
+                "--rounds",
+                "2",
+                "--steps-per-round",
+                "2",
+                "--batch-size",
+                "4",
+                "--deadline-max",
+                "2",
+                "--codec",
+                "fp32",
+            ],
+        )
     assert result.exit_code == 0, result.output
-    assert f"swarm config {d.cfg.config_hash()}" in result.output and "block: 1" in result.output  # auto: block 1 had nobody
-    assert "round 2:" in result.output and "stopped at round 2" in result.output  # adopted round 1 from the peer, then one round
+    assert (
+        f"swarm config {d.cfg.config_hash()}" in result.output and "block: 1" in result.output
+    )  # auto: block 1 had nobody
+    assert (
+        "round 2:" in result.output and "stopped at round 2" in result.output
+    )  # adopted round 1 from the peer, then one round
 
 
 def test_run_reports_a_dht_that_cannot_start(tmp_path):
     data = write_corpus(tmp_path)
-    result = runner.invoke(app, ["run", "/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi", "--data", str(data), "--blocks", "2", "--d-model", "32", "--n-heads", "2", "--seq-len", "16", "--layers-per-block", "1"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi",
+            "--data",
+            str(data),
+            "--blocks",
+            "2",
+            "--d-model",
+            "32",
+            "--n-heads",
+            "2",
+            "--seq-len",
+            "16",
+            "--layers-per-block",
+            "1",
+        ],
+    )
     assert result.exit_code == 1 and "could not start the DHT" in result.output
 
 
 @pytest.mark.slow
 def test_demo_six_peers_trains_the_assembled_model(tmp_path):
     """The README's command at a tiny size: 6 processes, B=3 x 2 replicas, from-noise CE goes down."""
-    data = Path(os.environ.get("BLOCKTRAIN_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2") / "train.txt"
+    data = (
+        Path(
+            os.environ.get("BLOCKTRAIN_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+        )
+        / "train.txt"
+    )
     if not data.is_file():
         data = write_corpus(tmp_path)
-    result = runner.invoke(app, ["demo", "--peers", "6", "--blocks", "3", "--data", str(data), "--rounds", "3", "--steps-per-round", "10", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--batch-size", "8", "--eval-tokens", "2048", "--workdir", str(tmp_path / "demo"), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "demo",
+            "--peers",
+            "6",
+            "--blocks",
+            "3",
+            "--data",
+            str(data),
+            "--rounds",
+            "3",
+            "--steps-per-round",
+            "10",
+            "--d-model",
+            "32",
+            "--n-heads",
+            "2",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "8",
+            "--eval-tokens",
+            "2048",
+            "--workdir",
+            str(tmp_path / "demo"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    body = json.loads(result.output[result.output.index("{"):])
-    assert body["rounds"] == 3 and body["ce_end"] < body["ce_start"] and body["participation"] > 0.8 and body["bytes_sent"] > 0
+    body = json.loads(result.output[result.output.index("{") :])
+    assert (
+        body["rounds"] == 3
+        and body["ce_end"] < body["ce_start"]
+        and body["participation"] > 0.8
+        and body["bytes_sent"] > 0
+    )

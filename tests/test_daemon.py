@@ -3,6 +3,7 @@
 Each test drives daemons in one event loop: start, serve for a bounded number of rounds (or call
 run_round directly), assert, and shut everything down in reverse order.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,15 +13,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from swarm_utils import daemon_config, wait_until
-from swarmd.swarm.daemon import Daemon
+
 from swarmd.errors import ConfigMismatch, DataError
+from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +48,10 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
         (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
         multiaddrs = tuple(d0.discovery.multiaddrs())
         try:
-            d1, d2 = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3), daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=1))
+            d1, d2 = await started(
+                daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3),
+                daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=1),
+            )
         except BaseException:
             await stop_all([d0])
             raise
@@ -70,14 +73,26 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
     assert all(r.participation == 1.0 for d in (d0, d1, d2) for r in d.reports)
     assert d0.metrics.consensus_distance == 0.0  # from d1's status sketch at the same round
     assert d0.metrics.bytes_sent > 0 and d0.metrics.bytes_received > 0
-    assert 0 < d2.metrics.last_ce < 10 and d2.status().last_ce == d2.metrics.last_ce  # pulled block 0, measured the assembled model
+    assert (
+        0 < d2.metrics.last_ce < 10 and d2.status().last_ce == d2.metrics.last_ce
+    )  # pulled block 0, measured the assembled model
 
 
 def test_client_mode_peer_gossips_without_a_server(tmp_path):
     async def scenario():
         (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2))
         try:
-            (client,) = await started(daemon_config(tmp_path, 0, seed=1, initial_peers=tuple(server.discovery.multiaddrs()), client_mode=True, max_rounds=2, min_peers=2))
+            (client,) = await started(
+                daemon_config(
+                    tmp_path,
+                    0,
+                    seed=1,
+                    initial_peers=tuple(server.discovery.multiaddrs()),
+                    client_mode=True,
+                    max_rounds=2,
+                    min_peers=2,
+                )
+            )
         except BaseException:
             await stop_all([server])
             raise
@@ -96,7 +111,9 @@ def test_client_mode_peer_gossips_without_a_server(tmp_path):
 
 def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
     async def scenario():
-        daemons = await started(*(daemon_config(tmp_path, 0, seed=i, discovery="static", deadline_max_s=3.0) for i in range(3)))
+        daemons = await started(
+            *(daemon_config(tmp_path, 0, seed=i, discovery="static", deadline_max_s=3.0) for i in range(3))
+        )
         addresses = [d.server.address for d in daemons]
         for d in daemons:
             d.discovery.addresses = addresses
@@ -145,7 +162,13 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     async def second_run():
         (d,) = await started(daemon_config(tmp_path, -1, seed=0, discovery="static", checkpoint=True))
         try:
-            resumed = (d.state.round, d.state.block_hash, d.state.emb_hash, d.state.trainer.step_count, {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()})
+            resumed = (
+                d.state.round,
+                d.state.block_hash,
+                d.state.emb_hash,
+                d.state.trainer.step_count,
+                {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()},
+            )
             await d.run_round()
             return resumed, d.state.round
         finally:
@@ -156,7 +179,12 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     assert body["kind"] == "swarm-peer" and body["block_index"] == 1 and body["round"] == d.state.round
     saved_opt = {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()}
     (round, block_hash, emb_hash, steps, opt_state), after = asyncio.run(second_run())
-    assert (round, block_hash, emb_hash, steps) == (d.state.round, d.state.block_hash, d.state.emb_hash, d.state.trainer.step_count)
+    assert (round, block_hash, emb_hash, steps) == (
+        d.state.round,
+        d.state.block_hash,
+        d.state.emb_hash,
+        d.state.trainer.step_count,
+    )
     assert all(torch.equal(opt_state[k], saved_opt[k]) for k in saved_opt)  # AdamW moments survive a restart
     assert after == round + 1
     with pytest.raises(ConfigMismatch, match="trains block 1, not --block 0"):
@@ -175,7 +203,9 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
         try:
             for _ in range(2):
                 await d0.run_round()
-            (d1,) = await started(daemon_config(tmp_path, 0, seed=1, discovery="static", initial_peers=(d0.server.address,)))
+            (d1,) = await started(
+                daemon_config(tmp_path, 0, seed=1, discovery="static", initial_peers=(d0.server.address,))
+            )
             try:
                 before = d1.state.block_hash
                 pulled = await d1.gossip.sync(await d1._records())
@@ -184,7 +214,16 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
                     st = await client.status(d0.server.address, 5)
                     cfg = await client.swarm_config(d0.server.address, 5)
                     session = client.forward_session(d0.server.address, 10)
-                    request = pb.ForwardRequest(session_id="s", block_index=0, config_hash=d0.cfg.config_hash(), context=to_proto(torch.randint(0, 256, (1, 4), dtype=torch.uint8)), z=to_proto(torch.randn(1, 4, 32)), sigma=5.0, sigma_next=2.0, start_position=0)
+                    request = pb.ForwardRequest(
+                        session_id="s",
+                        block_index=0,
+                        config_hash=d0.cfg.config_hash(),
+                        context=to_proto(torch.randint(0, 256, (1, 4), dtype=torch.uint8)),
+                        z=to_proto(torch.randn(1, 4, 32)),
+                        sigma=5.0,
+                        sigma_next=2.0,
+                        start_position=0,
+                    )
                     reply = await session.step(request)
                     await session.close()
                 finally:
@@ -199,7 +238,13 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
     assert list(reply.z.shape) == [1, 4, 32] and reply.peer_id == d0.peer_id  # Forward is delegated to BlockServing
     assert pulled == ["block", "embedding"] and before != d0.state.block_hash
     assert (d1.state.round, d1.state.block_hash, d1.state.emb_hash) == (2, d0.state.block_hash, d0.state.emb_hash)
-    assert isinstance(st, pb.PeerStatus) and st.round == 2 and st.block_index == 0 and len(st.sketch) == 256 and st.param_norm > 0
+    assert (
+        isinstance(st, pb.PeerStatus)
+        and st.round == 2
+        and st.block_index == 0
+        and len(st.sketch) == 256
+        and st.param_norm > 0
+    )
     assert st.base_hash == f"{d0.state.block_hash}/{d0.state.emb_hash}" and st.state in ("training", "averaging")
     assert cfg.config_hash == d0.cfg.config_hash() and json.loads(cfg.model_config_json)["d_model"] == 32
 

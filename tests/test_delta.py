@@ -1,4 +1,5 @@
 """Codec round trips and ratios, error feedback, chunking and validation of swarmd.swarm.delta."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,14 +1,24 @@
 """Discovery: key helpers, block choice, records, a real hivemind DHT on loopback, static lists."""
+
 from __future__ import annotations
 
 import asyncio
 import time
 
 import pytest
-
 from swarm_utils import wait_until
-from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, block_key, block_throughput, choose_block, connect_discovery, parse_block_key
+
 from swarmd.errors import PeerUnavailable, SwarmdError
+from swarmd.swarm.discovery import (
+    HivemindDiscovery,
+    PeerRecord,
+    StaticDiscovery,
+    block_key,
+    block_throughput,
+    choose_block,
+    connect_discovery,
+    parse_block_key,
+)
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -31,7 +41,10 @@ def test_choose_block_picks_least_throughput_then_lowest_index():
     assert choose_block([rec("a", 0, 5.0), rec("b", 1, 50.0), rec("c", 2, 20.0)], 3) == 0
     assert choose_block([rec("a", 0, 30.0), rec("b", 1, 10.0), rec("c", 1, 10.0), rec("d", 2, 20.0)], 3) == 1
     assert choose_block([rec("a", 0, 0.0)], 2) == 1  # a new peer (no EMA yet) still counts
-    assert block_throughput([rec("a", 0, 5.0), rec("b", 0, 7.0)], 2) == [{"block": 0, "peers": 2, "samples_per_s": 12.0}, {"block": 1, "peers": 0, "samples_per_s": 0}]
+    assert block_throughput([rec("a", 0, 5.0), rec("b", 0, 7.0)], 2) == [
+        {"block": 0, "peers": 2, "samples_per_s": 12.0},
+        {"block": 1, "peers": 0, "samples_per_s": 0},
+    ]
 
 
 def test_malformed_records_are_ignored():
@@ -75,7 +88,9 @@ def test_hivemind_dht_announce_find_and_expiry():
 def test_dht_that_cannot_start_fails_fast_with_cause_and_hint():
     start = time.monotonic()
     with pytest.raises(SwarmdError) as info:
-        HivemindDiscovery("sw", ["/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi"], start_timeout_s=15)
+        HivemindDiscovery(
+            "sw", ["/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi"], start_timeout_s=15
+        )
     assert time.monotonic() - start < 20
     message = str(info.value)
     assert "could not start the DHT" in message and "check that the multiaddrs" in message
@@ -87,7 +102,16 @@ def test_static_discovery_asks_each_address_and_skips_the_unreachable():
     async def status(address: str):
         if address == "127.0.0.1:2":
             raise PeerUnavailable("down")
-        return pb.PeerStatus(peer_id="p" + address[-1], block_index=1, round=4, swarm_id="sw", config_hash="cfg", address=address, base_hash="b/e", samples_per_s=3.0)
+        return pb.PeerStatus(
+            peer_id="p" + address[-1],
+            block_index=1,
+            round=4,
+            swarm_id="sw",
+            config_hash="cfg",
+            address=address,
+            base_hash="b/e",
+            samples_per_s=3.0,
+        )
 
     async def scenario():
         d = StaticDiscovery(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], status, "sw")

@@ -3,6 +3,7 @@
 Peers are real Gossip + BlockState objects on a tiny model; the transport is an in-process
 stand-in with PeerClient's semantics (tests/swarm_utils.MemoryTransport), so no sockets here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,16 @@ import time
 
 import pytest
 import torch
-
 from swarm_utils import memory_round, memory_swarm
+
+from swarmd.errors import SwarmdError
 from swarmd.swarm.delta import ErrorFeedback, encode
-from swarmd.transport.framing import Encoded
 from swarmd.swarm.discovery import PeerRecord
-from swarmd.errors import SwarmdError, ValidationError
 from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.sketch import count_sketch, sketch_distance
 from swarmd.swarm.state import relative_distance, weights_hash
-
+from swarmd.transport.framing import Encoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -156,8 +156,18 @@ def test_lossy_codecs_still_give_identical_replicas(codec):
 
 def _tampered(g, kind=BLOCK, **override) -> Encoded:
     rs = g.current
-    hdr = dict(swarm_id=g.me.swarm_id, config_hash=g.me.config_hash, kind=kind, block_index=g.me.block_index if kind == BLOCK else -1, round=rs.round, base_hash=rs.hashes[kind], peer_id="intruder")
-    tensors = {k: torch.zeros(v) for k, v in (g.state.block_shapes() if kind == BLOCK else g.state.emb_shapes()).items()}
+    hdr = dict(
+        swarm_id=g.me.swarm_id,
+        config_hash=g.me.config_hash,
+        kind=kind,
+        block_index=g.me.block_index if kind == BLOCK else -1,
+        round=rs.round,
+        base_hash=rs.hashes[kind],
+        peer_id="intruder",
+    )
+    tensors = {
+        k: torch.zeros(v) for k, v in (g.state.block_shapes() if kind == BLOCK else g.state.emb_shapes()).items()
+    }
     shapes_override = override.pop("tensors", None)
     hdr.update(override)
     return encode(shapes_override or tensors, "fp32", **hdr)
@@ -180,7 +190,15 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
             _tampered(g, kind=BLOCK, block_index=1),
         ]
         nan = _tampered(g)
-        nan.payload = encode({k: torch.zeros(s) for k, s in good_shapes.items()}, "fp32", zstd=False, **{f: getattr(nan.header, f) for f in ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "peer_id")}).payload
+        nan.payload = encode(
+            {k: torch.zeros(s) for k, s in good_shapes.items()},
+            "fp32",
+            zstd=False,
+            **{
+                f: getattr(nan.header, f)
+                for f in ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "peer_id")
+            },
+        ).payload
         nan.header.zstd = False
         nan.payload = bytes(nan.payload[:-4]) + bytes.fromhex("0000c07f")  # last float := NaN
         nan.header.payload_bytes = len(nan.payload)
@@ -273,7 +291,10 @@ def test_replicas_on_different_bases_converge_even_with_stale_records():
         a.state.adopt(bumped, None)  # a's block diverged, but the (lagging) DHT says b holds a's hash
         from dataclasses import replace
 
-        stale = {a.me.peer_id: a.record(), b.me.peer_id: replace(a.record(), peer_id=b.me.peer_id, address=b.me.address)}
+        stale = {
+            a.me.peer_id: a.record(),
+            b.me.peer_id: replace(a.record(), peer_id=b.me.peer_id, address=b.me.address),
+        }
         reports = []
         for _ in range(2):
             records = list(stale.values())
@@ -289,5 +310,7 @@ def test_replicas_on_different_bases_converge_even_with_stale_records():
 
     a, b, reports = asyncio.run(scenario())
     assert [r.accepted_block for r in reports[0]] == [[], []]  # round 1: each rejects the other's block delta
-    assert reports[1][0].accepted_block == ["peer01"] and reports[1][1].accepted_block == ["peer00"]  # the lower id adopted, then they averaged
+    assert reports[1][0].accepted_block == ["peer01"] and reports[1][1].accepted_block == [
+        "peer00"
+    ]  # the lower id adopted, then they averaged
     assert a.state.block_hash == b.state.block_hash

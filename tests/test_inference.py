@@ -1,4 +1,5 @@
 """Local inference: one-sweep scoring equals `blocktrain eval`; cached generation equals a full recompute."""
+
 import asyncio
 
 import numpy as np
@@ -7,9 +8,17 @@ import torch
 
 from swarmd.core.config import ModelConfig
 from swarmd.core.evaluate import from_noise_ce
-from swarmd.serve.inference import GenerationStats, LocalSweeper, generate_bytes, pick_byte, position_noise, score_windows, score_windows_of
 from swarmd.core.model import sample_from_noise
 from swarmd.core.train import init_block, init_embedding
+from swarmd.serve.inference import (
+    GenerationStats,
+    LocalSweeper,
+    generate_bytes,
+    pick_byte,
+    position_noise,
+    score_windows,
+    score_windows_of,
+)
 
 CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
 

@@ -1,4 +1,5 @@
 """Pins the DiffusionBlocks mechanics to hand-computed values (diffusionblocks.md sections 3-7)."""
+
 import math
 
 import pytest
@@ -148,7 +149,9 @@ def test_kv_cache_matches_full_forward():
     with torch.no_grad():
         full = block(ctx, z, c)
         cache = block.new_cache()
-        parts = [block(ctx[:, :4], z[:, :4], c, cache)] + [block(ctx[:, t : t + 1], z[:, t : t + 1], c, cache) for t in range(4, 10)]
+        parts = [block(ctx[:, :4], z[:, :4], c, cache)] + [
+            block(ctx[:, t : t + 1], z[:, t : t + 1], c, cache) for t in range(4, 10)
+        ]
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
 
 
@@ -158,13 +161,17 @@ def test_untrained_model_from_noise_ce_is_near_uniform():
     emb = ByteEmbedding(cfg)
     x = torch.randint(0, 256, (8, 16))
     y = torch.randint(0, 256, (8, 16))
-    logits, steps = sample_from_noise(blocks, emb.normalized(), x, cfg, trace=True, generator=torch.Generator().manual_seed(0))
+    logits, steps = sample_from_noise(
+        blocks, emb.normalized(), x, cfg, trace=True, generator=torch.Generator().manual_seed(0)
+    )
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
     assert len(steps) == 3
     assert float(ce) == pytest.approx(math.log(256), abs=0.3)
 
 
-@pytest.mark.parametrize("bad", [dict(blocks=0), dict(d_model=30, n_heads=4), dict(sigma_lo=5.0, sigma_hi=1.0), dict(gamma=1.5)])
+@pytest.mark.parametrize(
+    "bad", [dict(blocks=0), dict(d_model=30, n_heads=4), dict(sigma_lo=5.0, sigma_hi=1.0), dict(gamma=1.5)]
+)
 def test_bad_config_values_are_refused(bad):
     with pytest.raises(ValueError):
         ModelConfig(**bad)

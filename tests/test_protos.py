@@ -1,4 +1,5 @@
 """The committed swarmd/v1 stubs are exactly what proto/gen.py generates from the .proto."""
+
 from __future__ import annotations
 
 import importlib.util

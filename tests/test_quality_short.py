@@ -4,6 +4,7 @@ Uses WikiText-2 from $BLOCKTRAIN_DATA (or ../shared/data/wikitext-2); skipped wh
 Small config (B=3, L_b=1, d=64, seq 64, batch 16, 2 rounds x 40 steps per block) so it runs in
 well under a minute on one CPU thread.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,10 @@ UNIFORM_CE = math.log(256)  # 5.545 nats: an untrained model
 
 
 def _data_dir() -> Path | None:
-    candidates = [os.environ.get("BLOCKTRAIN_DATA"), Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"]
+    candidates = [
+        os.environ.get("BLOCKTRAIN_DATA"),
+        Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2",
+    ]
     for c in candidates:
         if c and (Path(c) / "train.txt").is_file() and (Path(c) / "eval.txt").is_file():
             return Path(c)
@@ -32,7 +36,9 @@ def _data_dir() -> Path | None:
 DATA = _data_dir()
 
 
-@pytest.mark.skipif(DATA is None, reason="WikiText-2 not found: set BLOCKTRAIN_DATA to a folder with train.txt and eval.txt")
+@pytest.mark.skipif(
+    DATA is None, reason="WikiText-2 not found: set BLOCKTRAIN_DATA to a folder with train.txt and eval.txt"
+)
 def test_short_training_lowers_from_noise_ce_well_below_uniform():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -48,7 +54,9 @@ def test_short_training_lowers_from_noise_ce_well_below_uniform():
     finally:
         torch.set_num_threads(threads)
     assert abs(before - UNIFORM_CE) < 0.3, f"untrained from-noise CE {before:.3f} should be near ln 256"
-    assert after["ce"] < UNIFORM_CE - 1.5, f"from-noise CE {after['ce']:.3f} after 80 steps per block is not well below {UNIFORM_CE:.3f}"
+    assert after["ce"] < UNIFORM_CE - 1.5, (
+        f"from-noise CE {after['ce']:.3f} after 80 steps per block is not well below {UNIFORM_CE:.3f}"
+    )
     assert all(math.isfinite(s["ce"]) for s in after["trace"])
 
 

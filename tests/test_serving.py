@@ -3,6 +3,7 @@
 Most tests drive BlockServing in-process through a stand-in PeerClient (protobuf bytes round-trip,
 no sockets); `test_grpc_*` run real gRPC on 127.0.0.1 ephemeral ports.
 """
+
 import asyncio
 import math
 import os
@@ -68,7 +69,9 @@ class InProcessClient:
                         await asyncio.wait_for(asyncio.Event().wait(), timeout_s)
                     except TimeoutError:
                         raise PeerUnavailable(f"{address}: forward step timed out") from None
-                reply = await client.servings[address].forward(pb.ForwardRequest.FromString(request.SerializeToString()))
+                reply = await client.servings[address].forward(
+                    pb.ForwardRequest.FromString(request.SerializeToString())
+                )
                 return pb.ForwardReply.FromString(reply.SerializeToString())
 
             async def close(self):
@@ -134,7 +137,13 @@ def test_validation_rejects_bad_requests():
     bad_shape = request()
     bad_shape.z.CopyFrom(to_proto(torch.zeros(1, 3, CFG.d_model)))
     too_long = request(t=CFG.seq_len, start_position=2, use_cache=True, session_id="s")
-    for req, pattern in [(bad_z, "NaN"), (bad_dtype, "dtype"), (bad_shape, "shape"), (too_long, "exceed seq_len"), (request(sigma=-1.0), "sigma")]:
+    for req, pattern in [
+        (bad_z, "NaN"),
+        (bad_dtype, "dtype"),
+        (bad_shape, "shape"),
+        (too_long, "exceed seq_len"),
+        (request(sigma=-1.0), "sigma"),
+    ]:
         with pytest.raises(ValidationError, match=pattern):
             asyncio.run(go(req))
     with pytest.raises(SessionMissing, match="re-send the prefix"):
@@ -275,15 +284,17 @@ async def start_hosts(blocks, emb, layout):
 
 
 async def grpc_remote(hosts, timeout_s=10.0):
-    from swarmd.swarm.discovery import StaticDiscovery
     from swarmd.serve.remote import swarm_model_config
+    from swarmd.swarm.discovery import StaticDiscovery
     from swarmd.transport.client import PeerClient
 
     client = PeerClient()
     discovery = StaticDiscovery([s.address for s, _ in hosts], lambda a: client.status(a, timeout_s=2.0), "test")
     cfg, _ = await swarm_model_config(discovery, client, swarm_id="test")
     assert cfg == CFG
-    return RemoteSweeper(cfg, BlockRouter(discovery, client, cfg.config_hash(), "test"), client, timeout_s=timeout_s), client
+    return RemoteSweeper(
+        cfg, BlockRouter(discovery, client, cfg.config_hash(), "test"), client, timeout_s=timeout_s
+    ), client
 
 
 def test_grpc_scoring_generation_and_failover_equal_local():
@@ -392,9 +403,14 @@ def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path)
             common = ["--swarm-id", "test", "--timeout-s", "5"]
             remote = await asyncio.to_thread(cli_json, "score", *swarm, *common, text, "--json", "--seed", 9)
             local = await asyncio.to_thread(cli_json, "score", "--checkpoint", ckpt, text, "--json", "--seed", 9)
-            gen = [await asyncio.to_thread(run_cli, "generate", *src, "the ", "--max-bytes", 12, "--seed", 3) for src in (swarm + common, ["--checkpoint", ckpt])]
+            gen = [
+                await asyncio.to_thread(run_cli, "generate", *src, "the ", "--max-bytes", 12, "--seed", 3)
+                for src in (swarm + common, ["--checkpoint", ckpt])
+            ]
             no_block = await asyncio.to_thread(run_cli, "score", *swarm[:4], *common, text)
-            wrong_swarm = await asyncio.to_thread(run_cli, "generate", *swarm, "--swarm-id", "other", "--timeout-s", "5", "hi")
+            wrong_swarm = await asyncio.to_thread(
+                run_cli, "generate", *swarm, "--swarm-id", "other", "--timeout-s", "5", "hi"
+            )
             return remote, local, gen, no_block, wrong_swarm
         finally:
             await stop_daemons(daemons)
@@ -403,7 +419,9 @@ def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path)
     assert remote["ce"] == pytest.approx(local["ce"], abs=1e-4) and remote["tokens"] == local["tokens"]
     assert remote["sweeps"] == local["sweeps"] and remote["hops"] == 3 * remote["sweeps"]
     assert gen[0].exit_code == 0 and gen[0].stdout == gen[1].stdout and len(gen[0].stdout) > len("the ")
-    assert no_block.exit_code == 1 and no_block.output.strip() == "error: no reachable peer serves block 2 of swarm 'test'"
+    assert (
+        no_block.exit_code == 1 and no_block.output.strip() == "error: no reachable peer serves block 2 of swarm 'test'"
+    )
     assert wrong_swarm.exit_code == 1 and "no serving peers found in swarm 'other'" in wrong_swarm.output
 
 
@@ -468,8 +486,8 @@ def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
     import time
 
     from swarmd.core.checkpoint import save_model
-    from swarmd.swarm.launch import LocalSwarm
     from swarmd.core.train import init_block, init_embedding
+    from swarmd.swarm.launch import LocalSwarm
     from tests.swarm_utils import TEXT
 
     cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
@@ -480,7 +498,9 @@ def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
 
     def score(*source: str) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "cli.main", "score", *source, str(text), "--json"]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
 
     with LocalSwarm(3, cfg, corpus, tmp_path / "swarm", rounds=0, steps_per_round=1_000_000, swarm_id="procs") as swarm:
         swarm.start(timeout_s=120)

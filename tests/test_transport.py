@@ -1,4 +1,5 @@
 """A real swarmd.v1 server on 127.0.0.1:0 with a fake handler, driven by a real PeerClient."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +12,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from swarmd.errors import PeerRejected
+from swarmd.errors import ConfigMismatch, PeerRejected, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.swarm.delta import decode, encode, shapes_of
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.transport import NotFound, PeerClient, start_server, status_code_for
 from swarmd.transport.server import Busy
 from swarmd.v1 import swarm_pb2 as pb
@@ -132,14 +132,18 @@ def test_exchange_of_many_chunks_fp32_is_exact():
 
 def test_pull_state_and_its_errors():
     async def body(client, server, h):
-        req = pb.PullStateRequest(swarm_id=META["swarm_id"], config_hash=META["config_hash"], kind="block", block_index=0)
+        req = pb.PullStateRequest(
+            swarm_id=META["swarm_id"], config_hash=META["config_hash"], kind="block", block_index=0
+        )
         enc = await client.pull_state(server.address, req, timeout_s=10)
         state = decode(enc, {"w": (64, 64)}, **{**META, "kind": "block_state"})
         assert torch.equal(state["w"].flatten(), torch.arange(4096, dtype=torch.float32))
         with pytest.raises(ConfigMismatch, match="failed_precondition: this swarm runs config"):
             await client.pull_state(server.address, pb.PullStateRequest(config_hash="other", kind="block"), timeout_s=5)
         with pytest.raises(PeerUnavailable, match="not_found"):
-            await client.pull_state(server.address, pb.PullStateRequest(config_hash=META["config_hash"], kind="optimizer"), timeout_s=5)
+            await client.pull_state(
+                server.address, pb.PullStateRequest(config_hash=META["config_hash"], kind="optimizer"), timeout_s=5
+            )
 
     with_peer(body)
 
@@ -221,7 +225,9 @@ def test_forward_session_steps_and_recovers():
         session = client.forward_session(server.address, step_timeout_s=5)
         z = torch.randn(1, 4, 8)
         for step_index in range(3):
-            req = pb.ForwardRequest(session_id="s1", config_hash=META["config_hash"], z=to_proto(z), step_index=step_index)
+            req = pb.ForwardRequest(
+                session_id="s1", config_hash=META["config_hash"], z=to_proto(z), step_index=step_index
+            )
             reply = await session.step(req)
             assert torch.equal(from_proto(reply.z), z * 2 + step_index)
         with pytest.raises(ValidationError, match="forward request for config"):

@@ -1,13 +1,13 @@
 """The model and its training, with no networking (imports nothing else of swarmd but errors).
 
-  config.py      ModelConfig, TrainConfig (frozen, validated, hashable identity of a model)
-  model.py       DiffusionBlocks mechanics: sigma partition, EDM preconditioning, byte table,
-                 DenoisingBlock, block loss, Euler sampler, E2E reference transformer
-  train.py       BlockTrainer (one block + byte table, trajectory inputs), E2ETrainer, lr schedule
-  local_run.py   single-process round loop behind `blocktrain train` and the quality benchmark
-  evaluate.py    from-noise CE with per-step trace, denoising CE, E2E CE
-  memory.py      parameter counts and AdamW memory accounting (`model-info`)
-  data.py        byte corpora, seeded batch streams, eval windows
-  corpus.py      WikiText-2 download cache with SHA-256 manifest
-  checkpoint.py  atomic safetensors checkpoints (one file per block)
+config.py      ModelConfig, TrainConfig (frozen, validated, hashable identity of a model)
+model.py       DiffusionBlocks mechanics: sigma partition, EDM preconditioning, byte table,
+               DenoisingBlock, block loss, Euler sampler, E2E reference transformer
+train.py       BlockTrainer (one block + byte table, trajectory inputs), E2ETrainer, lr schedule
+local_run.py   single-process round loop behind `blocktrain train` and the quality benchmark
+evaluate.py    from-noise CE with per-step trace, denoising CE, E2E CE
+memory.py      parameter counts and AdamW memory accounting (`model-info`)
+data.py        byte corpora, seeded batch streams, eval windows
+corpus.py      WikiText-2 download cache with SHA-256 manifest
+checkpoint.py  atomic safetensors checkpoints (one file per block)
 """

@@ -11,6 +11,7 @@ so a crash never leaves a half-written file. Loading never unpickles: safetensor
 tensors and string metadata only. A block file carries its config hash, so a block trained in
 one run drops into another run's checkpoint of the same config and is refused otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save as st_save
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
 from swarmd.core.config import ModelConfig, TrainConfig
-from swarmd.errors import CheckpointError
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
+from swarmd.errors import CheckpointError
 
 FORMAT = "blocktrain-checkpoint/1"
 
@@ -70,7 +72,9 @@ def optim_file(directory: Path, block_index: int) -> Path:
     return Path(directory) / f"optim_block_{block_index:03d}.safetensors"
 
 
-def write_config(directory: Path, model_cfg: ModelConfig, train_cfg: TrainConfig | None = None, kind: str = "blocktrain", **progress) -> None:
+def write_config(
+    directory: Path, model_cfg: ModelConfig, train_cfg: TrainConfig | None = None, kind: str = "blocktrain", **progress
+) -> None:
     body = {
         "format": FORMAT,
         "kind": kind,
@@ -110,7 +114,9 @@ def load_block(directory: Path, cfg: ModelConfig, block_index: int, device: str 
     """Load one block file, refusing one of another config or block index; returns (block, step)."""
     tensors, meta = load_tensors(block_file(directory, block_index))
     if meta.get("config_hash") != cfg.config_hash():
-        raise CheckpointError(f"block {block_index} file is of another model config ({meta.get('config_hash')} != {cfg.config_hash()})")
+        raise CheckpointError(
+            f"block {block_index} file is of another model config ({meta.get('config_hash')} != {cfg.config_hash()})"
+        )
     if meta.get("block_index") != str(block_index):
         raise CheckpointError(f"block file holds block {meta.get('block_index')}, expected {block_index}")
     block = DenoisingBlock(cfg)
@@ -166,7 +172,9 @@ def load_optimizer(directory: Path, block_index: int, opt: torch.optim.Optimizer
     return True
 
 
-def save_e2e(directory: Path, cfg: ModelConfig, model: E2EModel, train_cfg: TrainConfig | None = None, **progress) -> None:
+def save_e2e(
+    directory: Path, cfg: ModelConfig, model: E2EModel, train_cfg: TrainConfig | None = None, **progress
+) -> None:
     save_tensors(Path(directory) / "e2e.safetensors", model.state_dict(), {"config_hash": cfg.config_hash()})
     write_config(directory, cfg, train_cfg, kind="e2e", **progress)
 
@@ -180,7 +188,15 @@ def load_e2e(directory: Path, device: str = "cpu") -> E2EModel:
     return model.to(device)
 
 
-def save_model(directory: Path, cfg: ModelConfig, blocks: dict[int, DenoisingBlock], emb: ByteEmbedding, train_cfg: TrainConfig | None = None, steps: dict[int, int] | None = None, **progress) -> None:
+def save_model(
+    directory: Path,
+    cfg: ModelConfig,
+    blocks: dict[int, DenoisingBlock],
+    emb: ByteEmbedding,
+    train_cfg: TrainConfig | None = None,
+    steps: dict[int, int] | None = None,
+    **progress,
+) -> None:
     """Write the embedding, every given block, then config.json last (it marks the checkpoint complete)."""
     directory = Path(directory)
     save_embedding(directory, cfg, emb)

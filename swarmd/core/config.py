@@ -6,6 +6,7 @@ Both are frozen, validated in __post_init__ with ValueError, and serialise to pl
 identity peers exchange: two models whose hashes match have interchangeable blocks.
 No torch, grpc or filesystem imports here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +53,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:

@@ -7,6 +7,7 @@ serves as eval.txt. A manifest records each file's SHA-256 at download (written 
 every later use re-checks it, so a truncated or edited cache is reported, not trained on.
 No network access happens unless the cache is missing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,8 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from swarmd.core.checkpoint import atomic_write_bytes
 from swarmd.errors import DataError
@@ -45,10 +46,14 @@ def _download(url: str, on_progress: Callable[[int, int], None] | None, timeout_
             return b"".join(chunks)
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise DataError(f"cannot download WikiText-2 from {url} ({reason}); with no network, pass --data FILE or set BLOCKTRAIN_DATA") from None
+        raise DataError(
+            f"cannot download WikiText-2 from {url} ({reason}); with no network, pass --data FILE or set BLOCKTRAIN_DATA"
+        ) from None
 
 
-def ensure_wikitext2(on_progress: Callable[[str, int, int], None] | None = None, force: bool = False) -> dict[str, Path]:
+def ensure_wikitext2(
+    on_progress: Callable[[str, int, int], None] | None = None, force: bool = False
+) -> dict[str, Path]:
     """Paths of the cached splits {'train', 'eval'}, downloading them first if needed."""
     root = cache_dir()
     manifest_path = root / "manifest.json"
@@ -57,12 +62,20 @@ def ensure_wikitext2(on_progress: Callable[[str, int, int], None] | None = None,
     for split, path in paths.items():
         if split in manifest and path.is_file():
             if _sha256(path) != manifest[split]["sha256"]:
-                raise DataError(f"cached {path} fails its SHA-256 check; run `blocktrain data fetch wikitext-2 --force`")
+                raise DataError(
+                    f"cached {path} fails its SHA-256 check; run `blocktrain data fetch wikitext-2 --force`"
+                )
             continue
-        blob = _download(f"{BASE_URL}/{FILES[split]}", (lambda g, t, s=split: on_progress(s, g, t)) if on_progress else None)
+        blob = _download(
+            f"{BASE_URL}/{FILES[split]}", (lambda g, t, s=split: on_progress(s, g, t)) if on_progress else None
+        )
         if not blob:
             raise DataError(f"downloaded {FILES[split]} is empty")
         atomic_write_bytes(path, blob)
-        manifest[split] = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), "url": f"{BASE_URL}/{FILES[split]}"}
+        manifest[split] = {
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "bytes": len(blob),
+            "url": f"{BASE_URL}/{FILES[split]}",
+        }
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
     return paths

@@ -4,6 +4,7 @@ Owns: ByteData (bytes of a file or of a directory of files), training batch stre
 per peer, and fixed evaluation windows. Errors are DataError with one-line messages that the
 CLI prints as-is. No torch.nn, grpc or networking here.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,7 +48,7 @@ class ByteData:
         self.seq_len = seq_len
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, seq_len: int) -> "ByteData":
+    def from_path(cls, path: str | os.PathLike, seq_len: int) -> ByteData:
         return cls(load_bytes(path), seq_len)
 
     def __len__(self) -> int:

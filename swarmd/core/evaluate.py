@@ -4,6 +4,7 @@ Owns the evaluation protocol of diffusionblocks.md section 8: the sampler runs f
 seed over consecutive held-out windows with the true context; CE is the mean over every scored
 byte of -ln p(y), in nats. Denoising CE is a diagnostic only. No networking, no filesystem.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from swarmd.core.config import ModelConfig
-from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel, denoise_logits, noisy_targets, sample_from_noise, sample_sigma, sampler_plan, start_noise
+from swarmd.core.model import (
+    ByteEmbedding,
+    DenoisingBlock,
+    E2EModel,
+    denoise_logits,
+    noisy_targets,
+    sample_from_noise,
+    sample_sigma,
+    sampler_plan,
+    start_noise,
+)
 
 
 def _ce_sum(logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -52,7 +63,9 @@ def from_noise_ce(
         xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
         probs = torch.zeros(*xb.shape, cfg.vocab, device=device)
         for k in range(draws):
-            _, per_step = sample_from_noise(blocks, table_hat, xb, cfg, steps, z0=noise[k][lo : lo + batch_size].to(device), trace=True)
+            _, per_step = sample_from_noise(
+                blocks, table_hat, xb, cfg, steps, z0=noise[k][lo : lo + batch_size].to(device), trace=True
+            )
             if k == 0:
                 for i, logits in enumerate(per_step):
                     step_sums[i] += _ce_sum(logits, yb)

@@ -6,12 +6,13 @@ crosses blocks), then the per-block copies of the byte table are averaged (exact
 does with one replica per block), then held-out from-noise CE is measured. The E2E reference
 takes the same number of optimiser steps as each block. Callers get a RoundReport per round.
 """
+
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -41,13 +42,22 @@ class BlockStack:
     trainer's own table copy (the first implementation; in round 1 the table copies disagree).
     """
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, data: ByteData, device: str = "cpu", trajectory_source: str = "snapshot"):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        data: ByteData,
+        device: str = "cpu",
+        trajectory_source: str = "snapshot",
+    ):
         if trajectory_source not in ("snapshot", "live"):
             raise ValueError(f"trajectory_source must be snapshot or live, got {trajectory_source!r}")
         self.model_cfg, self.train_cfg, self.device = model_cfg, train_cfg, device
         self.trajectory_source = trajectory_source
         self.trainers = [BlockTrainer(model_cfg, train_cfg, b, device) for b in range(model_cfg.blocks)]
-        self.streams = [data.stream(seed_for("data", train_cfg.seed, b), train_cfg.batch_size) for b in range(model_cfg.blocks)]
+        self.streams = [
+            data.stream(seed_for("data", train_cfg.seed, b), train_cfg.batch_size) for b in range(model_cfg.blocks)
+        ]
 
     @property
     def blocks(self):
@@ -97,7 +107,16 @@ def train_blocktrain(
         ev = from_noise_ce(stack.blocks, stack.emb, *eval_xy, model_cfg, steps=eval_steps, device=device)
         if on_round:
             steps = r * steps_per_round
-            on_round(RoundReport(r, steps, steps * train_cfg.batch_size * model_cfg.seq_len, train_ce, ev, time.perf_counter() - start))
+            on_round(
+                RoundReport(
+                    r,
+                    steps,
+                    steps * train_cfg.batch_size * model_cfg.seq_len,
+                    train_ce,
+                    ev,
+                    time.perf_counter() - start,
+                )
+            )
     return stack
 
 
@@ -125,5 +144,14 @@ def train_e2e(
         ev = e2e_ce(trainer.model, *eval_xy, device=device)
         if on_round:
             steps = r * steps_per_round
-            on_round(RoundReport(r, steps, steps * train_cfg.batch_size * model_cfg.seq_len, sum(ces) / len(ces), ev, time.perf_counter() - start))
+            on_round(
+                RoundReport(
+                    r,
+                    steps,
+                    steps * train_cfg.batch_size * model_cfg.seq_len,
+                    sum(ces) / len(ces),
+                    ev,
+                    time.perf_counter() - start,
+                )
+            )
     return trainer

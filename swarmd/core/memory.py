@@ -4,6 +4,7 @@ Owns the arithmetic behind `blocktrain model-info`: a worker trains one block pl
 byte table, keeping fp32 params, grads and two AdamW moments (16 bytes per parameter). Counts
 come from instantiating the real modules on the meta device, so they never drift from model.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,7 +21,9 @@ def model_info(cfg: ModelConfig) -> dict:
         block_params = count_params(DenoisingBlock(cfg))
         emb_params = count_params(ByteEmbedding(cfg))
         e2e_params = count_params(E2EModel(cfg))
-    layer_params = 4 * cfg.d_model**2 + 4 * cfg.d_model + 2 * cfg.d_model * cfg.hidden + cfg.hidden + cfg.d_model + 4 * cfg.d_model
+    layer_params = (
+        4 * cfg.d_model**2 + 4 * cfg.d_model + 2 * cfg.d_model * cfg.hidden + cfg.hidden + cfg.d_model + 4 * cfg.d_model
+    )
     active = block_params + emb_params
     full = cfg.blocks * block_params + emb_params
     return {

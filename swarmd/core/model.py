@@ -12,6 +12,7 @@ A worker needs only one DenoisingBlock plus the ByteEmbedding; blocks trained in
 processes compose because they share nothing but the byte table and the noise schedule.
 No grpc, hivemind or filesystem imports here.
 """
+
 from __future__ import annotations
 
 import math
@@ -211,7 +212,9 @@ class DenoisingBlock(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.out = nn.Linear(d, d)  # unbounded, so c_out * F can reach the norm sharp logits need
 
-    def forward(self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+    def forward(
+        self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None
+    ) -> torch.Tensor:
         """ctx: sqrt(d) e_hat[x] (n, t, d); z_in: c_in * z (n, t, d); c_noise: (n,). Returns F (n, t, d)."""
         start = cache[0]["k"].shape[2] if cache and "k" in cache[0] else 0
         t = ctx.shape[1]
@@ -257,7 +260,9 @@ def denoise_logits(
     return logits if block.cfg.logit_scale == 1.0 else block.cfg.logit_scale * logits
 
 
-def noisy_targets(table_hat: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def noisy_targets(
+    table_hat: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """z = e_hat[y] + sigma * eps, one sigma per sequence."""
     target = table_hat[y]
     eps = torch.randn(target.shape, generator=generator, device=generator.device if generator else target.device)
@@ -291,12 +296,19 @@ def block_loss(
 # ---------------------------------------------------------------------------------------------
 # 6. Euler sampler: one step per block by default; final logits at sigma_lo.
 # ---------------------------------------------------------------------------------------------
-def start_noise(cfg: ModelConfig, shape: tuple[int, ...], generator: torch.Generator | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
+def start_noise(
+    cfg: ModelConfig,
+    shape: tuple[int, ...],
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
     """z_0 = sqrt(1 + sigma_hi^2) * eps, drawn on the CPU from the generator (device-independent)."""
     return (math.sqrt(1.0 + cfg.sigma_hi**2) * torch.randn(shape, generator=generator)).to(device)
 
 
-def euler_update(z: torch.Tensor, logits: torch.Tensor, table_hat: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
+def euler_update(
+    z: torch.Tensor, logits: torch.Tensor, table_hat: torch.Tensor, sigma: float, sigma_next: float
+) -> torch.Tensor:
     """z <- (s'/s) z + (1 - s'/s) D with D = softmax(logits) @ E_hat."""
     d = torch.softmax(logits, dim=-1) @ table_hat
     r = sigma_next / sigma
@@ -340,7 +352,9 @@ def sample_from_noise(
     logits = None
     for i, sigma in enumerate(sigmas):
         nxt = sigmas[i + 1] if i + 1 < len(sigmas) else None
-        logits, z = euler_step(blocks[block_for_sigma(cfg, sigma)], table_hat, x, z, sigma, nxt, autocast_dtype=autocast_dtype)
+        logits, z = euler_step(
+            blocks[block_for_sigma(cfg, sigma)], table_hat, x, z, sigma, nxt, autocast_dtype=autocast_dtype
+        )
         if trace:
             per_step.append(logits)
     return logits, per_step

@@ -6,6 +6,7 @@ the learning-rate schedule, seeded initialisation (every replica of a block star
 and the trajectory inputs that let a block train on the sampler's own states (other blocks run
 frozen, forward only). No networking, no filesystem.
 """
+
 from __future__ import annotations
 
 import math
@@ -174,7 +175,11 @@ class BlockTrainer:
             lo, hi = block_interval(self.model_cfg, self.block_index)
             u = torch.rand(n, generator=self.gen, dtype=torch.float64)
             return torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))).float(), None
-        k = self.own_steps[int(torch.randint(len(self.own_steps), (1,), generator=self.gen))] if self.own_steps else None
+        k = (
+            self.own_steps[int(torch.randint(len(self.own_steps), (1,), generator=self.gen))]
+            if self.own_steps
+            else None
+        )
         if k is None:  # this block gets no sampler step at this N: fall back to its interval
             return sample_sigma(self.model_cfg, self.block_index, n, self.gen), None
         jitter = torch.exp(self.train_cfg.sigma_jitter * torch.randn(n, generator=self.gen))
@@ -187,7 +192,9 @@ class BlockTrainer:
         top = block_interval(self.model_cfg, self.block_index)[1]
         return [(b, s) for b, s, _ in self.plan if s > top + 1e-9]
 
-    def _inputs(self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None) -> torch.Tensor | None:
+    def _inputs(
+        self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None
+    ) -> torch.Tensor | None:
         p = self.train_cfg.trajectory_prob
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
             return None
@@ -200,7 +207,9 @@ class BlockTrainer:
         was_training = self.block.training
         self.block.eval()
         try:
-            return trajectory_inputs(blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps)
+            return trajectory_inputs(
+                blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps
+            )
         finally:
             self.block.train(was_training)
 
@@ -241,7 +250,9 @@ class E2ETrainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.model.train()
-        with torch.autocast(torch.device(self.device).type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+        with torch.autocast(
+            torch.device(self.device).type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
+        ):
             logits = self.model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         self.opt.zero_grad(set_to_none=True)

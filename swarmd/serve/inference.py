@@ -16,15 +16,17 @@ one peer per block) run the very same loop and give the same numbers for the sam
   every cache with one prefill sweep over them (positions restart at 0), and go on.
 No grpc here (remote.py owns the wire); the torch math is swarmd.core.model's euler_step.
 """
+
 from __future__ import annotations
 
 import math
 import time
 import uuid
 import zlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -32,9 +34,9 @@ import torch.nn.functional as F
 
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
-from swarmd.errors import DataError
 from swarmd.core.evaluate import eval_noise
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, euler_step, sampler_plan, start_noise
+from swarmd.errors import DataError
 
 
 class Sweeper(Protocol):
@@ -42,7 +44,9 @@ class Sweeper(Protocol):
 
     cfg: ModelConfig
 
-    async def sweep(self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool) -> torch.Tensor:
+    async def sweep(
+        self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
+    ) -> torch.Tensor:
         """x: context bytes (n, t) int64; z: start noise (n, t, d) fp32 for positions start..start+t-1.
 
         Returns the final logits (n, t, 256). With use_cache, start_position 0 resets the session's
@@ -50,8 +54,7 @@ class Sweeper(Protocol):
         """
         ...
 
-    async def end_session(self, session_id: str) -> None:
-        ...
+    async def end_session(self, session_id: str) -> None: ...
 
 
 def _seed(*parts: int | str) -> int:
@@ -61,7 +64,14 @@ def _seed(*parts: int | str) -> int:
 class LocalSweeper:
     """All blocks in this process; per-(session, step) KV caches kept in a dict."""
 
-    def __init__(self, cfg: ModelConfig, blocks: list[DenoisingBlock], emb: ByteEmbedding | torch.Tensor, steps: int | None = None, device: str = "cpu"):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        blocks: list[DenoisingBlock],
+        emb: ByteEmbedding | torch.Tensor,
+        steps: int | None = None,
+        device: str = "cpu",
+    ):
         if len(blocks) != cfg.blocks:
             raise ValueError(f"need {cfg.blocks} blocks, got {len(blocks)}")
         self.cfg = cfg
@@ -74,11 +84,15 @@ class LocalSweeper:
         self.sweeps = 0  # sweeps run
         self.positions = 0  # positions processed by all sweeps (per step)
 
-    async def sweep(self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool) -> torch.Tensor:
+    async def sweep(
+        self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
+    ) -> torch.Tensor:
         with torch.no_grad():
             return self._sweep(session_id, x, z, start_position, use_cache)
 
-    def _sweep(self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool) -> torch.Tensor:
+    def _sweep(
+        self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
+    ) -> torch.Tensor:
         caches = None
         if use_cache:
             if start_position == 0:
@@ -89,7 +103,9 @@ class LocalSweeper:
         x, z = x.to(self.device), z.to(self.device)
         logits = None
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
-            logits, z = euler_step(self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None)
+            logits, z = euler_step(
+                self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None
+            )
         if use_cache:
             self._caches[session_id] = (start_position + x.shape[1], caches)
         self.sweeps += 1
@@ -111,7 +127,9 @@ def load_local(checkpoint: str | Path, device: str = "cpu", steps: int | None = 
 # ---------------------------------------------------------------------------------------------
 # Scoring: one sweep per batch of windows.
 # ---------------------------------------------------------------------------------------------
-async def score_windows(sweeper: Sweeper, x: torch.Tensor, y: torch.Tensor, seed: int = 1234, batch_size: int = 64) -> dict:
+async def score_windows(
+    sweeper: Sweeper, x: torch.Tensor, y: torch.Tensor, seed: int = 1234, batch_size: int = 64
+) -> dict:
     """From-noise CE (nats/byte) and perplexity of windows (x, y), one sweep per batch.
 
     Uses swarmd.core.evaluate's noise and batching, so it equals from_noise_ce for the same seed.
@@ -130,7 +148,15 @@ async def score_windows(sweeper: Sweeper, x: torch.Tensor, y: torch.Tensor, seed
     tokens = y.numel()
     ce = total / tokens
     seconds = time.perf_counter() - t0
-    return {"ce": ce, "ppl": math.exp(ce), "tokens": tokens, "windows": int(x.shape[0]), "sweeps": sweeps, "seed": seed, "seconds": seconds}
+    return {
+        "ce": ce,
+        "ppl": math.exp(ce),
+        "tokens": tokens,
+        "windows": int(x.shape[0]),
+        "sweeps": sweeps,
+        "seed": seed,
+        "seconds": seconds,
+    }
 
 
 def score_windows_of(data: np.ndarray, seq_len: int, max_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,6 +247,13 @@ async def generate(
         await sweeper.end_session(session)
 
 
-async def generate_bytes(sweeper: Sweeper, prompt: bytes, max_bytes: int = 64, temperature: float = 1.0, seed: int = 0, stats: GenerationStats | None = None) -> bytes:
+async def generate_bytes(
+    sweeper: Sweeper,
+    prompt: bytes,
+    max_bytes: int = 64,
+    temperature: float = 1.0,
+    seed: int = 0,
+    stats: GenerationStats | None = None,
+) -> bytes:
     """All of generate() at once."""
     return bytes([b async for b in generate(sweeper, prompt, max_bytes, temperature, seed, stats)])

@@ -15,6 +15,7 @@ Owns:
 Talks to peers only through the PeerClient interface of swarmd.transport (status, swarm_config,
 forward_session); never retries in a loop on one peer: failover means another replica.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,8 @@ from typing import Any
 import torch
 
 from swarmd.core.config import ModelConfig
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.core.model import sampler_plan
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -75,7 +76,17 @@ class BlockRouter:
     :param probe_timeout_s: deadline of the latency probe of a new replica
     """
 
-    def __init__(self, discovery, client, config_hash: str, swarm_id: str | None = None, probe_timeout_s: float = 5.0, ban_s: float = 2.0, max_ban_s: float = 60.0, refresh_s: float = 30.0):
+    def __init__(
+        self,
+        discovery,
+        client,
+        config_hash: str,
+        swarm_id: str | None = None,
+        probe_timeout_s: float = 5.0,
+        ban_s: float = 2.0,
+        max_ban_s: float = 60.0,
+        refresh_s: float = 30.0,
+    ):
         self.discovery, self.client = discovery, client
         self.config_hash, self.swarm_id = config_hash, swarm_id
         self.probe_timeout_s, self.ban_s, self.max_ban_s, self.refresh_s = probe_timeout_s, ban_s, max_ban_s, refresh_s
@@ -104,7 +115,9 @@ class BlockRouter:
         now = time.monotonic()
         stale = now - self._refreshed.get(block_index, -math.inf) > self.refresh_s
         for attempt in range(int(stale), 2):
-            replicas = list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
+            replicas = (
+                list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
+            )
             usable = [r for r in replicas if r.address not in exclude and r.banned_until <= now]
             for r in usable:
                 if r.latency_s is None:
@@ -132,7 +145,13 @@ class BlockRouter:
         replica.failures += 1
         ban = min(self.max_ban_s, self.ban_s * 2 ** (replica.failures - 1))
         replica.banned_until = time.monotonic() + ban
-        logger.warning("block %d: peer %s failed (%s); banned for %.1f s", replica.record.block_index, replica.address, exc or type(exc).__name__, ban)
+        logger.warning(
+            "block %d: peer %s failed (%s); banned for %.1f s",
+            replica.record.block_index,
+            replica.address,
+            exc or type(exc).__name__,
+            ban,
+        )
 
 
 @dataclass
@@ -151,16 +170,33 @@ class RemoteSweeper:
     :param max_failovers: replicas tried per step before giving up
     """
 
-    def __init__(self, cfg: ModelConfig, router: BlockRouter, client, steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0, max_failovers: int = 3, compress: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        router: BlockRouter,
+        client,
+        steps: int | None = None,
+        timeout_s: float = 30.0,
+        hop_delay_s: float = 0.0,
+        max_failovers: int = 3,
+        compress: bool = False,
+    ):
         self.cfg, self.router, self.client = cfg, router, client
         self.config_hash = cfg.config_hash()
         self.plan = sampler_plan(cfg, steps)
-        self.timeout_s, self.hop_delay_s, self.max_failovers, self.compress = timeout_s, hop_delay_s, max_failovers, compress
+        self.timeout_s, self.hop_delay_s, self.max_failovers, self.compress = (
+            timeout_s,
+            hop_delay_s,
+            max_failovers,
+            compress,
+        )
         self.trace: list[Hop] = []
         self.failovers = 0
         self._sessions: dict[str, _Session] = {}
 
-    async def sweep(self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool) -> torch.Tensor:
+    async def sweep(
+        self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
+    ) -> torch.Tensor:
         sess = self._sessions.setdefault(session_id, _Session())
         if use_cache:
             if start_position == 0:
@@ -179,16 +215,37 @@ class RemoteSweeper:
             sess.x_hist = x if start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
         return out
 
-    async def _step(self, session_id: str, sess: _Session, i: int, b: int, sigma: float, sigma_next: float | None, x, z, start: int, use_cache: bool) -> torch.Tensor:
+    async def _step(
+        self,
+        session_id: str,
+        sess: _Session,
+        i: int,
+        b: int,
+        sigma: float,
+        sigma_next: float | None,
+        x,
+        z,
+        start: int,
+        use_cache: bool,
+    ) -> torch.Tensor:
         tried: set[str] = set()
         last_exc: BaseException | None = None
         while len(tried) <= self.max_failovers:
             replica, stream = await self._stream(session_id, sess, b, tried)
             resend = use_cache and start > 0 and sess.warm.get((replica.address, i)) != start
-            xs, zs, s0 = (torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0) if resend else (x, z, start)
+            xs, zs, s0 = (
+                (torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0) if resend else (x, z, start)
+            )
             req = pb.ForwardRequest(
-                session_id=session_id, block_index=b, config_hash=self.config_hash, sigma=sigma,
-                sigma_next=sigma_next or 0.0, final=sigma_next is None, start_position=s0, use_cache=use_cache, step_index=i,
+                session_id=session_id,
+                block_index=b,
+                config_hash=self.config_hash,
+                sigma=sigma,
+                sigma_next=sigma_next or 0.0,
+                final=sigma_next is None,
+                start_position=s0,
+                use_cache=use_cache,
+                step_index=i,
             )
             req.context.CopyFrom(to_proto(xs.to(torch.uint8), self.compress))
             req.z.CopyFrom(to_proto(zs.float(), self.compress))
@@ -198,7 +255,7 @@ class RemoteSweeper:
                 if self.hop_delay_s > 0:
                     await asyncio.sleep(self.hop_delay_s)
                 reply = await asyncio.wait_for(stream.step(req, timeout_s=self.timeout_s), self.timeout_s + 5.0)
-            except (PeerUnavailable, asyncio.TimeoutError, ConnectionError) as exc:
+            except (TimeoutError, PeerUnavailable, ConnectionError) as exc:
                 last_exc = exc
                 self._drop_stream(sess, b, replica, exc)
                 tried.add(replica.address)
@@ -250,8 +307,15 @@ class RemoteSweeper:
         for b, (replica, stream) in sess.streams.items():
             try:
                 if sess.x_hist is not None:
-                    await asyncio.wait_for(stream.step(pb.ForwardRequest(session_id=session_id, block_index=b, config_hash=self.config_hash, end_session=True)), self.timeout_s)
-            except (SwarmdError, asyncio.TimeoutError) as exc:
+                    await asyncio.wait_for(
+                        stream.step(
+                            pb.ForwardRequest(
+                                session_id=session_id, block_index=b, config_hash=self.config_hash, end_session=True
+                            )
+                        ),
+                        self.timeout_s,
+                    )
+            except (TimeoutError, SwarmdError) as exc:
                 logger.info("block %d: could not end session on %s: %s", b, replica.address, exc)
             finally:
                 await _quiet_close(stream)
@@ -268,7 +332,9 @@ async def _quiet_close(stream) -> None:
         logger.debug("closing a forward stream failed: %s", exc)
 
 
-async def swarm_model_config(discovery, client, timeout_s: float = 10.0, swarm_id: str | None = None) -> tuple[ModelConfig, list]:
+async def swarm_model_config(
+    discovery, client, timeout_s: float = 10.0, swarm_id: str | None = None
+) -> tuple[ModelConfig, list]:
     """The model config of the swarm, from the first peer that answers; raises PeerUnavailable."""
     records = [r for r in await discovery.find_all() if r.address and not getattr(r, "client_mode", False)]
     if swarm_id:
@@ -296,7 +362,13 @@ async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:
         await router.choose(b)
 
 
-async def connect_swarm(swarm: list[str], swarm_id: str = "blocktrain", steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0):
+async def connect_swarm(
+    swarm: list[str],
+    swarm_id: str = "blocktrain",
+    steps: int | None = None,
+    timeout_s: float = 30.0,
+    hop_delay_s: float = 0.0,
+):
     """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
 
     The closer ends every session and shuts the client and the discovery down.

@@ -12,6 +12,7 @@ Owns, for one block:
     compatible group (same sigmas, positions and cache length) as one batch.
 Runs torch in one worker thread at a time (asyncio.to_thread); no grpc, no filesystem.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from swarmd.core.config import ModelConfig
-from swarmd.errors import ConfigMismatch, SwarmdError, ValidationError
 from swarmd.core.model import DenoisingBlock, euler_step
+from swarmd.errors import ConfigMismatch, SwarmdError, ValidationError
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -87,7 +88,15 @@ class BlockServing:
     :param max_batch_rows: most sequences run in one batch
     """
 
-    def __init__(self, cfg: ModelConfig, block_index: int, device: str = "cpu", max_sessions: int = 64, max_batch_rows: int = 256, peer_id: str = ""):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        block_index: int,
+        device: str = "cpu",
+        max_sessions: int = 64,
+        max_batch_rows: int = 256,
+        peer_id: str = "",
+    ):
         if not 0 <= block_index < cfg.blocks:
             raise ValueError(f"block_index {block_index} outside [0, {cfg.blocks})")
         self.cfg, self.block_index, self.device = cfg, block_index, device
@@ -137,7 +146,9 @@ class BlockServing:
 
     def _check_header(self, r: pb.ForwardRequest) -> None:
         if r.config_hash != self.config_hash:
-            raise ConfigMismatch(f"request is for model config {r.config_hash or '(none)'}, this peer serves {self.config_hash}")
+            raise ConfigMismatch(
+                f"request is for model config {r.config_hash or '(none)'}, this peer serves {self.config_hash}"
+            )
         if r.block_index != self.block_index:
             raise WrongBlock(f"this peer serves block {self.block_index}, not block {r.block_index}")
         if len(r.session_id) > MAX_SESSION_ID:
@@ -163,7 +174,9 @@ class BlockServing:
         if not (1 <= n <= MAX_ROWS and 1 <= t <= cfg.seq_len):
             raise ValidationError(f"context shape {[n, t]} outside [1..{MAX_ROWS}] x [1..{cfg.seq_len}]")
         if r.start_position + t > cfg.seq_len:
-            raise ValidationError(f"positions {r.start_position}..{r.start_position + t - 1} exceed seq_len {cfg.seq_len}")
+            raise ValidationError(
+                f"positions {r.start_position}..{r.start_position + t - 1} exceed seq_len {cfg.seq_len}"
+            )
         limit = n * t * cfg.d_model * 4 + 1024
         x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
         z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
@@ -229,17 +242,23 @@ class BlockServing:
                 while len(self._sessions) > self.max_sessions:
                     dropped, _ = self._sessions.popitem(last=False)
                     self.stats.evicted_sessions += 1
-                    logger.info("block %d: evicted session %s (LRU, %d kept)", self.block_index, dropped, self.max_sessions)
+                    logger.info(
+                        "block %d: evicted session %s (LRU, %d kept)", self.block_index, dropped, self.max_sessions
+                    )
                 return session.snapshot, session.snapshot.block.new_cache(), 0
             held = session.caches.get(r.step_index) if session else None
             if held is None or held[0] != r.start_position:
                 have = held[0] if held else 0
-                raise SessionMissing(f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at {r.start_position}: re-send the prefix from position 0")
+                raise SessionMissing(
+                    f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at {r.start_position}: re-send the prefix from position 0"
+                )
             self._sessions.move_to_end(r.session_id)
             return session.snapshot, held[1], r.start_position
 
     @torch.no_grad()
-    def _run_group(self, members: list[tuple[_Job, _Snapshot, list[dict] | None]], use_cache: bool, past: int) -> list[tuple[_Job, object]]:
+    def _run_group(
+        self, members: list[tuple[_Job, _Snapshot, list[dict] | None]], use_cache: bool, past: int
+    ) -> list[tuple[_Job, object]]:
         t0 = time.perf_counter()
         first, snap, _ = members[0]
         r = first.request
@@ -309,14 +328,25 @@ class ServingOnlyHandler:
 
     def status(self) -> pb.PeerStatus:
         return pb.PeerStatus(
-            peer_id=self.peer_id, block_index=self.serving.block_index, state="training", address=self.address,
-            swarm_id=self.swarm_id, config_hash=self.serving.config_hash, uptime_s=time.monotonic() - self._started, last_ce=math.nan,
+            peer_id=self.peer_id,
+            block_index=self.serving.block_index,
+            state="training",
+            address=self.address,
+            swarm_id=self.swarm_id,
+            config_hash=self.serving.config_hash,
+            uptime_s=time.monotonic() - self._started,
+            last_ce=math.nan,
         )
 
     def swarm_config(self) -> pb.SwarmConfig:
         import json
 
-        return pb.SwarmConfig(swarm_id=self.swarm_id, model_config_json=json.dumps(self.serving.cfg.to_dict(), sort_keys=True), config_hash=self.serving.config_hash, protocol="swarmd.v1")
+        return pb.SwarmConfig(
+            swarm_id=self.swarm_id,
+            model_config_json=json.dumps(self.serving.cfg.to_dict(), sort_keys=True),
+            config_hash=self.serving.config_hash,
+            protocol="swarmd.v1",
+        )
 
     async def pull_state(self, request: pb.PullStateRequest):
         raise _NotServed("this peer serves inference only")

@@ -1,13 +1,13 @@
 """One peer of the swarm: configuration, state, averaging, discovery and the daemon that wires them.
 
-  peer_config.py DaemonConfig, GossipConfig, NetConfig
-  state.py       BlockState: weights + AdamW under one lock, hashes, save/restore
-  sketch.py      count-sketch of weights and the distance between two sketches (no torch needed)
-  delta.py       delta codecs (fp32/fp16/bf16/int8 + zstd), error feedback, payload validation
-  discovery.py   hivemind DHT / static peer discovery, block choice
-  gossip.py      one averaging round: exchange, validate, deadline, merge, re-sync
-  metrics.py     throughput EMA, byte counters, participation, round history
-  survey.py      status of one peer or a whole swarm; config fetch for `join`
-  daemon.py      Daemon: wires swarm + serve + transport, owns the asyncio tasks and the training thread
-  launch.py      LocalSwarm: N daemon processes on loopback (demo, benchmarks, tests)
+peer_config.py DaemonConfig, GossipConfig, NetConfig
+state.py       BlockState: weights + AdamW under one lock, hashes, save/restore
+sketch.py      count-sketch of weights and the distance between two sketches (no torch needed)
+delta.py       delta codecs (fp32/fp16/bf16/int8 + zstd), error feedback, payload validation
+discovery.py   hivemind DHT / static peer discovery, block choice
+gossip.py      one averaging round: exchange, validate, deadline, merge, re-sync
+metrics.py     throughput EMA, byte counters, participation, round history
+survey.py      status of one peer or a whole swarm; config fetch for `join`
+daemon.py      Daemon: wires swarm + serve + transport, owns the asyncio tasks and the training thread
+launch.py      LocalSwarm: N daemon processes on loopback (demo, benchmarks, tests)
 """

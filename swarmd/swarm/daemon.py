@@ -14,6 +14,7 @@ the sockets in transport):
 Implements the transport's SwarmHandler (status, swarm_config, pull_state, exchange, forward).
 Starts: the DHT process (hivemind), one worker thread at a time for torch, grpc's own threads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,17 +30,17 @@ import torch.nn.functional as F
 
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
-from swarmd.transport.framing import Encoded
-from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
+from swarmd.core.train import seed_for, trajectory_predecessors
 from swarmd.errors import CheckpointError, ConfigMismatch, SwarmdError
+from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
 from swarmd.swarm.gossip import Gossip, NotReady
 from swarmd.swarm.metrics import Metrics
-from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.sketch import sketch_distance
 from swarmd.swarm.state import BlockState
-from swarmd.core.train import seed_for, trajectory_predecessors
 from swarmd.transport import PeerClient, start_server
+from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -74,11 +75,17 @@ class Daemon:
         data = ByteData.from_path(c.data_path, self.cfg.seq_len)  # bad data fails before anything starts
         saved_block = checkpoint_block(c.checkpoint_dir) if c.checkpoint_dir else None
         if saved_block is not None and c.block >= 0 and c.block != saved_block:
-            raise ConfigMismatch(f"checkpoint {c.checkpoint_dir} trains block {saved_block}, not --block {c.block}; use --block auto or another --checkpoint-dir")
+            raise ConfigMismatch(
+                f"checkpoint {c.checkpoint_dir} trains block {saved_block}, not --block {c.block}; use --block auto or another --checkpoint-dir"
+            )
         if net.discovery == "static":
-            self.discovery = StaticDiscovery(list(net.initial_peers), lambda a: self.client.status(a, c.gossip.rpc_timeout_s), net.swarm_id)
+            self.discovery = StaticDiscovery(
+                list(net.initial_peers), lambda a: self.client.status(a, c.gossip.rpc_timeout_s), net.swarm_id
+            )
         else:
-            self.discovery = await HivemindDiscovery.create(net.swarm_id, net.initial_peers, net.dht_host, net.dht_start_timeout_s, net.client_mode)
+            self.discovery = await HivemindDiscovery.create(
+                net.swarm_id, net.initial_peers, net.dht_host, net.dht_start_timeout_s, net.client_mode
+            )
         self.peer_id = self.discovery.peer_id
         resumed = saved_block is not None
         block = saved_block if resumed else c.block
@@ -97,9 +104,18 @@ class Daemon:
         self.serving = self._make_serving()
         self._update_serving()
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
-        self.batches = data.stream(seed_for("data", c.train.seed, block, c.peer_seed, *((self.state.round,) if resumed else ())), c.train.batch_size)
+        self.batches = data.stream(
+            seed_for("data", c.train.seed, block, c.peer_seed, *((self.state.round,) if resumed else ())),
+            c.train.batch_size,
+        )
         await self.announce()
-        logger.info("%s started (round %d%s), address %s", self.gossip.tag, self.state.round, ", resumed" if resumed else "", address or "none (client mode)")
+        logger.info(
+            "%s started (round %d%s), address %s",
+            self.gossip.tag,
+            self.state.round,
+            ", resumed" if resumed else "",
+            address or "none (client mode)",
+        )
 
     def _make_serving(self):
         try:
@@ -148,7 +164,7 @@ class Daemon:
         while not self.stopping.is_set():
             try:
                 await self.announce()
-            except Exception as exc:  # noqa: BLE001 - a failed announce must not kill the peer
+            except Exception as exc:
                 logger.warning("%s announce failed: %s", self.gossip.tag, exc)
             try:
                 await asyncio.wait_for(self.stopping.wait(), period * (1 + 0.2 * random.random()))
@@ -167,7 +183,12 @@ class Daemon:
             except TimeoutError:
                 pass
         if want > 1 and time.monotonic() >= deadline:
-            logger.warning("%s started with fewer than %d peers after %.0fs", self.gossip.tag, want, self.config.min_peers_timeout_s)
+            logger.warning(
+                "%s started with fewer than %d peers after %.0fs",
+                self.gossip.tag,
+                want,
+                self.config.min_peers_timeout_s,
+            )
 
     async def _round_loop(self) -> None:
         if self.config.max_rounds and self.state.round >= self.config.max_rounds:
@@ -181,12 +202,14 @@ class Daemon:
         started = time.monotonic()
         await self.discovery.announce(self.gossip.record(), self.config.net.record_ttl_s)
         if time.monotonic() - started > self.config.net.announce_period_s:
-            logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, time.monotonic() - started)
+            logger.warning(
+                "%s announce took %.1fs, longer than its period", self.gossip.tag, time.monotonic() - started
+            )
 
     async def _records(self) -> list[PeerRecord]:
         try:
             return await self.discovery.find_all()
-        except Exception as exc:  # noqa: BLE001 - discovery hiccups cost one round's peers, not the peer
+        except Exception as exc:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
 
@@ -248,7 +271,12 @@ class Daemon:
         trainer = self.state.trainer
         complete = len(others) == len(needed)
         if not complete:
-            logger.warning("%s trajectory training needs blocks %s, found %s: this round uses noisy targets", self.gossip.tag, needed, sorted(others))
+            logger.warning(
+                "%s trajectory training needs blocks %s, found %s: this round uses noisy targets",
+                self.gossip.tag,
+                needed,
+                sorted(others),
+            )
         _, _, emb_state = self.state.snapshot()
         trainer.set_others(others if complete else {}, table=F.normalize(emb_state["table"].float(), dim=-1))
         trainer.train_cfg = wanted if complete else replace(wanted, trajectory_prob=0.0)
@@ -256,10 +284,20 @@ class Daemon:
 
     async def _measure_consensus(self) -> None:
         """Max sketch distance to same-block peers that reached our round (NaN if none did)."""
-        peers = [r for r in await self._records() if r.block_index == self.state.block_index and r.peer_id != self.peer_id and r.address]
+        peers = [
+            r
+            for r in await self._records()
+            if r.block_index == self.state.block_index and r.peer_id != self.peer_id and r.address
+        ]
         results = await asyncio.gather(*(self.client.status(r.address, 2.0) for r in peers), return_exceptions=True)
-        dists = [sketch_distance(self.state.sketch, list(st.sketch), self.state.param_norm) for st in results if not isinstance(st, BaseException) and st.round == self.state.round]
-        self.metrics.consensus_distance = max(dists) if dists else (0.0 if not peers else self.metrics.consensus_distance)
+        dists = [
+            sketch_distance(self.state.sketch, list(st.sketch), self.state.param_norm)
+            for st in results
+            if not isinstance(st, BaseException) and st.round == self.state.round
+        ]
+        self.metrics.consensus_distance = (
+            max(dists) if dists else (0.0 if not peers else self.metrics.consensus_distance)
+        )
 
     async def measure_ce(self) -> float:
         """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers."""
@@ -303,16 +341,36 @@ class Daemon:
         ck.save_embedding(d, self.cfg, emb)
         m = self.metrics
         ck.write_config(
-            d, self.cfg, self.config.train, kind="swarm-peer", block_index=st.block_index, round=round, local_steps=step, samples=st.samples, swarm_id=self.config.net.swarm_id,
-            peer_id=getattr(self, "peer_id", ""), rounds_merged=m.rounds, participation=m.participation, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received, raw_bytes_sent=m.raw_bytes_sent, rejected=m.rejected, last_round_s=m.last_round_s, train_ce=m.last_train_ce,
-            discovery_s=m.discovery_s, started_wall=m.started_wall, history=m.round_history,
+            d,
+            self.cfg,
+            self.config.train,
+            kind="swarm-peer",
+            block_index=st.block_index,
+            round=round,
+            local_steps=step,
+            samples=st.samples,
+            swarm_id=self.config.net.swarm_id,
+            peer_id=getattr(self, "peer_id", ""),
+            rounds_merged=m.rounds,
+            participation=m.participation,
+            bytes_sent=m.bytes_sent,
+            bytes_received=m.bytes_received,
+            raw_bytes_sent=m.raw_bytes_sent,
+            rejected=m.rejected,
+            last_round_s=m.last_round_s,
+            train_ce=m.last_train_ce,
+            discovery_s=m.discovery_s,
+            started_wall=m.started_wall,
+            history=m.round_history,
         )
 
     def _load_checkpoint(self) -> None:
         d, st = Path(self.config.checkpoint_dir), self.state
         body = ck.read_config(d)
         if body["model_config"].config_hash() != self.cfg.config_hash():
-            raise ConfigMismatch(f"checkpoint {d} holds another model config ({body['config_hash']}); use another --checkpoint-dir or the same model flags")
+            raise ConfigMismatch(
+                f"checkpoint {d} holds another model config ({body['config_hash']}); use another --checkpoint-dir or the same model flags"
+            )
         block, step = ck.load_block(d, self.cfg, st.block_index)
         emb = ck.load_embedding(d, self.cfg)
         st.adopt(block.state_dict(), emb.state_dict(), int(body.get("round", 0)))
@@ -328,18 +386,37 @@ class Daemon:
     def status(self) -> pb.PeerStatus:
         st, m = self.state, self.metrics
         return pb.PeerStatus(
-            peer_id=self.peer_id, block_index=st.block_index, state=self.phase, round=st.round, local_steps=st.trainer.step_count,
-            samples_per_s=m.samples_per_s, last_ce=m.last_ce, bytes_sent=m.bytes_sent, bytes_received=m.bytes_received,
-            participation=m.participation, uptime_s=m.uptime_s, address=self.server.address if self.server else "",
-            swarm_id=self.config.net.swarm_id, config_hash=self.cfg.config_hash(),
+            peer_id=self.peer_id,
+            block_index=st.block_index,
+            state=self.phase,
+            round=st.round,
+            local_steps=st.trainer.step_count,
+            samples_per_s=m.samples_per_s,
+            last_ce=m.last_ce,
+            bytes_sent=m.bytes_sent,
+            bytes_received=m.bytes_received,
+            participation=m.participation,
+            uptime_s=m.uptime_s,
+            address=self.server.address if self.server else "",
+            swarm_id=self.config.net.swarm_id,
+            config_hash=self.cfg.config_hash(),
             consensus_distance=m.consensus_distance,
             base_hash=f"{st.block_hash}/{st.emb_hash}",  # block hash / embedding hash
-            multiaddrs=self.discovery.multiaddrs() if self.discovery else [], client_mode=self.config.net.client_mode,
-            raw_bytes_sent=m.raw_bytes_sent, last_round_s=m.last_round_s, sketch=st.sketch, param_norm=st.param_norm,
+            multiaddrs=self.discovery.multiaddrs() if self.discovery else [],
+            client_mode=self.config.net.client_mode,
+            raw_bytes_sent=m.raw_bytes_sent,
+            last_round_s=m.last_round_s,
+            sketch=st.sketch,
+            param_norm=st.param_norm,
         )
 
     def swarm_config(self) -> pb.SwarmConfig:
-        return pb.SwarmConfig(swarm_id=self.config.net.swarm_id, model_config_json=json.dumps(self.cfg.to_dict(), sort_keys=True), config_hash=self.cfg.config_hash(), protocol=PROTOCOL)
+        return pb.SwarmConfig(
+            swarm_id=self.config.net.swarm_id,
+            model_config_json=json.dumps(self.cfg.to_dict(), sort_keys=True),
+            config_hash=self.cfg.config_hash(),
+            protocol=PROTOCOL,
+        )
 
     async def pull_state(self, request: pb.PullStateRequest) -> Encoded:
         return self.gossip.state_payload(request)

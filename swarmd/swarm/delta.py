@@ -20,6 +20,7 @@ ErrorFeedback carries what a lossy codec dropped into the next compress (EF-SGD 
 Every check on bytes from a peer lives here (read_payload, decode) and raises ValidationError
 with a one-line reason. Pure: no grpc, no asyncio tasks, no torch.nn; never unpickles anything.
 """
+
 from __future__ import annotations
 
 import logging
@@ -96,7 +97,9 @@ def _decode_tensor(data: memoryview, codec: str, shape: tuple[int, ...]) -> torc
     return out
 
 
-def _encode_raw(tensors: dict[str, torch.Tensor], codec: str, int8_rms_levels: float | None = INT8_RMS_LEVELS) -> tuple[list[pb.TensorSpec], bytes, int]:
+def _encode_raw(
+    tensors: dict[str, torch.Tensor], codec: str, int8_rms_levels: float | None = INT8_RMS_LEVELS
+) -> tuple[list[pb.TensorSpec], bytes, int]:
     """TensorSpecs, concatenated codec bytes (pre-zstd) and the fp32 size of `tensors`."""
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
@@ -145,17 +148,38 @@ def encode(
     :param int8_rms_levels: int8 step is max(absmax/127, row rms / this); None = absmax/127
     :raises ValidationError: a tensor holds NaN/inf; ValueError: unknown codec or kind
     """
-    meta = dict(swarm_id=swarm_id, config_hash=config_hash, kind=kind, block_index=block_index, round=round, base_hash=base_hash, weight=weight, peer_id=peer_id, zstd=zstd, int8_rms_levels=int8_rms_levels)
+    meta = dict(
+        swarm_id=swarm_id,
+        config_hash=config_hash,
+        kind=kind,
+        block_index=block_index,
+        round=round,
+        base_hash=base_hash,
+        weight=weight,
+        peer_id=peer_id,
+        zstd=zstd,
+        int8_rms_levels=int8_rms_levels,
+    )
     return _encode(tensors, codec, **meta)[0]
 
 
-def _encode(tensors: dict[str, torch.Tensor], codec: str, *, kind: str, zstd: bool = True, int8_rms_levels: float | None = INT8_RMS_LEVELS, **meta) -> tuple[Encoded, bytes]:
+def _encode(
+    tensors: dict[str, torch.Tensor],
+    codec: str,
+    *,
+    kind: str,
+    zstd: bool = True,
+    int8_rms_levels: float | None = INT8_RMS_LEVELS,
+    **meta,
+) -> tuple[Encoded, bytes]:
     """encode, also returning the codec bytes before zstd (ErrorFeedback decodes those)."""
     if kind not in KINDS:
         raise ValueError(f"unknown payload kind {kind!r}; choose one of {', '.join(KINDS)}")
     specs, blob, raw = _encode_raw(tensors, codec, int8_rms_levels)
     payload = zstd_compress(blob) if zstd else blob
-    header = pb.PayloadHeader(kind=kind, codec=codec, tensors=specs, raw_bytes=raw, payload_bytes=len(payload), zstd=zstd, **meta)
+    header = pb.PayloadHeader(
+        kind=kind, codec=codec, tensors=specs, raw_bytes=raw, payload_bytes=len(payload), zstd=zstd, **meta
+    )
     return Encoded(header, payload), blob
 
 
@@ -197,16 +221,22 @@ def decode(
         raise ValidationError("payload names a tensor twice")
     if set(names) != set(expected):
         missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
-        raise ValidationError(f"payload tensors differ from the expected ones (missing {missing[:3]}, unexpected {extra[:3]})")
+        raise ValidationError(
+            f"payload tensors differ from the expected ones (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
     total, raw = 0, 0
     for spec in h.tensors:
         shape = tuple(int(s) for s in spec.shape)
         if shape != tuple(expected[spec.name]):
             raise ValidationError(f"tensor {spec.name} has shape {list(shape)}, expected {list(expected[spec.name])}")
         if spec.dtype != CODEC_DTYPES[h.codec]:
-            raise ValidationError(f"tensor {spec.name} has dtype {spec.dtype!r}, codec {h.codec} sends {CODEC_DTYPES[h.codec]}")
+            raise ValidationError(
+                f"tensor {spec.name} has dtype {spec.dtype!r}, codec {h.codec} sends {CODEC_DTYPES[h.codec]}"
+            )
         if spec.nbytes != _spec_nbytes(h.codec, shape):
-            raise ValidationError(f"tensor {spec.name} declares {spec.nbytes} bytes, {_spec_nbytes(h.codec, shape)} expected")
+            raise ValidationError(
+                f"tensor {spec.name} declares {spec.nbytes} bytes, {_spec_nbytes(h.codec, shape)} expected"
+            )
         total += spec.nbytes
         raw += 4 * math.prod(shape)
     if total > max_bytes:

@@ -10,13 +10,15 @@ Also owns the pure block-assignment rule (choose_block). The DHT is called with
 return_future=True and awaited, so the daemon's event loop never blocks; starting it has a timeout
 and fails with a SwarmdError that names the cause and what to try. No grpc server, no torch here.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 from swarmd.errors import PeerUnavailable, SwarmdError
 
@@ -60,15 +62,21 @@ class PeerRecord:
         return asdict(self)
 
     @classmethod
-    def from_value(cls, value) -> "PeerRecord | None":
+    def from_value(cls, value) -> PeerRecord | None:
         """Parse a DHT value; None (and a debug log) for anything malformed."""
         try:
             names = {f.name: f.type for f in fields(cls)}
             if not isinstance(value, dict) or not set(value) <= set(names) or len(value) < len(names) - 1:
                 raise ValueError("wrong fields")
             rec = cls(**value)
-            rec.block_index, rec.round, rec.samples_per_s = int(rec.block_index), int(rec.round), float(rec.samples_per_s)
-            if not all(isinstance(getattr(rec, k), str) for k in ("peer_id", "address", "config_hash", "base_hash", "swarm_id")):
+            rec.block_index, rec.round, rec.samples_per_s = (
+                int(rec.block_index),
+                int(rec.round),
+                float(rec.samples_per_s),
+            )
+            if not all(
+                isinstance(getattr(rec, k), str) for k in ("peer_id", "address", "config_hash", "base_hash", "swarm_id")
+            ):
                 raise ValueError("wrong field types")
             return rec
         except (TypeError, ValueError) as exc:
@@ -87,7 +95,14 @@ def choose_block(records: list[PeerRecord], blocks: int) -> int:
 
 def block_throughput(records: list[PeerRecord], blocks: int) -> list[dict]:
     """Per block: peer count and combined samples/s."""
-    return [{"block": b, "peers": sum(r.block_index == b for r in records), "samples_per_s": sum(r.samples_per_s for r in records if r.block_index == b)} for b in range(blocks)]
+    return [
+        {
+            "block": b,
+            "peers": sum(r.block_index == b for r in records),
+            "samples_per_s": sum(r.samples_per_s for r in records if r.block_index == b),
+        }
+        for b in range(blocks)
+    ]
 
 
 class Discovery(Protocol):
@@ -169,7 +184,18 @@ class StaticDiscovery:
 def record_from_status(st, address: str = "") -> PeerRecord:
     """PeerRecord from a pb.PeerStatus (address falls back to the dialled one)."""
     base_hash, _, emb_hash = st.base_hash.partition("/")
-    return PeerRecord(st.peer_id, st.address or ("" if st.client_mode else address), st.block_index, st.round, st.samples_per_s, st.config_hash, base_hash, st.client_mode, st.swarm_id, emb_hash)
+    return PeerRecord(
+        st.peer_id,
+        st.address or ("" if st.client_mode else address),
+        st.block_index,
+        st.round,
+        st.samples_per_s,
+        st.config_hash,
+        base_hash,
+        st.client_mode,
+        st.swarm_id,
+        emb_hash,
+    )
 
 
 class HivemindDiscovery:
@@ -184,7 +210,14 @@ class HivemindDiscovery:
 
     call_timeout_s = 20.0  # bound on every store / lookup, seconds
 
-    def __init__(self, swarm_id: str, initial_peers: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1", start_timeout_s: float = 30.0, client_mode: bool = False):
+    def __init__(
+        self,
+        swarm_id: str,
+        initial_peers: list[str] | tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+        start_timeout_s: float = 30.0,
+        client_mode: bool = False,
+    ):
         import hivemind
 
         self.swarm_id = swarm_id
@@ -203,7 +236,13 @@ class HivemindDiscovery:
                 dht.shutdown()
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            cause = f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {start_timeout_s:.0f} s" if isinstance(exc, TimeoutError) else type(exc).__name__
+            cause = (
+                f"{type(exc).__name__}: {exc}"
+                if str(exc)
+                else f"no answer within {start_timeout_s:.0f} s"
+                if isinstance(exc, TimeoutError)
+                else type(exc).__name__
+            )
             hint = (
                 "check that the multiaddrs are right and that those peers are running and reachable (firewall, NAT: try --client-mode)"
                 if initial_peers
@@ -214,7 +253,7 @@ class HivemindDiscovery:
         self.peer_id = dht.peer_id.to_base58()
 
     @classmethod
-    async def create(cls, *args, **kwargs) -> "HivemindDiscovery":
+    async def create(cls, *args, **kwargs) -> HivemindDiscovery:
         """Start the DHT without blocking the event loop."""
         return await asyncio.to_thread(cls, *args, **kwargs)
 
@@ -234,12 +273,26 @@ class HivemindDiscovery:
 
         expiration = get_dht_time() + ttl_s
         value = record.to_value()
-        ok = await asyncio.gather(*(self._call("store", lambda k=k: self.dht.store(block_key(self.swarm_id, k), value, expiration, subkey=record.peer_id, return_future=True)) for k in (record.block_index, None)))
+        ok = await asyncio.gather(
+            *(
+                self._call(
+                    "store",
+                    lambda k=k: self.dht.store(
+                        block_key(self.swarm_id, k), value, expiration, subkey=record.peer_id, return_future=True
+                    ),
+                )
+                for k in (record.block_index, None)
+            )
+        )
         if not all(ok):
-            logger.warning("[block %d %s] DHT announce was not stored everywhere", record.block_index, record.peer_id[-6:])
+            logger.warning(
+                "[block %d %s] DHT announce was not stored everywhere", record.block_index, record.peer_id[-6:]
+            )
 
     async def _get(self, block_index: int | None) -> list[PeerRecord]:
-        found = await self._call("lookup", lambda: self.dht.get(block_key(self.swarm_id, block_index), latest=True, return_future=True))
+        found = await self._call(
+            "lookup", lambda: self.dht.get(block_key(self.swarm_id, block_index), latest=True, return_future=True)
+        )
         if found is None or not isinstance(found.value, dict):
             return []
         records = [PeerRecord.from_value(item.value) for item in found.value.values()]
@@ -262,7 +315,9 @@ def is_multiaddr(text: str) -> bool:
     return text.startswith("/")
 
 
-async def connect_discovery(swarm: list[str], swarm_id: str, status_fn: StatusFn | None = None, start_timeout_s: float = 30.0) -> HivemindDiscovery | StaticDiscovery:
+async def connect_discovery(
+    swarm: list[str], swarm_id: str, status_fn: StatusFn | None = None, start_timeout_s: float = 30.0
+) -> HivemindDiscovery | StaticDiscovery:
     """Discovery for CLI clients: multiaddrs -> a client-mode hivemind DHT; "host:port" -> static."""
     if not swarm:
         raise SwarmdError("no swarm address given: pass a multiaddr printed by `blocktrain run` or a host:port")

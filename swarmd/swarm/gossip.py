@@ -25,6 +25,7 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
 Talks to a Transport protocol (PeerClient, or an in-memory one in tests) and a Discovery; no grpc
 or hivemind imports. Every merge is a pure function of the accepted deltas (merge_mean).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,13 +36,13 @@ from typing import Protocol
 
 import torch
 
-from swarmd.swarm.delta import ErrorFeedback, decode, encode, shapes_of
-from swarmd.transport.framing import Encoded
-from swarmd.swarm.discovery import PeerRecord
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.swarm.delta import ErrorFeedback, decode, encode
+from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.state import BlockState, relative_distance
+from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,9 @@ class DeadlinePolicy:
     def observe(self, lag_s: float, round_s: float | None = None) -> None:
         self.ema = lag_s if self.ema is None else (1 - self.alpha) * self.ema + self.alpha * lag_s
         if round_s is not None:
-            self.round_ema = round_s if self.round_ema is None else (1 - self.alpha) * self.round_ema + self.alpha * round_s
+            self.round_ema = (
+                round_s if self.round_ema is None else (1 - self.alpha) * self.round_ema + self.alpha * round_s
+            )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +181,9 @@ class RoundReport:
     def participation(self) -> float:
         """Fraction of the expected (peer, kind) deltas that were accepted; 1.0 when none was expected."""
         expected = len(self.expected_block) + len(self.expected_emb)
-        got = len(set(self.accepted_block) & set(self.expected_block)) + len(set(self.accepted_emb) & set(self.expected_emb))
+        got = len(set(self.accepted_block) & set(self.expected_block)) + len(
+            set(self.accepted_emb) & set(self.expected_emb)
+        )
         return 1.0 if expected == 0 else got / expected
 
 
@@ -193,7 +198,9 @@ class _Round:
     inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
     failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
     closed: bool = False
-    mismatched: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})  # senders on another base
+    mismatched: dict[str, set[str]] = field(
+        default_factory=lambda: {BLOCK: set(), EMB: set()}
+    )  # senders on another base
     opened_at: float = field(default_factory=time.monotonic)
     ready_at: float = 0.0
     last_arrival: float = 0.0
@@ -213,14 +220,23 @@ class Gossip:
         self.deadline = DeadlinePolicy(cfg)
         self.ef = {BLOCK: ErrorFeedback(), EMB: ErrorFeedback()}
         self.current: _Round | None = None
-        self.last_split: dict[str, tuple[set[str], set[str]]] = {}  # kind -> (peers on our base, peers on another) last round
+        self.last_split: dict[
+            str, tuple[set[str], set[str]]
+        ] = {}  # kind -> (peers on our base, peers on another) last round
         self._opened = asyncio.Condition()
         self.banned: dict[str, tuple[float, float]] = {}  # peer id -> (until, period)
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
 
     # -- helpers ---------------------------------------------------------------------------------
     def _hdr(self, kind: str, round: int) -> dict:
-        return dict(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=kind, block_index=self.me.block_index if kind == BLOCK else -1, round=round, peer_id=self.me.peer_id)
+        return dict(
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=kind,
+            block_index=self.me.block_index if kind == BLOCK else -1,
+            round=round,
+            peer_id=self.me.peer_id,
+        )
 
     def _expected_shapes(self, kind: str) -> dict[str, tuple[int, ...]]:
         return self.state.block_shapes() if kind == BLOCK else self.state.emb_shapes()
@@ -232,19 +248,33 @@ class Gossip:
 
     def _usable(self, rec: PeerRecord) -> bool:
         until = self.banned.get(rec.peer_id, (0.0, 0.0))[0]
-        return rec.peer_id != self.me.peer_id and rec.config_hash == self.me.config_hash and rec.swarm_id == self.me.swarm_id and time.monotonic() >= until
+        return (
+            rec.peer_id != self.me.peer_id
+            and rec.config_hash == self.me.config_hash
+            and rec.swarm_id == self.me.swarm_id
+            and time.monotonic() >= until
+        )
 
     # -- re-sync -----------------------------------------------------------------------------------
     async def sync(self, records: list[PeerRecord]) -> list[str]:
         """Adopt the reference's block and embedding if our base differs (see module doc); returns what was pulled."""
         me = self.record()
-        others = [r for r in records if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id]
+        others = [
+            r
+            for r in records
+            if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
+        ]
         pulled = []
-        for what, pool, my_hash in (("block", [r for r in others if r.block_index == me.block_index], me.base_hash), ("embedding", others, me.emb_hash)):
+        for what, pool, my_hash in (
+            ("block", [r for r in others if r.block_index == me.block_index], me.base_hash),
+            ("embedding", others, me.emb_hash),
+        ):
             ref = reference(me, pool, (lambda r: r.base_hash) if what == "block" else (lambda r: r.emb_hash))
             ref_hash = ref.base_hash if what == "block" else ref.emb_hash
             if ref.peer_id == me.peer_id or (ref_hash == my_hash and ref.round == me.round):
-                ref = self._split_reference(what, me, pool)  # DHT records may lag: use what last round's exchanges showed
+                ref = self._split_reference(
+                    what, me, pool
+                )  # DHT records may lag: use what last round's exchanges showed
                 if ref is None:
                     continue
             try:
@@ -275,10 +305,23 @@ class Gossip:
 
     async def pull(self, peer: PeerRecord, what: str) -> None:
         """Download a peer's block or embedding state (validated) and adopt it with its round."""
-        request = pb.PullStateRequest(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=what, block_index=peer.block_index if what == "block" else -1)
+        request = pb.PullStateRequest(
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=what,
+            block_index=peer.block_index if what == "block" else -1,
+        )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self.metrics.add_received(enc.wire_bytes)
-        tensors = decode(enc, self._expected_shapes(BLOCK if what == "block" else EMB), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=STATE_KIND[what], block_index=self.me.block_index if what == "block" else -1, max_bytes=self.cfg.max_payload_bytes)
+        tensors = decode(
+            enc,
+            self._expected_shapes(BLOCK if what == "block" else EMB),
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=STATE_KIND[what],
+            block_index=self.me.block_index if what == "block" else -1,
+            max_bytes=self.cfg.max_payload_bytes,
+        )
         if what == "block":
             await asyncio.to_thread(self.state.adopt, tensors, None, max(self.state.round, int(enc.header.round)))
         else:
@@ -288,10 +331,20 @@ class Gossip:
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        request = pb.PullStateRequest(swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block", block_index=peer.block_index)
+        request = pb.PullStateRequest(
+            swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block", block_index=peer.block_index
+        )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self.metrics.add_received(enc.wire_bytes)
-        return decode(enc, self.state.block_shapes(), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block_state", block_index=peer.block_index, max_bytes=self.cfg.max_payload_bytes)
+        return decode(
+            enc,
+            self.state.block_shapes(),
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind="block_state",
+            block_index=peer.block_index,
+            max_bytes=self.cfg.max_payload_bytes,
+        )
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
@@ -312,7 +365,18 @@ class Gossip:
     def record(self) -> PeerRecord:
         """This peer's current record (what announce publishes)."""
         me = self.me
-        return PeerRecord(me.peer_id, me.address, me.block_index, self.state.round, self.metrics.samples_per_s, me.config_hash, self.state.block_hash, me.client_mode, me.swarm_id, self.state.emb_hash)
+        return PeerRecord(
+            me.peer_id,
+            me.address,
+            me.block_index,
+            self.state.round,
+            self.metrics.samples_per_s,
+            me.config_hash,
+            self.state.block_hash,
+            me.client_mode,
+            me.swarm_id,
+            self.state.emb_hash,
+        )
 
     # -- the round ----------------------------------------------------------------------------------
     async def open_round(self) -> None:
@@ -327,7 +391,14 @@ class Gossip:
         block_delta, emb_delta = await asyncio.to_thread(self.state.deltas)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
-            enc, decoded = await asyncio.to_thread(self.ef[kind].compress, delta, self.cfg.codec, base_hash=rs.hashes[kind], weight=weight, **self._hdr(kind, rs.round))
+            enc, decoded = await asyncio.to_thread(
+                self.ef[kind].compress,
+                delta,
+                self.cfg.codec,
+                base_hash=rs.hashes[kind],
+                weight=weight,
+                **self._hdr(kind, rs.round),
+            )
             rs.outgoing[kind], rs.own[kind] = enc, decoded
         rs.ready_at = time.monotonic()
         rs.ready.set()
@@ -345,7 +416,15 @@ class Gossip:
             if h.base_hash != rs.hashes[kind]:
                 rs.mismatched[kind].add(h.peer_id)
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
-            tensors = decode(enc, self._expected_shapes(kind), swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind=kind, block_index=self.me.block_index if kind == BLOCK else -1, max_bytes=self.cfg.max_payload_bytes)
+            tensors = decode(
+                enc,
+                self._expected_shapes(kind),
+                swarm_id=self.me.swarm_id,
+                config_hash=self.me.config_hash,
+                kind=kind,
+                block_index=self.me.block_index if kind == BLOCK else -1,
+                max_bytes=self.cfg.max_payload_bytes,
+            )
         except SwarmdError as exc:
             rs.rejected += 1
             self.metrics.rejected += 1
@@ -371,7 +450,10 @@ class Gossip:
                 raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
             async with self._opened:
                 try:  # the caller may be a little ahead: wait (bounded) for our round to open
-                    await asyncio.wait_for(self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round), self.cfg.deadline_max_s)
+                    await asyncio.wait_for(
+                        self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round),
+                        self.cfg.deadline_max_s,
+                    )
                 except TimeoutError:
                     raise StaleRound(f"round {h.round} is ahead of ours ({self.state.round})") from None
             rs = self.current
@@ -402,7 +484,9 @@ class Gossip:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
             code = getattr(getattr(exc, "code", None), "name", "UNAVAILABLE")
-            if isinstance(exc, PeerUnavailable) and code == "UNAVAILABLE":  # unreachable; a slow peer (deadline) is not banned
+            if (
+                isinstance(exc, PeerUnavailable) and code == "UNAVAILABLE"
+            ):  # unreachable; a slow peer (deadline) is not banned
                 self._ban(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return
@@ -424,11 +508,19 @@ class Gossip:
             raise RuntimeError("average() needs an open round (call open_round first)")
         await self.publish()
         peers = [r for r in records if self._usable(r)]
-        expected = {BLOCK: {r.peer_id for r in peers if r.block_index == self.me.block_index}, EMB: {r.peer_id for r in peers}}
+        expected = {
+            BLOCK: {r.peer_id for r in peers if r.block_index == self.me.block_index},
+            EMB: {r.peer_id for r in peers},
+        }
         me = self.record()
         deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at)
         deadline = rs.ready_at + deadline_s
-        tasks = [asyncio.create_task(self._dial(rs, p, kind, deadline)) for p in peers if dials(me, p) for kind in ((BLOCK, EMB) if p.block_index == me.block_index else (EMB,))]
+        tasks = [
+            asyncio.create_task(self._dial(rs, p, kind, deadline))
+            for p in peers
+            if dials(me, p)
+            for kind in ((BLOCK, EMB) if p.block_index == me.block_index else (EMB,))
+        ]
 
         def complete() -> bool:
             return all(expected[k] <= set(rs.inbox[k]) | rs.failed[k] for k in (BLOCK, EMB))
@@ -454,13 +546,48 @@ class Gossip:
         if accepted[BLOCK] or accepted[EMB]:
             self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
         live_block, _ = await asyncio.to_thread(self.state.current)
-        premerge = max((relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()), default=0.0)
+        premerge = max(
+            (
+                relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d})
+                for d in rs.inbox[BLOCK].values()
+            ),
+            default=0.0,
+        )
         block_mean = merge_mean({self.me.peer_id: rs.own[BLOCK], **rs.inbox[BLOCK]})
         emb_mean = merge_mean({self.me.peer_id: rs.own[EMB], **rs.inbox[EMB]})
         await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
         seconds = time.monotonic() - rs.ready_at
         self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
-        report = RoundReport(rs.round, sorted(expected[BLOCK]), sorted(expected[EMB]), accepted[BLOCK], accepted[EMB], rs.rejected, deadline_s, seconds, premerge)
-        self.metrics.end_round(report.participation, seconds, round=rs.round, premerge_distance=premerge, deadline_s=deadline_s, accepted=len(accepted[BLOCK]) + len(accepted[EMB]), expected=len(expected[BLOCK]) + len(expected[EMB]), at_s=self.metrics.uptime_s)
-        logger.info("%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)", self.tag, rs.round, len(accepted[BLOCK]), len(expected[BLOCK]), len(accepted[EMB]), len(expected[EMB]), seconds, deadline_s)
+        report = RoundReport(
+            rs.round,
+            sorted(expected[BLOCK]),
+            sorted(expected[EMB]),
+            accepted[BLOCK],
+            accepted[EMB],
+            rs.rejected,
+            deadline_s,
+            seconds,
+            premerge,
+        )
+        self.metrics.end_round(
+            report.participation,
+            seconds,
+            round=rs.round,
+            premerge_distance=premerge,
+            deadline_s=deadline_s,
+            accepted=len(accepted[BLOCK]) + len(accepted[EMB]),
+            expected=len(expected[BLOCK]) + len(expected[EMB]),
+            at_s=self.metrics.uptime_s,
+        )
+        logger.info(
+            "%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)",
+            self.tag,
+            rs.round,
+            len(accepted[BLOCK]),
+            len(expected[BLOCK]),
+            len(accepted[EMB]),
+            len(expected[EMB]),
+            seconds,
+            deadline_s,
+        )
         return report

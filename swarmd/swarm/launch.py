@@ -6,6 +6,7 @@ for them to finish their rounds, kill -9 / restart one (fault benchmark), stop a
 SIGKILL after a grace period), and assemble the trained model from their checkpoints. Every wait
 has a deadline. Children get OMP_NUM_THREADS=1 so N peers share a small machine fairly.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,24 +56,105 @@ class LocalSwarm:
     :param extra: more `blocktrain run` flags for every peer (e.g. ["--codec", "int8"])
     """
 
-    def __init__(self, peers: int, model: ModelConfig, data: Path, workdir: Path, *, rounds: int, steps_per_round: int, codec: str = "int8", batch_size: int = 16, lr: float = 1e-3, seed: int = 0, deadline_max_s: float = 30.0, swarm_id: str = "demo", extra: list[str] | None = None):
+    def __init__(
+        self,
+        peers: int,
+        model: ModelConfig,
+        data: Path,
+        workdir: Path,
+        *,
+        rounds: int,
+        steps_per_round: int,
+        codec: str = "int8",
+        batch_size: int = 16,
+        lr: float = 1e-3,
+        seed: int = 0,
+        deadline_max_s: float = 30.0,
+        swarm_id: str = "demo",
+        extra: list[str] | None = None,
+    ):
         if peers < 1:
             raise ValueError("need at least one peer")
         self.model, self.data, self.workdir = model, Path(data), Path(workdir)
-        self.args = ["--rounds", str(rounds), "--steps-per-round", str(steps_per_round), "--codec", codec, "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed), "--deadline-max", str(deadline_max_s), "--swarm-id", swarm_id, "--min-peers", str(peers), "--verbose", *(extra or [])]
-        self.model_args = ["--blocks", str(model.blocks), "--layers-per-block", str(model.layers_per_block), "--d-model", str(model.d_model), "--n-heads", str(model.n_heads), "--hidden", str(model.hidden), "--seq-len", str(model.seq_len), "--sigma-lo", str(model.sigma_lo), "--sigma-hi", str(model.sigma_hi)]
-        self.peers = [PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log") for i in range(peers)]
+        self.args = [
+            "--rounds",
+            str(rounds),
+            "--steps-per-round",
+            str(steps_per_round),
+            "--codec",
+            codec,
+            "--batch-size",
+            str(batch_size),
+            "--lr",
+            str(lr),
+            "--seed",
+            str(seed),
+            "--deadline-max",
+            str(deadline_max_s),
+            "--swarm-id",
+            swarm_id,
+            "--min-peers",
+            str(peers),
+            "--verbose",
+            *(extra or []),
+        ]
+        self.model_args = [
+            "--blocks",
+            str(model.blocks),
+            "--layers-per-block",
+            str(model.layers_per_block),
+            "--d-model",
+            str(model.d_model),
+            "--n-heads",
+            str(model.n_heads),
+            "--hidden",
+            str(model.hidden),
+            "--seq-len",
+            str(model.seq_len),
+            "--sigma-lo",
+            str(model.sigma_lo),
+            "--sigma-hi",
+            str(model.sigma_hi),
+        ]
+        self.peers = [
+            PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log")
+            for i in range(peers)
+        ]
         self.bootstrap: list[str] = []
 
     # -- processes -------------------------------------------------------------------------------
     def _spawn(self, p: PeerProc) -> None:
-        cmd = [sys.executable, "-m", "cli.main", "run", *self.bootstrap, "--data", str(self.data), "--block", str(p.block), "--peer-seed", str(p.index), "--checkpoint-dir", str(p.checkpoint_dir), *self.model_args, *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "run",
+            *self.bootstrap,
+            "--data",
+            str(self.data),
+            "--block",
+            str(p.block),
+            "--peer-seed",
+            str(p.index),
+            "--checkpoint-dir",
+            str(p.checkpoint_dir),
+            *self.model_args,
+            *self.args,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
         self.workdir.mkdir(parents=True, exist_ok=True)
         p.info, p.rounds_seen, p.ready = {}, [], threading.Event()
         log = open(p.log_path, "ab")
         # own process group: kill -9 must take the peer's DHT process and p2pd along (they would be orphaned)
-        p.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
+        p.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+            start_new_session=True,
+        )
         log.close()
         threading.Thread(target=self._read, args=(p, p.proc), daemon=True).start()
 
@@ -96,7 +178,9 @@ class LocalSwarm:
         deadline = time.monotonic() + timeout_s
         while not p.ready.wait(0.2):
             if not p.alive():
-                raise SwarmdError(f"peer {p.index} exited with code {p.proc.returncode} before it was ready; see {p.log_path}: {self.tail(p)}")
+                raise SwarmdError(
+                    f"peer {p.index} exited with code {p.proc.returncode} before it was ready; see {p.log_path}: {self.tail(p)}"
+                )
             if time.monotonic() > deadline:
                 raise SwarmdError(f"peer {p.index} not ready after {timeout_s:.0f}s; see {p.log_path}")
 
@@ -162,7 +246,7 @@ class LocalSwarm:
             _killpg(p.proc, signal.SIGKILL)  # whatever is left of the group (a DHT child of a killed daemon)
             p.proc.wait(timeout=10)
 
-    def __enter__(self) -> "LocalSwarm":
+    def __enter__(self) -> LocalSwarm:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -173,6 +257,7 @@ class LocalSwarm:
         """GetStatus of every live peer (None for a dead or silent one), in peer order."""
         client = PeerClient()
         try:
+
             async def one(p: PeerProc):
                 if not p.alive() or not p.address:
                     return None

@@ -6,6 +6,7 @@ bytes behind what was sent, rejected payloads, mean participation over the round
 round's wall time. Plain counters, touched only from the daemon's event loop (the worker thread
 reports through the loop). No torch, no grpc.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,7 +34,9 @@ class Metrics:
 
     def observe_throughput(self, samples: int, seconds: float) -> None:
         rate = samples / max(seconds, 1e-9)
-        self.samples_per_s = rate if self.samples_per_s == 0 else (1 - self.alpha) * self.samples_per_s + self.alpha * rate
+        self.samples_per_s = (
+            rate if self.samples_per_s == 0 else (1 - self.alpha) * self.samples_per_s + self.alpha * rate
+        )
 
     def add_sent(self, wire_bytes: int, raw_bytes: int = 0) -> None:
         self.bytes_sent += int(wire_bytes)

@@ -5,6 +5,7 @@ swarmd.core.config, owned by the model core). Built once at the edge (CLI or tes
 down: gossip gets GossipConfig, discovery gets NetConfig, the daemon gets the whole DaemonConfig.
 No torch, grpc or hivemind imports here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -72,7 +73,9 @@ class DaemonConfig:
     device: str = "cpu"
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
     peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
-    max_rounds: int = 0  # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
+    max_rounds: int = (
+        0  # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
+    )
     eval_every: int = 0  # every this many rounds, pull the other blocks from peers and measure the from-noise CE (0 = never; needs eval_path)
     min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
     min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
@@ -85,5 +88,5 @@ class DaemonConfig:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
-    def with_block(self, block_index: int) -> "DaemonConfig":
+    def with_block(self, block_index: int) -> DaemonConfig:
         return replace(self, block=block_index)

@@ -23,7 +23,11 @@ def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """All tensors as one fp32 CPU vector, in name order (the order every peer uses)."""
     import torch
 
-    return torch.cat([tensors[k].detach().reshape(-1).float().cpu() for k in sorted(tensors)]) if tensors else torch.zeros(0)
+    return (
+        torch.cat([tensors[k].detach().reshape(-1).float().cpu() for k in sorted(tensors)])
+        if tensors
+        else torch.zeros(0)
+    )
 
 
 def count_sketch(tensors: dict[str, torch.Tensor], size: int = SKETCH_SIZE) -> list[float]:
@@ -38,7 +42,10 @@ def count_sketch(tensors: dict[str, torch.Tensor], size: int = SKETCH_SIZE) -> l
     n = flat.numel()
     if n not in _SKETCH_CACHE:
         gen = torch.Generator().manual_seed(SKETCH_SEED)
-        _SKETCH_CACHE[n] = (torch.randint(0, size, (n,), generator=gen), torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1)
+        _SKETCH_CACHE[n] = (
+            torch.randint(0, size, (n,), generator=gen),
+            torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1,
+        )
     bucket, sign = _SKETCH_CACHE[n]
     return torch.zeros(size).index_add_(0, bucket, flat * sign).tolist()
 

@@ -7,12 +7,13 @@ moments), adoption of a peer's state (join / re-sync), snapshots for PullState a
 the hashes and count-sketch that identify and compare weights. No grpc, no asyncio here.
 Follows hivemind's averager.get_tensors(): every reader takes a copy under the lock.
 """
+
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -48,7 +49,14 @@ class BlockState:
     :param round: averaging rounds completed (a resumed or joined peer starts from the saved one)
     """
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, block_index: int, device: str = "cpu", worker_seed: int = 0):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        block_index: int,
+        device: str = "cpu",
+        worker_seed: int = 0,
+    ):
         self.cfg, self.block_index = model_cfg, block_index
         self.trainer = BlockTrainer(model_cfg, train_cfg, block_index, device, worker_seed=worker_seed)
         self.lock = threading.Lock()
@@ -85,12 +93,16 @@ class BlockState:
     def deltas(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """This round's (block delta, embedding delta) = live weights - base."""
         with self.lock:
-            block = {k: v.detach().float().cpu() - self.base_block[k] for k, v in self.trainer.block.state_dict().items()}
+            block = {
+                k: v.detach().float().cpu() - self.base_block[k] for k, v in self.trainer.block.state_dict().items()
+            }
             emb = {k: v.detach().float().cpu() - self.base_emb[k] for k, v in self.trainer.emb.state_dict().items()}
         return block, emb
 
     # -- writing -------------------------------------------------------------------------------
-    def train_steps(self, steps: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], stop: threading.Event | None = None) -> dict:
+    def train_steps(
+        self, steps: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], stop: threading.Event | None = None
+    ) -> dict:
         """H local AdamW steps (blocking: run it in the worker thread); returns CE, samples, seconds.
 
         :param stop: checked between steps; when set, returns early with what was done
@@ -111,13 +123,18 @@ class BlockState:
         return {"ce": self.last_train_ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
 
     @torch.no_grad()
-    def apply_merge(self, block_delta: dict[str, torch.Tensor] | None, emb_delta: dict[str, torch.Tensor] | None) -> None:
+    def apply_merge(
+        self, block_delta: dict[str, torch.Tensor] | None, emb_delta: dict[str, torch.Tensor] | None
+    ) -> None:
         """base += delta for each part given (None: keep the base), live weights := new base; round += 1.
 
         AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
         """
         with self.lock:
-            for base, delta, module in ((self.base_block, block_delta, self.trainer.block), (self.base_emb, emb_delta, self.trainer.emb)):
+            for base, delta, module in (
+                (self.base_block, block_delta, self.trainer.block),
+                (self.base_emb, emb_delta, self.trainer.emb),
+            ):
                 if delta is not None:
                     for k in base:
                         base[k] = base[k] + delta[k]
@@ -128,7 +145,9 @@ class BlockState:
             self._rebase()
 
     @torch.no_grad()
-    def adopt(self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None, round: int | None = None) -> None:
+    def adopt(
+        self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None, round: int | None = None
+    ) -> None:
         """Replace base and live weights with a peer's state (join / re-sync); AdamW moments kept."""
         with self.lock:
             for new, module in ((block, self.trainer.block), (emb, self.trainer.emb)):

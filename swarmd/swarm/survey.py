@@ -6,6 +6,7 @@ distance estimated from the peers' count-sketches) and the swarm's max consensus
 Client-mode peers cannot be dialled; they appear from their DHT record only. Calls peers through
 PeerClient with a timeout each; never blocks the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,19 +20,53 @@ from swarmd.v1 import swarm_pb2 as pb
 
 def peer_row(st: pb.PeerStatus) -> dict:
     return {
-        "peer_id": st.peer_id, "block": st.block_index, "state": st.state, "round": st.round, "local_steps": st.local_steps,
-        "samples_per_s": st.samples_per_s, "last_ce": st.last_ce, "bytes_sent": st.bytes_sent, "bytes_received": st.bytes_received,
-        "raw_bytes_sent": st.raw_bytes_sent, "participation": st.participation, "uptime_s": st.uptime_s, "address": st.address,
-        "client_mode": st.client_mode, "consensus_distance": st.consensus_distance, "last_round_s": st.last_round_s,
-        "base_hash": st.base_hash, "config_hash": st.config_hash, "swarm_id": st.swarm_id, "multiaddrs": list(st.multiaddrs),
+        "peer_id": st.peer_id,
+        "block": st.block_index,
+        "state": st.state,
+        "round": st.round,
+        "local_steps": st.local_steps,
+        "samples_per_s": st.samples_per_s,
+        "last_ce": st.last_ce,
+        "bytes_sent": st.bytes_sent,
+        "bytes_received": st.bytes_received,
+        "raw_bytes_sent": st.raw_bytes_sent,
+        "participation": st.participation,
+        "uptime_s": st.uptime_s,
+        "address": st.address,
+        "client_mode": st.client_mode,
+        "consensus_distance": st.consensus_distance,
+        "last_round_s": st.last_round_s,
+        "base_hash": st.base_hash,
+        "config_hash": st.config_hash,
+        "swarm_id": st.swarm_id,
+        "multiaddrs": list(st.multiaddrs),
     }
 
 
 def record_row(r: PeerRecord) -> dict:
     nan = float("nan")
-    return {"peer_id": r.peer_id, "block": r.block_index, "state": "unreachable" if r.address else "client", "round": r.round, "local_steps": 0, "samples_per_s": r.samples_per_s, "last_ce": nan,
-            "bytes_sent": 0, "bytes_received": 0, "raw_bytes_sent": 0, "participation": nan, "uptime_s": nan, "address": r.address, "client_mode": r.client_mode,
-            "consensus_distance": nan, "last_round_s": nan, "base_hash": r.base_hash, "config_hash": r.config_hash, "swarm_id": r.swarm_id, "multiaddrs": []}
+    return {
+        "peer_id": r.peer_id,
+        "block": r.block_index,
+        "state": "unreachable" if r.address else "client",
+        "round": r.round,
+        "local_steps": 0,
+        "samples_per_s": r.samples_per_s,
+        "last_ce": nan,
+        "bytes_sent": 0,
+        "bytes_received": 0,
+        "raw_bytes_sent": 0,
+        "participation": nan,
+        "uptime_s": nan,
+        "address": r.address,
+        "client_mode": r.client_mode,
+        "consensus_distance": nan,
+        "last_round_s": nan,
+        "base_hash": r.base_hash,
+        "config_hash": r.config_hash,
+        "swarm_id": r.swarm_id,
+        "multiaddrs": [],
+    }
 
 
 def consensus_by_block(statuses: list[pb.PeerStatus]) -> dict[int, float]:
@@ -44,7 +79,14 @@ def consensus_by_block(statuses: list[pb.PeerStatus]) -> dict[int, float]:
             continue
         top = max(s.round for s in peers)
         peers = [s for s in peers if s.round == top]
-        out[b] = max((sketch_distance(list(a.sketch), list(c.sketch), max(a.param_norm, 1e-12)) for i, a in enumerate(peers) for c in peers[i + 1 :]), default=0.0)
+        out[b] = max(
+            (
+                sketch_distance(list(a.sketch), list(c.sketch), max(a.param_norm, 1e-12))
+                for i, a in enumerate(peers)
+                for c in peers[i + 1 :]
+            ),
+            default=0.0,
+        )
     return out
 
 
@@ -52,7 +94,12 @@ def summarize(rows: list[dict], statuses: list[pb.PeerStatus], blocks: int | Non
     n_blocks = blocks or (max((r["block"] for r in rows), default=-1) + 1)
     consensus = consensus_by_block(statuses)
     per_block = [
-        {"block": b, "peers": sum(r["block"] == b for r in rows), "samples_per_s": sum(r["samples_per_s"] for r in rows if r["block"] == b), "consensus_distance": consensus.get(b, float("nan"))}
+        {
+            "block": b,
+            "peers": sum(r["block"] == b for r in rows),
+            "samples_per_s": sum(r["samples_per_s"] for r in rows if r["block"] == b),
+            "consensus_distance": consensus.get(b, float("nan")),
+        }
         for b in range(n_blocks)
     ]
     finite = [v for v in consensus.values() if not math.isnan(v)]
@@ -79,7 +126,9 @@ async def survey_swarm(swarm: list[str], swarm_id: str, timeout_s: float = 5.0, 
     try:
         discovery = await connect_discovery(swarm, swarm_id, lambda a: client.status(a, timeout_s), start_timeout_s)
         records = await discovery.find_all()
-        results = await asyncio.gather(*(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True)
+        results = await asyncio.gather(
+            *(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True
+        )
         by_id = {st.peer_id: st for st in results if isinstance(st, pb.PeerStatus)}
         rows = [peer_row(by_id[r.peer_id]) if r.peer_id in by_id else record_row(r) for r in records]
         blocks = None
@@ -105,8 +154,8 @@ async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float =
     import json
 
     from swarmd.core.config import ModelConfig
-    from swarmd.swarm.discovery import is_multiaddr
     from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError
+    from swarmd.swarm.discovery import is_multiaddr
 
     client = PeerClient()
     discovery = None
@@ -115,7 +164,9 @@ async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float =
             discovery = await connect_discovery(peers, swarm_id, None, start_timeout_s)
             addresses = [r.address for r in await discovery.find_all() if r.address]
             if not addresses:
-                raise PeerUnavailable(f"no peer of swarm {swarm_id!r} is announced in the DHT reached through {peers[0]}; check --swarm-id and that the peers are running")
+                raise PeerUnavailable(
+                    f"no peer of swarm {swarm_id!r} is announced in the DHT reached through {peers[0]}; check --swarm-id and that the peers are running"
+                )
         else:
             addresses = list(peers)
         errors = []
@@ -126,7 +177,9 @@ async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float =
                 errors.append(str(exc))
                 continue
             if cfg.swarm_id != swarm_id:
-                raise ConfigMismatch(f"peer {address} runs swarm {cfg.swarm_id!r}, not {swarm_id!r}; pass --swarm-id {cfg.swarm_id}")
+                raise ConfigMismatch(
+                    f"peer {address} runs swarm {cfg.swarm_id!r}, not {swarm_id!r}; pass --swarm-id {cfg.swarm_id}"
+                )
             model = ModelConfig.from_dict(json.loads(cfg.model_config_json))
             if model.config_hash() != cfg.config_hash:
                 raise ConfigMismatch(f"peer {address} sent a model config that does not match its own hash")

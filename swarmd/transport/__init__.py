@@ -7,9 +7,18 @@
   exchange() on one bidirectional stream (works from behind NAT), forward_session().
 Payload bytes, codecs and validation live in swarmd.swarm.delta.
 """
+
 from swarmd.errors import PeerRejected
 from swarmd.transport.client import ForwardSession, PeerClient, error_from_rpc
-from swarmd.transport.server import Busy, NotFound, SwarmHandler, SwarmServer, SwarmServicer, start_server, status_code_for
+from swarmd.transport.server import (
+    Busy,
+    NotFound,
+    SwarmHandler,
+    SwarmServer,
+    SwarmServicer,
+    start_server,
+    status_code_for,
+)
 
 __all__ = [
     "Busy",

@@ -7,6 +7,7 @@ bidirectional stream, so a peer behind NAT (client mode) can gossip without acce
 connections. Picking another peer after a failure is gossip's job, not this module's.
 Runs on the caller's asyncio loop; starts no threads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ import logging
 
 import grpc
 
-from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
@@ -87,7 +88,7 @@ class ForwardSession:
     step opens a new one (the peer's KV cache for the session is then gone: start_position 0).
     """
 
-    def __init__(self, client: "PeerClient", address: str, step_timeout_s: float):
+    def __init__(self, client: PeerClient, address: str, step_timeout_s: float):
         self.client, self.address, self.step_timeout_s = client, address, step_timeout_s
         self._call: grpc.aio.StreamStreamCall | None = None
         self._lock = asyncio.Lock()  # one step in flight: replies pair with requests by order
@@ -112,7 +113,9 @@ class ForwardSession:
                 reply = await call.read()
         except TimeoutError:
             self._drop()
-            raise PeerUnavailable(f"peer {self.address}: forward step timed out after {timeout_s or self.step_timeout_s:g} s") from None
+            raise PeerUnavailable(
+                f"peer {self.address}: forward step timed out after {timeout_s or self.step_timeout_s:g} s"
+            ) from None
         except grpc.RpcError as exc:
             self._drop()
             raise self.client._error(self.address, exc) from None

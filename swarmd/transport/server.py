@@ -6,6 +6,7 @@ grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status c
 math and no gossip policy here. Runs on the caller's asyncio loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,8 +18,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -87,7 +88,12 @@ def _one_line(exc: BaseException) -> str:
 class SwarmServicer(pb_grpc.SwarmServicer):
     """swarmd.v1.Swarm: parse, delegate to the handler, stream the answer, map errors to codes."""
 
-    def __init__(self, handler: SwarmHandler, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, max_chunk_bytes: int = MAX_CHUNK_BYTES):
+    def __init__(
+        self,
+        handler: SwarmHandler,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    ):
         self.handler = handler
         self.max_payload_bytes = max_payload_bytes
         self.max_chunk_bytes = max_chunk_bytes
@@ -103,19 +109,19 @@ class SwarmServicer(pb_grpc.SwarmServicer):
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
         try:
             return await _maybe_await(self.handler.status())
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+        except Exception as exc:
             await self._abort(context, "GetStatus", exc)
 
     async def GetConfig(self, request: pb.ConfigRequest, context) -> pb.SwarmConfig:
         try:
             return await _maybe_await(self.handler.swarm_config())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self._abort(context, "GetConfig", exc)
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
         try:
             enc = await self.handler.pull_state(request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self._abort(context, "PullState", exc)
             return
         for msg in to_messages(enc, self.max_chunk_bytes):
@@ -134,7 +140,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), _one_line(exc))
             yield pb.Payload(reject=_one_line(exc))
             return
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self._abort(context, "ExchangeDeltas", exc)
             return
         for msg in to_messages(reply, self.max_chunk_bytes):
@@ -145,7 +151,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         async for request in request_iterator:
             try:
                 reply = await self.handler.forward(request)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 await self._abort(context, "Forward", exc)
                 return
             yield reply if reply is not None else pb.ForwardReply()  # e.g. end_session: an empty reply
