@@ -94,6 +94,7 @@ def test_status_of_a_live_daemon_table_and_json(tmp_path):
     assert json.loads(swarm.output)["peers"][0]["peer_id"] == d.peer_id
 
 
+@pytest.mark.swarm
 def test_status_of_the_whole_swarm_through_the_dht(tmp_path):
     with LiveDaemon(daemon_config(tmp_path, 0)) as d:
         multiaddr = d.discovery.multiaddrs()[0]
@@ -160,6 +161,7 @@ def test_join_fetches_the_config_and_the_state(tmp_path):
     )  # adopted round 1 from the peer, then one round
 
 
+@pytest.mark.swarm
 def test_run_reports_a_dht_that_cannot_start(tmp_path):
     data = write_corpus(tmp_path)
     result = runner.invoke(
@@ -185,6 +187,7 @@ def test_run_reports_a_dht_that_cannot_start(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.swarm
 def test_demo_six_peers_trains_the_assembled_model(tmp_path):
     """The README's command at a tiny size: 6 processes, B=3 x 2 replicas, from-noise CE goes down."""
     data = (

@@ -43,6 +43,7 @@ async def stop_all(daemons: list[Daemon]) -> None:
         await asyncio.wait_for(d.shutdown(), 30)
 
 
+@pytest.mark.swarm
 def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge(tmp_path):
     async def scenario():
         (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
@@ -78,6 +79,7 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
     )  # pulled block 0, measured the assembled model
 
 
+@pytest.mark.swarm
 def test_client_mode_peer_gossips_without_a_server(tmp_path):
     async def scenario():
         (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2))

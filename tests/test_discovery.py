@@ -56,6 +56,7 @@ def test_malformed_records_are_ignored():
     assert PeerRecord.from_value({**good, "peer_id": 5}) is None
 
 
+@pytest.mark.swarm
 def test_hivemind_dht_announce_find_and_expiry():
     async def scenario():
         first = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
@@ -85,6 +86,7 @@ def test_hivemind_dht_announce_find_and_expiry():
     asyncio.run(scenario())
 
 
+@pytest.mark.swarm
 def test_dht_that_cannot_start_fails_fast_with_cause_and_hint():
     start = time.monotonic()
     with pytest.raises(SwarmdError) as info:

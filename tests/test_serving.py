@@ -455,6 +455,7 @@ def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
 
 
 @pytest.mark.slow  # in-process DHTs forked from a process with live gRPC threads can stall late in a long run
+@pytest.mark.swarm
 def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
     from tests.swarm_utils import TEXT
 
@@ -476,6 +477,7 @@ def test_hivemind_swarm_score_via_multiaddr_equals_local(tmp_path):
     assert remote["ce"] == pytest.approx(local["ce"], abs=1e-4)
 
 
+@pytest.mark.swarm
 def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
     """Three `blocktrain run` processes on a real hivemind DHT; `blocktrain score --swarm MULTIADDR`
     (its own process) equals local scoring of the same weights. H is huge, so no merge happens and
