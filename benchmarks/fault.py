@@ -110,7 +110,6 @@ def main(argv=None) -> None:
                 flush=True,
             )
             asyncio.run(wait_round(swarm, survivors, killed["round"] + 1))
-            restart_at = time.monotonic()
             swarm.restart(VICTIM, timeout_s=300)
             resumed_line = swarm.peers[VICTIM].info.get("round")
             finished = swarm.wait(timeout_s=900)
@@ -172,23 +171,36 @@ def main(argv=None) -> None:
         "",
         f"Command: `{out['command']}`",
         "",
-        f"6 processes (B=3 x 2 replicas, L_b=1, d=32, seq=32), {a.rounds} rounds x H={a.steps}, int8, deadline_max {a.deadline_max:.0f}s. Peer {VICTIM} (block {replica}) got SIGKILL while its status said `averaging` in round {kr} (its last checkpoint: round {ckpt_round}).",
+        f"6 processes (B=3 x 2 replicas, L_b=1, d=32, seq=32), {a.rounds} rounds x H={a.steps}, int8, "
+        f"deadline_max {a.deadline_max:.0f}s. Peer {VICTIM} (block {replica}) got SIGKILL while its status said "
+        f"`averaging` in round {kr} (its last checkpoint: round {ckpt_round}).",
         "",
-        "| survivor | block | exchange s in kill round | deadline s in force | participation round before | kill round | rounds after (mean) |",
+        "| survivor | block | exchange s in kill round | deadline s in force | participation round before "
+        "| kill round | rounds after (mean) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         after = r["participation_after"]
         lines.append(
-            f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} | {r['kill_round_deadline_s'] or 0:.2f} | {r['participation_before'] if r['participation_before'] is not None else float('nan'):.3f} | {r['participation_kill_round'] or 0:.3f} | {sum(after) / len(after) if after else float('nan'):.3f} |"
+            f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} "
+            f"| {r['kill_round_deadline_s'] or 0:.2f} "
+            f"| {r['participation_before'] if r['participation_before'] is not None else float('nan'):.3f} "
+            f"| {r['participation_kill_round'] or 0:.3f} "
+            f"| {sum(after) / len(after) if after else float('nan'):.3f} |"
         )
     lines += [
         "",
-        f"Every survivor finished the kill round within its deadline: **{out['all_survivors_within_deadline']}**; all reached round {min(r['final_round'] for r in rows)}. "
-        f"The victim restarted from its checkpoint (round {ckpt_round}), re-synced from its replica ({'adopted the reference state' if out['victim_resynced'] else 'no pull needed'}), merged rounds {out['victim_rounds_after_restart'][:3]}... up to {out['victim_final_round']} "
-        f"with participation {', '.join(f'{p:.2f}' for p in out['victim_participation_after_restart'][:5])}; its final block is bit-identical to its replica's: **{identical}**.",
+        f"Every survivor finished the kill round within its deadline: **{out['all_survivors_within_deadline']}**; "
+        f"all reached round {min(r['final_round'] for r in rows)}. "
+        f"The victim restarted from its checkpoint (round {ckpt_round}), re-synced from its replica "
+        f"({'adopted the reference state' if out['victim_resynced'] else 'no pull needed'}), "
+        f"merged rounds {out['victim_rounds_after_restart'][:3]}... up to {out['victim_final_round']} "
+        f"with participation {', '.join(f'{p:.2f}' for p in out['victim_participation_after_restart'][:5])}; "
+        f"its final block is bit-identical to its replica's: **{identical}**.",
         "",
-        "Participation counts (peer, kind) deltas expected from the DHT records at round start: the dead peer's record stays until its TTL (15 s) expires, and it is banned after the first failed dial, so the drop shows in the kill round (and the next one for peers it was supposed to dial).",
+        "Participation counts (peer, kind) deltas expected from the DHT records at round start: "
+        "the dead peer's record stays until its TTL (15 s) expires, and it is banned after the first failed dial, "
+        "so the drop shows in the kill round (and the next one for peers it was supposed to dial).",
         "",
     ]
     replace_section(a.md, "fault.py", lines)

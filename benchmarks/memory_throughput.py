@@ -140,7 +140,10 @@ def trajectory_cost(cfg: ModelConfig) -> dict:
         "frozen_weights_bytes_fp32": fp32,
         "frozen_weights_gib_fp32": fp32 / GIB,
         "vs_active_adamw_bytes": fp32 / info["active_adamw_bytes"],
-        "note": "a block-b peer needs blocks 0..b-1 (block 0 needs none); worst case b = B-1 shown; weights only, no grads or optimizer state",
+        "note": (
+            "a block-b peer needs blocks 0..b-1 (block 0 needs none); worst case b = B-1 shown; "
+            "weights only, no grads or optimizer state"
+        ),
     }
 
 
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
         memory["block_trajectory"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
     )
     memory["method"] = (
-        "resource.getrusage(RUSAGE_SELF).ru_maxrss after training minus before building the model, one fresh subprocess per case"
+        "resource.getrusage(RUSAGE_SELF).ru_maxrss after training minus before building the model, "
+        "one fresh subprocess per case"
     )
     tput = throughput(args)
     print(json.dumps(tput), flush=True)
@@ -226,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "stack_params",
             )
         },
-        "model_info_command": "blocktrain model-info --blocks 3 --layers-per-block 4 --d-model 512 --n-heads 8 --hidden 2048 --json",
+        "model_info_command": (
+            "blocktrain model-info --blocks 3 --layers-per-block 4 --d-model 512 --n-heads 8 --hidden 2048 --json"
+        ),
         "paper_active_adamw_gib": 0.198,
         "active_adamw_vs_paper": paper_info["active_adamw_gib"] / 0.198,
         "trajectory_cost_paper_config": trajectory_cost(ModelConfig(**PAPER_CFG)),

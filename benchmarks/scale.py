@@ -15,6 +15,7 @@ time (own delta ready -> merge, median), participation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -73,7 +74,7 @@ def run_size(a, n: int) -> dict:
     for s in sums:
         hist = sorted(s["history"], key=lambda h: h["round"])
         first.append(hist[0]["at_s"] - s["discovery_s"])
-        later += [b["at_s"] - a_["at_s"] for a_, b in zip(hist, hist[1:])]
+        later += [b["at_s"] - a_["at_s"] for a_, b in itertools.pairwise(hist)]
         exchange += [h["seconds"] for h in hist]
     last_start = max(s["started_wall"] for s in sums) if all("started_wall" in s for s in sums) else None
     lag = max(s["started_wall"] + s["discovery_s"] for s in sums) - last_start if last_start else None
@@ -115,19 +116,32 @@ def main(argv=None) -> None:
         "",
         f"Command: `{command}`",
         "",
-        f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, every daemon a separate process on loopback, all on {out['machine']} (shared with other jobs).",
+        f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, "
+        f"every daemon a separate process on loopback, all on {out['machine']} (shared with other jobs).",
         "",
-        "| daemons | all ready s | discovery s after the last peer started | discovery s (max / median) | first round s (max) | later rounds s (median) | exchange s (median) | participation | bytes sent per peer per round |",
+        "| daemons | all ready s | discovery s after the last peer started | discovery s (max / median) "
+        "| first round s (max) | later rounds s (median) | exchange s (median) | participation "
+        "| bytes sent per peer per round |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        lag = r["discovery_after_last_start_s"]
         lines.append(
-            f"| {r['peers']} | {r['all_ready_s']:.1f} | {r['discovery_after_last_start_s'] if r['discovery_after_last_start_s'] is not None else float('nan'):.2f} | {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} | {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} | {r['bytes_sent_per_peer_round']:,.0f} |"
+            f"| {r['peers']} | {r['all_ready_s']:.1f} "
+            f"| {lag if lag is not None else float('nan'):.2f} "
+            f"| {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} "
+            f"| {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} "
+            f"| {r['bytes_sent_per_peer_round']:,.0f} |"
         )
     lines += [
         "",
-        "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup shows all N peers (includes starting its own DHT node). first round: from then until its first merge (H local steps + exchange). "
-        "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down ~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with same-block peers) grows with N as well.",
+        "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup "
+        "showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup "
+        "shows all N peers (includes starting its own DHT node). first round: from then until its first merge "
+        "(H local steps + exchange). "
+        "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down "
+        "~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with "
+        "same-block peers) grows with N as well.",
         "",
     ]
     replace_section(a.md, "scale.py", lines)

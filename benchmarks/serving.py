@@ -144,7 +144,8 @@ async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[di
                 }
                 rows.append(row)
                 print(
-                    f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x",
+                    f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  "
+                    f"AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x",
                     flush=True,
                 )
     return rows, hops
@@ -177,7 +178,8 @@ async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
                     }
                 )
                 print(
-                    f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  local {local_rate:7.1f} B/s  same text {out == ref}",
+                    f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  "
+                    f"local {local_rate:7.1f} B/s  same text {out == ref}",
                     flush=True,
                 )
     return rows
@@ -204,7 +206,7 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
         with torch.device("meta"):  # count without allocating
             params = 3 * count_params(DenoisingBlock(cfg)) + count_params(emb)
         try:
-            async with Swarm(cfg, lambda b: init_block(cfg, b), emb, [0, 1, 2]) as swarm:
+            async with Swarm(cfg, lambda b, cfg=cfg: init_block(cfg, b), emb, [0, 1, 2]) as swarm:
                 sweeper = swarm.sweeper(timeout_s=budget_s)
                 seconds = await one_sweep_s(sweeper, cfg, seq_len)
                 trace = [
@@ -235,7 +237,8 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
         }
         rungs.append(rung)
         print(
-            f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops",
+            f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, "
+            f"one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops",
             flush=True,
         )
         best = rung
@@ -280,7 +283,8 @@ async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
             "killed_peer": victim.address if victim else None,
         }
     print(
-        f"failover: completed {row['completed']}, same text {row['same_text']}, added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)",
+        f"failover: completed {row['completed']}, same text {row['same_text']}, "
+        f"added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)",
         flush=True,
     )
     return row
@@ -333,12 +337,14 @@ def render(result: dict) -> str:
     out = ["| per-hop delay | output bytes | one-sweep tok/s | AR pipeline tok/s | ratio |", "|---|---|---|---|---|"]
     for r in result["traversal"]:
         out.append(
-            f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} | {r['ratio']:.1f}x |"
+            f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} "
+            f"| {r['ratio']:.1f}x |"
         )
     out += ["", "| per-hop delay | swarm generation B/s | local generation B/s | same text |", "|---|---|---|---|"]
     for r in result["generation"]:
         out.append(
-            f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} | {'yes' if r['same_text'] else 'NO'} |"
+            f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} "
+            f"| {'yes' if r['same_text'] else 'NO'} |"
         )
     out += [
         "",
@@ -354,16 +360,20 @@ def render(result: dict) -> str:
             continue
         hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
         out.append(
-            f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) | {r['sweep_s']:.2f} s | {hops} |"
+            f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) "
+            f"| {r['sweep_s']:.2f} s | {hops} |"
         )
     f = result["failover"]
     out += [
         "",
-        "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte | added latency | prefix re-sent |",
+        "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte "
+        "| added latency | prefix re-sent |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     out.append(
-        f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} | {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms | {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |"
+        f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} "
+        f"| {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms "
+        f"| {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |"
     )
     return "\n".join(out)
 

@@ -155,7 +155,8 @@ def main(argv=None) -> None:
         r["ratio"] = r["swarm_ce"] / single_ce
         results[codec] = r
         print(
-            f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s",
+            f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} "
+            f"wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s",
             flush=True,
         )
 
@@ -180,7 +181,10 @@ def main(argv=None) -> None:
         "wire_bytes": results[main_codec]["wire_bytes"],
         "raw_bytes": results[main_codec]["raw_bytes"],
         "codecs": results,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"torch {torch.__version__}"
+        ),
     }
     if "fp32" in results and "int8" in results:
         out["int8_ce_loss_vs_fp32"] = results["int8"]["swarm_ce"] - results["fp32"]["swarm_ce"]
@@ -195,7 +199,11 @@ def main(argv=None) -> None:
     )
 
 
-TRAJECTORY_NOTE = "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, which is why wire / raw is higher than for the block deltas alone."
+TRAJECTORY_NOTE = (
+    "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) "
+    "at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, "
+    "which is why wire / raw is higher than for the block deltas alone."
+)
 
 
 def write_md(a, out: dict) -> None:
@@ -206,34 +214,45 @@ def write_md(a, out: dict) -> None:
         "",
         f"Command: `{out['command']}`",
         "",
-        f"Config: B={cfg['blocks']}, L_b={cfg['layers_per_block']}, d={cfg['d_model']}, seq={cfg['seq_len']}, batch {out['train']['batch_size']}, lr {out['train']['lr']}, "
-        f"{out['rounds']} rounds x H={out['steps_per_round']} local steps = {out['per_block_steps']} steps per block (same in the single-process run, one replica per block). "
-        f"Block {out['block_params']:,} params + byte table {out['embedding_params']:,} params. Eval: from-noise CE on eval.txt ({a.eval_tokens} bytes). Machine: {out['machine']} (shared).",
+        f"Config: B={cfg['blocks']}, L_b={cfg['layers_per_block']}, d={cfg['d_model']}, seq={cfg['seq_len']}, "
+        f"batch {out['train']['batch_size']}, lr {out['train']['lr']}, "
+        f"{out['rounds']} rounds x H={out['steps_per_round']} local steps = {out['per_block_steps']} steps per block "
+        f"(same in the single-process run, one replica per block). "
+        f"Block {out['block_params']:,} params + byte table {out['embedding_params']:,} params. "
+        f"Eval: from-noise CE on eval.txt ({a.eval_tokens} bytes). Machine: {out['machine']} (shared).",
         "",
         f"Single-process BlockTrain (swarmd.core.local_run.train_blocktrain): CE **{out['single_ce']:.4f}** nats/byte.",
         "",
-        "| codec | swarm CE | ratio swarm/single | participation | wire bytes | raw fp32 bytes | wire / raw | wire bytes per round per peer | median round s | rejected |",
+        "| codec | swarm CE | ratio swarm/single | participation | wire bytes | raw fp32 bytes | wire / raw "
+        "| wire bytes per round per peer | median round s | rejected |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, r in out["codecs"].items():
         lines.append(
-            f"| {c} | {r['swarm_ce']:.4f} | {r['ratio']:.4f} | {r['participation']:.3f} | {r['wire_bytes']:,} | {r['raw_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_bytes_per_round_per_peer']:,.0f} | {r['round_seconds_median'] or 0:.2f} | {r['rejected']} |"
+            f"| {c} | {r['swarm_ce']:.4f} | {r['ratio']:.4f} | {r['participation']:.3f} | {r['wire_bytes']:,} "
+            f"| {r['raw_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_bytes_per_round_per_peer']:,.0f} "
+            f"| {r['round_seconds_median'] or 0:.2f} | {r['rejected']} |"
         )
     if "int8_ce_loss_vs_fp32" in out:
         lines += [
             "",
-            f"int8 + error feedback + zstd vs fp32: {out['codecs']['int8']['wire_over_raw']:.3f}x the raw fp32 bytes, CE difference {out['int8_ce_loss_vs_fp32']:+.4f} nats.",
+            f"int8 + error feedback + zstd vs fp32: {out['codecs']['int8']['wire_over_raw']:.3f}x the raw fp32 bytes, "
+            f"CE difference {out['int8_ce_loss_vs_fp32']:+.4f} nats.",
         ]
     first = next(iter(out["codecs"].values()))
     dist = first["premerge_distance_by_round"]
     lines += [
         "",
-        f"Consensus ({first['codec']}): max relative distance between same-block replicas just before each merge (local drift during H steps): "
+        f"Consensus ({first['codec']}): max relative distance between same-block replicas just before each merge "
+        "(local drift during H steps): "
         + ", ".join(f"r{r}: {d:.2e}" for r, d in dist.items())
-        + "; after every merge the replicas are bit-identical (distance 0, equal base hashes), which the status sketch confirms.",
+        + "; after every merge the replicas are bit-identical (distance 0, equal base hashes), "
+        "which the status sketch confirms.",
         "",
-        "Notes: wire bytes are everything a peer sent on gossip streams and state pulls (payload + header, after zstd); raw bytes are the fp32 size of the same tensors. "
-        "The swarm trains each block on two data streams per round (two replicas) and averages them, so per block it sees twice the samples of the single-process run at the same step count.",
+        "Notes: wire bytes are everything a peer sent on gossip streams and state pulls "
+        "(payload + header, after zstd); raw bytes are the fp32 size of the same tensors. "
+        "The swarm trains each block on two data streams per round (two replicas) and averages them, "
+        "so per block it sees twice the samples of the single-process run at the same step count.",
         "",
     ]
     if a.trajectory_prob:

@@ -160,7 +160,7 @@ def tcp_copy(port: int, data: bytes) -> float:
 
 async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> dict:
     """Every variant once per repeat, round-robin, so all see the same background load."""
-    procs, names, runs = [], [], {}
+    procs, runs = [], {}
     try:
         client = PeerClient(max_payload_bytes=2 * mb * MIB)
         for zstd in zstd_variants:
@@ -262,7 +262,8 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
     after = trainer.block.state_dict()
     return (
         {k: (after[k].float() - before[k].float()) for k in before},
-        f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup) on {train_file}",
+        f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps "
+        f"(batch 16, lr 1e-3, no warmup) on {train_file}",
     )
 
 
@@ -302,18 +303,22 @@ def markdown(result: dict) -> str:
         f"Command: `{result['command']}`",
         "",
         f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in a separate process, "
-        f"best / median of {result['repeats']} rounds after one warm-up round (each round runs every path once, in turn, "
+        f"best / median of {result['repeats']} rounds after one warm-up round "
+        "(each round runs every path once, in turn, "
         "so all paths see the same background load); MB/s = payload bytes moved both ways / wall time. "
-        "The gRPC figure includes what gossip does per exchange: 1 MiB chunks, framing checks and sha256 on both sides.",
+        "The gRPC figure includes what gossip does per exchange: "
+        "1 MiB chunks, framing checks and sha256 on both sides.",
         "",
-        "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) | ratio to TCP (median of rounds) |",
+        "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) "
+        "| ratio to TCP (median of rounds) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     tcp = tp["tcp"]
     for name, r in tp.items():
         ratio = r["mb_per_s_best"] / tcp["mb_per_s_best"]
         lines.append(
-            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} | {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} |"
+            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
+            f"| {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} |"
         )
     lines += [
         "",
@@ -326,7 +331,8 @@ def markdown(result: dict) -> str:
     ]
     for codec, r in cod.items():
         lines.append(
-            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} | {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
+            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
+            f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
         )
     lines += [
         "",
@@ -361,7 +367,10 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "delta_source": source,
         "codecs": bench_codecs(delta),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, grpcio {grpc.__version__}, torch {torch.__version__}",
+        "machine": (
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible, "
+            f"Python {platform.python_version()}, grpcio {grpc.__version__}, torch {torch.__version__}"
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
