@@ -10,6 +10,7 @@ No network access happens unless the cache is missing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -47,7 +48,8 @@ def _download(url: str, on_progress: Callable[[int, int], None] | None, timeout_
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise DataError(
-            f"cannot download WikiText-2 from {url} ({reason}); with no network, pass --data FILE or set BLOCKTRAIN_DATA"
+            f"cannot download WikiText-2 from {url} ({reason}); "
+            "with no network, pass --data FILE or set BLOCKTRAIN_DATA"
         ) from None
 
 
@@ -66,9 +68,7 @@ def ensure_wikitext2(
                     f"cached {path} fails its SHA-256 check; run `blocktrain data fetch wikitext-2 --force`"
                 )
             continue
-        blob = _download(
-            f"{BASE_URL}/{FILES[split]}", (lambda g, t, s=split: on_progress(s, g, t)) if on_progress else None
-        )
+        blob = _download(f"{BASE_URL}/{FILES[split]}", functools.partial(on_progress, split) if on_progress else None)
         if not blob:
             raise DataError(f"downloaded {FILES[split]} is empty")
         atomic_write_bytes(path, blob)

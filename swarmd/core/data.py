@@ -8,6 +8,7 @@ CLI prints as-is. No torch.nn, grpc or networking here.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ class ByteData:
         rows = self.data[idx]
         return rows[:, :-1], rows[:, 1:]
 
-    def stream(self, seed: int, batch_size: int):
+    def stream(self, seed: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless batches for one worker; a different seed gives a different stream."""
         gen = torch.Generator().manual_seed(seed)
         while True:

@@ -19,6 +19,7 @@ import torch
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for
 
 
@@ -60,11 +61,11 @@ class BlockStack:
         ]
 
     @property
-    def blocks(self):
+    def blocks(self) -> list[DenoisingBlock]:
         return [t.block for t in self.trainers]
 
     @property
-    def emb(self):
+    def emb(self) -> ByteEmbedding:
         return self.trainers[0].emb
 
     def train_round(self, steps: int, on_step: Callable[[int, dict], None] | None = None) -> float:
