@@ -104,10 +104,9 @@ def from_proto(
     """Validated tensor from a Tensor message; expect_shape may hold None for free dimensions."""
     if expect_dtype is not None and msg.dtype != expect_dtype:
         raise ValidationError(f"expected dtype {expect_dtype}, got {msg.dtype!r}")
-    if expect_shape is not None:
-        if len(msg.shape) != len(expect_shape) or any(
-            e is not None and e != s for e, s in zip(expect_shape, msg.shape)
-        ):
-            raise ValidationError(f"expected shape {list(expect_shape)}, got {list(msg.shape)}")
+    if expect_shape is not None and (
+        len(msg.shape) != len(expect_shape) or any(e is not None and e != s for e, s in zip(expect_shape, msg.shape))
+    ):
+        raise ValidationError(f"expected shape {list(expect_shape)}, got {list(msg.shape)}")
     data = zstd_decompress(msg.data, max_bytes) if msg.zstd else msg.data
     return bytes_to_tensor(data, msg.dtype, list(msg.shape), max_bytes)

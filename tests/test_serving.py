@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from swarmd.core.config import ModelConfig
-from swarmd.errors import ConfigMismatch, PeerUnavailable, ValidationError
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SessionMissing, ValidationError, WrongBlock
 from swarmd.serve.inference import LocalSweeper, generate_bytes, score_windows
 from swarmd.serve.remote import BlockRouter, RemoteSweeper
-from swarmd.serve.serving import BlockServing, SessionMissing, WrongBlock
+from swarmd.serve.serving import BlockServing
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto
 from tests.test_inference import CFG, text_windows, tiny_model
@@ -108,7 +108,7 @@ def request(block_index=0, n=1, t=4, **kw):
 def test_swarm_path_equals_local_scoring_and_generation():
     blocks, emb = tiny_model()
     local = LocalSweeper(CFG, blocks, emb)
-    remote, client = remote_for(make_servings(blocks, emb))
+    remote, _client = remote_for(make_servings(blocks, emb))
     x, y = text_windows()
     ref, got = (asyncio.run(score_windows(s, x, y, seed=11)) for s in (local, remote))
     assert got["ce"] == pytest.approx(ref["ce"], abs=1e-5)

@@ -12,10 +12,22 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from swarmd.errors import ConfigMismatch, PeerRejected, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.errors import (
+    Busy,
+    ConfigMismatch,
+    NotFound,
+    NotReady,
+    PeerFailed,
+    PeerRejected,
+    PeerUnavailable,
+    SessionMissing,
+    StaleRound,
+    SwarmdError,
+    ValidationError,
+    WrongBlock,
+)
 from swarmd.swarm.delta import decode, encode, shapes_of
-from swarmd.transport import NotFound, PeerClient, start_server, status_code_for
-from swarmd.transport.server import Busy
+from swarmd.transport import PeerClient, error_for, start_server, status_code_for
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -64,6 +76,8 @@ class FakeHandler:
     async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
         if request.session_id == "hang":
             await asyncio.Event().wait()
+        if request.session_id == "gone":
+            raise SessionMissing("session gone: re-send the prefix from position 0")
         if request.config_hash != META["config_hash"]:
             raise ValidationError(f"forward request for config {request.config_hash!r}")
         z = from_proto(request.z)
@@ -271,9 +285,36 @@ def test_status_code_mapping():
     assert status_code_for(RuntimeError("bug")) == grpc.StatusCode.INTERNAL
 
     class Gone(SwarmdError):
-        grpc_code = "NOT_FOUND"
+        status = "NOT_FOUND"
 
     assert status_code_for(Gone("x")) == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_client_raises_the_class_the_server_raised():
+    async def body(client, server, h):
+        for raised in (WrongBlock("block 3 is not here"), NotReady("still starting"), StaleRound("round 7")):
+            h.exchange_error = raised
+            with pytest.raises(type(raised)) as info:
+                await client.exchange(server.address, encode(delta(2), "fp32", **META), timeout_s=10)
+            assert type(info.value) is type(raised) and str(raised) in str(info.value)
+        session = client.forward_session(server.address, step_timeout_s=5)
+        with pytest.raises(SessionMissing, match="invalid_argument: session gone"):
+            await session.step(pb.ForwardRequest(session_id="gone", z=to_proto(torch.ones(1, 1, 2))))
+        await session.close()
+        h.exchange_error = RuntimeError("a bug")
+        with pytest.raises(PeerFailed, match="internal"):
+            await client.exchange(server.address, encode(delta(2), "fp32", **META), timeout_s=10)
+
+    with_peer(body)
+
+
+def test_a_class_tag_must_match_its_status():
+    assert type(error_for(grpc.StatusCode.NOT_FOUND, "x", "WrongBlock")) is WrongBlock
+    assert type(error_for(grpc.StatusCode.NOT_FOUND, "x", "SessionMissing")) is NotFound  # tag of another status
+    assert type(error_for(grpc.StatusCode.NOT_FOUND, "x", "NoSuchClass")) is NotFound
+    assert type(error_for(grpc.StatusCode.INTERNAL, "x", "SwarmdError")) is PeerFailed
+    assert type(error_for(grpc.StatusCode.UNAVAILABLE, "x")) is PeerUnavailable
+    assert issubclass(WrongBlock, PeerUnavailable) and issubclass(NotReady, PeerUnavailable)
 
 
 def test_listening_on_a_taken_port_is_a_clear_error():

@@ -30,13 +30,11 @@ import torch
 
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SessionMissing, SwarmdError
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
 logger = logging.getLogger(__name__)
-
-RESEND_HINT = "re-send the prefix"  # in swarmd.serve.serving.SessionMissing messages
 
 
 @dataclass
@@ -193,6 +191,7 @@ class RemoteSweeper:
         self.trace: list[Hop] = []
         self.failovers = 0
         self._sessions: dict[str, _Session] = {}
+        self._closing: set[asyncio.Future] = set()  # streams of failed replicas being closed
 
     async def sweep(
         self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
@@ -204,7 +203,6 @@ class RemoteSweeper:
             held = 0 if sess.x_hist is None else sess.x_hist.shape[1]
             if held != start_position:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
-        n, t = x.shape
         out = None
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
             out = await self._step(session_id, sess, i, b, sigma, sigma_next, x, z, start_position, use_cache)
@@ -261,11 +259,11 @@ class RemoteSweeper:
                 tried.add(replica.address)
                 self.failovers += 1
                 continue
-            except ValidationError as exc:
-                if RESEND_HINT in str(exc) and not resend:  # the peer evicted our cache: re-send to it
-                    sess.warm.pop((replica.address, i), None)
-                    continue
-                raise
+            except SessionMissing:
+                if resend:
+                    raise
+                sess.warm.pop((replica.address, i), None)  # the peer evicted our cache: re-send to it
+                continue
             finally:
                 replica.inflight -= 1
             seconds = time.perf_counter() - t0
@@ -290,7 +288,9 @@ class RemoteSweeper:
         self.router.report_failure(replica, exc)
         held = sess.streams.pop(b, None)
         if held:
-            asyncio.ensure_future(_quiet_close(held[1]))
+            task = asyncio.ensure_future(_quiet_close(held[1]))
+            self._closing.add(task)  # keep a reference until it is done
+            task.add_done_callback(self._closing.discard)
         for key in [k for k in sess.warm if k[0] == replica.address]:
             del sess.warm[key]
 

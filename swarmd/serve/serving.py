@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import DenoisingBlock, euler_step
-from swarmd.errors import ConfigMismatch, SwarmdError, ValidationError
+from swarmd.errors import ConfigMismatch, NotFound, SessionMissing, SwarmdError, ValidationError, WrongBlock
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -36,16 +36,6 @@ logger = logging.getLogger(__name__)
 
 MAX_SESSION_ID = 128  # characters
 MAX_ROWS = 256  # sequences per request
-
-
-class SessionMissing(ValidationError):
-    """The session's cache for this step is gone or at another length: re-send from position 0."""
-
-
-class WrongBlock(ValidationError):
-    """The request names a block this peer does not serve (NOT_FOUND: the client tries another peer)."""
-
-    grpc_code = "NOT_FOUND"
 
 
 @dataclass
@@ -250,7 +240,8 @@ class BlockServing:
             if held is None or held[0] != r.start_position:
                 have = held[0] if held else 0
                 raise SessionMissing(
-                    f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at {r.start_position}: re-send the prefix from position 0"
+                    f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at "
+                    f"{r.start_position}: re-send the prefix from position 0"
                 )
             self._sessions.move_to_end(r.session_id)
             return session.snapshot, held[1], r.start_position
@@ -349,14 +340,10 @@ class ServingOnlyHandler:
         )
 
     async def pull_state(self, request: pb.PullStateRequest):
-        raise _NotServed("this peer serves inference only")
+        raise NotFound("this peer serves inference only")
 
     async def exchange(self, incoming):
-        raise _NotServed("this peer serves inference only")
+        raise NotFound("this peer serves inference only")
 
     async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
         return await self.serving.forward(request)
-
-
-class _NotServed(SwarmdError):
-    grpc_code = "NOT_FOUND"

@@ -244,7 +244,8 @@ class HivemindDiscovery:
                 else type(exc).__name__
             )
             hint = (
-                "check that the multiaddrs are right and that those peers are running and reachable (firewall, NAT: try --client-mode)"
+                "check that the multiaddrs are right and that those peers are running and reachable "
+                "(firewall, NAT: try --client-mode)"
                 if initial_peers
                 else "check that the host can open TCP ports on " + host
             )

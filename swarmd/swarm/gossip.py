@@ -36,7 +36,15 @@ from typing import Protocol
 
 import torch
 
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.errors import (
+    BaseMismatch,
+    NotReady,
+    PeerUnavailable,
+    StaleRound,
+    SwarmdError,
+    ValidationError,
+    WrongBlock,
+)
 from swarmd.swarm.delta import ErrorFeedback, decode, encode
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.metrics import Metrics
@@ -55,26 +63,6 @@ class Transport(Protocol):
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded: ...
 
     async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float) -> Encoded: ...
-
-
-class StaleRound(ConfigMismatch):
-    """The caller's delta belongs to another round than ours (FAILED_PRECONDITION)."""
-
-
-class BaseMismatch(ConfigMismatch):
-    """The delta was computed from other weights than our base (FAILED_PRECONDITION)."""
-
-
-class WrongBlock(SwarmdError):
-    """Asked for a block this peer does not train (NOT_FOUND)."""
-
-    grpc_code = "NOT_FOUND"
-
-
-class NotReady(SwarmdError):
-    """Our own delta was not ready in time (RESOURCE_EXHAUSTED)."""
-
-    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -483,10 +471,7 @@ class Gossip:
         except SwarmdError as exc:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
-            code = getattr(getattr(exc, "code", None), "name", "UNAVAILABLE")
-            if (
-                isinstance(exc, PeerUnavailable) and code == "UNAVAILABLE"
-            ):  # unreachable; a slow peer (deadline) is not banned
+            if exc.status == PeerUnavailable.status:  # unreachable; a slow, busy or failing peer is not banned
                 self._ban(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return

@@ -16,9 +16,10 @@ import logging
 
 import grpc
 
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
 from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
+from swarmd.transport.status import class_tag, error_for
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -39,35 +40,18 @@ SERVICE_CONFIG = {
     ]
 }
 
-_UNAVAILABLE_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.UNIMPLEMENTED,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.ABORTED,
-}
-
 
 def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
     """The SwarmdError for a failed call, with a one-line message naming the peer and the code.
 
-    INVALID_ARGUMENT -> ValidationError, FAILED_PRECONDITION -> ConfigMismatch, everything else
-    (unreachable, deadline, busy, not found, internal) -> PeerUnavailable.
+    The class is the one the peer raised when it named it (swarmd.transport.status), else the
+    default class of the status code: ValidationError, ConfigMismatch, NotFound, Busy,
+    DeadlineExceeded, PeerUnavailable, or PeerFailed (the last five are PeerUnavailables).
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = " ".join(str(exc.details() if hasattr(exc, "details") else exc).split())
-    message = f"peer {address}: {code.name.lower()}: {details or 'no details'}"
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ValidationError(message)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return ConfigMismatch(message)
-    err = PeerUnavailable(message)
-    err.code = code  # callers may tell a deadline from a refusal
-    return err
+    tag = class_tag(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else ""
+    return error_for(code, f"peer {address}: {code.name.lower()}: {details or 'no details'}", tag)
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, object]]:
@@ -113,7 +97,7 @@ class ForwardSession:
                 reply = await call.read()
         except TimeoutError:
             self._drop()
-            raise PeerUnavailable(
+            raise DeadlineExceeded(
                 f"peer {self.address}: forward step timed out after {timeout_s or self.step_timeout_s:g} s"
             ) from None
         except grpc.RpcError as exc:
@@ -151,19 +135,24 @@ class ForwardSession:
 
 async def _status_error(call) -> grpc.RpcError:
     """An RpcError-like object carrying the final status of a finished call."""
-    code, details = await call.code(), await call.details()
-    return _Status(code if code != grpc.StatusCode.OK else grpc.StatusCode.UNAVAILABLE, details or "stream ended early")
+    code, details, metadata = await call.code(), await call.details(), await call.trailing_metadata()
+    if code == grpc.StatusCode.OK:
+        return _Status(grpc.StatusCode.UNAVAILABLE, details or "stream ended early")
+    return _Status(code, details or "stream ended early", metadata)
 
 
 class _Status(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        self._code, self._details = code, details
+    def __init__(self, code: grpc.StatusCode, details: str, metadata=()):
+        self._code, self._details, self._metadata = code, details, metadata
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self):
+        return self._metadata
 
 
 class PeerClient:
@@ -291,6 +280,6 @@ async def _responses(call):
         if msg is grpc.aio.EOF:
             code = await call.code()
             if code != grpc.StatusCode.OK:
-                raise _Status(code, await call.details())
+                raise _Status(code, await call.details(), await call.trailing_metadata())
             return
         yield msg

@@ -2,7 +2,8 @@
 
 Owns the grpc.aio server: swarmd.v1.Swarm (delegating every RPC to a SwarmHandler the daemon
 implements), grpc.health.v1 (SERVING while up) and server reflection, so grpcurl and
-grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes; no torch
+grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes (through
+swarmd.transport.status, the class name travelling in trailing metadata); no torch
 math and no gossip policy here. Runs on the caller's asyncio loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
@@ -18,8 +19,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError, ValidationError
+from swarmd.errors import SwarmdError, ValidationError
 from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.transport.status import status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -27,38 +29,6 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
 MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
-
-
-class NotFound(SwarmdError):
-    """The peer does not serve what was asked (unknown block or kind): NOT_FOUND."""
-
-
-class Busy(SwarmdError):
-    """The peer is overloaded or not ready for this request: RESOURCE_EXHAUSTED."""
-
-
-_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
-    (ConfigMismatch, grpc.StatusCode.FAILED_PRECONDITION),
-    (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFound, grpc.StatusCode.NOT_FOUND),
-    (Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-]
-
-
-def status_code_for(exc: BaseException) -> grpc.StatusCode:
-    """Status code for an exception a handler raised (INTERNAL for anything unexpected).
-
-    An exception may also name its code in a `grpc_code` attribute, e.g. grpc_code = "NOT_FOUND".
-    """
-    name = getattr(exc, "grpc_code", None)
-    if isinstance(name, str) and name in grpc.StatusCode.__members__:
-        return grpc.StatusCode[name]
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
 
 
 class SwarmHandler(Protocol):
@@ -104,7 +74,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             logger.exception("[Swarm.%s] handler failed", method, exc_info=exc)
         else:
             logger.info("[Swarm.%s] %s: %s", method, code.name, _one_line(exc))
-        await context.abort(code, _one_line(exc))
+        await context.abort(code, _one_line(exc), trailing_metadata(exc))
 
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
         try:
