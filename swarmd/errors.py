@@ -8,7 +8,7 @@ name sent in trailing metadata) back into the same class on the client, so a cal
 SwarmdError to exit code 1 (2 for bad input) without a traceback. Nothing here imports anything.
 
     SwarmdError (INTERNAL: not meant to cross the wire)
-      DataError, CheckpointError
+      ConfigError, DataError, CheckpointError
       ConfigMismatch (FAILED_PRECONDITION): StaleRound, BaseMismatch
       ValidationError (INVALID_ARGUMENT): PeerRejected, SessionMissing
       PeerUnavailable (UNAVAILABLE): DeadlineExceeded, NotFound (WrongBlock), Busy (NotReady), PeerFailed
