@@ -38,7 +38,8 @@ from pathlib import Path
 import grpc
 import torch
 
-from swarmd.swarm.delta import CODECS, decode, encode, shapes_of
+from swarmd.protocol import Codec
+from swarmd.swarm.delta import decode, encode, shapes_of
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.framing import Encoded
 
@@ -270,7 +271,7 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
 def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
     shapes, out = shapes_of(delta), {}
     norm = torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values())).item()
-    variants = [(codec, codec, {}) for codec in CODECS] + [
+    variants = [(codec.value, codec, {}) for codec in Codec] + [
         ("int8 (absmax/127 step)", "int8", {"int8_rms_levels": None})
     ]
     for label, codec, kw in variants:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from swarmd.errors import PeerRejected, ValidationError
-from swarmd.swarm.delta import CODECS, INT8_RMS_LEVELS, ErrorFeedback, decode, encode, shapes_of
+from swarmd.protocol import Codec, PayloadKind
+from swarmd.swarm.delta import INT8_RMS_LEVELS, ErrorFeedback, decode, encode, shapes_of
 from swarmd.transport.framing import read_payload, to_messages
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -51,7 +52,7 @@ def test_fp32_round_trip_is_exact():
     for name in d:
         assert out[name].dtype == torch.float32 and torch.equal(out[name], d[name])
     assert enc.header.raw_bytes == sum(t.numel() * 4 for t in d.values())
-    assert enc.header.zstd and enc.header.codec == "fp32"
+    assert enc.header.zstd and Codec.from_pb(enc.header.codec) == "fp32"
 
 
 @pytest.mark.parametrize("codec,rel,tiny", [("fp16", 2**-11, 2**-25), ("bf16", 2**-8, 0.0)])
@@ -93,7 +94,7 @@ def test_int8_error_is_half_a_step_per_row(levels):
 
 def test_wire_to_raw_ratios():
     d = {"w": torch.randn(256, 256) * 1e-3, "b": torch.randn(256) * 1e-3}
-    ratios = {c: encode(d, c, **META).wire_bytes / encode(d, c, **META).raw_bytes for c in CODECS}
+    ratios = {c: encode(d, c, **META).wire_bytes / encode(d, c, **META).raw_bytes for c in Codec}
     assert ratios["fp32"] <= 1.0
     assert ratios["fp16"] <= 0.5 and ratios["bf16"] <= 0.5
     assert ratios["int8"] <= 0.16  # Gaussian: ~4.4 bits per value after zstd
@@ -141,7 +142,7 @@ def test_error_feedback_tracks_the_true_sum():
 def test_error_feedback_fp32_has_no_residual():
     ef = ErrorFeedback()
     d = make_delta(3)
-    enc, sent = ef.compress(d, "fp32", **META)
+    _enc, sent = ef.compress(d, "fp32", **META)
     assert all(torch.equal(sent[k], d[k]) for k in d)
     assert all(not r.any() for r in ef.residual.values())
 
@@ -258,9 +259,9 @@ def _zstd_lie():
     [
         (lambda: _mutated("config_hash", "other"), None, "config hash"),
         (lambda: _mutated("swarm_id", "swarm-b"), None, "swarm"),
-        (lambda: _mutated("kind", "embedding_delta"), None, "kind"),
+        (lambda: _mutated("kind", PayloadKind.EMBEDDING_DELTA.to_pb()), None, "kind"),
         (lambda: _mutated("block_index", 2), None, "block 2"),
-        (lambda: _mutated("codec", "fp64"), None, "codec"),
+        (lambda: _mutated("codec", 64), None, "codec"),  # a codec value we do not know
         (lambda: _mutated("weight", math.nan), None, "weight"),
         (lambda: _mutated("raw_bytes", 4), None, "raw_bytes"),
         (lambda: _mutated("payload_bytes", 3), None, "header says"),

@@ -111,7 +111,8 @@ def test_static_discovery_asks_each_address_and_skips_the_unreachable():
             swarm_id="sw",
             config_hash="cfg",
             address=address,
-            base_hash="b/e",
+            base_hash="b",
+            emb_hash="e",
             samples_per_s=3.0,
         )
 

@@ -14,6 +14,7 @@ import torch
 from swarm_utils import memory_round, memory_swarm
 
 from swarmd.errors import SwarmdError
+from swarmd.protocol import PayloadKind
 from swarmd.swarm.delta import ErrorFeedback, encode
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
@@ -123,7 +124,7 @@ def test_same_block_replicas_end_bit_identical_and_embedding_is_averaged_over_al
         reports = await asyncio.gather(*(g.average(list(board.values())) for g in peers))
         return peers, live, reports, base_emb, base_block
 
-    peers, live, reports, base_emb, base_block = asyncio.run(scenario())
+    peers, live, reports, _base_emb, base_block = asyncio.run(scenario())
     a, b, c = peers
     assert all(r.participation == 1.0 for r in reports)
     # block 0: both replicas hold base + mean(delta_a, delta_b), bit for bit
@@ -175,7 +176,7 @@ def _tampered(g, kind=BLOCK, **override) -> Encoded:
 
 def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
     async def scenario():
-        peers, _, board = memory_swarm([0], codec="fp32")
+        peers, _, _board = memory_swarm([0], codec="fp32")
         (g,) = peers
         await g.open_round()
         await g.publish()
@@ -186,7 +187,7 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
             _tampered(g, swarm_id="other-swarm"),
             _tampered(g, round=7),
             _tampered(g, base_hash="not-our-base"),
-            _tampered(g, tensors={k: torch.zeros(tuple(s) + (1,)) for k, s in good_shapes.items()}),
+            _tampered(g, tensors={k: torch.zeros((*tuple(s), 1)) for k, s in good_shapes.items()}),
             _tampered(g, kind=BLOCK, block_index=1),
         ]
         nan = _tampered(g)
@@ -194,9 +195,10 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
             {k: torch.zeros(s) for k, s in good_shapes.items()},
             "fp32",
             zstd=False,
+            kind=PayloadKind.from_pb(nan.header.kind),
             **{
                 f: getattr(nan.header, f)
-                for f in ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "peer_id")
+                for f in ("swarm_id", "config_hash", "block_index", "round", "base_hash", "peer_id")
             },
         ).payload
         nan.header.zstd = False
@@ -231,7 +233,7 @@ def test_a_dead_peer_costs_its_contribution_not_the_round():
         reports = await memory_round(peers, board, skip={2, 3})
         return reports, time.monotonic() - start, silent
 
-    reports, seconds, silent = asyncio.run(scenario())
+    reports, seconds, _silent = asyncio.run(scenario())
     assert seconds < 1.5 + 2.0  # the deadline bounds the round
     a, b = reports
     assert a.accepted_block == ["peer01"] and b.accepted_block == ["peer00"]
@@ -245,7 +247,7 @@ def test_client_mode_peer_dials_out_and_is_averaged():
         return peers, reports
 
     peers, reports = asyncio.run(scenario())
-    a, client, c = peers
+    a, client, _c = peers
     assert client.me.address == ""
     assert a.state.block_hash == client.state.block_hash
     assert all(r.participation == 1.0 for r in reports)
@@ -285,7 +287,7 @@ def test_error_feedback_int8_tracks_the_true_sum():
 
 def test_replicas_on_different_bases_converge_even_with_stale_records():
     async def scenario():
-        peers, _, board = memory_swarm([0, 0], codec="fp32")
+        peers, _, _board = memory_swarm([0, 0], codec="fp32")
         a, b = peers
         bumped = {k: v + 0.01 for k, v in a.state.base_block.items()}
         a.state.adopt(bumped, None)  # a's block diverged, but the (lagging) DHT says b holds a's hash

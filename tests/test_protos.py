@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,3 +39,28 @@ def test_service_shape():
         "ExchangeDeltas": (True, True),
         "Forward": (True, True),
     }
+
+
+def test_python_enums_mirror_the_proto_enums():
+    from swarmd.protocol import PROTOCOL, Codec, PayloadKind, PeerState
+    from swarmd.v1 import swarm_pb2 as pb
+
+    assert PROTOCOL == "swarmd.v1"
+    for enum, prefix in ((Codec, "CODEC_"), (PayloadKind, "PAYLOAD_KIND_"), (PeerState, "PEER_STATE_")):
+        proto_names = [v.name.removeprefix(prefix) for v in getattr(pb, enum.__name__).DESCRIPTOR.values]
+        assert proto_names == ["UNSPECIFIED", *enum.__members__], enum
+        for member in enum:
+            assert enum.from_pb(member.to_pb()) is member and member == member.value
+        with pytest.raises(ValueError):
+            enum.from_pb(0)  # UNSPECIFIED is no member
+    assert [k.part for k in PayloadKind] == ["block", "embedding", "block", "embedding"]
+    assert PayloadKind.BLOCK_DELTA.state is PayloadKind.BLOCK_STATE
+    assert PayloadKind.EMBEDDING_STATE.delta is PayloadKind.EMBEDDING_DELTA
+
+
+def test_tensor_spec_scales_is_reserved_and_status_carries_both_hashes():
+    from swarmd.v1 import swarm_pb2 as pb
+
+    assert "scales" not in pb.TensorSpec.DESCRIPTOR.fields_by_name
+    st = pb.PeerStatus(base_hash="b", emb_hash="e")
+    assert (st.base_hash, st.emb_hash) == ("b", "e")

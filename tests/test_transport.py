@@ -26,6 +26,7 @@ from swarmd.errors import (
     ValidationError,
     WrongBlock,
 )
+from swarmd.protocol import PROTOCOL, PayloadKind, PeerState
 from swarmd.swarm.delta import decode, encode, shapes_of
 from swarmd.transport import PeerClient, error_for, start_server, status_code_for
 from swarmd.v1 import swarm_pb2 as pb
@@ -51,15 +52,17 @@ class FakeHandler:
         self.entered = asyncio.Event()
 
     def status(self) -> pb.PeerStatus:
-        return pb.PeerStatus(peer_id="peer-b", block_index=0, state="training", round=3, swarm_id=META["swarm_id"])
+        return pb.PeerStatus(
+            peer_id="peer-b", block_index=0, state=PeerState.TRAINING.to_pb(), round=3, swarm_id=META["swarm_id"]
+        )
 
     def swarm_config(self) -> pb.SwarmConfig:
-        return pb.SwarmConfig(swarm_id=META["swarm_id"], config_hash=META["config_hash"], protocol="swarmd.v1")
+        return pb.SwarmConfig(swarm_id=META["swarm_id"], config_hash=META["config_hash"], protocol=PROTOCOL)
 
     async def pull_state(self, request: pb.PullStateRequest):
         if request.config_hash != META["config_hash"]:
             raise ConfigMismatch(f"this swarm runs config {META['config_hash']}, not {request.config_hash}")
-        if request.kind != "block":
+        if request.kind != PayloadKind.BLOCK_STATE.to_pb():
             raise NotFound(f"no state of kind {request.kind!r} here")
         state = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64)}
         return encode(state, "fp32", **{**META, "kind": "block_state"})
@@ -105,7 +108,7 @@ def test_status_and_config():
         assert server.port > 0 and server.address == f"127.0.0.1:{server.port}"
         status = await client.status(server.address, timeout_s=5)
         config = await client.swarm_config(server.address, timeout_s=5)
-        assert (status.peer_id, status.round, status.state) == ("peer-b", 3, "training")
+        assert (status.peer_id, status.round, PeerState.from_pb(status.state)) == ("peer-b", 3, "training")
         assert config.config_hash == META["config_hash"] and config.protocol == "swarmd.v1"
 
     with_peer(body)
@@ -147,16 +150,25 @@ def test_exchange_of_many_chunks_fp32_is_exact():
 def test_pull_state_and_its_errors():
     async def body(client, server, h):
         req = pb.PullStateRequest(
-            swarm_id=META["swarm_id"], config_hash=META["config_hash"], kind="block", block_index=0
+            swarm_id=META["swarm_id"],
+            config_hash=META["config_hash"],
+            kind=PayloadKind.BLOCK_STATE.to_pb(),
+            block_index=0,
         )
         enc = await client.pull_state(server.address, req, timeout_s=10)
         state = decode(enc, {"w": (64, 64)}, **{**META, "kind": "block_state"})
         assert torch.equal(state["w"].flatten(), torch.arange(4096, dtype=torch.float32))
         with pytest.raises(ConfigMismatch, match="failed_precondition: this swarm runs config"):
-            await client.pull_state(server.address, pb.PullStateRequest(config_hash="other", kind="block"), timeout_s=5)
+            await client.pull_state(
+                server.address,
+                pb.PullStateRequest(config_hash="other", kind=PayloadKind.BLOCK_STATE.to_pb()),
+                timeout_s=5,
+            )
         with pytest.raises(PeerUnavailable, match="not_found"):
             await client.pull_state(
-                server.address, pb.PullStateRequest(config_hash=META["config_hash"], kind="optimizer"), timeout_s=5
+                server.address,
+                pb.PullStateRequest(config_hash=META["config_hash"], kind=PayloadKind.EMBEDDING_STATE.to_pb()),
+                timeout_s=5,
             )
 
     with_peer(body)

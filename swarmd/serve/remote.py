@@ -19,7 +19,6 @@ forward_session); never retries in a loop on one peer: failover means another re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -30,7 +29,8 @@ import torch
 
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SessionMissing, SwarmdError
+from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError
+from swarmd.protocol import ask_model_config
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -342,17 +342,8 @@ async def swarm_model_config(
     if not records:
         where = f" {swarm_id!r}" if swarm_id else ""
         raise PeerUnavailable(f"no serving peers found in swarm{where}: is the address right and the swarm running?")
-    last: BaseException | None = None
-    for rec in records:
-        try:
-            sc = await client.swarm_config(rec.address, timeout_s=timeout_s)
-        except SwarmdError as exc:
-            last = exc
-            continue
-        if swarm_id and sc.swarm_id and sc.swarm_id != swarm_id:
-            raise ConfigMismatch(f"peer {rec.address} runs swarm {sc.swarm_id!r}, not {swarm_id!r}")
-        return ModelConfig.from_dict(json.loads(sc.model_config_json)), records
-    raise PeerUnavailable(f"no peer of the swarm answered GetConfig (last error: {last})")
+    model, _ = await ask_model_config(client, [r.address for r in records], swarm_id, timeout_s)
+    return model, records
 
 
 async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:

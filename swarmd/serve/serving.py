@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import DenoisingBlock, euler_step
 from swarmd.errors import ConfigMismatch, NotFound, SessionMissing, SwarmdError, ValidationError, WrongBlock
+from swarmd.protocol import PeerState, swarm_config
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -321,7 +322,7 @@ class ServingOnlyHandler:
         return pb.PeerStatus(
             peer_id=self.peer_id,
             block_index=self.serving.block_index,
-            state="training",
+            state=PeerState.TRAINING.to_pb(),
             address=self.address,
             swarm_id=self.swarm_id,
             config_hash=self.serving.config_hash,
@@ -330,14 +331,7 @@ class ServingOnlyHandler:
         )
 
     def swarm_config(self) -> pb.SwarmConfig:
-        import json
-
-        return pb.SwarmConfig(
-            swarm_id=self.swarm_id,
-            model_config_json=json.dumps(self.serving.cfg.to_dict(), sort_keys=True),
-            config_hash=self.serving.config_hash,
-            protocol="swarmd.v1",
-        )
+        return swarm_config(self.swarm_id, self.serving.cfg)
 
     async def pull_state(self, request: pb.PullStateRequest):
         raise NotFound("this peer serves inference only")

@@ -29,15 +29,14 @@ import math
 import torch
 
 from swarmd.errors import ValidationError
+from swarmd.protocol import Codec, PayloadKind
 from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, Encoded
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import bytes_to_tensor, tensor_to_bytes, zstd_compress, zstd_decompress
 
 logger = logging.getLogger(__name__)
 
-CODECS = ("fp32", "fp16", "bf16", "int8")
-KINDS = ("block_delta", "embedding_delta", "block_state", "embedding_state")
-CODEC_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+CODEC_DTYPES = {Codec.FP32: "float32", Codec.FP16: "float16", Codec.BF16: "bfloat16", Codec.INT8: "int8"}
 _FP16_MAX = 65504.0
 INT8_RMS_LEVELS = 4.0  # int8 steps per row rms (see above); ~7% relative error, carried by ErrorFeedback
 
@@ -52,20 +51,20 @@ def _rows(shape: tuple[int, ...]) -> int:
     return int(shape[0]) if len(shape) >= 2 else 1
 
 
-def _spec_nbytes(codec: str, shape: tuple[int, ...]) -> int:
+def _spec_nbytes(codec: Codec, shape: tuple[int, ...]) -> int:
     numel = math.prod(int(s) for s in shape)
-    if codec == "int8":
+    if codec == Codec.INT8:
         return 4 * _rows(shape) + numel
-    return numel * (4 if codec == "fp32" else 2)
+    return numel * (4 if codec == Codec.FP32 else 2)
 
 
-def _encode_tensor(x: torch.Tensor, codec: str, int8_rms_levels: float | None = INT8_RMS_LEVELS) -> bytes:
+def _encode_tensor(x: torch.Tensor, codec: Codec, int8_rms_levels: float | None = INT8_RMS_LEVELS) -> bytes:
     """Codec bytes of one fp32 CPU tensor (before zstd)."""
-    if codec == "fp32":
+    if codec == Codec.FP32:
         return tensor_to_bytes(x)
-    if codec == "fp16":
+    if codec == Codec.FP16:
         return tensor_to_bytes(x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16))
-    if codec == "bf16":
+    if codec == Codec.BF16:
         return tensor_to_bytes(x.to(torch.bfloat16))
     rows = _rows(tuple(x.shape))
     flat = x.reshape(rows, x.numel() // rows if rows else 0)
@@ -81,9 +80,9 @@ def _encode_tensor(x: torch.Tensor, codec: str, int8_rms_levels: float | None = 
     return tensor_to_bytes(scales) + tensor_to_bytes(q)
 
 
-def _decode_tensor(data: memoryview, codec: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _decode_tensor(data: memoryview, codec: Codec, shape: tuple[int, ...]) -> torch.Tensor:
     """fp32 tensor from one tensor's codec bytes (sizes already checked); raises ValidationError."""
-    if codec != "int8":
+    if codec != Codec.INT8:
         return bytes_to_tensor(data, CODEC_DTYPES[codec], shape, max_bytes=len(data)).float()
     rows = _rows(shape)
     numel = math.prod(shape)
@@ -98,11 +97,9 @@ def _decode_tensor(data: memoryview, codec: str, shape: tuple[int, ...]) -> torc
 
 
 def _encode_raw(
-    tensors: dict[str, torch.Tensor], codec: str, int8_rms_levels: float | None = INT8_RMS_LEVELS
+    tensors: dict[str, torch.Tensor], codec: Codec, int8_rms_levels: float | None = INT8_RMS_LEVELS
 ) -> tuple[list[pb.TensorSpec], bytes, int]:
     """TensorSpecs, concatenated codec bytes (pre-zstd) and the fp32 size of `tensors`."""
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     specs, parts, raw = [], [], 0
     for name, t in tensors.items():
         x = t.detach().to("cpu", torch.float32).contiguous()
@@ -115,7 +112,7 @@ def _encode_raw(
     return specs, b"".join(parts), raw
 
 
-def _decode_raw(specs, blob: bytes, codec: str) -> dict[str, torch.Tensor]:
+def _decode_raw(specs, blob: bytes, codec: Codec) -> dict[str, torch.Tensor]:
     out, view, offset = {}, memoryview(blob), 0
     for spec in specs:
         shape = tuple(int(s) for s in spec.shape)
@@ -124,13 +121,30 @@ def _decode_raw(specs, blob: bytes, codec: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _member(enum: type[Codec] | type[PayloadKind], value: str):
+    """The member named by value (a member or its string); ValueError naming the choices."""
+    try:
+        return enum(value)
+    except ValueError:
+        what = "codec" if enum is Codec else "payload kind"
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(enum)}") from None
+
+
+def _wire_name(enum: type[Codec] | type[PayloadKind], value: int) -> str:
+    """A header's enum value as its name, for messages ("value 9" when we do not know it)."""
+    try:
+        return enum.from_pb(value).value
+    except ValueError:
+        return f"value {value}"
+
+
 def encode(
     tensors: dict[str, torch.Tensor],
-    codec: str,
+    codec: Codec | str,
     *,
     swarm_id: str,
     config_hash: str,
-    kind: str,
+    kind: PayloadKind | str,
     block_index: int,
     round: int = 0,
     base_hash: str = "",
@@ -141,7 +155,7 @@ def encode(
 ) -> Encoded:
     """Encode tensors (any float dtype/device) with `codec`, then zstd (unless zstd=False).
 
-    :param kind: one of KINDS; :param block_index: -1 for the embedding
+    :param codec: a Codec (or its name); :param kind: a PayloadKind; :param block_index: -1 for the embedding
     :param round: averaging round; :param base_hash: hash of the weights the delta starts from
     :param weight: samples behind this delta (the receiver's merge weight)
     :param zstd: compress the codec bytes with zstd (always on in the daemon)
@@ -165,20 +179,25 @@ def encode(
 
 def _encode(
     tensors: dict[str, torch.Tensor],
-    codec: str,
+    codec: Codec | str,
     *,
-    kind: str,
+    kind: PayloadKind | str,
     zstd: bool = True,
     int8_rms_levels: float | None = INT8_RMS_LEVELS,
     **meta,
 ) -> tuple[Encoded, bytes]:
     """encode, also returning the codec bytes before zstd (ErrorFeedback decodes those)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown payload kind {kind!r}; choose one of {', '.join(KINDS)}")
+    kind, codec = _member(PayloadKind, kind), _member(Codec, codec)
     specs, blob, raw = _encode_raw(tensors, codec, int8_rms_levels)
     payload = zstd_compress(blob) if zstd else blob
     header = pb.PayloadHeader(
-        kind=kind, codec=codec, tensors=specs, raw_bytes=raw, payload_bytes=len(payload), zstd=zstd, **meta
+        kind=kind.to_pb(),
+        codec=codec.to_pb(),
+        tensors=specs,
+        raw_bytes=raw,
+        payload_bytes=len(payload),
+        zstd=zstd,
+        **meta,
     )
     return Encoded(header, payload), blob
 
@@ -189,7 +208,7 @@ def decode(
     *,
     swarm_id: str,
     config_hash: str,
-    kind: str,
+    kind: PayloadKind | str,
     block_index: int,
     max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> dict[str, torch.Tensor]:
@@ -204,12 +223,15 @@ def decode(
         raise ValidationError(f"payload is for swarm {h.swarm_id!r}, expected {swarm_id!r}")
     if h.config_hash != config_hash:
         raise ValidationError(f"payload has config hash {h.config_hash!r}, expected {config_hash!r}")
-    if h.kind != kind:
-        raise ValidationError(f"payload kind is {h.kind!r}, expected {kind!r}")
+    kind = PayloadKind(kind)
+    if h.kind != kind.to_pb():
+        raise ValidationError(f"payload kind is {_wire_name(PayloadKind, h.kind)!r}, expected {kind.value!r}")
     if h.block_index != block_index:
         raise ValidationError(f"payload is for block {h.block_index}, expected {block_index}")
-    if h.codec not in CODECS:
-        raise ValidationError(f"unknown codec {h.codec!r}")
+    try:
+        codec = Codec.from_pb(h.codec)
+    except ValueError:
+        raise ValidationError(f"unknown codec ({_wire_name(Codec, h.codec)})") from None
     if not math.isfinite(h.weight) or h.weight < 0:
         raise ValidationError(f"payload weight {h.weight} must be finite and >= 0")
     if len(enc.payload) != h.payload_bytes:
@@ -229,13 +251,13 @@ def decode(
         shape = tuple(int(s) for s in spec.shape)
         if shape != tuple(expected[spec.name]):
             raise ValidationError(f"tensor {spec.name} has shape {list(shape)}, expected {list(expected[spec.name])}")
-        if spec.dtype != CODEC_DTYPES[h.codec]:
+        if spec.dtype != CODEC_DTYPES[codec]:
             raise ValidationError(
-                f"tensor {spec.name} has dtype {spec.dtype!r}, codec {h.codec} sends {CODEC_DTYPES[h.codec]}"
+                f"tensor {spec.name} has dtype {spec.dtype!r}, codec {codec} sends {CODEC_DTYPES[codec]}"
             )
-        if spec.nbytes != _spec_nbytes(h.codec, shape):
+        if spec.nbytes != _spec_nbytes(codec, shape):
             raise ValidationError(
-                f"tensor {spec.name} declares {spec.nbytes} bytes, {_spec_nbytes(h.codec, shape)} expected"
+                f"tensor {spec.name} declares {spec.nbytes} bytes, {_spec_nbytes(codec, shape)} expected"
             )
         total += spec.nbytes
         raw += 4 * math.prod(shape)
@@ -246,7 +268,7 @@ def decode(
     blob = zstd_decompress(enc.payload, total) if h.zstd else enc.payload
     if len(blob) != total:
         raise ValidationError(f"decoded payload has {len(blob)} bytes, the tensors need {total}")
-    return _decode_raw(h.tensors, blob, h.codec)
+    return _decode_raw(h.tensors, blob, codec)
 
 
 class ErrorFeedback:
@@ -263,7 +285,9 @@ class ErrorFeedback:
     def reset(self) -> None:
         self.residual.clear()
 
-    def compress(self, delta: dict[str, torch.Tensor], codec: str, **header) -> tuple[Encoded, dict[str, torch.Tensor]]:
+    def compress(
+        self, delta: dict[str, torch.Tensor], codec: Codec | str, **header
+    ) -> tuple[Encoded, dict[str, torch.Tensor]]:
         """Encode delta + residual; return what is sent and its decoded fp32 value.
 
         Merge the returned decoded value of your own delta (not the exact one), so every replica
@@ -275,6 +299,6 @@ class ErrorFeedback:
             r = self.residual.get(name)
             corrected[name] = x + r if r is not None and r.shape == x.shape else x
         enc, blob = _encode(corrected, codec, **header)
-        decoded = _decode_raw(enc.header.tensors, blob, codec)
+        decoded = _decode_raw(enc.header.tensors, blob, Codec(codec))
         self.residual = {name: corrected[name] - decoded[name] for name in corrected}
         return enc, decoded

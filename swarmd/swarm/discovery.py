@@ -183,7 +183,6 @@ class StaticDiscovery:
 
 def record_from_status(st, address: str = "") -> PeerRecord:
     """PeerRecord from a pb.PeerStatus (address falls back to the dialled one)."""
-    base_hash, _, emb_hash = st.base_hash.partition("/")
     return PeerRecord(
         st.peer_id,
         st.address or ("" if st.client_mode else address),
@@ -191,10 +190,10 @@ def record_from_status(st, address: str = "") -> PeerRecord:
         st.round,
         st.samples_per_s,
         st.config_hash,
-        base_hash,
+        st.base_hash,
         st.client_mode,
         st.swarm_id,
-        emb_hash,
+        st.emb_hash,
     )
 
 

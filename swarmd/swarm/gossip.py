@@ -45,6 +45,7 @@ from swarmd.errors import (
     ValidationError,
     WrongBlock,
 )
+from swarmd.protocol import Codec, PayloadKind
 from swarmd.swarm.delta import ErrorFeedback, decode, encode
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.metrics import Metrics
@@ -55,8 +56,7 @@ from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-BLOCK, EMB = "block_delta", "embedding_delta"
-STATE_KIND = {"block": "block_state", "embedding": "embedding_state"}
+BLOCK, EMB = PayloadKind.BLOCK_DELTA, PayloadKind.EMBEDDING_DELTA  # the two kinds swapped each round
 
 
 class Transport(Protocol):
@@ -68,6 +68,14 @@ class Transport(Protocol):
 # ----------------------------------------------------------------------------------------------
 # Pure functions (unit-tested directly)
 # ----------------------------------------------------------------------------------------------
+def _kind(value: int) -> PayloadKind | None:
+    """The PayloadKind of a proto value (None for one we do not know)."""
+    try:
+        return PayloadKind.from_pb(value)
+    except ValueError:
+        return None
+
+
 def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Uniform mean of the accepted deltas (peer id -> tensors), summed in sorted peer-id order.
 
@@ -216,18 +224,18 @@ class Gossip:
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _hdr(self, kind: str, round: int) -> dict:
+    def _hdr(self, kind: PayloadKind, round: int) -> dict:
         return dict(
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
             kind=kind,
-            block_index=self.me.block_index if kind == BLOCK else -1,
+            block_index=self.me.block_index if kind.is_block else -1,
             round=round,
             peer_id=self.me.peer_id,
         )
 
-    def _expected_shapes(self, kind: str) -> dict[str, tuple[int, ...]]:
-        return self.state.block_shapes() if kind == BLOCK else self.state.emb_shapes()
+    def _expected_shapes(self, kind: PayloadKind) -> dict[str, tuple[int, ...]]:
+        return self.state.block_shapes() if kind.is_block else self.state.emb_shapes()
 
     def _ban(self, peer_id: str) -> None:
         """Skip an unreachable peer for 1, 2, 4 ... (at most 16) seconds; a sign of life lifts it."""
@@ -253,34 +261,32 @@ class Gossip:
             if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
         ]
         pulled = []
-        for what, pool, my_hash in (
-            ("block", [r for r in others if r.block_index == me.block_index], me.base_hash),
-            ("embedding", others, me.emb_hash),
+        for kind, pool in (
+            (PayloadKind.BLOCK_STATE, [r for r in others if r.block_index == me.block_index]),
+            (PayloadKind.EMBEDDING_STATE, others),
         ):
-            ref = reference(me, pool, (lambda r: r.base_hash) if what == "block" else (lambda r: r.emb_hash))
-            ref_hash = ref.base_hash if what == "block" else ref.emb_hash
-            if ref.peer_id == me.peer_id or (ref_hash == my_hash and ref.round == me.round):
-                ref = self._split_reference(
-                    what, me, pool
-                )  # DHT records may lag: use what last round's exchanges showed
+            weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+            ref = reference(me, pool, weights)
+            if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
+                ref = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
                 if ref is None:
                     continue
             try:
-                await self.pull(ref, what)
-                pulled.append(what)
+                await self.pull(ref, kind)
+                pulled.append(kind.part)
             except SwarmdError as exc:
-                logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, what, ref.peer_id[-6:], exc)
+                logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, kind.part, ref.peer_id[-6:], exc)
                 self._ban(ref.peer_id)
         self.last_split = {}  # consumed
         return pulled
 
-    def _split_reference(self, what: str, me: PeerRecord, pool: list[PeerRecord]) -> PeerRecord | None:
+    def _split_reference(self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord]) -> PeerRecord | None:
         """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
 
         The side with fewer peers on its base moves; on a tie the lower-ranked side moves (the
         same rule as reference(), applied to the deltas' headers instead of DHT records).
         """
-        same, other = self.last_split.get(BLOCK if what == "block" else EMB, (set(), set()))
+        same, other = self.last_split.get(kind.delta, (set(), set()))
         if not other:
             return None
         candidates = [r for r in pool if r.peer_id in other and r.address]
@@ -291,36 +297,40 @@ class Gossip:
             return best
         return None
 
-    async def pull(self, peer: PeerRecord, what: str) -> None:
-        """Download a peer's block or embedding state (validated) and adopt it with its round."""
+    async def pull(self, peer: PeerRecord, kind: PayloadKind) -> None:
+        """Download a peer's block or embedding state (validated) and adopt it with its round.
+
+        :param kind: PayloadKind.BLOCK_STATE or PayloadKind.EMBEDDING_STATE
+        """
         request = pb.PullStateRequest(
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
-            kind=what,
-            block_index=peer.block_index if what == "block" else -1,
+            kind=kind.to_pb(),
+            block_index=peer.block_index if kind.is_block else -1,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self.metrics.add_received(enc.wire_bytes)
         tensors = decode(
             enc,
-            self._expected_shapes(BLOCK if what == "block" else EMB),
+            self._expected_shapes(kind),
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
-            kind=STATE_KIND[what],
-            block_index=self.me.block_index if what == "block" else -1,
+            kind=kind,
+            block_index=self.me.block_index if kind.is_block else -1,
             max_bytes=self.cfg.max_payload_bytes,
         )
-        if what == "block":
-            await asyncio.to_thread(self.state.adopt, tensors, None, max(self.state.round, int(enc.header.round)))
-        else:
-            await asyncio.to_thread(self.state.adopt, None, tensors, max(self.state.round, int(enc.header.round)))
-        self.ef[BLOCK if what == "block" else EMB].reset()
-        logger.info("%s adopted the %s of %s (round %d)", self.tag, what, peer.peer_id[-6:], enc.header.round)
+        block, emb = (tensors, None) if kind.is_block else (None, tensors)
+        await asyncio.to_thread(self.state.adopt, block, emb, max(self.state.round, int(enc.header.round)))
+        self.ef[kind.delta].reset()
+        logger.info("%s adopted the %s of %s (round %d)", self.tag, kind.part, peer.peer_id[-6:], enc.header.round)
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""
         request = pb.PullStateRequest(
-            swarm_id=self.me.swarm_id, config_hash=self.me.config_hash, kind="block", block_index=peer.block_index
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=PayloadKind.BLOCK_STATE.to_pb(),
+            block_index=peer.block_index,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self.metrics.add_received(enc.wire_bytes)
@@ -329,7 +339,7 @@ class Gossip:
             self.state.block_shapes(),
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
-            kind="block_state",
+            kind=PayloadKind.BLOCK_STATE,
             block_index=peer.block_index,
             max_bytes=self.cfg.max_payload_bytes,
         )
@@ -338,15 +348,14 @@ class Gossip:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
         if request.swarm_id != self.me.swarm_id or request.config_hash != self.me.config_hash:
             raise ValidationError("pull request for another swarm or model config")
-        if request.kind not in STATE_KIND:
-            raise ValidationError(f"unknown state kind {request.kind!r}")
-        if request.kind == "block" and request.block_index != self.me.block_index:
+        kind = _kind(request.kind)
+        if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
+            raise ValidationError(f"unknown state kind {kind or request.kind!r}")
+        if kind.is_block and request.block_index != self.me.block_index:
             raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
         round, block, emb = self.state.snapshot()
-        tensors, base_hash = (block, self.state.block_hash) if request.kind == "block" else (emb, self.state.emb_hash)
-        hdr = self._hdr(BLOCK if request.kind == "block" else EMB, round)
-        hdr["kind"] = STATE_KIND[request.kind]
-        enc = encode(tensors, "fp32", base_hash=base_hash, **hdr)
+        tensors, base_hash = (block, self.state.block_hash) if kind.is_block else (emb, self.state.emb_hash)
+        enc = encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round))
         self.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
         return enc
 
@@ -428,10 +437,10 @@ class Gossip:
         h = incoming.header
         self.metrics.add_received(incoming.wire_bytes)
         self.banned.pop(h.peer_id, None)  # it is alive
-        kind = h.kind
+        kind = _kind(h.kind)
         try:
             if kind not in (BLOCK, EMB):
-                raise ValidationError(f"cannot exchange a {kind!r} payload")
+                raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
             if kind == BLOCK and h.block_index != self.me.block_index:
                 raise WrongBlock(f"this peer trains block {self.me.block_index}, not {h.block_index}")
             if self.current is not None and h.round > self.current.round + 1:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import math
 
-from swarmd.swarm.discovery import PeerRecord, connect_discovery
+from swarmd.core.config import ModelConfig
+from swarmd.errors import PeerUnavailable
+from swarmd.protocol import ask_model_config, peer_state_name
+from swarmd.swarm.discovery import PeerRecord, connect_discovery, is_multiaddr
 from swarmd.swarm.sketch import sketch_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -22,7 +25,7 @@ def peer_row(st: pb.PeerStatus) -> dict:
     return {
         "peer_id": st.peer_id,
         "block": st.block_index,
-        "state": st.state,
+        "state": peer_state_name(st.state),
         "round": st.round,
         "local_steps": st.local_steps,
         "samples_per_s": st.samples_per_s,
@@ -37,6 +40,7 @@ def peer_row(st: pb.PeerStatus) -> dict:
         "consensus_distance": st.consensus_distance,
         "last_round_s": st.last_round_s,
         "base_hash": st.base_hash,
+        "emb_hash": st.emb_hash,
         "config_hash": st.config_hash,
         "swarm_id": st.swarm_id,
         "multiaddrs": list(st.multiaddrs),
@@ -63,6 +67,7 @@ def record_row(r: PeerRecord) -> dict:
         "consensus_distance": nan,
         "last_round_s": nan,
         "base_hash": r.base_hash,
+        "emb_hash": r.emb_hash,
         "config_hash": r.config_hash,
         "swarm_id": r.swarm_id,
         "multiaddrs": [],
@@ -145,18 +150,15 @@ async def survey_swarm(swarm: list[str], swarm_id: str, timeout_s: float = 5.0, 
         await client.close()
 
 
-async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float = 10.0, start_timeout_s: float = 30.0):
-    """The ModelConfig a swarm runs, asked of its first reachable peer (GetConfig).
+async def fetch_swarm_config(
+    peers: list[str], swarm_id: str, timeout_s: float = 10.0, start_timeout_s: float = 30.0
+) -> ModelConfig:
+    """The ModelConfig a swarm runs, asked of its first reachable peer (swarmd.protocol.ask_model_config).
 
     :param peers: DHT multiaddrs (a client DHT finds the peers) or HOST:PORT gRPC addresses
-    :raises PeerUnavailable: no peer answered; ConfigMismatch: the peer runs another swarm id
+    :raises PeerUnavailable: no peer answered; ConfigMismatch: the peer runs another swarm id or
+        sent a config that does not match its hash
     """
-    import json
-
-    from swarmd.core.config import ModelConfig
-    from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError
-    from swarmd.swarm.discovery import is_multiaddr
-
     client = PeerClient()
     discovery = None
     try:
@@ -165,26 +167,13 @@ async def fetch_swarm_config(peers: list[str], swarm_id: str, timeout_s: float =
             addresses = [r.address for r in await discovery.find_all() if r.address]
             if not addresses:
                 raise PeerUnavailable(
-                    f"no peer of swarm {swarm_id!r} is announced in the DHT reached through {peers[0]}; check --swarm-id and that the peers are running"
+                    f"no peer of swarm {swarm_id!r} is announced in the DHT reached through {peers[0]}; "
+                    "check --swarm-id and that the peers are running"
                 )
         else:
             addresses = list(peers)
-        errors = []
-        for address in addresses:
-            try:
-                cfg = await client.swarm_config(address, timeout_s)
-            except SwarmdError as exc:
-                errors.append(str(exc))
-                continue
-            if cfg.swarm_id != swarm_id:
-                raise ConfigMismatch(
-                    f"peer {address} runs swarm {cfg.swarm_id!r}, not {swarm_id!r}; pass --swarm-id {cfg.swarm_id}"
-                )
-            model = ModelConfig.from_dict(json.loads(cfg.model_config_json))
-            if model.config_hash() != cfg.config_hash:
-                raise ConfigMismatch(f"peer {address} sent a model config that does not match its own hash")
-            return model
-        raise PeerUnavailable(f"no peer answered GetConfig ({'; '.join(errors[:2]) or 'none found'})")
+        model, _ = await ask_model_config(client, addresses, swarm_id, timeout_s)
+        return model
     finally:
         if discovery is not None:
             await discovery.shutdown()

@@ -1,10 +1,50 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PEER_STATE_UNSPECIFIED: _ClassVar[PeerState]
+    PEER_STATE_JOINING: _ClassVar[PeerState]
+    PEER_STATE_TRAINING: _ClassVar[PeerState]
+    PEER_STATE_AVERAGING: _ClassVar[PeerState]
+    PEER_STATE_STOPPING: _ClassVar[PeerState]
+
+class PayloadKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAYLOAD_KIND_UNSPECIFIED: _ClassVar[PayloadKind]
+    PAYLOAD_KIND_BLOCK_DELTA: _ClassVar[PayloadKind]
+    PAYLOAD_KIND_EMBEDDING_DELTA: _ClassVar[PayloadKind]
+    PAYLOAD_KIND_BLOCK_STATE: _ClassVar[PayloadKind]
+    PAYLOAD_KIND_EMBEDDING_STATE: _ClassVar[PayloadKind]
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_FP32: _ClassVar[Codec]
+    CODEC_FP16: _ClassVar[Codec]
+    CODEC_BF16: _ClassVar[Codec]
+    CODEC_INT8: _ClassVar[Codec]
+PEER_STATE_UNSPECIFIED: PeerState
+PEER_STATE_JOINING: PeerState
+PEER_STATE_TRAINING: PeerState
+PEER_STATE_AVERAGING: PeerState
+PEER_STATE_STOPPING: PeerState
+PAYLOAD_KIND_UNSPECIFIED: PayloadKind
+PAYLOAD_KIND_BLOCK_DELTA: PayloadKind
+PAYLOAD_KIND_EMBEDDING_DELTA: PayloadKind
+PAYLOAD_KIND_BLOCK_STATE: PayloadKind
+PAYLOAD_KIND_EMBEDDING_STATE: PayloadKind
+CODEC_UNSPECIFIED: Codec
+CODEC_FP32: Codec
+CODEC_FP16: Codec
+CODEC_BF16: Codec
+CODEC_INT8: Codec
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -27,7 +67,7 @@ class SwarmConfig(_message.Message):
     def __init__(self, swarm_id: _Optional[str] = ..., model_config_json: _Optional[str] = ..., config_hash: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm")
+    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -50,9 +90,10 @@ class PeerStatus(_message.Message):
     LAST_ROUND_S_FIELD_NUMBER: _ClassVar[int]
     SKETCH_FIELD_NUMBER: _ClassVar[int]
     PARAM_NORM_FIELD_NUMBER: _ClassVar[int]
+    EMB_HASH_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     block_index: int
-    state: str
+    state: PeerState
     round: int
     local_steps: int
     samples_per_s: float
@@ -72,7 +113,8 @@ class PeerStatus(_message.Message):
     last_round_s: float
     sketch: _containers.RepeatedScalarFieldContainer[float]
     param_norm: float
-    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[str] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ...) -> None: ...
+    emb_hash: str
+    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
     __slots__ = ("swarm_id", "config_hash", "kind", "block_index")
@@ -82,23 +124,21 @@ class PullStateRequest(_message.Message):
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
-    kind: str
+    kind: PayloadKind
     block_index: int
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[str] = ..., block_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "nbytes", "scales")
+    __slots__ = ("name", "dtype", "shape", "nbytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
-    SCALES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     nbytes: int
-    scales: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., scales: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class PayloadHeader(_message.Message):
     __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "codec", "tensors", "raw_bytes", "payload_bytes", "weight", "peer_id", "zstd")
@@ -117,18 +157,18 @@ class PayloadHeader(_message.Message):
     ZSTD_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
-    kind: str
+    kind: PayloadKind
     block_index: int
     round: int
     base_hash: str
-    codec: str
+    codec: Codec
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     raw_bytes: int
     payload_bytes: int
     weight: float
     peer_id: str
     zstd: bool
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[str] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ...) -> None: ...
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ...) -> None: ...
 
 class PayloadEnd(_message.Message):
     __slots__ = ("sha256",)
