@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.evaluate import eval_noise
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, euler_step, sampler_plan, start_noise
+from swarmd.core.train import seed_for
 from swarmd.errors import DataError
 
 
@@ -55,10 +55,6 @@ class Sweeper(Protocol):
         ...
 
     async def end_session(self, session_id: str) -> None: ...
-
-
-def _seed(*parts: int | str) -> int:
-    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 class LocalSweeper:
@@ -179,7 +175,7 @@ async def score_file(sweeper: Sweeper, path: str | Path, seed: int = 1234, max_b
 # ---------------------------------------------------------------------------------------------
 def position_noise(cfg: ModelConfig, seed: int, position: int) -> torch.Tensor:
     """Start noise (d,) of absolute text position `position`: fixed by (seed, position) alone."""
-    return start_noise(cfg, (cfg.d_model,), torch.Generator().manual_seed(_seed("noise", seed, position)))
+    return start_noise(cfg, (cfg.d_model,), torch.Generator().manual_seed(seed_for("noise", seed, position)))
 
 
 def pick_byte(logits: torch.Tensor, temperature: float, seed: int, position: int) -> int:
@@ -187,7 +183,7 @@ def pick_byte(logits: torch.Tensor, temperature: float, seed: int, position: int
     if temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.double() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(_seed("draw", seed, position))))
+    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed_for("draw", seed, position))))
 
 
 @dataclass
