@@ -16,6 +16,7 @@ import torch
 from swarm_utils import daemon_config, wait_until
 
 from swarmd.errors import ConfigMismatch, DataError
+from swarmd.protocol import PeerState
 from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.state import relative_distance
 from swarmd.transport import PeerClient
@@ -25,11 +26,15 @@ from swarmd.wire import to_proto
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-async def started(*configs) -> list[Daemon]:
+async def started(*configs, reports: list[list] | None = None) -> list[Daemon]:
+    """Start a Daemon per config; with `reports`, each daemon's round reports go to a new list appended to it."""
     daemons = []
     try:
         for cfg in configs:
-            d = Daemon(cfg)
+            log: list = []
+            d = Daemon(cfg, on_round=log.append)
+            if reports is not None:
+                reports.append(log)
             daemons.append(d)
             await d.start()
     except BaseException:
@@ -45,13 +50,16 @@ async def stop_all(daemons: list[Daemon]) -> None:
 
 @pytest.mark.swarm
 def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge(tmp_path):
+    reports: list[list] = []
+
     async def scenario():
-        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3))
+        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3), reports=reports)
         multiaddrs = tuple(d0.discovery.multiaddrs())
         try:
             d1, d2 = await started(
                 daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3),
                 daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=1),
+                reports=reports,
             )
         except BaseException:
             await stop_all([d0])
@@ -67,22 +75,24 @@ def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge
     assert d2.state.block_index == 1  # --block auto: block 1 had no throughput
     assert [d.state.round for d in (d0, d1, d2)] == [2, 2, 2]
     # same-block replicas drifted apart during local steps, and are bit-identical after each merge
-    assert all(r.premerge_distance > 0 for r in d0.reports)
+    assert all(r.premerge_distance > 0 for r in reports[0])
     assert d0.state.block_hash == d1.state.block_hash
     assert relative_distance(d0.state.base_block, d1.state.base_block) == 0.0
     assert d0.state.emb_hash == d1.state.emb_hash == d2.state.emb_hash
-    assert all(r.participation == 1.0 for d in (d0, d1, d2) for r in d.reports)
+    assert all(r.participation == 1.0 for log in reports for r in log)
     assert d0.metrics.consensus_distance == 0.0  # from d1's status sketch at the same round
     assert d0.metrics.bytes_sent > 0 and d0.metrics.bytes_received > 0
     assert (
-        0 < d2.metrics.last_ce < 10 and d2.status().last_ce == d2.metrics.last_ce
+        0 < d2.metrics.last_ce < 10 and d2.service.status().last_ce == d2.metrics.last_ce
     )  # pulled block 0, measured the assembled model
 
 
 @pytest.mark.swarm
 def test_client_mode_peer_gossips_without_a_server(tmp_path):
+    reports: list[list] = []
+
     async def scenario():
-        (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2))
+        (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2), reports=reports)
         try:
             (client,) = await started(
                 daemon_config(
@@ -105,10 +115,10 @@ def test_client_mode_peer_gossips_without_a_server(tmp_path):
         return server, client
 
     server, client = asyncio.run(scenario())
-    assert client.server is None and client.status().address == "" and client.status().client_mode
+    assert client.server is None and client.service.status().address == "" and client.service.status().client_mode
     assert client.state.round == server.state.round == 2
     assert client.state.block_hash == server.state.block_hash and client.state.emb_hash == server.state.emb_hash
-    assert all(r.accepted_block for r in server.reports)  # the server merged the client's delta (it was dialled)
+    assert all(r.accepted_block for r in reports[0])  # the server merged the client's delta (it was dialled)
 
 
 def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
@@ -210,7 +220,7 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
             )
             try:
                 before = d1.state.block_hash
-                pulled = await d1.gossip.sync(await d1._records())
+                pulled = await d1.gossip.sync(await d1.records())
                 client = PeerClient()
                 try:
                     st = await client.status(d0.server.address, 5)
@@ -247,7 +257,8 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
         and len(st.sketch) == 256
         and st.param_norm > 0
     )
-    assert st.base_hash == f"{d0.state.block_hash}/{d0.state.emb_hash}" and st.state in ("training", "averaging")
+    assert st.base_hash == d0.state.block_hash and st.emb_hash == d0.state.emb_hash
+    assert PeerState.from_pb(st.state) in ("training", "averaging")
     assert cfg.config_hash == d0.cfg.config_hash() and json.loads(cfg.model_config_json)["d_model"] == 32
 
 
@@ -298,3 +309,34 @@ def test_trajectory_training_without_a_predecessor_falls_back_to_noisy_targets(t
 
     loaded, d = asyncio.run(scenario())
     assert loaded == 0 and d.state.trainer.train_cfg.trajectory_prob == 0.0 and d.state.round == 1
+
+
+def test_daemon_config_round_trips_through_json_and_python_m_swarmd_refuses_a_bad_one(tmp_path):
+    import subprocess
+    import sys
+
+    from swarmd.swarm.peer_config import DaemonConfig
+
+    cfg = daemon_config(tmp_path, 1, initial_peers=("127.0.0.1:1", "127.0.0.1:2"), discovery="static")
+    assert DaemonConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**cfg.to_dict(), "block": 5}))
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmd", "--config", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+    assert "block must be -1 (auto) or in [0, 2)" in out.stderr
+
+
+def test_peers_without_a_peer_seed_draw_different_batches(tmp_path):
+    configs = [replace(daemon_config(tmp_path, 0, discovery="static"), peer_seed=None) for _ in range(2)]
+
+    async def scenario():
+        daemons = await started(*configs)
+        try:
+            return [next(d.batches)[0] for d in daemons], [d.peer_id for d in daemons]
+        finally:
+            await stop_all(daemons)
+
+    (a, b), (id_a, id_b) = asyncio.run(scenario())
+    assert id_a != id_b and not torch.equal(a, b)  # the seed comes from the peer id

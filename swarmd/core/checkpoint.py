@@ -26,9 +26,10 @@ from safetensors.torch import save as st_save
 
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
-from swarmd.errors import CheckpointError
+from swarmd.errors import CheckpointError, ConfigMismatch
 
 FORMAT = "blocktrain-checkpoint/1"
+PEER_KIND = "swarm-peer"  # config.json kind of a swarm daemon's checkpoint (one block + the byte table)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -105,9 +106,29 @@ def read_config(directory: Path) -> dict:
     return body
 
 
-def save_block(directory: Path, cfg: ModelConfig, block_index: int, block: DenoisingBlock, step: int = 0) -> None:
+def peer_block(directory: str | Path, wanted: int = -1) -> int | None:
+    """The block a swarm peer's checkpoint dir was training (None if there is no peer checkpoint there).
+
+    :param wanted: the block asked for (-1 = any); ConfigMismatch if the checkpoint trains another one
+    """
+    if not (Path(directory) / "config.json").is_file():
+        return None
+    body = read_config(Path(directory))
+    block = int(body["block_index"]) if body.get("kind") == PEER_KIND else None
+    if block is not None and wanted >= 0 and wanted != block:
+        raise ConfigMismatch(
+            f"checkpoint {directory} trains block {block}, not --block {wanted}; "
+            "use --block auto or another --checkpoint-dir"
+        )
+    return block
+
+
+def save_block(
+    directory: Path, cfg: ModelConfig, block_index: int, block: DenoisingBlock | dict[str, torch.Tensor], step: int = 0
+) -> None:
+    """Write one block file (a module or its state dict), tagged with config hash, block index and step."""
     meta = {"config_hash": cfg.config_hash(), "block_index": str(block_index), "step": str(step)}
-    save_tensors(block_file(directory, block_index), block.state_dict(), meta)
+    save_tensors(block_file(directory, block_index), _tensors(block), meta)
 
 
 def load_block(directory: Path, cfg: ModelConfig, block_index: int, device: str = "cpu") -> tuple[DenoisingBlock, int]:
@@ -124,8 +145,8 @@ def load_block(directory: Path, cfg: ModelConfig, block_index: int, device: str 
     return block.to(device), int(meta.get("step", 0))
 
 
-def save_embedding(directory: Path, cfg: ModelConfig, emb: ByteEmbedding) -> None:
-    save_tensors(Path(directory) / "embedding.safetensors", emb.state_dict(), {"config_hash": cfg.config_hash()})
+def save_embedding(directory: Path, cfg: ModelConfig, emb: ByteEmbedding | dict[str, torch.Tensor]) -> None:
+    save_tensors(Path(directory) / "embedding.safetensors", _tensors(emb), {"config_hash": cfg.config_hash()})
 
 
 def load_embedding(directory: Path, cfg: ModelConfig, device: str = "cpu") -> ByteEmbedding:
@@ -135,6 +156,10 @@ def load_embedding(directory: Path, cfg: ModelConfig, device: str = "cpu") -> By
     emb = ByteEmbedding(cfg)
     _load_state(emb, tensors, "embedding")
     return emb.to(device)
+
+
+def _tensors(part: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return part.state_dict() if isinstance(part, torch.nn.Module) else part
 
 
 def _load_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:

@@ -8,6 +8,10 @@ discovery.py   hivemind DHT / static peer discovery, block choice
 gossip.py      one averaging round: exchange, validate, deadline, merge, re-sync
 metrics.py     throughput EMA, byte counters, participation, round history
 survey.py      status of one peer or a whole swarm; config fetch for `join`
+peers.py       reads from the other peers: their merged blocks, the assembled model's CE, consensus
+service.py     SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward)
 daemon.py      Daemon: wires swarm + serve + transport, owns the asyncio tasks and the training thread
+runner.py      one daemon in the foreground: signals, the stdout lines (`blocktrain run`, `python -m swarmd`)
 launch.py      LocalSwarm: N daemon processes on loopback (demo, benchmarks, tests)
+demo.py        run_demo: a LocalSwarm and the assembled model's CE before and after (`blocktrain demo`)
 """

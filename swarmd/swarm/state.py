@@ -3,23 +3,34 @@
 Owns the weights a peer trains and the base they started from this round: local steps
 (train_steps, run by the daemon's single worker thread), deltas (now - base), merges
 (apply_merge: base + mean delta, written into the parameters in place so AdamW keeps its
-moments), adoption of a peer's state (join / re-sync), snapshots for PullState and serving, and
-the hashes and count-sketch that identify and compare weights. No grpc, no asyncio here.
+moments), adoption of a peer's state (join / re-sync), snapshots for PullState and serving, the
+hashes and count-sketch that identify and compare weights, trajectory training on or off for a
+round (use_predecessors), and its own checkpoint (save / restore, atomic files through
+swarmd.core.checkpoint). No grpc, no asyncio here.
 Follows hivemind's averager.get_tensors(): every reader takes a copy under the lock.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from swarmd.core import checkpoint as ck
 from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.model import DenoisingBlock
 from swarmd.core.train import BlockTrainer
+from swarmd.errors import CheckpointError, ConfigMismatch
 from swarmd.swarm.sketch import count_sketch, flatten
+
+logger = logging.getLogger(__name__)
 
 
 def weights_hash(tensors: dict[str, torch.Tensor]) -> str:
@@ -57,7 +68,7 @@ class BlockState:
         device: str = "cpu",
         worker_seed: int = 0,
     ):
-        self.cfg, self.block_index = model_cfg, block_index
+        self.cfg, self.train_cfg, self.block_index = model_cfg, train_cfg, block_index
         self.trainer = BlockTrainer(model_cfg, train_cfg, block_index, device, worker_seed=worker_seed)
         self.lock = threading.Lock()
         self.round = 0
@@ -73,6 +84,11 @@ class BlockState:
         self.emb_hash = weights_hash(self.base_emb)
         self.sketch = count_sketch(self.base_block)
         self.param_norm = float(flatten(self.base_block).norm())
+
+    @property
+    def local_steps(self) -> int:
+        """Optimiser steps taken on this block by this peer (all rounds; restored on resume)."""
+        return self.trainer.step_count
 
     def block_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in self.base_block.items()}
@@ -161,3 +177,69 @@ class BlockState:
             if round is not None:
                 self.round = int(round)
             self._rebase()
+
+    @torch.no_grad()
+    def use_predecessors(self, blocks: dict[int, dict[str, torch.Tensor]] | None) -> None:
+        """Trajectory training for the next steps: on with these frozen predecessor blocks (merged states,
+        run forward only with the round's merged byte table), or off (None: the documented noisy targets).
+        "On" means the configured trajectory_prob; the trainer's other settings are left as configured.
+        """
+        others = {}
+        for b, state in (blocks or {}).items():
+            others[b] = DenoisingBlock(self.cfg)
+            others[b].load_state_dict(state)
+            others[b].to(self.trainer.device).eval()
+        with self.lock:
+            self.trainer.set_others(others, table=F.normalize(self.base_emb["table"].float(), dim=-1))
+            on = blocks is not None
+            self.trainer.train_cfg = self.train_cfg if on else replace(self.train_cfg, trajectory_prob=0.0)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, directory: str | Path, **progress) -> None:
+        """Atomically write the merged block and byte table, AdamW state and progress (blocking: worker thread).
+
+        :param progress: more counters for config.json (swarm id, peer id, metrics, ...)
+        """
+        d = Path(directory)
+        with self.lock:
+            round, block, emb = self.round, _clone(self.base_block), _clone(self.base_emb)
+            step, samples = self.trainer.step_count, self.samples
+            ck.save_optimizer(d, self.block_index, self.trainer.opt, step)
+        ck.save_block(d, self.cfg, self.block_index, block, step)
+        ck.save_embedding(d, self.cfg, emb)
+        ck.write_config(
+            d,
+            self.cfg,
+            self.train_cfg,
+            kind=ck.PEER_KIND,
+            block_index=self.block_index,
+            round=round,
+            local_steps=step,
+            samples=samples,
+            **progress,
+        )
+
+    def restore(self, directory: str | Path) -> dict:
+        """Resume from a peer checkpoint of this block: weights, round, AdamW state, step and sample counts.
+
+        Returns the checkpoint's config.json body. Raises ConfigMismatch for another model config;
+        AdamW state that does not fit is skipped with a warning (the weights still resume).
+        """
+        d = Path(directory)
+        body = ck.read_config(d)
+        if body["model_config"].config_hash() != self.cfg.config_hash():
+            raise ConfigMismatch(
+                f"checkpoint {d} holds another model config ({body['config_hash']}); "
+                "use another --checkpoint-dir or the same model flags"
+            )
+        block, step = ck.load_block(d, self.cfg, self.block_index)
+        emb = ck.load_embedding(d, self.cfg)
+        self.adopt(block.state_dict(), emb.state_dict(), int(body.get("round", 0)))
+        with self.lock:
+            try:
+                ck.load_optimizer(d, self.block_index, self.trainer.opt)
+            except CheckpointError as exc:
+                logger.warning("optimizer state not restored: %s", exc)
+            self.trainer.step_count = step
+            self.samples = int(body.get("samples", 0))
+        return body

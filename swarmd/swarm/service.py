@@ -1,0 +1,113 @@
+"""SwarmService: the transport's SwarmHandler for one daemon (GetStatus, GetConfig, PullState, Exchange, Forward).
+
+A thin adapter in the style of flower's servicers: it reads the peer's state and metrics into
+pb.PeerStatus / pb.SwarmConfig and delegates PullState and ExchangeDeltas to Gossip and Forward to
+the peer's block server. No torch math, no policy, no grpc (the transport's servicer maps the
+errors raised here to status codes). It never imports swarmd.serve: the block server arrives
+through the peer as anything with an async `forward(request)`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from swarmd.errors import NotReady, SwarmdError
+from swarmd.protocol import PeerState, swarm_config
+from swarmd.swarm.gossip import Gossip
+from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.peer_config import DaemonConfig
+from swarmd.swarm.state import BlockState
+from swarmd.transport.framing import Encoded
+from swarmd.v1 import swarm_pb2 as pb
+
+
+class Forwarder(Protocol):
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply: ...
+
+
+class Peer(Protocol):
+    """What the service reads of its daemon (swarmd.swarm.daemon.Daemon); state and gossip are None
+    until the daemon has started, serving is None on a peer that serves no inference."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def phase(self) -> str: ...  # joining | training | averaging | stopping
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def state(self) -> BlockState | None: ...
+
+    @property
+    def gossip(self) -> Gossip | None: ...
+
+    @property
+    def serving(self) -> Forwarder | None: ...
+
+    @property
+    def address(self) -> str: ...
+
+    def multiaddrs(self) -> list[str]: ...
+
+
+class SwarmService:
+    """:param peer: the daemon whose state the RPCs expose; read at call time (it fills in as it starts)"""
+
+    def __init__(self, peer: Peer):
+        self.peer = peer
+
+    def status(self) -> pb.PeerStatus:
+        p, m = self.peer, self.peer.metrics
+        st = p.state
+        if st is None:
+            raise NotReady("peer is still starting")
+        return pb.PeerStatus(
+            peer_id=p.peer_id,
+            block_index=st.block_index,
+            state=PeerState(p.phase).to_pb(),
+            round=st.round,
+            local_steps=st.local_steps,
+            samples_per_s=m.samples_per_s,
+            last_ce=m.last_ce,
+            bytes_sent=m.bytes_sent,
+            bytes_received=m.bytes_received,
+            participation=m.participation,
+            uptime_s=m.uptime_s,
+            address=p.address,
+            swarm_id=p.config.net.swarm_id,
+            config_hash=p.config.model.config_hash(),
+            consensus_distance=m.consensus_distance,
+            base_hash=st.block_hash,
+            emb_hash=st.emb_hash,
+            multiaddrs=p.multiaddrs(),
+            client_mode=p.config.net.client_mode,
+            raw_bytes_sent=m.raw_bytes_sent,
+            last_round_s=m.last_round_s,
+            sketch=st.sketch,
+            param_norm=st.param_norm,
+        )
+
+    def swarm_config(self) -> pb.SwarmConfig:
+        return swarm_config(self.peer.config.net.swarm_id, self.peer.config.model)
+
+    async def pull_state(self, request: pb.PullStateRequest) -> Encoded:
+        return self._gossip().state_payload(request)
+
+    async def exchange(self, incoming: Encoded) -> Encoded:
+        return await self._gossip().handle_exchange(incoming)
+
+    async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
+        if self.peer.serving is None:
+            raise SwarmdError("this peer does not serve inference")
+        return await self.peer.serving.forward(request)
+
+    def _gossip(self) -> Gossip:
+        if self.peer.gossip is None:
+            raise NotReady("peer is still starting")
+        return self.peer.gossip
