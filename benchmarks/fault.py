@@ -1,6 +1,6 @@
 """Fault tolerance: kill -9 one of 6 daemons mid-exchange; the rest finish the round by the deadline.
 
-Runs a LocalSwarm of 6 `blocktrain run` processes (B=3 x 2 replicas, tiny model, --rounds R).
+Runs a LocalSwarm of 6 daemon processes (`python -m swarmd`) (B=3 x 2 replicas, tiny model, --rounds R).
 Once the victim (peer 5, block 2) has merged --kill-after rounds, the script polls its GetStatus
 every 20 ms and sends SIGKILL the moment it reports state "averaging" (its delta is out, exchanges
 in flight). Then it measures, from the survivors' per-round history: the exchange time of the
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.scale import replace_section
 from swarmd.core import checkpoint as ck
 from swarmd.core.config import ModelConfig
+from swarmd.protocol import PeerState
 from swarmd.swarm.launch import LocalSwarm
 
 
@@ -63,7 +64,7 @@ async def kill_mid_exchange(swarm: LocalSwarm, timeout_s: float = 300) -> dict:
                 st = await client.status(victim.address, 1.0)
             except Exception:
                 st = None
-            if st is not None and st.state == "averaging" and st.round >= swarm.kill_after:
+            if st is not None and PeerState.from_pb(st.state) == PeerState.AVERAGING and st.round >= swarm.kill_after:
                 swarm.kill(VICTIM, signal.SIGKILL)  # the daemon, its DHT process and p2pd
                 return {"round": st.round, "at": time.monotonic()}
             await asyncio.sleep(0.02)  # polling the victim's status at 50 Hz

@@ -1,6 +1,6 @@
 """Scale: time to discover peers and complete a round with 3, 6 and 12 daemons on one machine.
 
-Each size runs a LocalSwarm of N `blocktrain run` processes (tiny model, block i mod B, joined
+Each size runs a LocalSwarm of N daemon processes (`python -m swarmd`) (tiny model, block i mod B, joined
 through peer 0's DHT multiaddr, --min-peers N so nobody starts before it sees the whole swarm),
 --rounds rounds of --steps local steps. From each peer's checkpoint (config.json) it reads:
 discovery_s (daemon start -> DHT lookup shows all N peers; includes starting its DHT node),

@@ -1,6 +1,6 @@
 """Swarm quality and communication: 6 daemons (B=3 x 2 replicas) versus the single-process run.
 
-For each codec (--codecs, default fp32 bf16 int8) it runs a LocalSwarm of --peers `blocktrain run`
+For each codec (--codecs, default fp32 bf16 int8) it runs a LocalSwarm of --peers daemon
 processes on loopback (block i mod B, joined through peer 0's DHT multiaddr, --rounds rounds of
 --steps local steps), assembles the model from the peers' checkpoints (replicas of a block are
 bit-identical after a merge) and measures its from-noise CE on held-out text. The reference is
@@ -36,6 +36,7 @@ from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.local_run import train_blocktrain
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
 from swarmd.swarm.launch import LocalSwarm
+from swarmd.swarm.peer_config import peer_train_config
 
 
 def parse_args(argv=None):
@@ -75,9 +76,8 @@ def model_config(a) -> ModelConfig:
 
 
 def train_config(a) -> TrainConfig:
-    return TrainConfig(
-        batch_size=a.batch_size, lr=a.lr, seed=0, warmup_steps=min(50, a.steps), trajectory_prob=a.trajectory_prob
-    )  # exactly what `blocktrain run` builds
+    # exactly what `blocktrain run` and LocalSwarm build
+    return peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=0, trajectory_prob=a.trajectory_prob)
 
 
 def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
@@ -93,7 +93,7 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
             batch_size=a.batch_size,
             lr=a.lr,
             seed=0,
-            extra=["--trajectory-prob", str(a.trajectory_prob)],
+            trajectory_prob=a.trajectory_prob,
         )
         start = time.monotonic()
         try:

@@ -2,7 +2,7 @@
 
 The autouse session fixture below runs once after the whole suite: it polls (with a deadline) for
 every descendant of the pytest process to be gone (hivemind DHT processes, their p2pd daemons,
-`blocktrain run` subprocesses, multiprocessing children), then reaps and reports leftovers. Linux
+`python -m swarmd` daemon subprocesses, multiprocessing children), then reaps and reports leftovers. Linux
 only (/proc); elsewhere it checks multiprocessing.active_children() alone.
 """
 

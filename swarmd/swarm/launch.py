@@ -1,6 +1,8 @@
-"""LocalSwarm: N `blocktrain run` daemons as separate processes on loopback (demo, benchmarks, tests).
+"""LocalSwarm: N daemons as separate processes on loopback (demo, benchmarks, tests).
 
-Owns process orchestration only: spawn peer 0, read the multiaddr it prints, spawn the others
+Owns process orchestration only: write each peer's DaemonConfig as JSON and spawn it as
+`python -m swarmd --config peerI.json` (the daemon's own entry point; its stdout lines come from
+swarmd.swarm.runner), spawn peer 0, read the multiaddr it prints, spawn the others
 joining through it (block i mod B, peer seed i, own checkpoint dir), poll their GetStatus, wait
 for them to finish their rounds, kill -9 / restart one (fault benchmark), stop all (SIGTERM, then
 SIGKILL after a grace period), and assemble the trained model from their checkpoints. Every wait
@@ -10,18 +12,21 @@ has a deadline. Children get OMP_NUM_THREADS=1 so N peers share a small machine 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from swarmd.core import checkpoint as ck
 from swarmd.core.config import ModelConfig
-from swarmd.errors import SwarmdError
+from swarmd.errors import ConfigError, SwarmdError
+from swarmd.protocol import Codec
+from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
 from swarmd.transport import PeerClient
 
 
@@ -47,13 +52,20 @@ class PeerProc:
     def address(self) -> str:
         return self.info.get("address", "")
 
+    @property
+    def process(self) -> subprocess.Popen:
+        """The peer's current process (SwarmdError if it was never started)."""
+        if self.proc is None:
+            raise SwarmdError(f"peer {self.index} was never started")
+        return self.proc
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
 class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
-    :param extra: more `blocktrain run` flags for every peer (e.g. ["--codec", "int8"])
+    :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     """
 
     def __init__(
@@ -65,101 +77,66 @@ class LocalSwarm:
         *,
         rounds: int,
         steps_per_round: int,
-        codec: str = "int8",
+        codec: Codec | str = Codec.INT8,
         batch_size: int = 16,
         lr: float = 1e-3,
         seed: int = 0,
         deadline_max_s: float = 30.0,
         swarm_id: str = "demo",
-        extra: list[str] | None = None,
+        trajectory_prob: float = 0.0,
     ):
         if peers < 1:
-            raise ValueError("need at least one peer")
-        self.model, self.data, self.workdir = model, Path(data), Path(workdir)
-        self.args = [
-            "--rounds",
-            str(rounds),
-            "--steps-per-round",
-            str(steps_per_round),
-            "--codec",
-            codec,
-            "--batch-size",
-            str(batch_size),
-            "--lr",
-            str(lr),
-            "--seed",
-            str(seed),
-            "--deadline-max",
-            str(deadline_max_s),
-            "--swarm-id",
-            swarm_id,
-            "--min-peers",
-            str(peers),
-            "--verbose",
-            *(extra or []),
-        ]
-        self.model_args = [
-            "--blocks",
-            str(model.blocks),
-            "--layers-per-block",
-            str(model.layers_per_block),
-            "--d-model",
-            str(model.d_model),
-            "--n-heads",
-            str(model.n_heads),
-            "--hidden",
-            str(model.hidden),
-            "--seq-len",
-            str(model.seq_len),
-            "--sigma-lo",
-            str(model.sigma_lo),
-            "--sigma-hi",
-            str(model.sigma_hi),
-        ]
+            raise ConfigError("need at least one peer")
+        # absolute: the children run in the checkout root, not in the caller's directory
+        self.model, self.data, self.workdir = model, Path(data).resolve(), Path(workdir).resolve()
+        train = peer_train_config(
+            steps_per_round, batch_size=batch_size, lr=lr, seed=seed, trajectory_prob=trajectory_prob
+        )
+        self.config = DaemonConfig(
+            model=model,
+            train=train,
+            gossip=GossipConfig(steps_per_round=steps_per_round, codec=Codec(codec), deadline_max_s=deadline_max_s),
+            net=NetConfig(swarm_id=swarm_id),
+            data_path=str(self.data),
+            max_rounds=rounds,
+            min_peers=peers,
+        )
         self.peers = [
             PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log")
             for i in range(peers)
         ]
         self.bootstrap: list[str] = []
 
+    def peer_config(self, p: PeerProc) -> DaemonConfig:
+        """Peer p's DaemonConfig: its block, peer seed and checkpoint dir, joining through the bootstrap."""
+        net = replace(self.config.net, initial_peers=tuple(self.bootstrap))
+        return replace(self.config, net=net, block=p.block, peer_seed=p.index, checkpoint_dir=str(p.checkpoint_dir))
+
     # -- processes -------------------------------------------------------------------------------
     def _spawn(self, p: PeerProc) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "run",
-            *self.bootstrap,
-            "--data",
-            str(self.data),
-            "--block",
-            str(p.block),
-            "--peer-seed",
-            str(p.index),
-            "--checkpoint-dir",
-            str(p.checkpoint_dir),
-            *self.model_args,
-            *self.args,
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
         self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / f"peer{p.index}.json"
+        config_path.write_text(json.dumps(self.peer_config(p).to_dict(), indent=2))
+        cmd = [sys.executable, "-m", "swarmd", "--config", str(config_path), "--verbose"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
         p.info, p.rounds_seen, p.ready = {}, [], threading.Event()
-        log = open(p.log_path, "ab")
         # own process group: kill -9 must take the peer's DHT process and p2pd along (they would be orphaned)
-        p.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            cwd=Path(__file__).resolve().parent.parent,
-            start_new_session=True,
-        )
-        log.close()
+        with open(p.log_path, "ab") as log:
+            p.proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                cwd=Path(__file__).resolve().parents[2],  # the checkout root: `-m swarmd` works uninstalled too
+                start_new_session=True,
+            )
         threading.Thread(target=self._read, args=(p, p.proc), daemon=True).start()
 
     @staticmethod
     def _read(p: PeerProc, proc: subprocess.Popen) -> None:
+        if proc.stdout is None:
+            return
         for line in proc.stdout:
             line = line.rstrip("\n")
             if line == "ready":
@@ -179,7 +156,8 @@ class LocalSwarm:
         while not p.ready.wait(0.2):
             if not p.alive():
                 raise SwarmdError(
-                    f"peer {p.index} exited with code {p.proc.returncode} before it was ready; see {p.log_path}: {self.tail(p)}"
+                    f"peer {p.index} exited with code {p.process.returncode} before it was ready; "
+                    f"see {p.log_path}: {self.tail(p)}"
                 )
             if time.monotonic() > deadline:
                 raise SwarmdError(f"peer {p.index} not ready after {timeout_s:.0f}s; see {p.log_path}")
@@ -205,8 +183,8 @@ class LocalSwarm:
         """Signal a peer's whole process group (daemon, its DHT process, p2pd) and wait for the daemon."""
         p = self.peers[index]
         if p.alive():
-            _killpg(p.proc, sig)
-            p.proc.wait(timeout=30)
+            _killpg(p.process, sig)
+            p.process.wait(timeout=30)
 
     def restart(self, index: int, timeout_s: float = 120.0) -> PeerProc:
         """Start a stopped peer again with the same checkpoint dir (it resumes from its last checkpoint)."""
@@ -225,7 +203,7 @@ class LocalSwarm:
         deadline = time.monotonic() + timeout_s
         for p in self.peers:
             try:
-                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                p.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 return False
         return True
@@ -234,7 +212,7 @@ class LocalSwarm:
         """SIGTERM every live peer (they checkpoint and leave), SIGKILL whatever is left after grace_s."""
         for p in self.peers:
             if p.alive():
-                p.proc.send_signal(signal.SIGTERM)
+                p.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for p in self.peers:
             if p.proc is None:

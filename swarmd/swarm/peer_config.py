@@ -3,22 +3,24 @@
 Owns every knob of a swarm peer that is not the model or the optimiser (those stay in
 swarmd.core.config, owned by the model core). Built once at the edge (CLI or test fixture) and handed
 down: gossip gets GossipConfig, discovery gets NetConfig, the daemon gets the whole DaemonConfig.
-No torch, grpc or hivemind imports here.
+DaemonConfig.to_dict / from_dict round-trip through JSON (`python -m swarmd --config PEER.json`).
+Invalid values raise swarmd.errors.ConfigError. No torch, grpc or hivemind imports here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 from swarmd.core.config import ModelConfig, TrainConfig
-
-CODECS = ("fp32", "fp16", "bf16", "int8")  # mirrors swarmd.swarm.delta.CODECS (no import: keep this module light)
+from swarmd.errors import ConfigError
+from swarmd.protocol import Codec
 
 
 @dataclass(frozen=True)
 class GossipConfig:
     steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
-    codec: str = "int8"  # delta codec on the wire (always followed by zstd)
+    codec: Codec = Codec.INT8  # delta codec on the wire (always followed by zstd); its name is accepted too
     deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
     deadline_max_s: float = 30.0  # ... and never exceeds this, however slow the peers were
     deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
@@ -27,13 +29,15 @@ class GossipConfig:
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
-            raise ValueError(f"steps_per_round must be >= 1, got {self.steps_per_round}")
-        if self.codec not in CODECS:
-            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+            raise ConfigError(f"steps_per_round must be >= 1, got {self.steps_per_round}")
+        try:
+            object.__setattr__(self, "codec", Codec(self.codec))
+        except ValueError:
+            raise ConfigError(f"codec must be one of {tuple(c.value for c in Codec)}, got {self.codec!r}") from None
         if not 0 < self.deadline_min_s <= self.deadline_max_s:
-            raise ValueError("need 0 < deadline_min_s <= deadline_max_s")
+            raise ConfigError("need 0 < deadline_min_s <= deadline_max_s")
         if self.deadline_factor <= 0 or self.rpc_timeout_s <= 0 or self.max_payload_bytes <= 0:
-            raise ValueError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
+            raise ConfigError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
 
 
 @dataclass(frozen=True)
@@ -50,14 +54,19 @@ class NetConfig:
 
     def __post_init__(self) -> None:
         if not self.swarm_id or any(c in self.swarm_id for c in " /"):
-            raise ValueError(f"swarm_id must be a non-empty name without spaces or slashes, got {self.swarm_id!r}")
+            raise ConfigError(f"swarm_id must be a non-empty name without spaces or slashes, got {self.swarm_id!r}")
         if self.discovery not in ("hivemind", "static"):
-            raise ValueError(f"discovery must be 'hivemind' or 'static', got {self.discovery!r}")
+            raise ConfigError(f"discovery must be 'hivemind' or 'static', got {self.discovery!r}")
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+            raise ConfigError(f"listen must be HOST:PORT, got {self.listen!r}")
         if self.announce_period_s <= 0 or self.record_ttl_s <= self.announce_period_s:
-            raise ValueError("need 0 < announce_period_s < record_ttl_s")
+            raise ConfigError("need 0 < announce_period_s < record_ttl_s")
+
+
+def peer_train_config(steps_per_round: int, **train: Any) -> TrainConfig:
+    """TrainConfig of a swarm peer: the given fields, and a warmup no longer than one round."""
+    return TrainConfig(warmup_steps=min(TrainConfig.warmup_steps, steps_per_round), **train)
 
 
 @dataclass(frozen=True)
@@ -72,21 +81,52 @@ class DaemonConfig:
     block: int = -1  # block to train; -1 = auto (least combined throughput in the swarm)
     device: str = "cpu"
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
-    peer_seed: int = 0  # seeds this peer's data stream and noise (different per peer)
-    max_rounds: int = (
-        0  # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
-    )
-    eval_every: int = 0  # every this many rounds, pull the other blocks from peers and measure the from-noise CE (0 = never; needs eval_path)
+    peer_seed: int | None = None  # seeds this peer's data stream and noise (None = derived from the peer id)
+    # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
+    max_rounds: int = 0
+    # every this many rounds, pull the other blocks from peers and measure the from-noise CE (0 = never; needs
+    # eval_path)
+    eval_every: int = 0
     min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
     min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
 
     def __post_init__(self) -> None:
         if self.block < -1 or self.block >= self.model.blocks:
-            raise ValueError(f"block must be -1 (auto) or in [0, {self.model.blocks}), got {self.block}")
+            raise ConfigError(f"block must be -1 (auto) or in [0, {self.model.blocks}), got {self.block}")
         if self.max_rounds < 0 or self.eval_tokens < 1:
-            raise ValueError("max_rounds must be >= 0 and eval_tokens >= 1")
+            raise ConfigError("max_rounds must be >= 0 and eval_tokens >= 1")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
 
     def with_block(self, block_index: int) -> DaemonConfig:
         return replace(self, block=block_index)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (nested configs as dicts, tuples as lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DaemonConfig:
+        """Inverse of to_dict; missing keys take their defaults, unknown keys raise ConfigError."""
+        body = _known(cls, data, "daemon")
+        try:
+            for key, sub in (("model", ModelConfig), ("train", TrainConfig), ("gossip", GossipConfig)):
+                if key in body:
+                    body[key] = sub(**_known(sub, body[key], key))
+            if "net" in body:
+                net = _known(NetConfig, body["net"], "net")
+                body["net"] = NetConfig(**{**net, "initial_peers": tuple(net.get("initial_peers", ()))})
+            return cls(**body)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"bad daemon config: {exc}") from None
+
+
+def _known(cls: type, data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"the {what} config must be a JSON object, got {type(data).__name__}")
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"unknown {what} config keys: {sorted(unknown)}")
+    return dict(data)

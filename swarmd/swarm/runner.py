@@ -1,0 +1,90 @@
+"""Run one daemon in the foreground: logging, signal handlers, the lines it prints, a clean stop.
+
+Owns the stdout of a daemon process, shared by `blocktrain run` / `blocktrain join` and
+`python -m swarmd`, which LocalSwarm (launch.py) and the tests parse:
+  swarm: ID / peer: ID / block: N / round: N / address: HOST:PORT or (client mode)
+  multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr) / ready
+then one `round R: block B train ce ... participation ... sent ... B in ...s` line per merged
+round and a final `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
+(it checkpoints and leaves). Torch is imported only when a daemon runs, so importing this module
+(for setup_logging) stays light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+from swarmd.swarm.peer_config import DaemonConfig
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)  # a parent process reads these lines as they come
+
+
+def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
+    """Log to stderr (INFO with verbose, else WARNING), hivemind's logger routed into the root logger.
+
+    :param hivemind: route hivemind's logger (imports hivemind, and so torch: off for a peer status)
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not hivemind:
+        return
+    try:
+        from hivemind.utils.logging import use_hivemind_log_handler
+
+        use_hivemind_log_handler("in_root_logger")
+    except ImportError:  # pragma: no cover - hivemind is a hard dependency
+        pass
+
+
+def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -> None:
+    """Start a Daemon, print how to reach it, serve until SIGINT/SIGTERM or max_rounds, print how it stopped.
+
+    :param echo: where each stdout line goes (default: print and flush)
+    :note: blocks the calling thread (asyncio.run); errors from start() propagate after a clean shutdown.
+    """
+    asyncio.run(_main(config, echo))
+
+
+async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
+    from swarmd.swarm.daemon import Daemon
+
+    def on_round(report) -> None:
+        st, m = daemon.state, daemon.metrics
+        echo(
+            f"round {st.round}: block {st.block_index} train ce {m.last_train_ce:.4f} "
+            f"participation {report.participation:.2f} sent {m.bytes_sent} B in {report.seconds:.2f}s"
+        )
+
+    daemon = Daemon(config, on_round=on_round)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, daemon.stop)
+    try:
+        await daemon.start()
+    except BaseException:
+        await daemon.shutdown()
+        raise
+    swarm_id = config.net.swarm_id
+    echo(f"swarm: {swarm_id}")
+    echo(f"peer: {daemon.peer_id}")
+    echo(f"block: {daemon.state.block_index}")
+    echo(f"round: {daemon.state.round}")
+    echo(f"address: {daemon.address or '(client mode)'}")
+    multiaddrs = daemon.multiaddrs()
+    for m in multiaddrs:
+        echo(f"multiaddr: {m}")
+    if multiaddrs:
+        echo(f"join with: blocktrain join {multiaddrs[0]} --data FILE --swarm-id {swarm_id}")
+    echo("ready")
+    await daemon.serve()
+    where = f", checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""
+    echo(f"stopped at round {daemon.state.round}{where}")
