@@ -1,29 +1,35 @@
-"""Shared CLI plumbing: option types, the error boundary, data path resolution, JSON output.
+"""Shared CLI plumbing: the error boundary, device check, data paths, the sweeper, JSON output, logging.
 
-Owns `cli_errors()`, the one context manager that turns SwarmdError, ValueError from config
-validation and grpc.RpcError into a one-line message on stderr and a non-zero exit (2 for bad
-input, 1 otherwise), never a traceback. Commands stay thin: parse, build configs, call swarmd.
+Owns `cli_errors()`, the one context manager that turns SwarmdError (ConfigError for invalid
+options included) and grpc.RpcError into a one-line message on stderr and a non-zero exit (2 for
+bad input, 1 otherwise), never a traceback; any other exception is a bug and keeps its traceback.
+Commands stay thin: parse, build configs (cli.options), call swarmd, render. Heavy modules (torch,
+grpc) are imported inside the functions that need them, so `--help` and `status` stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
-import sys
-from enum import Enum
 from pathlib import Path
 
 import typer
 
-from swarmd.core.config import ModelConfig
-from swarmd.errors import SwarmdError
+from cli.options import Device
+from swarmd.errors import ConfigError, SwarmdError
+from swarmd.swarm.runner import setup_logging
 
-
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
+__all__ = [
+    "check_device",
+    "cli_errors",
+    "eval_path_for",
+    "fail",
+    "open_sweeper",
+    "print_json",
+    "resolve_data",
+    "setup_logging",
+]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -38,10 +44,10 @@ def cli_errors():
         yield
     except typer.Exit:
         raise
+    except ConfigError as exc:
+        fail(f"bad value: {exc}", exc.exit_code)
     except SwarmdError as exc:
         fail(str(exc), exc.exit_code)
-    except ValueError as exc:
-        fail(f"bad value: {exc}", 2)
     except KeyboardInterrupt:
         fail("interrupted", 130)
     except Exception as exc:  # grpc.RpcError and friends, without importing grpc here
@@ -73,41 +79,35 @@ def resolve_data(path: Path | None, split: str = "train") -> Path:
     return ensure_wikitext2()[split]
 
 
-def model_config(
-    blocks: int,
-    layers_per_block: int,
-    d_model: int,
-    n_heads: int,
-    hidden: int | None,
-    seq_len: int,
-    sigma_lo: float,
-    sigma_hi: float,
-) -> ModelConfig:
-    return ModelConfig(
-        blocks=blocks,
-        layers_per_block=layers_per_block,
-        d_model=d_model,
-        n_heads=n_heads,
-        hidden=hidden if hidden is not None else 4 * d_model,
-        seq_len=seq_len,
-        sigma_lo=sigma_lo,
-        sigma_hi=sigma_hi,
-    )
+def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
+    """--eval-data, else eval.txt next to a training file, else the training text itself."""
+    if eval_data is not None:
+        return eval_data
+    sibling = train_path.parent / "eval.txt"
+    return sibling if sibling.is_file() and train_path.is_file() else train_path
+
+
+async def open_sweeper(
+    swarm: list[str] | None, swarm_id: str, checkpoint: Path | None, device: str, steps: int | None, timeout_s: float
+):
+    """(sweeper, async closer) for exactly one of --swarm / --checkpoint (score and generate)."""
+    if bool(swarm) == (checkpoint is not None):
+        raise ConfigError("give exactly one of --swarm and --checkpoint")
+    if steps is not None and steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    if checkpoint is not None:
+        from swarmd.serve.inference import load_local
+
+        sweeper = load_local(checkpoint, device, steps)
+
+        async def nothing() -> None:
+            return None
+
+        return sweeper, nothing
+    from swarmd.serve.remote import connect_swarm
+
+    return await connect_swarm(list(swarm or []), swarm_id, steps=steps, timeout_s=timeout_s)
 
 
 def print_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=float))
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
-        from hivemind.utils.logging import use_hivemind_log_handler
-
-        use_hivemind_log_handler("in_root_logger")
-    except ImportError:  # pragma: no cover - hivemind is a hard dependency
-        pass

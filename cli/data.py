@@ -9,7 +9,6 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
 from cli.common import cli_errors
-from swarmd.core.corpus import ensure_wikitext2
 
 app = typer.Typer(help="Training corpora.", no_args_is_help=True)
 
@@ -24,6 +23,8 @@ def fetch(
     force: Annotated[bool, typer.Option("--force", help="Download again even if cached.")] = False,
 ) -> None:
     """Download WikiText-2 (raw bytes) into the cache, with a progress bar and SHA-256 manifest."""
+    from swarmd.core.corpus import ensure_wikitext2
+
     with cli_errors(), Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn()) as bar:
         tasks: dict[str, int] = {}
 

@@ -9,9 +9,7 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, print_json, resolve_data
-from swarmd.core.checkpoint import load_e2e, load_model, read_config
-from swarmd.core.data import ByteData
-from swarmd.core.evaluate import e2e_ce, from_noise_ce
+from swarmd.errors import ConfigError
 
 
 def evaluate(
@@ -21,20 +19,24 @@ def evaluate(
         typer.Option("--data", help="Held-out text (default: $BLOCKTRAIN_DATA/eval.txt or the WikiText-2 cache)."),
     ] = None,
     eval_tokens: o.EvalTokens = 65536,
-    steps: Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")] = None,
+    steps: o.Steps = None,
     draws: Annotated[
         int, typer.Option("--draws", help="Noise draws; >1 also reports the CE of their averaged probabilities.")
     ] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Noise seed of the sampler.")] = 1234,
     trace: Annotated[bool, typer.Option("--trace", help="Report the CE after every sampler step.")] = False,
-    device: o.DeviceOpt = "cpu",
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    device: o.DeviceOpt = o.Device.cpu,
+    json_out: o.Json = False,
 ) -> None:
     """Print from-noise CE (nats per byte) and perplexity."""
     with cli_errors():
         dev = check_device(device)
         if eval_tokens < 1 or draws < 1 or (steps is not None and steps < 1):
-            raise ValueError("--eval-tokens, --draws and --steps must be >= 1")
+            raise ConfigError("--eval-tokens, --draws and --steps must be >= 1")
+        from swarmd.core.checkpoint import load_e2e, load_model, read_config
+        from swarmd.core.data import ByteData
+        from swarmd.core.evaluate import e2e_ce, from_noise_ce
+
         body = read_config(checkpoint)
         cfg = body["model_config"]
         x, y = ByteData.from_path(resolve_data(data, "eval"), cfg.seq_len).eval_windows(eval_tokens)

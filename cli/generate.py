@@ -15,23 +15,24 @@ from typing import Annotated
 import typer
 
 from cli import options as o
-from cli.common import check_device, cli_errors
-from cli.score import Checkpoint, Steps, Swarm, SwarmId, TimeoutS, open_sweeper
+from cli.common import check_device, cli_errors, open_sweeper
+from cli.options import NET
+from swarmd.errors import ConfigError
 
 
 def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (UTF-8).")],
-    swarm: Swarm = None,
-    checkpoint: Checkpoint = None,
-    swarm_id: SwarmId = "blocktrain",
+    swarm: o.SwarmPeers = None,
+    checkpoint: o.Checkpoint = None,
+    swarm_id: o.SwarmId = NET.swarm_id,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Bytes to generate.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="Softmax temperature; 0 = greedy.")] = 1.0,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")
     ] = 0,
-    steps: Steps = None,
-    timeout_s: TimeoutS = 30.0,
-    device: o.DeviceOpt = "cpu",
+    steps: o.Steps = None,
+    timeout_s: o.TimeoutS = 30.0,
+    device: o.DeviceOpt = o.Device.cpu,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")
     ] = False,
@@ -40,9 +41,9 @@ def generate(
     with cli_errors():
         dev = check_device(device)
         if not prompt:
-            raise ValueError("the prompt is empty; give at least one byte")
+            raise ConfigError("the prompt is empty; give at least one byte")
         if max_bytes < 1 or temperature < 0:
-            raise ValueError("--max-bytes must be >= 1 and --temperature >= 0")
+            raise ConfigError("--max-bytes must be >= 1 and --temperature >= 0")
         asyncio.run(
             _generate(
                 prompt.encode(), swarm, swarm_id, checkpoint, dev, steps, timeout_s, max_bytes, temperature, seed, stats
@@ -73,7 +74,8 @@ async def _generate(
     if show_stats:
         rate = len(st.per_byte_s) / st.seconds if st.seconds else 0.0
         typer.echo(
-            f"{len(st.per_byte_s)} bytes in {st.seconds:.2f} s ({rate:.1f} bytes/s), {st.sweeps} sweeps, {st.positions} positions processed",
+            f"{len(st.per_byte_s)} bytes in {st.seconds:.2f} s ({rate:.1f} bytes/s), {st.sweeps} sweeps, "
+            f"{st.positions} positions processed",
             err=True,
         )
         trace = getattr(sweeper, "trace", None)
@@ -81,7 +83,8 @@ async def _generate(
             for b in sorted({h.block_index for h in trace}):
                 hops = [h for h in trace if h.block_index == b]
                 typer.echo(
-                    f"  block {b}: {len(hops)} hops, mean {1000 * sum(h.seconds for h in hops) / len(hops):.1f} ms via {sorted({h.address for h in hops})}",
+                    f"  block {b}: {len(hops)} hops, mean {1000 * sum(h.seconds for h in hops) / len(hops):.1f} ms "
+                    f"via {sorted({h.address for h in hops})}",
                     err=True,
                 )
             if getattr(sweeper, "failovers", 0):

@@ -1,14 +1,18 @@
-"""The `blocktrain` command: registers every sub-command; no logic lives here.
+"""The `blocktrain` command: registers every sub-command and `--version`; no logic lives here.
 
 Commands: train, eval, model-info, data fetch (model core); run, join, status, demo (swarm);
-score, generate (inference). Each lives in its own module under cli/.
+score, generate (inference). Each lives in its own module under cli/, its options in cli/options.py.
+Importing this module (and so `blocktrain --help` or `blocktrain status`) does not import torch.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from cli import data, demo, evaluate, generate, join, model_info, run, score, status, train
+from swarmd import __version__
 
 app = typer.Typer(
     name="blocktrain",
@@ -17,6 +21,23 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"blocktrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+    ] = False,
+) -> None:
+    """BlockTrain: train a DiffusionBlocks byte-level language model across a peer-to-peer swarm."""
+
+
 app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("model-info")(model_info.info)

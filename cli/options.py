@@ -1,31 +1,54 @@
-"""Reusable typer option declarations for the model and training flags.
+"""Every `blocktrain` option, declared once, and the builders that turn parsed options into configs.
 
-Every command that builds or trains a model takes the same flags with the same help text, so
-they are declared once here (Annotated aliases) and listed in each command's signature.
+Each flag is an Annotated alias listed in the signature of every command that takes it; its
+default there comes from the config dataclass it fills (MODEL, TRAIN, GOSSIP, NET, DAEMON below
+are the dataclass defaults), never a repeated literal. `model_config` / `peer_config` build the
+frozen configs from a command's parsed options (`ctx.params`) in one place, turning config
+validation errors into swarmd.errors.ConfigError. Imports no torch (`--help` stays fast).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from cli.common import Device
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.errors import ConfigError
+from swarmd.protocol import Codec
+from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
 
-M, T = "Model", "Training"
+MODEL, TRAIN, GOSSIP, NET, DAEMON = ModelConfig(), TrainConfig(), GossipConfig(), NetConfig(), DaemonConfig()
+M, T, S, N = "Model", "Training", "Swarm", "Network"
 
-Blocks = Annotated[int, typer.Option("--blocks", help="B: number of denoising blocks.", rich_help_panel=M)]
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+DEFAULT_DEVICE, DEFAULT_CODEC = Device(DAEMON.device), Codec(GOSSIP.codec)
+
+# -- model ---------------------------------------------------------------------------------------
+Blocks = Annotated[int | None, typer.Option("--blocks", help="B: number of denoising blocks.", rich_help_panel=M)]
 LayersPerBlock = Annotated[
-    int, typer.Option("--layers-per-block", help="L_b: transformer layers per block.", rich_help_panel=M)
+    int | None, typer.Option("--layers-per-block", help="L_b: transformer layers per block.", rich_help_panel=M)
 ]
-DModel = Annotated[int, typer.Option("--d-model", help="Model width d.", rich_help_panel=M)]
-NHeads = Annotated[int, typer.Option("--n-heads", help="Attention heads per layer.", rich_help_panel=M)]
+DModel = Annotated[int | None, typer.Option("--d-model", help="Model width d.", rich_help_panel=M)]
+NHeads = Annotated[int | None, typer.Option("--n-heads", help="Attention heads per layer.", rich_help_panel=M)]
 Hidden = Annotated[int | None, typer.Option("--hidden", help="FFN width (default 4 x d-model).", rich_help_panel=M)]
-SeqLen = Annotated[int, typer.Option("--seq-len", help="Bytes per training window.", rich_help_panel=M)]
-SigmaLo = Annotated[float, typer.Option("--sigma-lo", help="Bottom of the noise range.", rich_help_panel=M)]
-SigmaHi = Annotated[float, typer.Option("--sigma-hi", help="Top of the noise range.", rich_help_panel=M)]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Bytes per training window.", rich_help_panel=M)]
+SigmaLo = Annotated[float | None, typer.Option("--sigma-lo", help="Bottom of the noise range.", rich_help_panel=M)]
+SigmaHi = Annotated[float | None, typer.Option("--sigma-hi", help="Top of the noise range.", rich_help_panel=M)]
+# model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
+MODEL_OPTIONS = ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len", "sigma_lo", "sigma_hi")
+TRAIN_OPTIONS = ("batch_size", "lr", "seed", "trajectory_prob")
 
+# -- data and training -----------------------------------------------------------------------------
 Data = Annotated[
     Path | None,
     typer.Option(
@@ -44,14 +67,16 @@ EvalData = Annotated[
     ),
 ]
 StepsPerRound = Annotated[
-    int, typer.Option("--steps-per-round", help="Local optimiser steps per block per round.", rich_help_panel=T)
+    int, typer.Option("--steps-per-round", help="H: local optimiser steps per block per round.", rich_help_panel=T)
 ]
-Rounds = Annotated[int, typer.Option("--rounds", help="Training rounds.", rich_help_panel=T)]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per optimiser step.", rich_help_panel=T)]
-LR = Annotated[float, typer.Option("--lr", help="AdamW peak learning rate.", rich_help_panel=T)]
-Seed = Annotated[int, typer.Option("--seed", help="Seed for init, data order and noise.", rich_help_panel=T)]
+Rounds = Annotated[
+    int, typer.Option("--rounds", help="Rounds to run (run / join: 0 = until stopped).", rich_help_panel=T)
+]
+BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Sequences per optimiser step.", rich_help_panel=T)]
+LR = Annotated[float | None, typer.Option("--lr", help="AdamW peak learning rate.", rich_help_panel=T)]
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed for init, data order and noise.", rich_help_panel=T)]
 TrajectoryProb = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--trajectory-prob",
         help="Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).",
@@ -62,3 +87,205 @@ EvalTokens = Annotated[
     int, typer.Option("--eval-tokens", help="Held-out bytes scored for from-noise CE.", rich_help_panel=T)
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Torch device.", case_sensitive=False, rich_help_panel=T)]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round and exchange to stderr.")]
+
+# -- swarm -----------------------------------------------------------------------------------------
+SwarmId = Annotated[
+    str,
+    typer.Option(
+        "--swarm-id",
+        help="Swarm name; peers only talk to peers of the same swarm.",
+        envvar="BLOCKTRAIN_SWARM_ID",
+        rich_help_panel=S,
+    ),
+]
+SwarmPeers = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--swarm",
+        help="DHT multiaddr (or HOST:PORT) of a running peer; repeat for several.",
+        envvar="BLOCKTRAIN_SWARM",
+        show_default=False,
+        rich_help_panel=S,
+    ),
+]
+BlockOpt = Annotated[
+    str,
+    typer.Option(
+        "--block",
+        help="Block to train: a number, or 'auto' for the block with the least combined throughput.",
+        envvar="BLOCKTRAIN_BLOCK",
+        rich_help_panel=S,
+    ),
+]
+CheckpointDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoint-dir",
+        help="Checkpoint here after every round and resume from it on restart.",
+        envvar="BLOCKTRAIN_CHECKPOINT_DIR",
+        rich_help_panel=S,
+    ),
+]
+CodecOpt = Annotated[
+    Codec,
+    typer.Option(
+        "--codec",
+        help="Delta codec on the wire (always followed by zstd; int8 uses error feedback).",
+        case_sensitive=False,
+        rich_help_panel=S,
+    ),
+]
+PeerSeed = Annotated[
+    int | None,
+    typer.Option(
+        "--peer-seed",
+        help="Seed of this peer's data stream and noise (default: derived from the peer id, so peers differ).",
+        envvar="BLOCKTRAIN_PEER_SEED",
+        show_default=False,
+        rich_help_panel=S,
+    ),
+]
+DeadlineMax = Annotated[
+    float,
+    typer.Option(
+        "--deadline-max",
+        help="Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).",
+        rich_help_panel=S,
+    ),
+]
+EvalEvery = Annotated[
+    int,
+    typer.Option(
+        "--eval-every",
+        help="Every this many rounds, pull the other blocks from peers and measure the from-noise CE shown by "
+        "`status` (0 = never).",
+        rich_help_panel=S,
+    ),
+]
+MinPeers = Annotated[
+    int,
+    typer.Option(
+        "--min-peers",
+        help="Wait before the first round until the swarm has this many peers (self included).",
+        rich_help_panel=S,
+    ),
+]
+
+# -- network ---------------------------------------------------------------------------------------
+Listen = Annotated[
+    str,
+    typer.Option(
+        "--listen",
+        help="HOST:PORT of this peer's gRPC server (port 0 = any free port).",
+        envvar="BLOCKTRAIN_LISTEN",
+        rich_help_panel=N,
+    ),
+]
+ClientMode = Annotated[
+    bool,
+    typer.Option(
+        "--client-mode",
+        help="Accept no inbound connections (behind NAT): dial out for exchanges only.",
+        rich_help_panel=N,
+    ),
+]
+Static = Annotated[
+    bool,
+    typer.Option(
+        "--static",
+        help="PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.",
+        rich_help_panel=N,
+    ),
+]
+DhtHost = Annotated[
+    str,
+    typer.Option("--dht-host", help="Interface the DHT listens on.", envvar="BLOCKTRAIN_DHT_HOST", rich_help_panel=N),
+]
+TimeoutS = Annotated[
+    float,
+    typer.Option(
+        "--timeout-s",
+        help="Seconds to wait: for each peer (status), for one block step before failing over to a replica "
+        "(score, generate), for the whole swarm to finish (demo).",
+        rich_help_panel=N,
+    ),
+]
+TimeoutAlias = Annotated[float | None, typer.Option("--timeout", hidden=True)]  # the older spelling of --timeout-s
+
+
+# -- inference -------------------------------------------------------------------------------------
+Checkpoint = Annotated[
+    Path | None, typer.Option("--checkpoint", help="Run locally from this checkpoint directory instead of a swarm.")
+]
+Steps = Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")]
+
+
+# -- builders --------------------------------------------------------------------------------------
+def timeout_s(timeout_s: float, alias: float | None) -> float:
+    """--timeout-s, or the value given with its older spelling --timeout."""
+    return timeout_s if alias is None else alias
+
+
+def model_config(params: Mapping[str, Any], base: ModelConfig = MODEL) -> ModelConfig:
+    """`base` with the model options given in params (None = keep); --hidden defaults to 4 x --d-model."""
+    values = {k: params[k] for k in MODEL_OPTIONS if params.get(k) is not None}
+    if "hidden" not in values and "d_model" in values:
+        values["hidden"] = 4 * values["d_model"]
+    try:
+        return ModelConfig(**{**base.to_dict(), **values})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def train_config(params: Mapping[str, Any], base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
+    """`base` with the training options given in params (None = keep) and `fields` (e.g. total_steps)."""
+    values = {k: params[k] for k in TRAIN_OPTIONS if params.get(k) is not None}
+    try:
+        return replace(base, **values, **fields)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def peer_config(
+    params: Mapping[str, Any],
+    model: ModelConfig,
+    data_path: Path,
+    eval_path: Path | None,
+    initial_peers: list[str],
+    static: bool = False,
+) -> DaemonConfig:
+    """The DaemonConfig of `blocktrain run` / `join` from their parsed options (the run / join flags above).
+
+    :param static: PEERS are gRPC addresses (also when none of them is a /multiaddr)
+    """
+    block = params["block"]
+    if block != "auto" and not block.isdigit():
+        raise ConfigError(f"--block must be a number or 'auto', got {block!r}")
+    static = static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
+    steps = params["steps_per_round"]
+    train = train_config(params, peer_train_config(steps))
+    checkpoint_dir = params["checkpoint_dir"]
+    return DaemonConfig(
+        model=model,
+        train=train,
+        gossip=GossipConfig(steps_per_round=steps, codec=params["codec"].value, deadline_max_s=params["deadline_max"]),
+        net=NetConfig(
+            swarm_id=params["swarm_id"],
+            listen=params["listen"],
+            initial_peers=tuple(initial_peers),
+            discovery="static" if static else "hivemind",
+            client_mode=params["client_mode"],
+            dht_host=params["dht_host"],
+        ),
+        data_path=str(data_path),
+        eval_path=str(eval_path) if eval_path else "",
+        eval_every=params.get("eval_every", DAEMON.eval_every),
+        block=DAEMON.block if block == "auto" else int(block),
+        device=params["device"].value,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "",
+        peer_seed=params["peer_seed"],
+        max_rounds=params["rounds"],
+        min_peers=params.get("min_peers", DAEMON.min_peers),
+    )

@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli import options as o
 from cli.common import cli_errors, fail, print_json, setup_logging
-from swarmd.swarm.survey import survey_peer, survey_swarm
+from cli.options import NET
 
 
 def _num(v: float, fmt: str = "{:.2f}") -> str:
@@ -91,28 +92,21 @@ def status(
     address: Annotated[
         str | None, typer.Argument(help="HOST:PORT of one peer's gRPC server.", show_default=False)
     ] = None,
-    swarm: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--swarm",
-            help="DHT multiaddr (repeatable) or HOST:PORT list: show every peer of the swarm.",
-            show_default=False,
-        ),
-    ] = None,
-    swarm_id: Annotated[
-        str, typer.Option("--swarm-id", help="Swarm name to look up in the DHT.", envvar="BLOCKTRAIN_SWARM_ID")
-    ] = "blocktrain",
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each peer.")] = 5.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    swarm: o.SwarmPeers = None,
+    swarm_id: o.SwarmId = NET.swarm_id,
+    timeout_s: o.TimeoutS = 5.0,
+    timeout: o.TimeoutAlias = None,
+    json_out: o.Json = False,
 ) -> None:
     """Show a peer's or the whole swarm's status: rounds, throughput, bytes, participation, consensus."""
-    setup_logging(False)
+    setup_logging(False, hivemind=bool(swarm))  # one peer's status needs no DHT (nor torch)
     with cli_errors():
         if bool(address) == bool(swarm):
             fail("pass either ADDRESS or --swarm MULTIADDR", 2)
-        summary = asyncio.run(
-            survey_peer(address, timeout) if address else survey_swarm(list(swarm), swarm_id, timeout)
-        )
+        from swarmd.swarm.survey import survey_peer, survey_swarm
+
+        wait_s = o.timeout_s(timeout_s, timeout)
+        summary = asyncio.run(survey_peer(address, wait_s) if address else survey_swarm(list(swarm), swarm_id, wait_s))
         if json_out:
             print_json(no_nan(summary))
         else:

@@ -9,57 +9,47 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as o
-from cli.common import check_device, cli_errors, model_config, print_json, resolve_data
-from swarmd.core.checkpoint import save_e2e, save_model
-from swarmd.core.config import TrainConfig
-from swarmd.core.data import ByteData
-from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
-
-
-def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
-    if eval_data is not None:
-        return eval_data
-    sibling = train_path.parent / "eval.txt"
-    return sibling if sibling.is_file() and train_path.is_file() else train_path
+from cli.common import check_device, cli_errors, eval_path_for, print_json, resolve_data
+from cli.options import MODEL, TRAIN
+from swarmd.errors import ConfigError
 
 
 def train(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.")],
     data: o.Data = None,
     eval_data: o.EvalData = None,
     e2e: Annotated[bool, typer.Option("--e2e", help="Train the end-to-end reference transformer instead.")] = False,
-    blocks: o.Blocks = 3,
-    layers_per_block: o.LayersPerBlock = 2,
-    d_model: o.DModel = 128,
-    n_heads: o.NHeads = 4,
+    blocks: o.Blocks = MODEL.blocks,
+    layers_per_block: o.LayersPerBlock = MODEL.layers_per_block,
+    d_model: o.DModel = MODEL.d_model,
+    n_heads: o.NHeads = MODEL.n_heads,
     hidden: o.Hidden = None,
-    seq_len: o.SeqLen = 128,
-    sigma_lo: o.SigmaLo = 1.0,
-    sigma_hi: o.SigmaHi = 10.0,
+    seq_len: o.SeqLen = MODEL.seq_len,
+    sigma_lo: o.SigmaLo = MODEL.sigma_lo,
+    sigma_hi: o.SigmaHi = MODEL.sigma_hi,
     steps_per_round: o.StepsPerRound = 100,
     rounds: o.Rounds = 4,
-    batch_size: o.BatchSize = 32,
-    lr: o.LR = 1e-3,
-    seed: o.Seed = 0,
-    trajectory_prob: o.TrajectoryProb = 0.0,
+    batch_size: o.BatchSize = TRAIN.batch_size,
+    lr: o.LR = TRAIN.lr,
+    seed: o.Seed = TRAIN.seed,
+    trajectory_prob: o.TrajectoryProb = TRAIN.trajectory_prob,
     eval_tokens: o.EvalTokens = 16384,
-    device: o.DeviceOpt = "cpu",
+    device: o.DeviceOpt = o.Device.cpu,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary at the end.")] = False,
 ) -> None:
     """Train one process, one block at a time (no gradient crosses blocks); eval after every round."""
     with cli_errors():
         dev = check_device(device)
-        cfg = model_config(blocks, layers_per_block, d_model, n_heads, hidden, seq_len, sigma_lo, sigma_hi)
+        cfg = o.model_config(ctx.params)
         if steps_per_round < 1 or rounds < 1:
-            raise ValueError("--steps-per-round and --rounds must be >= 1")
-        tcfg = TrainConfig(
-            batch_size=batch_size,
-            lr=lr,
-            seed=seed,
-            total_steps=steps_per_round * rounds,
-            warmup_steps=min(50, steps_per_round * rounds // 10),
-            trajectory_prob=trajectory_prob,
-        )
+            raise ConfigError("--steps-per-round and --rounds must be >= 1")
+        total = steps_per_round * rounds
+        tcfg = o.train_config(ctx.params, total_steps=total, warmup_steps=min(TRAIN.warmup_steps, total // 10))
+        from swarmd.core.checkpoint import save_e2e, save_model
+        from swarmd.core.data import ByteData
+        from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
+
         train_path = resolve_data(data, "train")
         corpus = ByteData.from_path(train_path, cfg.seq_len)
         eval_xy = ByteData.from_path(eval_path_for(train_path, eval_data), cfg.seq_len).eval_windows(eval_tokens)
@@ -94,7 +84,8 @@ def train(
                 if not json_out:
                     trace = f" per-step {', '.join(f'{c:.3f}' for c in row.get('trace', []))}" if "trace" in row else ""
                     bar.console.print(
-                        f"round {r.round}: train ce {r.train_ce:.3f}  eval {'' if e2e else 'from-noise '}ce {r.eval['ce']:.4f}{trace}"
+                        f"round {r.round}: train ce {r.train_ce:.3f}  "
+                        f"eval {'' if e2e else 'from-noise '}ce {r.eval['ce']:.4f}{trace}"
                     )
 
             if e2e:

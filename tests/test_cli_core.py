@@ -154,3 +154,43 @@ def test_data_fetch_without_network_fails_cleanly(tmp_path, monkeypatch):
     result = runner.invoke(app, ["data", "fetch", "wikitext-2"])
     assert result.exit_code == 2
     assert "cannot download WikiText-2" in result.output and "Traceback" not in result.output
+
+
+def test_version_prints_the_package_version():
+    from swarmd import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"blocktrain {__version__}"
+
+
+def test_help_and_a_peer_status_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from cli.main import app\n"
+        "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
+        "assert CliRunner().invoke(app, ['status', '127.0.0.1:1', '--timeout-s', '0.5']).exit_code == 1\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--data", "TEXT", "--block", "x"], "--block must be a number or 'auto'"),
+        (["run", "--data", "TEXT", "--block", "7"], "block must be -1 (auto) or in [0, 3)"),
+        (["run", "--data", "TEXT", "--lr", "0"], "lr must be > 0"),
+        (["demo", "--data", "TEXT", "--peers", "0"], "must be >= 1"),
+    ],
+)
+def test_bad_swarm_options_exit_2_before_anything_starts(tmp_path, args, needle):
+    (tmp_path / "text.txt").write_bytes(b"some text " * 50)
+    result = runner.invoke(app, [str(tmp_path / "text.txt") if a == "TEXT" else a for a in args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
