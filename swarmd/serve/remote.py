@@ -1,10 +1,10 @@
 """Swarm inference client: route each sampler step to a peer holding its block, with failover.
 
 Owns:
-  - `BlockRouter`: finds the holders of every block through a Discovery (swarmd.swarm.discovery), probes
-    each once for its round-trip time, then picks one peer per block by latency EMA x (1 + calls this
-    client has in flight to it); a peer that fails or stalls is banned for an exponentially growing
-    period (petals' sequence-manager rule) and the next replica is used;
+  - `BlockRouter`: finds the holders of every block through a Discovery (anything with find /
+    find_all, e.g. swarmd.swarm.discovery's), probes each once for its round-trip time, then picks one
+    peer per block by latency EMA x (1 + calls this client has in flight to it); a peer that fails or
+    stalls is banned for an exponentially growing period (swarmd.backoff) and the next replica is used;
   - `RemoteSweeper`: the swarm implementation of swarmd.serve.inference.Sweeper. One Forward stream per
     (session, block) for the session's life; every hop is timed into `trace`. For cached generation
     it keeps each step's input history (context bytes and z of every cached position) so a peer that
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from swarmd.backoff import Backoff
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
 from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError
@@ -55,8 +56,6 @@ class Replica:
     record: Any  # swarmd.swarm.discovery.PeerRecord
     latency_s: float | None = None  # EMA of call round-trip time
     inflight: int = 0
-    failures: int = 0
-    banned_until: float = 0.0
 
     @property
     def address(self) -> str:
@@ -87,7 +86,8 @@ class BlockRouter:
     ):
         self.discovery, self.client = discovery, client
         self.config_hash, self.swarm_id = config_hash, swarm_id
-        self.probe_timeout_s, self.ban_s, self.max_ban_s, self.refresh_s = probe_timeout_s, ban_s, max_ban_s, refresh_s
+        self.probe_timeout_s, self.refresh_s = probe_timeout_s, refresh_s
+        self.bans = Backoff(base_s=ban_s, max_s=max_ban_s)  # address -> ban of a failing replica
         self._replicas: dict[int, dict[str, Replica]] = {}
         self._refreshed: dict[int, float] = {}  # block -> monotonic time of the last discovery lookup
 
@@ -116,11 +116,11 @@ class BlockRouter:
             replicas = (
                 list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
             )
-            usable = [r for r in replicas if r.address not in exclude and r.banned_until <= now]
+            usable = [r for r in replicas if r.address not in exclude and not self.bans.banned(r.address, now)]
             for r in usable:
                 if r.latency_s is None:
                     await self._probe(r)
-            usable = [r for r in usable if r.banned_until <= time.monotonic()]
+            usable = [r for r in usable if not self.bans.banned(r.address)]
             if usable:
                 return min(usable, key=Replica.score)
         where = f" of swarm {self.swarm_id!r}" if self.swarm_id else ""
@@ -136,13 +136,11 @@ class BlockRouter:
         replica.latency_s = time.perf_counter() - t0
 
     def report_latency(self, replica: Replica, seconds: float) -> None:
-        replica.failures = 0
+        self.bans.succeed(replica.address)
         replica.latency_s = seconds if replica.latency_s is None else 0.8 * replica.latency_s + 0.2 * seconds
 
     def report_failure(self, replica: Replica, exc: BaseException) -> None:
-        replica.failures += 1
-        ban = min(self.max_ban_s, self.ban_s * 2 ** (replica.failures - 1))
-        replica.banned_until = time.monotonic() + ban
+        ban = self.bans.fail(replica.address)
         logger.warning(
             "block %d: peer %s failed (%s); banned for %.1f s",
             replica.record.block_index,

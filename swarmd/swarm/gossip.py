@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 
+from swarmd.backoff import Backoff
 from swarmd.errors import (
     BaseMismatch,
     NotReady,
@@ -220,7 +221,7 @@ class Gossip:
             str, tuple[set[str], set[str]]
         ] = {}  # kind -> (peers on our base, peers on another) last round
         self._opened = asyncio.Condition()
-        self.banned: dict[str, tuple[float, float]] = {}  # peer id -> (until, period)
+        self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -237,18 +238,13 @@ class Gossip:
     def _expected_shapes(self, kind: PayloadKind) -> dict[str, tuple[int, ...]]:
         return self.state.block_shapes() if kind.is_block else self.state.emb_shapes()
 
-    def _ban(self, peer_id: str) -> None:
-        """Skip an unreachable peer for 1, 2, 4 ... (at most 16) seconds; a sign of life lifts it."""
-        _, period = self.banned.get(peer_id, (0.0, 1.0))
-        self.banned[peer_id] = (time.monotonic() + period, min(period * 2, 16.0))
-
     def _usable(self, rec: PeerRecord) -> bool:
-        until = self.banned.get(rec.peer_id, (0.0, 0.0))[0]
+        """A peer of our swarm and config that is not banned (unreachable peers: 1, 2, 4 ... 16 s)."""
         return (
             rec.peer_id != self.me.peer_id
             and rec.config_hash == self.me.config_hash
             and rec.swarm_id == self.me.swarm_id
-            and time.monotonic() >= until
+            and not self.bans.banned(rec.peer_id)
         )
 
     # -- re-sync -----------------------------------------------------------------------------------
@@ -276,7 +272,7 @@ class Gossip:
                 pulled.append(kind.part)
             except SwarmdError as exc:
                 logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, kind.part, ref.peer_id[-6:], exc)
-                self._ban(ref.peer_id)
+                self.bans.fail(ref.peer_id)
         self.last_split = {}  # consumed
         return pulled
 
@@ -436,7 +432,7 @@ class Gossip:
         """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
         h = incoming.header
         self.metrics.add_received(incoming.wire_bytes)
-        self.banned.pop(h.peer_id, None)  # it is alive
+        self.bans.succeed(h.peer_id)  # it is alive
         kind = _kind(h.kind)
         try:
             if kind not in (BLOCK, EMB):
@@ -481,10 +477,10 @@ class Gossip:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
             if exc.status == PeerUnavailable.status:  # unreachable; a slow, busy or failing peer is not banned
-                self._ban(peer.peer_id)
+                self.bans.fail(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return
-        self.banned.pop(peer.peer_id, None)
+        self.bans.succeed(peer.peer_id)
         self.metrics.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
         self.metrics.add_received(reply.wire_bytes)
         try:
