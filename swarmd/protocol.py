@@ -90,6 +90,7 @@ class PeerState(_ProtoEnum):
     TRAINING = "training"
     AVERAGING = "averaging"
     STOPPING = "stopping"
+    SERVING = "serving"  # an inference-only peer: serves its block, trains nothing
 
 
 def peer_state_name(value: int) -> str:

@@ -322,7 +322,7 @@ class ServingOnlyHandler:
         return pb.PeerStatus(
             peer_id=self.peer_id,
             block_index=self.serving.block_index,
-            state=PeerState.TRAINING.to_pb(),
+            state=PeerState.SERVING.to_pb(),
             address=self.address,
             swarm_id=self.swarm_id,
             config_hash=self.serving.config_hash,

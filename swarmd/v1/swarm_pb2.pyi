@@ -14,6 +14,7 @@ class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PEER_STATE_TRAINING: _ClassVar[PeerState]
     PEER_STATE_AVERAGING: _ClassVar[PeerState]
     PEER_STATE_STOPPING: _ClassVar[PeerState]
+    PEER_STATE_SERVING: _ClassVar[PeerState]
 
 class PayloadKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +36,7 @@ PEER_STATE_JOINING: PeerState
 PEER_STATE_TRAINING: PeerState
 PEER_STATE_AVERAGING: PeerState
 PEER_STATE_STOPPING: PeerState
+PEER_STATE_SERVING: PeerState
 PAYLOAD_KIND_UNSPECIFIED: PayloadKind
 PAYLOAD_KIND_BLOCK_DELTA: PayloadKind
 PAYLOAD_KIND_EMBEDDING_DELTA: PayloadKind
