@@ -428,13 +428,16 @@ def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path)
 def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
     from swarmd.serve.inference import generate, load_local
     from swarmd.serve.remote import connect_swarm
+    from swarmd.swarm.discovery import connect_discovery
 
     async def scenario():
         daemons = await start_daemons(tmp_path, [0, 1, 1, 2])
         try:
             local = load_local(checkpoint_of(daemons, tmp_path / "ckpt"))
             ref = await generate_bytes(local, b"the ", 12, 1.0, seed=6)
-            remote, closer = await connect_swarm([d.server.address for d in daemons], "test", timeout_s=5.0)
+            remote, closer = await connect_swarm(
+                [d.server.address for d in daemons], "test", connect_discovery, timeout_s=5.0
+            )
             try:
                 out = []
                 async for byte in generate(remote, b"the ", 12, 1.0, seed=6):

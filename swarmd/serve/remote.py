@@ -22,6 +22,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,18 +352,23 @@ async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:
         await router.choose(b)
 
 
+ConnectDiscovery = Callable[[list[str], str, Callable[[str], Awaitable[Any]]], Awaitable[Any]]
+
+
 async def connect_swarm(
     swarm: list[str],
-    swarm_id: str = "blocktrain",
+    swarm_id: str,
+    connect_discovery: ConnectDiscovery,
     steps: int | None = None,
     timeout_s: float = 30.0,
     hop_delay_s: float = 0.0,
 ):
     """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
 
+    :param connect_discovery: async (swarm, swarm_id, status_fn) -> a Discovery, e.g.
+        swarmd.swarm.discovery.connect_discovery (passed in: serve does not import swarm)
     The closer ends every session and shuts the client and the discovery down.
     """
-    from swarmd.swarm.discovery import connect_discovery
     from swarmd.transport.client import PeerClient
 
     client = PeerClient()
