@@ -163,7 +163,9 @@ class DeadlinePolicy:
 # Round state
 # ----------------------------------------------------------------------------------------------
 @dataclass
-class RoundReport:
+class MergeReport:
+    """What one averaging round merged: whose deltas were expected and accepted, and how long it took."""
+
     round: int  # round index that was merged (rounds completed before it)
     expected_block: list[str]
     expected_emb: list[str]
@@ -491,7 +493,7 @@ class Gossip:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
 
-    async def average(self, records: list[PeerRecord]) -> RoundReport:
+    async def average(self, records: list[PeerRecord]) -> MergeReport:
         """Publish own deltas, exchange with the peers in `records`, wait for the deadline, merge."""
         rs = self.current
         if rs is None or rs.closed:
@@ -548,7 +550,7 @@ class Gossip:
         await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
         seconds = time.monotonic() - rs.ready_at
         self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
-        report = RoundReport(
+        report = MergeReport(
             rs.round,
             sorted(expected[BLOCK]),
             sorted(expected[EMB]),
