@@ -7,11 +7,9 @@ the sockets in transport, the RPC handlers in service, the files in state's save
                server over a SwarmService (none in client mode), BlockServing, first announce;
   serve()      one asyncio TaskGroup: the announce loop and the round loop, until stop() or
                max_rounds; then a final checkpoint and a clean shutdown;
-  run_round()  one round: re-sync from the reference if our base differs (joiners too), pull the
-               earlier blocks when training on the sampler's trajectory, H local
-               steps in the single worker thread (asyncio.to_thread), gossip average, serving
-               update, announce, atomic checkpoint, consensus distance from same-block statuses,
-               then on_round(report).
+  run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training, H
+               local steps in the worker thread, gossip average, serving update, announce,
+               checkpoint, consensus distance, then on_round(report).
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """
@@ -32,23 +30,24 @@ from swarmd.core.data import ByteData
 from swarmd.core.train import seed_for, trajectory_predecessors
 from swarmd.serve.serving import BlockServing
 from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
-from swarmd.swarm.gossip import Gossip, RoundReport
+from swarmd.swarm.gossip import Gossip, MergeReport
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig
-from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks
+from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
 from swarmd.swarm.service import SwarmService
 from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient, SwarmServer, start_server
 
 logger = logging.getLogger(__name__)
 
-# Metrics saved with every checkpoint (benchmarks read them), by their config.json key where it differs
-SAVED_METRICS = "participation bytes_sent bytes_received raw_bytes_sent rejected last_round_s discovery_s started_wall"
-SAVED_METRICS_AS = {"rounds_merged": "rounds", "train_ce": "last_train_ce", "history": "round_history"}
+# Metrics saved with every checkpoint (benchmarks read them): config.json key -> Metrics attribute
+SAVED_METRICS = {k: k for k in ("participation", "bytes_sent", "bytes_received", "raw_bytes_sent", "rejected")}
+SAVED_METRICS |= {k: k for k in ("last_round_s", "discovery_s", "started_wall")}
+SAVED_METRICS |= {"rounds_merged": "rounds", "train_ce": "last_train_ce", "history": "round_history"}
 
 
 class Daemon:
-    """:param on_round: called with the RoundReport after every merged round (the runner prints a line)"""
+    """:param on_round: called with the MergeReport after every merged round (the runner prints a line)"""
 
     # built by start() (None before it; discovery and server None again after shutdown())
     discovery: StaticDiscovery | HivemindDiscovery
@@ -58,7 +57,7 @@ class Daemon:
     server: SwarmServer | None
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
 
-    def __init__(self, config: DaemonConfig, on_round: Callable[[RoundReport], None] | None = None):
+    def __init__(self, config: DaemonConfig, on_round: Callable[[MergeReport], None] | None = None):
         self.config, self.cfg, self.on_round = config, config.model, on_round
         self.metrics = Metrics()
         self.phase = "joining"
@@ -70,7 +69,7 @@ class Daemon:
         self.service = SwarmService(self)
 
     @property
-    def address(self) -> str:
+    def address(self) -> str:  # "" in client mode
         return self.server.address if self.server else ""
 
     def multiaddrs(self) -> list[str]:
@@ -176,12 +175,9 @@ class Daemon:
         if want > 1 and time.monotonic() >= deadline:
             logger.warning("%s started with fewer than %d peers (timeout)", self.gossip.tag, want)
 
-    def _rounds_done(self) -> bool:
-        """The swarm's round counter reached max_rounds: a resumed or joined peer stops with the rest."""
-        return bool(self.config.max_rounds) and self.state.round >= self.config.max_rounds
-
     async def _round_loop(self) -> None:
-        while not self.stopping.is_set() and not self._rounds_done():
+        last = self.config.max_rounds  # of the swarm's round counter: a resumed or joined peer stops with the rest
+        while not self.stopping.is_set() and not (last and self.state.round >= last):
             await self.run_round()
         self.stop()
 
@@ -199,8 +195,8 @@ class Daemon:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
 
-    async def run_round(self) -> RoundReport | None:
-        """One round: sync, H local steps, average, publish. Returns the RoundReport (None if stopped)."""
+    async def run_round(self) -> MergeReport | None:
+        """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped)."""
         g, H = self.gossip, self.config.gossip.steps_per_round
         if await g.sync(await self.records()):
             self._update_serving()
@@ -209,7 +205,7 @@ class Daemon:
         self.phase = "training"
         stats = await asyncio.to_thread(self.state.train_steps, H, self.batches, self._stop_thread)
         self.metrics.observe_throughput(stats["samples"], stats["seconds"])
-        self.metrics.last_train_ce = stats["ce"]
+        self.metrics.observe_train_ce(stats["ce"])
         if self.stopping.is_set():
             return None
         self.phase = "averaging"
@@ -228,29 +224,18 @@ class Daemon:
 
     async def save_checkpoint(self) -> None:
         """Atomically checkpoint the state with this peer's progress counters (in the worker thread)."""
-        m = self.metrics
-        saved = {k: getattr(m, k) for k in SAVED_METRICS.split()} | {
-            k: getattr(m, a) for k, a in SAVED_METRICS_AS.items()
-        }
+        saved = {k: getattr(self.metrics, a) for k, a in SAVED_METRICS.items()}
         saved |= {"swarm_id": self.config.net.swarm_id, "peer_id": self.peer_id}
         await asyncio.to_thread(self.state.save, self.config.checkpoint_dir, **saved)
 
     async def load_predecessors(self) -> int:
-        """Trajectory training: pull the blocks that run before ours (frozen, forward only) at round start.
-
-        They come with the round's merged byte table. If a predecessor block has no reachable peer,
-        this round trains on the documented noisy targets instead. Returns the blocks loaded.
-        """
-        needed = sorted({b for b, _ in trajectory_predecessors(self.cfg, self.state.block_index)})
-        if self.config.train.trajectory_prob <= 0 or not needed:
+        """Trajectory training: pull the blocks that run before ours (frozen, forward only; with the merged
+        byte table) at round start, or train on noisy targets this round if one is unreachable. Returns how many."""
+        if self.config.train.trajectory_prob <= 0 or not trajectory_predecessors(self.cfg, self.state.block_index):
             return 0
-        pulled = await pull_blocks(self.gossip, await self.records(), needed)
-        complete = len(pulled) == len(needed)
-        if not complete:
-            msg = "%s trajectory training needs blocks %s, found %s: this round uses noisy targets"
-            logger.warning(msg, self.gossip.tag, needed, sorted(pulled))
-        await asyncio.to_thread(self.state.use_predecessors, pulled if complete else None)
-        return len(pulled) if complete else 0
+        pulled = await pull_predecessors(self.gossip, await self.records(), self.cfg, self.state.block_index)
+        await asyncio.to_thread(self.state.use_predecessors, pulled)
+        return len(pulled or {})
 
     async def _measure_consensus(self) -> None:
         """Max sketch distance to same-block peers that reached our round (kept when none answered)."""
@@ -260,14 +245,10 @@ class Daemon:
 
     async def measure_ce(self) -> float:
         """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers."""
-        own = self.state.block_index
-        _, own_block, own_emb = self.state.snapshot()
-        others = (b for b in range(self.cfg.blocks) if b != own)
-        states = {**await pull_blocks(self.gossip, await self.records(), others), own: own_block}
-        if len(states) < self.cfg.blocks:
+        own, (_, own_block, own_emb) = self.state.block_index, self.state.snapshot()
+        others = await pull_blocks(self.gossip, await self.records(), (b for b in range(self.cfg.blocks) if b != own))
+        if len(others) < self.cfg.blocks - 1:
             return float("nan")
-        c = self.config
-        self.metrics.last_ce = await asyncio.to_thread(
-            assembled_ce, self.cfg, states, own_emb, c.eval_path, c.eval_tokens
-        )
+        args = (self.cfg, {**others, own: own_block}, own_emb, self.config.eval_path, self.config.eval_tokens)
+        self.metrics.last_ce = await asyncio.to_thread(assembled_ce, *args)
         return self.metrics.last_ce

@@ -1,10 +1,10 @@
 """What one peer reads from the others: their merged blocks and their status sketches.
 
-Owns three reads the daemon makes around a round: other blocks' merged states (the predecessors
-trajectory training runs frozen, or every block for the assembled model's CE), the from-noise CE
-of a model assembled from pulled states (blocking torch: call it in the worker thread), and the
-consensus distance to same-block replicas from their GetStatus sketches. Every pull is best
-effort: a peer that fails is logged and skipped. No policy, no state of its own.
+Owns three reads the daemon makes around a round: other blocks' merged states (all the
+predecessors trajectory training runs frozen, or none; every block for the assembled model's CE),
+the from-noise CE of a model assembled from pulled states (blocking torch: call it in the worker
+thread), and the consensus distance to same-block replicas from their GetStatus sketches. Every
+pull is best effort: a peer that fails is logged and skipped. No policy, no state of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
+from swarmd.core.train import trajectory_predecessors
 from swarmd.errors import SwarmdError
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.gossip import Gossip
@@ -46,6 +47,20 @@ async def pull_blocks(gossip: Gossip, records: list[PeerRecord], blocks: Iterabl
     for b in blocks:
         if (state := await pull_block(gossip, records, b)) is not None:
             pulled[b] = state
+    return pulled
+
+
+async def pull_predecessors(
+    gossip: Gossip, records: list[PeerRecord], cfg: ModelConfig, block_index: int
+) -> dict[int, StateDict] | None:
+    """Merged states of every block the sampler runs before block_index (trajectory training), or None,
+    with a warning, when one of them has no reachable peer (the round then trains on noisy targets)."""
+    needed = sorted({b for b, _ in trajectory_predecessors(cfg, block_index)})
+    pulled = await pull_blocks(gossip, records, needed)
+    if len(pulled) < len(needed):
+        msg = "%s trajectory training needs blocks %s, found %s: this round uses noisy targets"
+        logger.warning(msg, gossip.tag, needed, sorted(pulled))
+        return None
     return pulled
 
 
