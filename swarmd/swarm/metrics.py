@@ -9,6 +9,7 @@ reports through the loop). No torch, no grpc.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ class Metrics:
     participation_sum: float = 0.0
     last_round_s: float = 0.0
     last_ce: float = float("nan")  # last from-noise CE measured (nats/byte)
-    last_train_ce: float = float("nan")
+    last_train_ce: float = float("nan")  # mean training CE of the last round's local steps (nats/byte)
     consensus_distance: float = float("nan")
     discovery_s: float = float("nan")  # from start until the swarm had min_peers peers
     round_history: list[dict] = field(default_factory=list)  # last rounds, for status / benchmarks
@@ -37,6 +38,11 @@ class Metrics:
         self.samples_per_s = (
             rate if self.samples_per_s == 0 else (1 - self.alpha) * self.samples_per_s + self.alpha * rate
         )
+
+    def observe_train_ce(self, ce: float) -> None:
+        """The training CE of a round's local steps; NaN (no step was taken) keeps the last value."""
+        if not math.isnan(ce):
+            self.last_train_ce = ce
 
     def add_sent(self, wire_bytes: int, raw_bytes: int = 0) -> None:
         self.bytes_sent += int(wire_bytes)

@@ -73,7 +73,6 @@ class BlockState:
         self.lock = threading.Lock()
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
-        self.last_train_ce = float("nan")
         self._rebase()
 
     # -- reading -------------------------------------------------------------------------------
@@ -121,6 +120,8 @@ class BlockState:
     ) -> dict:
         """H local AdamW steps (blocking: run it in the worker thread); returns CE, samples, seconds.
 
+        "ce" is the mean training CE of the steps taken (NaN when none was: stopped at once).
+
         :param stop: checked between steps; when set, returns early with what was done
         """
         ces, n, start = [], 0, time.perf_counter()
@@ -135,8 +136,8 @@ class BlockState:
         seconds = time.perf_counter() - start
         with self.lock:
             self.samples += n
-            self.last_train_ce = sum(ces) / len(ces) if ces else self.last_train_ce
-        return {"ce": self.last_train_ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
+        ce = sum(ces) / len(ces) if ces else float("nan")
+        return {"ce": ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
 
     @torch.no_grad()
     def apply_merge(
