@@ -105,8 +105,9 @@ async def open_sweeper(
 
         return sweeper, nothing
     from swarmd.serve.remote import connect_swarm
+    from swarmd.swarm.discovery import connect_discovery
 
-    return await connect_swarm(list(swarm or []), swarm_id, steps=steps, timeout_s=timeout_s)
+    return await connect_swarm(list(swarm or []), swarm_id, connect_discovery, steps=steps, timeout_s=timeout_s)
 
 
 def print_json(obj) -> None:
