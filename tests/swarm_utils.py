@@ -1,14 +1,16 @@
 """Helpers for swarm tests: tiny configs, in-memory gossip peers, real daemons on loopback.
 
-Everything here runs on 127.0.0.1 with ephemeral ports and is torn down by the caller (daemons in
-reverse order, each with a timeout). Waiting is always on an event or a polled condition with a
-deadline, never a bare sleep.
+Everything here runs on 127.0.0.1 with ephemeral ports and is torn down in reverse order, each
+with a timeout (`async with running(*configs) as daemons`). Waiting is always on an event or a
+polled condition with a deadline, never a bare sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import PeerUnavailable
+from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.swarm.gossip import Gossip
 from swarmd.swarm.metrics import Metrics
@@ -170,6 +173,27 @@ def daemon_config(
     )
 
 
+@contextlib.asynccontextmanager
+async def running(*configs: DaemonConfig, reports: list[list] | None = None) -> AsyncIterator[list[Daemon]]:
+    """Start a Daemon per config, in order; yield them; shut every one down in reverse order (30 s each),
+    whatever happens (a start that fails included).
+
+    :param reports: each daemon's RoundReports (its on_round) go to a new list appended here
+    """
+    daemons: list[Daemon] = []
+    try:
+        for cfg in configs:
+            log: list = []
+            daemons.append(Daemon(cfg, on_round=log.append))
+            if reports is not None:
+                reports.append(log)
+            await daemons[-1].start()
+        yield daemons
+    finally:
+        for d in reversed(daemons):
+            await asyncio.wait_for(d.shutdown(), 30)
+
+
 async def wait_until(predicate, timeout_s: float = 20.0, poll_s: float = 0.05, what: str = "condition") -> None:
     """Poll an (optionally async) predicate until it is true; TimeoutError naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s
@@ -190,6 +214,7 @@ __all__ = [
     "memory_round",
     "memory_swarm",
     "replace",
+    "running",
     "tiny_model",
     "tiny_train",
     "wait_until",

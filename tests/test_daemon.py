@@ -1,7 +1,8 @@
 """Real daemons on 127.0.0.1 (ephemeral ports), real gRPC, real hivemind DHT where marked.
 
-Each test drives daemons in one event loop: start, serve for a bounded number of rounds (or call
-run_round directly), assert, and shut everything down in reverse order.
+Each test drives daemons in one event loop inside `async with running(...)` (swarm_utils): start,
+serve for a bounded number of rounds (or call run_round directly), assert; the daemons are shut
+down in reverse order whatever happens.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import daemon_config, wait_until
+from swarm_utils import daemon_config, running, wait_until
 
 from swarmd.errors import ConfigMismatch, DataError
 from swarmd.protocol import PeerState
-from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -26,49 +26,20 @@ from swarmd.wire import to_proto
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-async def started(*configs, reports: list[list] | None = None) -> list[Daemon]:
-    """Start a Daemon per config; with `reports`, each daemon's round reports go to a new list appended to it."""
-    daemons = []
-    try:
-        for cfg in configs:
-            log: list = []
-            d = Daemon(cfg, on_round=log.append)
-            if reports is not None:
-                reports.append(log)
-            daemons.append(d)
-            await d.start()
-    except BaseException:
-        await stop_all(daemons)
-        raise
-    return daemons
-
-
-async def stop_all(daemons: list[Daemon]) -> None:
-    for d in reversed(daemons):
-        await asyncio.wait_for(d.shutdown(), 30)
-
-
 @pytest.mark.swarm
 def test_three_daemons_on_the_real_dht_complete_two_rounds_and_replicas_converge(tmp_path):
     reports: list[list] = []
 
     async def scenario():
-        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3), reports=reports)
-        multiaddrs = tuple(d0.discovery.multiaddrs())
-        try:
-            d1, d2 = await started(
+        async with running(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=3), reports=reports) as (d0,):
+            multiaddrs = tuple(d0.discovery.multiaddrs())
+            async with running(
                 daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=3),
                 daemon_config(tmp_path, -1, seed=2, initial_peers=multiaddrs, max_rounds=2, min_peers=3, eval_every=1),
                 reports=reports,
-            )
-        except BaseException:
-            await stop_all([d0])
-            raise
-        daemons = [d0, d1, d2]
-        try:
-            await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
-        finally:
-            await stop_all(daemons)
+            ) as (d1, d2):
+                daemons = [d0, d1, d2]
+                await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
         return daemons
 
     d0, d1, d2 = asyncio.run(scenario())
@@ -92,26 +63,13 @@ def test_client_mode_peer_gossips_without_a_server(tmp_path):
     reports: list[list] = []
 
     async def scenario():
-        (server,) = await started(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2), reports=reports)
-        try:
-            (client,) = await started(
-                daemon_config(
-                    tmp_path,
-                    0,
-                    seed=1,
-                    initial_peers=tuple(server.discovery.multiaddrs()),
-                    client_mode=True,
-                    max_rounds=2,
-                    min_peers=2,
-                )
+        async with running(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2), reports=reports) as (server,):
+            multiaddrs = tuple(server.discovery.multiaddrs())
+            config = daemon_config(
+                tmp_path, 0, seed=1, initial_peers=multiaddrs, client_mode=True, max_rounds=2, min_peers=2
             )
-        except BaseException:
-            await stop_all([server])
-            raise
-        try:
-            await asyncio.wait_for(asyncio.gather(server.serve(), client.serve()), 90)
-        finally:
-            await stop_all([server, client])
+            async with running(config) as (client,):
+                await asyncio.wait_for(asyncio.gather(server.serve(), client.serve()), 90)
         return server, client
 
     server, client = asyncio.run(scenario())
@@ -122,32 +80,31 @@ def test_client_mode_peer_gossips_without_a_server(tmp_path):
 
 
 def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
+    configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", deadline_max_s=3.0) for i in range(3)]
+
     async def scenario():
-        daemons = await started(
-            *(daemon_config(tmp_path, 0, seed=i, discovery="static", deadline_max_s=3.0) for i in range(3))
-        )
-        addresses = [d.server.address for d in daemons]
-        for d in daemons:
-            d.discovery.addresses = addresses
-        a, b, victim = daemons
+        async with running(*configs) as daemons:
+            addresses = [d.server.address for d in daemons]
+            for d in daemons:
+                d.discovery.addresses = addresses
+            a, b, victim = daemons
 
-        killed = []
+            killed = []
 
-        async def die(incoming):  # the victim's process "dies" while a caller streams to it
-            if not killed:
-                killed.append(asyncio.create_task(victim.server.stop(0)))
-            await asyncio.Event().wait()
+            async def die(incoming):  # the victim's process "dies" while a caller streams to it
+                if not killed:
+                    killed.append(asyncio.create_task(victim.server.stop(0)))
+                await asyncio.Event().wait()
 
-        victim.gossip.handle_exchange = die
-        try:
-            start = time.monotonic()
-            reports = await asyncio.wait_for(asyncio.gather(a.run_round(), b.run_round()), 30)
-            return reports, time.monotonic() - start, a, b
-        finally:
-            if killed:
-                await asyncio.wait_for(killed[0], 10)
-                victim.server = None  # already gone
-            await stop_all(daemons)
+            victim.gossip.handle_exchange = die
+            try:
+                start = time.monotonic()
+                reports = await asyncio.wait_for(asyncio.gather(a.run_round(), b.run_round()), 30)
+                return reports, time.monotonic() - start, a, b
+            finally:
+                if killed:
+                    await asyncio.wait_for(killed[0], 10)
+                    victim.server = None  # already gone
 
     (ra, rb), seconds, a, b = asyncio.run(scenario())
     assert seconds < 3.0 + 8.0  # deadline_max_s plus training and slack
@@ -160,20 +117,19 @@ def test_a_peer_killed_mid_round_does_not_stall_the_others(tmp_path):
 
 def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     async def first_run():
-        (d,) = await started(daemon_config(tmp_path, 1, seed=0, discovery="static", checkpoint=True))
-        task = asyncio.create_task(d.serve())
-        try:
-            await wait_until(lambda: d.state.round >= 2, 60, what="two rounds")
-            d.stop()  # what SIGINT / SIGTERM do
-            await asyncio.wait_for(task, 30)
-        finally:
-            if not task.done():
-                task.cancel()
+        async with running(daemon_config(tmp_path, 1, seed=0, discovery="static", checkpoint=True)) as (d,):
+            task = asyncio.create_task(d.serve())
+            try:
+                await wait_until(lambda: d.state.round >= 2, 60, what="two rounds")
+                d.stop()  # what SIGINT / SIGTERM do
+                await asyncio.wait_for(task, 30)
+            finally:
+                if not task.done():
+                    task.cancel()
         return d
 
     async def second_run():
-        (d,) = await started(daemon_config(tmp_path, -1, seed=0, discovery="static", checkpoint=True))
-        try:
+        async with running(daemon_config(tmp_path, -1, seed=0, discovery="static", checkpoint=True)) as (d,):
             resumed = (
                 d.state.round,
                 d.state.block_hash,
@@ -183,8 +139,10 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
             )
             await d.run_round()
             return resumed, d.state.round
-        finally:
-            await stop_all([d])
+
+    async def start_only(config):
+        async with running(config):
+            pass
 
     d = asyncio.run(first_run())
     body = json.loads((tmp_path / "ckpt0" / "config.json").read_text())
@@ -200,25 +158,27 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     assert all(torch.equal(opt_state[k], saved_opt[k]) for k in saved_opt)  # AdamW moments survive a restart
     assert after == round + 1
     with pytest.raises(ConfigMismatch, match="trains block 1, not --block 0"):
-        asyncio.run(started(daemon_config(tmp_path, 0, seed=0, discovery="static", checkpoint=True)))
+        asyncio.run(start_only(daemon_config(tmp_path, 0, seed=0, discovery="static", checkpoint=True)))
 
 
 def test_bad_data_fails_before_anything_starts(tmp_path):
     cfg = replace(daemon_config(tmp_path, 0, discovery="hivemind"), data_path=str(tmp_path / "missing.txt"))
+
+    async def start_only():
+        async with running(cfg):
+            pass
+
     with pytest.raises(DataError, match="does not exist"):
-        asyncio.run(started(cfg))
+        asyncio.run(start_only())
 
 
 def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_status_and_forward(tmp_path):
     async def scenario():
-        (d0,) = await started(daemon_config(tmp_path, 0, seed=0, discovery="static"))
-        try:
+        async with running(daemon_config(tmp_path, 0, seed=0, discovery="static")) as (d0,):
             for _ in range(2):
                 await d0.run_round()
-            (d1,) = await started(
-                daemon_config(tmp_path, 0, seed=1, discovery="static", initial_peers=(d0.server.address,))
-            )
-            try:
+            joiner = daemon_config(tmp_path, 0, seed=1, discovery="static", initial_peers=(d0.server.address,))
+            async with running(joiner) as (d1,):
                 before = d1.state.block_hash
                 pulled = await d1.gossip.sync(await d1.records())
                 client = PeerClient()
@@ -241,10 +201,6 @@ def test_a_joiner_downloads_state_before_its_first_step_and_the_peer_serves_stat
                 finally:
                     await client.close()
                 return d0, d1, before, pulled, st, cfg, reply
-            finally:
-                await stop_all([d1])
-        finally:
-            await stop_all([d0])
 
     d0, d1, before, pulled, st, cfg, reply = asyncio.run(scenario())
     assert list(reply.z.shape) == [1, 4, 32] and reply.peer_id == d0.peer_id  # Forward is delegated to BlockServing
@@ -271,18 +227,15 @@ def test_trajectory_training_pulls_the_earlier_blocks_at_round_start(tmp_path):
         return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0))
 
     async def scenario():
-        daemons = await started(*(config(b, b) for b in range(3)))
-        addresses = [d.server.address for d in daemons]
-        for d in daemons:
-            d.discovery.addresses = addresses
-        try:
+        async with running(*(config(b, b) for b in range(3))) as daemons:
+            addresses = [d.server.address for d in daemons]
+            for d in daemons:
+                d.discovery.addresses = addresses
             last = daemons[2]
             loaded = await last.load_predecessors()
             before = {b: {k: v.clone() for k, v in daemons[b].state.snapshot()[1].items()} for b in (0, 1)}
             await asyncio.wait_for(asyncio.gather(*(d.run_round() for d in daemons)), 60)
             return loaded, before, last
-        finally:
-            await stop_all(daemons)
 
     loaded, before, last = asyncio.run(scenario())
     assert loaded == 2
@@ -299,13 +252,10 @@ def test_trajectory_training_without_a_predecessor_falls_back_to_noisy_targets(t
     cfg = replace(cfg, train=replace(cfg.train, trajectory_prob=1.0))
 
     async def scenario():
-        (d,) = await started(cfg)
-        try:
+        async with running(cfg) as (d,):
             loaded = await d.load_predecessors()
             await asyncio.wait_for(d.run_round(), 60)
             return loaded, d
-        finally:
-            await stop_all([d])
 
     loaded, d = asyncio.run(scenario())
     assert loaded == 0 and d.state.trainer.train_cfg.trajectory_prob == 0.0 and d.state.round == 1
@@ -332,11 +282,8 @@ def test_peers_without_a_peer_seed_draw_different_batches(tmp_path):
     configs = [replace(daemon_config(tmp_path, 0, discovery="static"), peer_seed=None) for _ in range(2)]
 
     async def scenario():
-        daemons = await started(*configs)
-        try:
+        async with running(*configs) as daemons:
             return [next(d.batches)[0] for d in daemons], [d.peer_id for d in daemons]
-        finally:
-            await stop_all(daemons)
 
     (a, b), (id_a, id_b) = asyncio.run(scenario())
     assert id_a != id_b and not torch.equal(a, b)  # the seed comes from the peer id
