@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
@@ -25,10 +26,16 @@ from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.gossip import Gossip
 from swarmd.swarm.sketch import sketch_distance
 from swarmd.swarm.state import BlockState
-from swarmd.transport import PeerClient
+from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 StateDict = dict[str, torch.Tensor]
+
+
+class StatusClient(Protocol):
+    """What consensus_distance dials (swarmd.transport.PeerClient)."""
+
+    async def status(self, address: str, timeout_s: float) -> pb.PeerStatus: ...
 
 
 async def pull_block(gossip: Gossip, records: list[PeerRecord], block_index: int) -> StateDict | None:
@@ -78,7 +85,7 @@ def assembled_ce(
 
 
 async def consensus_distance(
-    client: PeerClient, state: BlockState, records: list[PeerRecord], peer_id: str, timeout_s: float = 2.0
+    client: StatusClient, state: BlockState, records: list[PeerRecord], peer_id: str, timeout_s: float = 2.0
 ) -> float | None:
     """Max sketch distance to the same-block peers at our round; 0.0 without any such peer,
     None when there are peers but none answered at our round (keep the last figure)."""
