@@ -51,24 +51,36 @@ def batches(seed: int, seq_len: int = 16, batch_size: int = 4):
 
 
 class MemoryTransport:
-    """Dials in-process Gossip peers by address, with the same timeout semantics as PeerClient."""
+    """Dials in-process Gossip peers by address, with the same timeout and byte-meter semantics as PeerClient."""
 
-    def __init__(self, peers: dict[str, Gossip]):
+    def __init__(self, peers: dict[str, Gossip], dead: set[str] | None = None, meter: Metrics | None = None):
         self.peers = peers
-        self.dead: set[str] = set()
+        self.dead: set[str] = dead if dead is not None else set()
+        self.meter = meter
+
+    def dialer(self, meter: Metrics) -> MemoryTransport:
+        """The same swarm as seen by one peer, counting its bytes into meter (PeerClient(meter=...))."""
+        return MemoryTransport(self.peers, self.dead, meter)
 
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded:
         if address in self.dead or address not in self.peers:
             raise PeerUnavailable(f"peer {address} is down")
         try:
-            return await asyncio.wait_for(self.peers[address].handle_exchange(outgoing), timeout_s)
+            reply = await asyncio.wait_for(self.peers[address].handle_exchange(outgoing), timeout_s)
         except TimeoutError:
             raise PeerUnavailable(f"peer {address}: deadline exceeded") from None
+        if self.meter is not None:
+            self.meter.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
+            self.meter.add_received(reply.wire_bytes)
+        return reply
 
     async def pull_state(self, address: str, request, timeout_s: float) -> Encoded:
         if address in self.dead or address not in self.peers:
             raise PeerUnavailable(f"peer {address} is down")
-        return self.peers[address].state_payload(request)
+        enc = self.peers[address].state_payload(request)
+        if self.meter is not None:
+            self.meter.add_received(enc.wire_bytes)
+        return enc
 
 
 def memory_swarm(
@@ -100,7 +112,8 @@ def memory_swarm(
             "test",
             state.emb_hash,
         )
-        g = Gossip(state, transport, gcfg, me, Metrics())
+        metrics = Metrics()
+        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics)
         if me.address:
             peers[me.address] = g
         out.append(g)

@@ -28,6 +28,7 @@ from swarmd.errors import (
 )
 from swarmd.protocol import PROTOCOL, PayloadKind, PeerState
 from swarmd.swarm.delta import decode, encode, shapes_of
+from swarmd.swarm.metrics import Metrics
 from swarmd.transport import PeerClient, error_for, start_server, status_code_for
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
@@ -128,9 +129,10 @@ def test_exchange_both_ways():
         assert len(h.received) == 1
         sent = decode(out, SHAPES, **META)
         assert all(torch.equal(h.received[0][k], sent[k]) for k in SHAPES)
-        assert client.bytes_sent == out.wire_bytes and client.bytes_received == reply.wire_bytes
+        assert meter.bytes_sent == out.wire_bytes and meter.bytes_received == reply.wire_bytes
 
-    with_peer(body)
+    meter = Metrics()
+    with_peer(body, client_kw={"meter": meter})
 
 
 def test_exchange_of_many_chunks_fp32_is_exact():

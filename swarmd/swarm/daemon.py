@@ -65,7 +65,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self._stop_thread = threading.Event()
         self.server = self.discovery = self.gossip = self.state = self.serving = None  # type: ignore[assignment]
-        self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes)
+        self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes, meter=self.metrics)
         self.service = SwarmService(self)
 
     @property

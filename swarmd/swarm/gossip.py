@@ -61,6 +61,9 @@ BLOCK, EMB = PayloadKind.BLOCK_DELTA, PayloadKind.EMBEDDING_DELTA  # the two kin
 
 
 class Transport(Protocol):
+    """Dials peers; it counts the bytes it moves into the peer's Metrics (PeerClient(meter=metrics)),
+    while Gossip counts what it answers as the callee (handle_exchange, state_payload)."""
+
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded: ...
 
     async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float) -> Encoded: ...
@@ -307,7 +310,6 @@ class Gossip:
             block_index=peer.block_index if kind.is_block else -1,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
-        self.metrics.add_received(enc.wire_bytes)
         tensors = decode(
             enc,
             self._expected_shapes(kind),
@@ -331,7 +333,6 @@ class Gossip:
             block_index=peer.block_index,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
-        self.metrics.add_received(enc.wire_bytes)
         return decode(
             enc,
             self.state.block_shapes(),
@@ -483,8 +484,6 @@ class Gossip:
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return
         self.bans.succeed(peer.peer_id)
-        self.metrics.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
-        self.metrics.add_received(reply.wire_bytes)
         try:
             if reply.header.peer_id != peer.peer_id:
                 raise ValidationError(f"reply signed by {reply.header.peer_id[-6:]}, dialled {peer.peer_id[-6:]}")

@@ -2,7 +2,8 @@
 
 Owns the numbers behind the GetStatus RPC (and `blocktrain status`): a samples/s EMA in the
 style of hivemind's utils/performance_ema.py, bytes sent/received on the wire and the raw fp32
-bytes behind what was sent, rejected payloads, mean participation over the rounds, the last
+bytes behind what was sent (the only byte counters: the PeerClient reports what it dials as a
+ByteMeter, gossip what it answers), rejected payloads, mean participation over the rounds, the last
 round's wall time. Plain counters, touched only from the daemon's event loop (the worker thread
 reports through the loop). No torch, no grpc.
 """

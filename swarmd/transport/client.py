@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Protocol
 
 import grpc
 
@@ -52,6 +53,14 @@ def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
     details = " ".join(str(exc.details() if hasattr(exc, "details") else exc).split())
     tag = class_tag(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else ""
     return error_for(code, f"peer {address}: {code.name.lower()}: {details or 'no details'}", tag)
+
+
+class ByteMeter(Protocol):
+    """Where a PeerClient reports the payload bytes it moves (swarmd.swarm.metrics.Metrics is one)."""
+
+    def add_sent(self, wire_bytes: int, raw_bytes: int = 0) -> None: ...
+
+    def add_received(self, wire_bytes: int) -> None: ...
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, object]]:
@@ -160,6 +169,8 @@ class PeerClient:
 
     :param max_payload_bytes: largest payload accepted from a peer, in bytes
     :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
+    :param meter: gets the wire bytes of every payload exchange() and pull_state() move (and the
+        fp32 size of what was sent); the client keeps no counters of its own
     :note: create and use it on one asyncio loop; close() it before the loop ends.
     """
 
@@ -169,13 +180,12 @@ class PeerClient:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        meter: ByteMeter | None = None,
     ):
-        self.max_payload_bytes, self.max_chunk_bytes = max_payload_bytes, max_chunk_bytes
+        self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
         self._fresh: set[str] = set()
-        self.bytes_sent = 0  # payload wire bytes sent by exchange()
-        self.bytes_received = 0  # payload wire bytes received by exchange() and pull_state()
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """The cached channel to address (dialled lazily on first use)."""
@@ -229,7 +239,8 @@ class PeerClient:
         stub, fresh = self._stub(address)
         call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh)
         enc = await self._read(address, call)
-        self.bytes_received += enc.wire_bytes
+        if self.meter is not None:
+            self.meter.add_received(enc.wire_bytes)
         return enc
 
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float = 30.0) -> Encoded:
@@ -248,8 +259,9 @@ class PeerClient:
 
         call = stub.ExchangeDeltas(requests(), timeout=timeout_s, wait_for_ready=fresh)
         reply = await self._read(address, call)
-        self.bytes_sent += outgoing.wire_bytes
-        self.bytes_received += reply.wire_bytes
+        if self.meter is not None:
+            self.meter.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
+            self.meter.add_received(reply.wire_bytes)
         return reply
 
     async def _read(self, address: str, call) -> Encoded:
