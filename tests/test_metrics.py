@@ -1,4 +1,4 @@
-"""Metrics of one peer: samples/s EMA, byte counters, participation, round history bounds, uptime.
+"""Metrics of one peer: samples/s EMA, training CE, byte counters, participation, round history, uptime.
 
 Pure bookkeeping (swarmd.swarm.metrics.Metrics): every expected value below is computed by hand.
 """
@@ -42,6 +42,16 @@ def test_byte_counters_add_up():
     m.add_received(30)
     assert (m.bytes_sent, m.raw_bytes_sent, m.bytes_received) == (150, 400, 100)
     assert all(isinstance(v, int) for v in (m.bytes_sent, m.raw_bytes_sent, m.bytes_received))
+
+
+def test_train_ce_keeps_the_last_measured_value():
+    m = Metrics()
+    assert math.isnan(m.last_train_ce)
+    m.observe_train_ce(2.5)
+    m.observe_train_ce(float("nan"))  # a round without local steps: nothing new to report
+    assert m.last_train_ce == 2.5
+    m.observe_train_ce(2.25)
+    assert m.last_train_ce == 2.25
 
 
 def test_participation_is_the_mean_over_merged_rounds():
