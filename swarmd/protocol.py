@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError
@@ -32,8 +32,8 @@ class _ProtoEnum(StrEnum):
     def _prefix(cls) -> str:
         return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).upper() + "_"  # PayloadKind -> PAYLOAD_KIND_
 
-    def to_pb(self) -> int:
-        """The proto enum value of this member."""
+    def to_pb(self) -> Any:
+        """The proto enum value of this member (an int typed as the proto enum in the stubs)."""
         return getattr(pb, type(self)._prefix() + self.name)
 
     @classmethod

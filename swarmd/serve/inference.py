@@ -89,12 +89,12 @@ class LocalSweeper:
     def _sweep(
         self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
     ) -> torch.Tensor:
-        caches = None
+        caches: list[list[dict]] | None = None
         if use_cache:
             if start_position == 0:
                 self._caches[session_id] = (0, [self.blocks[b].new_cache() for b, _, _ in self.plan])
             held, caches = self._caches.get(session_id, (-1, None))
-            if held != start_position:
+            if held != start_position or caches is None:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
         x, z = x.to(self.device), z.to(self.device)
         logits = None
@@ -102,10 +102,12 @@ class LocalSweeper:
             logits, z = euler_step(
                 self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None
             )
-        if use_cache:
+        if caches is not None:
             self._caches[session_id] = (start_position + x.shape[1], caches)
         self.sweeps += 1
         self.positions += x.numel()
+        if logits is None:
+            raise RuntimeError("the sampler plan has no steps")
         return logits.cpu()
 
     async def end_session(self, session_id: str) -> None:

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,7 @@ class BlockRouter:
                 known[rec.address] = Replica(rec)
         return list(known.values())
 
-    async def choose(self, block_index: int, exclude: set[str] = frozenset()) -> Replica:
+    async def choose(self, block_index: int, exclude: Container[str] = frozenset()) -> Replica:
         """The best usable replica of a block; raises PeerUnavailable when there is none."""
         now = time.monotonic()
         stale = now - self._refreshed.get(block_index, -math.inf) > self.refresh_s
@@ -209,7 +209,9 @@ class RemoteSweeper:
                 sess.z_hist[i] = z if start_position == 0 else torch.cat([sess.z_hist[i], z], dim=1)
             z = out
         if use_cache:
-            sess.x_hist = x if start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
+            sess.x_hist = x if sess.x_hist is None or start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
+        if out is None:
+            raise RuntimeError("the sampler plan has no steps")
         return out
 
     async def _step(
@@ -230,9 +232,9 @@ class RemoteSweeper:
         while len(tried) <= self.max_failovers:
             replica, stream = await self._stream(session_id, sess, b, tried)
             resend = use_cache and start > 0 and sess.warm.get((replica.address, i)) != start
-            xs, zs, s0 = (
-                (torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0) if resend else (x, z, start)
-            )
+            xs, zs, s0 = x, z, start
+            if resend and sess.x_hist is not None:
+                xs, zs, s0 = torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0
             req = pb.ForwardRequest(
                 session_id=session_id,
                 block_index=b,

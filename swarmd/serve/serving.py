@@ -203,6 +203,8 @@ class BlockServing:
         groups: dict[tuple, list[tuple[_Job, _Snapshot, list[dict] | None]]] = {}
         seen: set[tuple[str, int]] = set()
         current = self._snapshot
+        if current is None:  # forward() checks this before queueing
+            raise RuntimeError(f"block {self.block_index} has no weights yet")
         for job in jobs:
             r = job.request
             key_session = (r.session_id, r.step_index)
@@ -238,7 +240,7 @@ class BlockServing:
                     )
                 return session.snapshot, session.snapshot.block.new_cache(), 0
             held = session.caches.get(r.step_index) if session else None
-            if held is None or held[0] != r.start_position:
+            if session is None or held is None or held[0] != r.start_position:
                 have = held[0] if held else 0
                 raise SessionMissing(
                     f"session {r.session_id} step {r.step_index} holds {have} positions, request starts at "
@@ -263,7 +265,7 @@ class BlockServing:
             if past > 0:
                 for li, layer_cache in enumerate(cache):
                     for kv in ("k", "v"):
-                        layer_cache[kv] = torch.cat([c[li][kv] for _, _, c in members])
+                        layer_cache[kv] = torch.cat([c[li][kv] for _, _, c in members if c is not None])
         logits, z_next = euler_step(snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache)
         out = (logits if r.final else z_next).float().cpu()
         compute_s = time.perf_counter() - t0
@@ -271,11 +273,11 @@ class BlockServing:
         self.stats.batches += 1
         self.stats.max_batch_requests = max(self.stats.max_batch_requests, len(members))
         self.stats.compute_s += compute_s
-        results = []
+        results: list[tuple[_Job, object]] = []
         offset = 0
         for (job, _, _), n in zip(members, rows):
             part = out[offset : offset + n]
-            if use_cache:
+            if cache is not None:
                 split = [{kv: layer_cache[kv][offset : offset + n] for kv in ("k", "v")} for layer_cache in cache]
                 self._store(job.request, snap, past + x.shape[1], split)
             offset += n
@@ -293,7 +295,8 @@ class BlockServing:
 
 
 def _chunks(members: list, max_rows: int):
-    chunk, rows = [], 0
+    chunk: list = []
+    rows = 0
     for m in members:
         n = m[0].x.shape[0]
         if chunk and rows + n > max_rows:

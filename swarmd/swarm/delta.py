@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TypeVar
 
 import torch
 
@@ -121,7 +122,10 @@ def _decode_raw(specs, blob: bytes, codec: Codec) -> dict[str, torch.Tensor]:
     return out
 
 
-def _member(enum: type[Codec] | type[PayloadKind], value: str):
+_E = TypeVar("_E", Codec, PayloadKind)
+
+
+def _member(enum: type[_E], value: str) -> _E:
     """The member named by value (a member or its string); ValueError naming the choices."""
     try:
         return enum(value)
@@ -162,19 +166,20 @@ def encode(
     :param int8_rms_levels: int8 step is max(absmax/127, row rms / this); None = absmax/127
     :raises ValidationError: a tensor holds NaN/inf; ValueError: unknown codec or kind
     """
-    meta = dict(
+    return _encode(
+        tensors,
+        codec,
+        kind=kind,
+        zstd=zstd,
+        int8_rms_levels=int8_rms_levels,
         swarm_id=swarm_id,
         config_hash=config_hash,
-        kind=kind,
         block_index=block_index,
         round=round,
         base_hash=base_hash,
         weight=weight,
         peer_id=peer_id,
-        zstd=zstd,
-        int8_rms_levels=int8_rms_levels,
-    )
-    return _encode(tensors, codec, **meta)[0]
+    )[0]
 
 
 def _encode(
@@ -187,12 +192,12 @@ def _encode(
     **meta,
 ) -> tuple[Encoded, bytes]:
     """encode, also returning the codec bytes before zstd (ErrorFeedback decodes those)."""
-    kind, codec = _member(PayloadKind, kind), _member(Codec, codec)
-    specs, blob, raw = _encode_raw(tensors, codec, int8_rms_levels)
+    kind_, codec_ = _member(PayloadKind, kind), _member(Codec, codec)
+    specs, blob, raw = _encode_raw(tensors, codec_, int8_rms_levels)
     payload = zstd_compress(blob) if zstd else blob
     header = pb.PayloadHeader(
-        kind=kind.to_pb(),
-        codec=codec.to_pb(),
+        kind=kind_.to_pb(),
+        codec=codec_.to_pb(),
         tensors=specs,
         raw_bytes=raw,
         payload_bytes=len(payload),

@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Protocol
+from typing import Any, Protocol
 
 from swarmd.errors import PeerUnavailable, SwarmdError
 
@@ -140,7 +140,7 @@ class MemoryDiscovery:
         self.board.pop(self.peer_id, None)
 
 
-StatusFn = Callable[[str], Awaitable["object"]]  # address -> pb.PeerStatus (PeerClient.status)
+StatusFn = Callable[[str], Awaitable[Any]]  # address -> pb.PeerStatus (PeerClient.status)
 
 
 class StaticDiscovery:

@@ -269,9 +269,10 @@ class Gossip:
             weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
             ref = reference(me, pool, weights)
             if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
-                ref = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
-                if ref is None:
+                split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
+                if split is None:
                     continue
+                ref = split
             try:
                 await self.pull(ref, kind)
                 pulled.append(kind.part)
@@ -384,6 +385,8 @@ class Gossip:
     async def publish(self) -> None:
         """Encode this round's deltas (error feedback) and let waiting callers have them."""
         rs = self.current
+        if rs is None:
+            raise RuntimeError("publish() needs an open round (call open_round first)")
         block_delta, emb_delta = await asyncio.to_thread(self.state.deltas)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
@@ -399,7 +402,7 @@ class Gossip:
         rs.ready_at = time.monotonic()
         rs.ready.set()
 
-    def _accept(self, rs: _Round, enc: Encoded, kind: str) -> str:
+    def _accept(self, rs: _Round, enc: Encoded, kind: PayloadKind) -> str:
         """Validate a delta against round, base and schema and stash it; returns the sender id."""
         h = enc.header
         try:
@@ -453,6 +456,8 @@ class Gossip:
                 except TimeoutError:
                     raise StaleRound(f"round {h.round} is ahead of ours ({self.state.round})") from None
             rs = self.current
+            if rs is None:  # the wait above ends only once a round is open
+                raise RuntimeError("no open round")
             if rs.round != h.round or rs.closed:
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
         except SwarmdError as exc:
@@ -472,7 +477,7 @@ class Gossip:
         self.metrics.add_sent(reply.wire_bytes, reply.raw_bytes)
         return reply
 
-    async def _dial(self, rs: _Round, peer: PeerRecord, kind: str, deadline: float) -> None:
+    async def _dial(self, rs: _Round, peer: PeerRecord, kind: PayloadKind, deadline: float) -> None:
         outgoing = rs.outgoing[kind]
         try:
             reply = await self.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))

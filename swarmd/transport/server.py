@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -68,13 +68,14 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         self.max_payload_bytes = max_payload_bytes
         self.max_chunk_bytes = max_chunk_bytes
 
-    async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> NoReturn:
         code = status_code_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             logger.exception("[Swarm.%s] handler failed", method, exc_info=exc)
         else:
             logger.info("[Swarm.%s] %s: %s", method, code.name, _one_line(exc))
         await context.abort(code, _one_line(exc), trailing_metadata(exc))
+        raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
         try:
