@@ -2,8 +2,8 @@
 
 The autouse session fixture below runs once after the whole suite: it polls (with a deadline) for
 every descendant of the pytest process to be gone (hivemind DHT processes, their p2pd daemons,
-`python -m swarmd` daemon subprocesses, multiprocessing children), then reaps and reports leftovers. Linux
-only (/proc); elsewhere it checks multiprocessing.active_children() alone.
+`python -m swarmd` daemon subprocesses, multiprocessing children), then reaps and reports
+leftovers. Linux only (/proc); elsewhere it checks multiprocessing.active_children() alone.
 """
 
 from __future__ import annotations
@@ -63,8 +63,7 @@ def no_leaked_children():
     yield
     deadline = time.monotonic() + 10.0
     while True:
-        for child in multiprocessing.active_children():  # joins finished ones as a side effect
-            pass
+        multiprocessing.active_children()  # joins finished ones as a side effect
         left = (
             _descendants(os.getpid())
             if Path("/proc").is_dir()
