@@ -28,6 +28,7 @@ import torch
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
 from swarmd.core.train import seed_for, trajectory_predecessors
+from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
 from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
 from swarmd.swarm.gossip import Gossip, MergeReport
@@ -60,7 +61,7 @@ class Daemon:
     def __init__(self, config: DaemonConfig, on_round: Callable[[MergeReport], None] | None = None):
         self.config, self.cfg, self.on_round = config, config.model, on_round
         self.metrics = Metrics()
-        self.phase = "joining"
+        self.phase: PeerState = PeerState.JOINING
         self.peer_id = ""
         self.stopping = asyncio.Event()
         self._stop_thread = threading.Event()
@@ -133,12 +134,12 @@ class Daemon:
 
     def stop(self) -> None:
         """Ask serve() to finish (safe from a signal handler on the loop)."""
-        self.phase = "stopping"
+        self.phase = PeerState.STOPPING
         self._stop_thread.set()
         self.stopping.set()
 
     async def shutdown(self) -> None:
-        self.phase = "stopping"
+        self.phase = PeerState.STOPPING
         if self.state is not None and self.config.checkpoint_dir:
             await self.save_checkpoint()
         if self.server is not None:
@@ -202,15 +203,15 @@ class Daemon:
             self._update_serving()
         await g.open_round()
         await self.load_predecessors()
-        self.phase = "training"
+        self.phase = PeerState.TRAINING
         stats = await asyncio.to_thread(self.state.train_steps, H, self.batches, self._stop_thread)
         self.metrics.observe_throughput(stats["samples"], stats["seconds"])
         self.metrics.observe_train_ce(stats["ce"])
         if self.stopping.is_set():
             return None
-        self.phase = "averaging"
+        self.phase = PeerState.AVERAGING
         report = await g.average(await self.records())
-        self.phase = "training"
+        self.phase = PeerState.TRAINING
         self._update_serving()
         await self.announce()
         if self.config.checkpoint_dir:

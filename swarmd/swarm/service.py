@@ -36,7 +36,7 @@ class Peer(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
-    def phase(self) -> str: ...  # joining | training | averaging | stopping
+    def phase(self) -> PeerState: ...
 
     @property
     def peer_id(self) -> str: ...
@@ -70,7 +70,7 @@ class SwarmService:
         return pb.PeerStatus(
             peer_id=p.peer_id,
             block_index=st.block_index,
-            state=PeerState(p.phase).to_pb(),
+            state=p.phase.to_pb(),
             round=st.round,
             local_steps=st.local_steps,
             samples_per_s=m.samples_per_s,
