@@ -197,6 +197,13 @@ def record_from_status(st, address: str = "") -> PeerRecord:
     )
 
 
+def route_hivemind_logs() -> None:
+    """Send hivemind's log records through the root logger (as hivemind's own CLI does)."""
+    from hivemind.utils.logging import use_hivemind_log_handler
+
+    use_hivemind_log_handler("in_root_logger")
+
+
 class HivemindDiscovery:
     """A real hivemind DHT node: announce under block_key(swarm, b) and block_key(swarm, None).
 

@@ -37,12 +37,9 @@ def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     )
     if not hivemind:
         return
-    try:
-        from hivemind.utils.logging import use_hivemind_log_handler
+    from swarmd.swarm.discovery import route_hivemind_logs
 
-        use_hivemind_log_handler("in_root_logger")
-    except ImportError:  # pragma: no cover - hivemind is a hard dependency
-        pass
+    route_hivemind_logs()
 
 
 def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -> None:
