@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigMismatch, PeerUnavailable, SwarmdError
@@ -37,9 +37,10 @@ class _ProtoEnum(StrEnum):
         return getattr(pb, type(self)._prefix() + self.name)
 
     @classmethod
-    def from_pb(cls, value: int):
+    def from_pb(cls, value: int) -> Self:
         """The member of a proto enum value; ValueError for UNSPECIFIED or a value we do not know."""
-        name = getattr(pb, cls.__name__).Name(value) if value in getattr(pb, cls.__name__).values() else ""
+        proto = getattr(pb, cls.__name__)
+        name = proto.Name(value) if value in proto.values() else ""
         member = cls.__members__.get(name.removeprefix(cls._prefix()))
         if member is None:
             raise ValueError(f"no {cls.__name__} for proto value {value}")
@@ -65,7 +66,7 @@ class PayloadKind(_ProtoEnum):
 
     @property
     def part(self) -> str:
-        """ "block" or "embedding": which weights the payload holds."""
+        """Which weights the payload holds: "block" or "embedding"."""
         return self.value.rpartition("_")[0]
 
     @property
