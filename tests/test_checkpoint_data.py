@@ -67,7 +67,7 @@ def test_corrupt_and_missing_checkpoints_give_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         read_config(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         read_config(tmp_path / "empty")
     save_model(tmp_path / "ck", CFG, {0: init_block(CFG, 0)}, init_embedding(CFG))
     with pytest.raises(CheckpointError, match="lacks blocks"):
