@@ -13,6 +13,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -88,71 +89,72 @@ class BlockStack:
         return sum(ces) / max(1, len(ces))
 
 
+@dataclass
+class LocalRun:
+    """One single-process run, whichever model it trains: the parameters train_blocktrain and train_e2e share.
+
+    :param eval_xy: held-out (x, y) windows, measured after every round
+    :param on_round: called with a RoundReport after each round's evaluation
+    :param on_step: called with (block index, step metrics) after every optimiser step (0 for E2E)
+    """
+
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    data: ByteData
+    eval_xy: tuple[torch.Tensor, torch.Tensor]
+    steps_per_round: int
+    rounds: int
+    device: str = "cpu"
+    on_round: Callable[[RoundReport], None] | None = None
+    on_step: Callable[[int, dict], None] | None = None
+
+    def _run_rounds(self, train_round: Callable[[], float], evaluate: Callable[[], dict]) -> None:
+        """The round loop both models share: train a round (its mean CE), evaluate, report."""
+        start = time.perf_counter()
+        for r in range(1, self.rounds + 1):
+            train_ce = train_round()
+            ev = evaluate()
+            if self.on_round:
+                steps = r * self.steps_per_round
+                tokens = steps * self.train_cfg.batch_size * self.model_cfg.seq_len
+                self.on_round(RoundReport(r, steps, tokens, train_ce, ev, time.perf_counter() - start))
+
+    def blocktrain(self, eval_steps: int | None = None, trajectory_source: str = "snapshot") -> BlockStack:
+        """The BlockTrain stack, one block at a time (see BlockStack), evaluated from noise."""
+        stack = BlockStack(self.model_cfg, self.train_cfg, self.data, self.device, trajectory_source)
+        self._run_rounds(
+            lambda: stack.train_round(self.steps_per_round, self.on_step),
+            lambda: from_noise_ce(
+                stack.blocks, stack.emb, *self.eval_xy, self.model_cfg, steps=eval_steps, device=self.device
+            ),
+        )
+        return stack
+
+    def e2e(self) -> E2ETrainer:
+        """The E2E reference: the same number of optimiser steps as each block."""
+        trainer = E2ETrainer(self.model_cfg, self.train_cfg, self.device)
+        stream = self.data.stream(seed_for("data", self.train_cfg.seed, "e2e"), self.train_cfg.batch_size)
+
+        def train_round() -> float:
+            ces = []
+            for _ in range(self.steps_per_round):
+                metrics = trainer.step(*next(stream))
+                ces.append(metrics["ce"])
+                if self.on_step:
+                    self.on_step(0, metrics)
+            return sum(ces) / len(ces)
+
+        self._run_rounds(train_round, lambda: e2e_ce(trainer.model, *self.eval_xy, device=self.device))
+        return trainer
+
+
 def train_blocktrain(
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    data: ByteData,
-    eval_xy: tuple[torch.Tensor, torch.Tensor],
-    steps_per_round: int,
-    rounds: int,
-    device: str = "cpu",
-    on_round: Callable[[RoundReport], None] | None = None,
-    on_step: Callable[[int, dict], None] | None = None,
-    eval_steps: int | None = None,
-    trajectory_source: str = "snapshot",
+    *run: Any, eval_steps: int | None = None, trajectory_source: str = "snapshot", **run_kw: Any
 ) -> BlockStack:
-    stack = BlockStack(model_cfg, train_cfg, data, device, trajectory_source)
-    start = time.perf_counter()
-    for r in range(1, rounds + 1):
-        train_ce = stack.train_round(steps_per_round, on_step)
-        ev = from_noise_ce(stack.blocks, stack.emb, *eval_xy, model_cfg, steps=eval_steps, device=device)
-        if on_round:
-            steps = r * steps_per_round
-            on_round(
-                RoundReport(
-                    r,
-                    steps,
-                    steps * train_cfg.batch_size * model_cfg.seq_len,
-                    train_ce,
-                    ev,
-                    time.perf_counter() - start,
-                )
-            )
-    return stack
+    """LocalRun(*run, **run_kw).blocktrain(eval_steps, trajectory_source)."""
+    return LocalRun(*run, **run_kw).blocktrain(eval_steps, trajectory_source)
 
 
-def train_e2e(
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    data: ByteData,
-    eval_xy: tuple[torch.Tensor, torch.Tensor],
-    steps_per_round: int,
-    rounds: int,
-    device: str = "cpu",
-    on_round: Callable[[RoundReport], None] | None = None,
-    on_step: Callable[[int, dict], None] | None = None,
-) -> E2ETrainer:
-    trainer = E2ETrainer(model_cfg, train_cfg, device)
-    stream = data.stream(seed_for("data", train_cfg.seed, "e2e"), train_cfg.batch_size)
-    start = time.perf_counter()
-    for r in range(1, rounds + 1):
-        ces = []
-        for _ in range(steps_per_round):
-            metrics = trainer.step(*next(stream))
-            ces.append(metrics["ce"])
-            if on_step:
-                on_step(0, metrics)
-        ev = e2e_ce(trainer.model, *eval_xy, device=device)
-        if on_round:
-            steps = r * steps_per_round
-            on_round(
-                RoundReport(
-                    r,
-                    steps,
-                    steps * train_cfg.batch_size * model_cfg.seq_len,
-                    sum(ces) / len(ces),
-                    ev,
-                    time.perf_counter() - start,
-                )
-            )
-    return trainer
+def train_e2e(*run: Any, **run_kw: Any) -> E2ETrainer:
+    """LocalRun(*run, **run_kw).e2e()."""
+    return LocalRun(*run, **run_kw).e2e()
