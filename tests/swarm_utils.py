@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.train import BlockTrainer
 from swarmd.errors import PeerUnavailable
 from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
@@ -98,7 +99,7 @@ def memory_swarm(
     transport = MemoryTransport(peers)
     out = []
     for i, b in enumerate(blocks_of):
-        state = BlockState(cfg, tiny_train(), b, worker_seed=i)
+        state = BlockState(BlockTrainer(cfg, tiny_train(), b, worker_seed=i))
         pid = f"peer{i:02d}"
         me = PeerRecord(
             pid,

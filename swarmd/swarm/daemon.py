@@ -27,7 +27,7 @@ import torch
 
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
-from swarmd.core.train import seed_for, trajectory_predecessors
+from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
 from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
@@ -95,7 +95,7 @@ class Daemon:
         if block is None or block < 0:
             records = [r for r in await self.discovery.find_all() if r.config_hash == self.cfg.config_hash()]
             block = choose_block(records, self.cfg.blocks)
-        self.state = BlockState(self.cfg, c.train, block, c.device, worker_seed=peer_seed)
+        self.state = BlockState(BlockTrainer(self.cfg, c.train, block, c.device, worker_seed=peer_seed))
         if resumed:
             await asyncio.to_thread(self.state.restore, c.checkpoint_dir)
         if not net.client_mode:

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from swarmd.core import checkpoint as ck
-from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import DenoisingBlock
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError, ConfigMismatch
@@ -57,19 +56,15 @@ def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class BlockState:
     """A BlockTrainer plus the base weights of the current round, behind one lock.
 
+    Takes over a freshly built trainer (its weights become round 0's base; its train_cfg is the
+    one use_predecessors switches trajectory training back on with).
+
     :param round: averaging rounds completed (a resumed or joined peer starts from the saved one)
     """
 
-    def __init__(
-        self,
-        model_cfg: ModelConfig,
-        train_cfg: TrainConfig,
-        block_index: int,
-        device: str = "cpu",
-        worker_seed: int = 0,
-    ):
-        self.cfg, self.train_cfg, self.block_index = model_cfg, train_cfg, block_index
-        self.trainer = BlockTrainer(model_cfg, train_cfg, block_index, device, worker_seed=worker_seed)
+    def __init__(self, trainer: BlockTrainer):
+        self.cfg, self.train_cfg, self.block_index = trainer.model_cfg, trainer.train_cfg, trainer.block_index
+        self.trainer = trainer
         self.lock = threading.Lock()
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
