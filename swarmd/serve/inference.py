@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ParamSpec, Protocol
 
 import numpy as np
 import torch
@@ -37,6 +37,8 @@ from swarmd.core.evaluate import eval_noise
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, euler_step, sampler_plan, start_noise
 from swarmd.core.train import seed_for
 from swarmd.errors import DataError
+
+P = ParamSpec("P")
 
 
 class Sweeper(Protocol):
@@ -245,13 +247,13 @@ async def generate(
         await sweeper.end_session(session)
 
 
-async def generate_bytes(
-    sweeper: Sweeper,
-    prompt: bytes,
-    max_bytes: int = 64,
-    temperature: float = 1.0,
-    seed: int = 0,
-    stats: GenerationStats | None = None,
-) -> bytes:
-    """All of generate() at once."""
-    return bytes([b async for b in generate(sweeper, prompt, max_bytes, temperature, seed, stats)])
+def _collected(gen: Callable[P, AsyncIterator[int]]) -> Callable[P, Coroutine[Any, Any, bytes]]:
+    """An async function with gen's parameters that returns all the bytes gen yields."""
+
+    async def collected(*args: P.args, **kwargs: P.kwargs) -> bytes:
+        return bytes([b async for b in gen(*args, **kwargs)])
+
+    return collected
+
+
+generate_bytes = _collected(generate)  # all of generate() at once: await generate_bytes(sweeper, prompt, ...)
