@@ -243,6 +243,18 @@ class Gossip:
     def _expected_shapes(self, kind: PayloadKind) -> dict[str, tuple[int, ...]]:
         return self.state.block_shapes() if kind.is_block else self.state.emb_shapes()
 
+    def _decode(self, enc: Encoded, kind: PayloadKind, block_index: int) -> dict[str, torch.Tensor]:
+        """decode() a payload of this swarm and model config, of our shapes, within the payload cap."""
+        return decode(
+            enc,
+            self._expected_shapes(kind),
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=kind,
+            block_index=block_index,
+            max_bytes=self.cfg.max_payload_bytes,
+        )
+
     def _usable(self, rec: PeerRecord) -> bool:
         """A peer of our swarm and config that is not banned (unreachable peers: 1, 2, 4 ... 16 s)."""
         return (
@@ -311,15 +323,7 @@ class Gossip:
             block_index=peer.block_index if kind.is_block else -1,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
-        tensors = decode(
-            enc,
-            self._expected_shapes(kind),
-            swarm_id=self.me.swarm_id,
-            config_hash=self.me.config_hash,
-            kind=kind,
-            block_index=self.me.block_index if kind.is_block else -1,
-            max_bytes=self.cfg.max_payload_bytes,
-        )
+        tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
         block, emb = (tensors, None) if kind.is_block else (None, tensors)
         await asyncio.to_thread(self.state.adopt, block, emb, max(self.state.round, int(enc.header.round)))
         self.ef[kind.delta].reset()
@@ -334,15 +338,7 @@ class Gossip:
             block_index=peer.block_index,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
-        return decode(
-            enc,
-            self.state.block_shapes(),
-            swarm_id=self.me.swarm_id,
-            config_hash=self.me.config_hash,
-            kind=PayloadKind.BLOCK_STATE,
-            block_index=peer.block_index,
-            max_bytes=self.cfg.max_payload_bytes,
-        )
+        return self._decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
@@ -415,15 +411,7 @@ class Gossip:
             if h.base_hash != rs.hashes[kind]:
                 rs.mismatched[kind].add(h.peer_id)
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
-            tensors = decode(
-                enc,
-                self._expected_shapes(kind),
-                swarm_id=self.me.swarm_id,
-                config_hash=self.me.config_hash,
-                kind=kind,
-                block_index=self.me.block_index if kind == BLOCK else -1,
-                max_bytes=self.cfg.max_payload_bytes,
-            )
+            tensors = self._decode(enc, kind, self.me.block_index if kind == BLOCK else -1)
         except SwarmdError as exc:
             rs.rejected += 1
             self.metrics.rejected += 1
