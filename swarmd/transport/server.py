@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator
-from typing import NoReturn, Protocol
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,24 +78,21 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         await context.abort(code, _one_line(exc), trailing_metadata(exc))
         raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
-    async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
+    async def _answer(self, context: grpc.aio.ServicerContext, method: str, call: Callable[[], Any]) -> Any:
+        """The handler's answer to call() (awaited if it is awaitable); any exception aborts the RPC."""
         try:
-            return await _maybe_await(self.handler.status())
+            return await _maybe_await(call())
         except Exception as exc:
-            await self._abort(context, "GetStatus", exc)
+            await self._abort(context, method, exc)
+
+    async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
+        return await self._answer(context, "GetStatus", self.handler.status)
 
     async def GetConfig(self, request: pb.ConfigRequest, context) -> pb.SwarmConfig:
-        try:
-            return await _maybe_await(self.handler.swarm_config())
-        except Exception as exc:
-            await self._abort(context, "GetConfig", exc)
+        return await self._answer(context, "GetConfig", self.handler.swarm_config)
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
-        try:
-            enc = await self.handler.pull_state(request)
-        except Exception as exc:
-            await self._abort(context, "PullState", exc)
-            return
+        enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
         for msg in to_messages(enc, self.max_chunk_bytes):
             yield msg
 
@@ -120,11 +118,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
     async def Forward(self, request_iterator, context) -> AsyncIterator[pb.ForwardReply]:
         """One reply per request, in order, on one long-lived stream (a sampling session)."""
         async for request in request_iterator:
-            try:
-                reply = await self.handler.forward(request)
-            except Exception as exc:
-                await self._abort(context, "Forward", exc)
-                return
+            reply = await self._answer(context, "Forward", partial(self.handler.forward, request))
             yield reply if reply is not None else pb.ForwardReply()  # e.g. end_session: an empty reply
 
 
