@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from cli.options import Device
+from cli.options import Device, SourceOptions
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.swarm.runner import setup_logging
 
@@ -87,18 +87,16 @@ def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
     return sibling if sibling.is_file() and train_path.is_file() else train_path
 
 
-async def open_sweeper(
-    swarm: list[str] | None, swarm_id: str, checkpoint: Path | None, device: str, steps: int | None, timeout_s: float
-):
-    """(sweeper, async closer) for exactly one of --swarm / --checkpoint (score and generate)."""
-    if bool(swarm) == (checkpoint is not None):
+async def open_sweeper(src: SourceOptions, device: str):
+    """(sweeper, async closer) for exactly one of --swarm / --checkpoint (score and generate) on a checked device."""
+    if bool(src.swarm) == (src.checkpoint is not None):
         raise ConfigError("give exactly one of --swarm and --checkpoint")
-    if steps is not None and steps < 1:
+    if src.steps is not None and src.steps < 1:
         raise ConfigError("--steps must be >= 1")
-    if checkpoint is not None:
+    if src.checkpoint is not None:
         from swarmd.serve.inference import load_local
 
-        sweeper = load_local(checkpoint, device, steps)
+        sweeper = load_local(src.checkpoint, device, src.steps)
 
         async def nothing() -> None:
             return None
@@ -107,7 +105,9 @@ async def open_sweeper(
     from swarmd.serve.remote import connect_swarm
     from swarmd.swarm.discovery import connect_discovery
 
-    return await connect_swarm(list(swarm or []), swarm_id, connect_discovery, steps=steps, timeout_s=timeout_s)
+    return await connect_swarm(
+        list(src.swarm or []), src.swarm_id, connect_discovery, steps=src.steps, timeout_s=src.timeout_s
+    )
 
 
 def print_json(obj) -> None:

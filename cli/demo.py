@@ -15,12 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cli import options as o
 from cli.common import cli_errors, eval_path_for, print_json, resolve_data
+from cli.groups import with_groups
 from cli.options import GOSSIP
 from swarmd.protocol import peer_state_name
 
 
+@with_groups(model=o.ModelOptions.optional(), train=o.TrainOptions.optional())
 def demo(
-    ctx: typer.Context,
+    *,
     peers: Annotated[int, typer.Option("--peers", help="Daemons to start (processes on loopback).")] = 6,
     data: o.Data = None,
     eval_data: o.EvalData = None,
@@ -30,18 +32,8 @@ def demo(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Where peers keep checkpoints and logs (default: a temp dir).")
     ] = None,
-    blocks: o.Blocks = None,  # model and training: None = the demo's defaults
-    layers_per_block: o.LayersPerBlock = None,
-    d_model: o.DModel = None,
-    n_heads: o.NHeads = None,
-    hidden: o.Hidden = None,
-    seq_len: o.SeqLen = None,
-    sigma_lo: o.SigmaLo = None,
-    sigma_hi: o.SigmaHi = None,
-    batch_size: o.BatchSize = None,
-    lr: o.LR = None,
-    seed: o.Seed = None,
-    trajectory_prob: o.TrajectoryProb = None,
+    model: o.ModelOptions,  # model and training: None = the demo's defaults
+    train: o.TrainOptions,
     eval_tokens: o.EvalTokens = 4096,
     timeout_s: o.TimeoutS = 900.0,
     timeout: o.TimeoutAlias = None,
@@ -56,8 +48,7 @@ def demo(
     with cli_errors():
         from swarmd.swarm.demo import DEMO_MODEL, DEMO_TRAIN, run_demo
 
-        cfg = o.model_config(ctx.params, DEMO_MODEL)
-        train = o.train_config(ctx.params, DEMO_TRAIN)
+        cfg, tcfg = model.config(DEMO_MODEL), train.config(DEMO_TRAIN)
         train_path = resolve_data(data, "train")
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out
@@ -92,7 +83,7 @@ def demo(
                 rounds=rounds,
                 steps_per_round=steps_per_round,
                 codec=codec.value,
-                train=train,
+                train=tcfg,
                 eval_tokens=eval_tokens,
                 workdir=workdir,
                 timeout_s=o.timeout_s(timeout_s, timeout),

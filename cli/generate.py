@@ -16,48 +16,40 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, open_sweeper
-from cli.options import NET
+from cli.groups import with_groups
 from swarmd.errors import ConfigError
 
 
+@with_groups(src=o.SourceOptions)
 def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (UTF-8).")],
-    swarm: o.SwarmPeers = None,
-    checkpoint: o.Checkpoint = None,
-    swarm_id: o.SwarmId = NET.swarm_id,
+    src: o.SourceOptions,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Bytes to generate.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", help="Softmax temperature; 0 = greedy.")] = 1.0,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")
     ] = 0,
-    steps: o.Steps = None,
-    timeout_s: o.TimeoutS = 30.0,
-    device: o.DeviceOpt = o.Device.cpu,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")
     ] = False,
 ) -> None:
     """Continue a prompt, streaming the bytes as they are produced."""
     with cli_errors():
-        dev = check_device(device)
+        dev = check_device(src.device)
         if not prompt:
             raise ConfigError("the prompt is empty; give at least one byte")
         if max_bytes < 1 or temperature < 0:
             raise ConfigError("--max-bytes must be >= 1 and --temperature >= 0")
-        asyncio.run(
-            _generate(
-                prompt.encode(), swarm, swarm_id, checkpoint, dev, steps, timeout_s, max_bytes, temperature, seed, stats
-            )
-        )
+        asyncio.run(_generate(prompt.encode(), src, dev, max_bytes, temperature, seed, stats))
 
 
 async def _generate(
-    prompt, swarm, swarm_id, checkpoint, device, steps, timeout_s, max_bytes, temperature, seed, show_stats
+    prompt: bytes, src: o.SourceOptions, device: str, max_bytes: int, temperature: float, seed: int, show_stats: bool
 ) -> None:
     from swarmd.serve.inference import GenerationStats
     from swarmd.serve.inference import generate as run
 
-    sweeper, closer = await open_sweeper(swarm, swarm_id, checkpoint, device, steps, timeout_s)
+    sweeper, closer = await open_sweeper(src, device)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     st = GenerationStats()
     try:

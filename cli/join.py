@@ -14,40 +14,24 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, resolve_data, setup_logging
-from cli.options import DAEMON, GOSSIP, NET, TRAIN
+from cli.groups import with_groups
 from swarmd.errors import ConfigMismatch
 from swarmd.swarm.runner import run_foreground
 from swarmd.swarm.survey import fetch_swarm_config
 
+# run's flags less --eval-data, --min-peers, --eval-every, --static and the sigma range; model flags None = the swarm's
+PEER = o.PeerOptions.without("eval_data", "min_peers", "eval_every", "static")
+MODEL = o.ModelOptions.optional().without("sigma_lo", "sigma_hi")
 
+
+@with_groups(peer=PEER, train=o.TrainOptions, model=MODEL)
 def join(
-    ctx: typer.Context,
     peers: Annotated[
         list[str], typer.Argument(help="DHT multiaddrs printed by `blocktrain run` (or HOST:PORT gRPC addresses).")
     ],
-    data: o.Data = None,
-    block: o.BlockOpt = "auto",
-    device: o.DeviceOpt = o.DEFAULT_DEVICE,
-    listen: o.Listen = NET.listen,
-    checkpoint_dir: o.CheckpointDir = None,
-    swarm_id: o.SwarmId = NET.swarm_id,
-    codec: o.CodecOpt = o.DEFAULT_CODEC,
-    client_mode: o.ClientMode = NET.client_mode,
-    dht_host: o.DhtHost = NET.dht_host,
-    steps_per_round: o.StepsPerRound = GOSSIP.steps_per_round,
-    rounds: o.Rounds = DAEMON.max_rounds,
-    deadline_max: o.DeadlineMax = GOSSIP.deadline_max_s,
-    peer_seed: o.PeerSeed = None,
-    blocks: o.Blocks = None,  # model flags: None = the swarm's
-    layers_per_block: o.LayersPerBlock = None,
-    d_model: o.DModel = None,
-    n_heads: o.NHeads = None,
-    hidden: o.Hidden = None,
-    seq_len: o.SeqLen = None,
-    batch_size: o.BatchSize = TRAIN.batch_size,
-    lr: o.LR = TRAIN.lr,
-    seed: o.Seed = TRAIN.seed,
-    trajectory_prob: o.TrajectoryProb = TRAIN.trajectory_prob,
+    peer: o.PeerOptions,
+    train: o.TrainOptions,
+    model: o.ModelOptions,
     verbose: o.Verbose = False,
 ) -> None:
     """Join a running swarm: fetch its model config from a peer, download state, train a block.
@@ -56,19 +40,18 @@ def join(
     """
     setup_logging(verbose)
     with cli_errors():
-        check_device(device)
-        model = asyncio.run(fetch_swarm_config(list(peers), swarm_id))
-        swarm_values = model.to_dict()
-        given = {k: v for k in o.MODEL_OPTIONS if (v := ctx.params.get(k)) is not None}
-        wrong = {k: (v, swarm_values[k]) for k, v in given.items() if v != swarm_values[k]}
+        check_device(peer.device)
+        swarm_model = asyncio.run(fetch_swarm_config(list(peers), peer.swarm_id))
+        swarm_values = swarm_model.to_dict()
+        wrong = {k: (v, swarm_values[k]) for k, v in model.given().items() if v != swarm_values[k]}
         if wrong:
             detail = ", ".join(f"--{k.replace('_', '-')} {v} (swarm: {s})" for k, (v, s) in wrong.items())
             raise ConfigMismatch(
                 f"local model flags do not match the swarm's config: {detail}; drop them to use the swarm's"
             )
         typer.echo(
-            f"swarm config {model.config_hash()}: B={model.blocks} L_b={model.layers_per_block} "
-            f"d={model.d_model} seq={model.seq_len}"
+            f"swarm config {swarm_model.config_hash()}: B={swarm_model.blocks} L_b={swarm_model.layers_per_block} "
+            f"d={swarm_model.d_model} seq={swarm_model.seq_len}"
         )
-        train_path = resolve_data(data, "train")
-        run_foreground(o.peer_config(ctx.params, model, train_path, None, list(peers)))
+        train_path = resolve_data(peer.data, "train")
+        run_foreground(peer.config(swarm_model, train, list(peers), train_path, None))

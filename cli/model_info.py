@@ -6,24 +6,16 @@ import typer
 
 from cli import options as o
 from cli.common import cli_errors, print_json
-from cli.options import MODEL
+from cli.groups import with_groups
 
 
-def info(
-    ctx: typer.Context,
-    blocks: o.Blocks = MODEL.blocks,
-    layers_per_block: o.LayersPerBlock = MODEL.layers_per_block,
-    d_model: o.DModel = MODEL.d_model,
-    n_heads: o.NHeads = MODEL.n_heads,
-    hidden: o.Hidden = None,
-    seq_len: o.SeqLen = MODEL.seq_len,
-    json_out: o.Json = False,
-) -> None:
+@with_groups(model=o.ModelOptions.without("sigma_lo", "sigma_hi"))
+def info(model: o.ModelOptions, json_out: o.Json = False) -> None:
     """Print parameter counts and AdamW bytes (params + grads + 2 moments, fp32)."""
     with cli_errors():
         from swarmd.core.memory import GIB, model_info
 
-        cfg = o.model_config(ctx.params)
+        cfg = model.config()
         result = model_info(cfg)
         if json_out:
             print_json(result)

@@ -1,22 +1,24 @@
-"""Every `blocktrain` option, declared once, and the builders that turn parsed options into configs.
+"""Every `blocktrain` option, declared once, and the option groups that turn parsed options into configs.
 
-Each flag is an Annotated alias listed in the signature of every command that takes it; its
-default there comes from the config dataclass it fills (MODEL, TRAIN, GOSSIP, NET, DAEMON below
-are the dataclass defaults), never a repeated literal. `model_config` / `peer_config` build the
-frozen configs from a command's parsed options (`ctx.params`) in one place, turning config
-validation errors into swarmd.errors.ConfigError. Imports no torch (`--help` stays fast).
+Each flag is an Annotated alias; its default comes from the config dataclass it fills (MODEL,
+TRAIN, GOSSIP, NET, DAEMON below are the dataclass defaults), never a repeated literal. Flags that
+travel together are fields of one group (ModelOptions, TrainOptions, PeerOptions, SourceOptions;
+see cli.groups): a command takes the group as one parameter, and the group builds the frozen
+config (`ModelOptions.config`, `PeerOptions.config`, ...) in one place, turning config validation
+errors into swarmd.errors.ConfigError. A flag of one command only stays in its signature, typed
+with the alias. Imports no torch (`--help` stays fast).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from cli.groups import OptionGroup
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
@@ -45,8 +47,6 @@ SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Bytes per trainin
 SigmaLo = Annotated[float | None, typer.Option("--sigma-lo", help="Bottom of the noise range.", rich_help_panel=M)]
 SigmaHi = Annotated[float | None, typer.Option("--sigma-hi", help="Top of the noise range.", rich_help_panel=M)]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
-MODEL_OPTIONS = ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len", "sigma_lo", "sigma_hi")
-TRAIN_OPTIONS = ("batch_size", "lr", "seed", "trajectory_prob")
 
 # -- data and training -----------------------------------------------------------------------------
 Data = Annotated[
@@ -222,70 +222,118 @@ Checkpoint = Annotated[
 Steps = Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")]
 
 
-# -- builders --------------------------------------------------------------------------------------
+# -- groups --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelOptions(OptionGroup):
+    """The model flags (run, train, model-info; optional() in join and demo: None = the base config's)."""
+
+    blocks: Blocks = MODEL.blocks
+    layers_per_block: LayersPerBlock = MODEL.layers_per_block
+    d_model: DModel = MODEL.d_model
+    n_heads: NHeads = MODEL.n_heads
+    hidden: Hidden = None
+    seq_len: SeqLen = MODEL.seq_len
+    sigma_lo: SigmaLo = MODEL.sigma_lo
+    sigma_hi: SigmaHi = MODEL.sigma_hi
+
+    def config(self, base: ModelConfig = MODEL) -> ModelConfig:
+        """`base` with the options given (None = keep); --hidden defaults to 4 x --d-model."""
+        values = self.given()
+        if "hidden" not in values and "d_model" in values:
+            values["hidden"] = 4 * values["d_model"]
+        try:
+            return ModelConfig(**{**base.to_dict(), **values})
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class TrainOptions(OptionGroup):
+    """The optimiser flags (run, join, train; optional() in demo)."""
+
+    batch_size: BatchSize = TRAIN.batch_size
+    lr: LR = TRAIN.lr
+    seed: Seed = TRAIN.seed
+    trajectory_prob: TrajectoryProb = TRAIN.trajectory_prob
+
+    def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
+        """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""
+        try:
+            return replace(base, **self.given(), **fields)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class PeerOptions(OptionGroup):
+    """What a swarm peer (run, join) takes besides the model and training flags: data, swarm, network."""
+
+    data: Data = None
+    device: DeviceOpt = DEFAULT_DEVICE
+    steps_per_round: StepsPerRound = GOSSIP.steps_per_round
+    rounds: Rounds = DAEMON.max_rounds
+    eval_data: EvalData = None
+    block: BlockOpt = "auto"
+    checkpoint_dir: CheckpointDir = None
+    swarm_id: SwarmId = NET.swarm_id
+    codec: CodecOpt = DEFAULT_CODEC
+    deadline_max: DeadlineMax = GOSSIP.deadline_max_s
+    peer_seed: PeerSeed = None
+    min_peers: MinPeers = DAEMON.min_peers
+    eval_every: EvalEvery = DAEMON.eval_every
+    listen: Listen = NET.listen
+    client_mode: ClientMode = NET.client_mode
+    static: Static = False
+    dht_host: DhtHost = NET.dht_host
+
+    def config(
+        self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
+    ) -> DaemonConfig:
+        """The DaemonConfig of this peer; PEERS are gRPC addresses with --static or when none is a /multiaddr."""
+        if self.block != "auto" and not self.block.isdigit():
+            raise ConfigError(f"--block must be a number or 'auto', got {self.block!r}")
+        static = self.static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
+        steps = self.steps_per_round
+        return DaemonConfig(
+            model=model,
+            train=train.config(peer_train_config(steps)),
+            gossip=GossipConfig(steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max),
+            net=NetConfig(
+                swarm_id=self.swarm_id,
+                listen=self.listen,
+                initial_peers=tuple(initial_peers),
+                discovery="static" if static else "hivemind",
+                client_mode=self.client_mode,
+                dht_host=self.dht_host,
+            ),
+            data_path=str(data_path),
+            eval_path=str(eval_path) if eval_path else "",
+            eval_every=self.eval_every,
+            block=DAEMON.block if self.block == "auto" else int(self.block),
+            device=self.device.value,
+            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else "",
+            peer_seed=self.peer_seed,
+            max_rounds=self.rounds,
+            min_peers=self.min_peers,
+        )
+
+
+@dataclass(frozen=True)
+class SourceOptions(OptionGroup):
+    """Where score and generate get the model: a swarm (--swarm) or a checkpoint, and how they sample it."""
+
+    swarm: SwarmPeers = None
+    checkpoint: Checkpoint = None
+    swarm_id: SwarmId = NET.swarm_id
+    steps: Steps = None
+    timeout_s: TimeoutS = 30.0
+    device: DeviceOpt = Device.cpu
+
+    @property
+    def label(self) -> str:
+        return f"swarm {self.swarm_id}" if self.swarm else str(self.checkpoint)
+
+
 def timeout_s(timeout_s: float, alias: float | None) -> float:
     """--timeout-s, or the value given with its older spelling --timeout."""
     return timeout_s if alias is None else alias
-
-
-def model_config(params: Mapping[str, Any], base: ModelConfig = MODEL) -> ModelConfig:
-    """`base` with the model options given in params (None = keep); --hidden defaults to 4 x --d-model."""
-    values = {k: params[k] for k in MODEL_OPTIONS if params.get(k) is not None}
-    if "hidden" not in values and "d_model" in values:
-        values["hidden"] = 4 * values["d_model"]
-    try:
-        return ModelConfig(**{**base.to_dict(), **values})
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def train_config(params: Mapping[str, Any], base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
-    """`base` with the training options given in params (None = keep) and `fields` (e.g. total_steps)."""
-    values = {k: params[k] for k in TRAIN_OPTIONS if params.get(k) is not None}
-    try:
-        return replace(base, **values, **fields)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def peer_config(
-    params: Mapping[str, Any],
-    model: ModelConfig,
-    data_path: Path,
-    eval_path: Path | None,
-    initial_peers: list[str],
-    static: bool = False,
-) -> DaemonConfig:
-    """The DaemonConfig of `blocktrain run` / `join` from their parsed options (the run / join flags above).
-
-    :param static: PEERS are gRPC addresses (also when none of them is a /multiaddr)
-    """
-    block = params["block"]
-    if block != "auto" and not block.isdigit():
-        raise ConfigError(f"--block must be a number or 'auto', got {block!r}")
-    static = static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
-    steps = params["steps_per_round"]
-    train = train_config(params, peer_train_config(steps))
-    checkpoint_dir = params["checkpoint_dir"]
-    return DaemonConfig(
-        model=model,
-        train=train,
-        gossip=GossipConfig(steps_per_round=steps, codec=params["codec"].value, deadline_max_s=params["deadline_max"]),
-        net=NetConfig(
-            swarm_id=params["swarm_id"],
-            listen=params["listen"],
-            initial_peers=tuple(initial_peers),
-            discovery="static" if static else "hivemind",
-            client_mode=params["client_mode"],
-            dht_host=params["dht_host"],
-        ),
-        data_path=str(data_path),
-        eval_path=str(eval_path) if eval_path else "",
-        eval_every=params.get("eval_every", DAEMON.eval_every),
-        block=DAEMON.block if block == "auto" else int(block),
-        device=params["device"].value,
-        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "",
-        peer_seed=params["peer_seed"],
-        max_rounds=params["rounds"],
-        min_peers=params.get("min_peers", DAEMON.min_peers),
-    )

@@ -15,32 +15,28 @@ import typer
 
 from cli import options as o
 from cli.common import check_device, cli_errors, open_sweeper, print_json
-from cli.options import NET
+from cli.groups import with_groups
 from swarmd.errors import ConfigError
 
 
+@with_groups(src=o.SourceOptions)
 def score(
     file: Annotated[Path, typer.Argument(help="Text file to score (bytes).")],
-    swarm: o.SwarmPeers = None,
-    checkpoint: o.Checkpoint = None,
-    swarm_id: o.SwarmId = NET.swarm_id,
+    src: o.SourceOptions,
     max_bytes: Annotated[
         int | None, typer.Option("--max-bytes", help="Score at most this many bytes (whole windows).")
     ] = None,
     seed: Annotated[
         int, typer.Option("--seed", help="Noise seed of the sampler (same as `blocktrain eval --seed`).")
     ] = 1234,
-    steps: o.Steps = None,
-    timeout_s: o.TimeoutS = 30.0,
-    device: o.DeviceOpt = o.Device.cpu,
     json_out: o.Json = False,
 ) -> None:
     """Print the from-noise CE (nats per byte) and perplexity of a text."""
     with cli_errors():
-        dev = check_device(device)
+        dev = check_device(src.device)
         if max_bytes is not None and max_bytes < 1:
             raise ConfigError("--max-bytes must be >= 1")
-        result = asyncio.run(_score(file, swarm, swarm_id, checkpoint, dev, steps, timeout_s, seed, max_bytes))
+        result = asyncio.run(_score(file, src, dev, seed, max_bytes))
         if json_out:
             print_json(result)
             return
@@ -50,10 +46,10 @@ def score(
         )
 
 
-async def _score(file, swarm, swarm_id, checkpoint, device, steps, timeout_s, seed, max_bytes) -> dict:
+async def _score(file: Path, src: o.SourceOptions, device: str, seed: int, max_bytes: int | None) -> dict:
     from swarmd.serve.inference import score_file
 
-    sweeper, closer = await open_sweeper(swarm, swarm_id, checkpoint, device, steps, timeout_s)
+    sweeper, closer = await open_sweeper(src, device)
     try:
         result = await score_file(sweeper, file, seed, max_bytes)
         trace = getattr(sweeper, "trace", None)
@@ -66,7 +62,7 @@ async def _score(file, swarm, swarm_id, checkpoint, device, steps, timeout_s, se
                 / sum(h.block_index == b for h in trace)
                 for b in blocks
             }
-        result["source"] = f"swarm {swarm_id}" if swarm else str(checkpoint)
+        result["source"] = src.label
         return result
     finally:
         await closer()

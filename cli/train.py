@@ -10,30 +10,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cli import options as o
 from cli.common import check_device, cli_errors, eval_path_for, print_json, resolve_data
-from cli.options import MODEL, TRAIN
+from cli.groups import with_groups
+from cli.options import TRAIN
 from swarmd.errors import ConfigError
 
 
+@with_groups(model=o.ModelOptions, train=o.TrainOptions)
 def train(
-    ctx: typer.Context,
+    *,
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.")],
     data: o.Data = None,
     eval_data: o.EvalData = None,
     e2e: Annotated[bool, typer.Option("--e2e", help="Train the end-to-end reference transformer instead.")] = False,
-    blocks: o.Blocks = MODEL.blocks,
-    layers_per_block: o.LayersPerBlock = MODEL.layers_per_block,
-    d_model: o.DModel = MODEL.d_model,
-    n_heads: o.NHeads = MODEL.n_heads,
-    hidden: o.Hidden = None,
-    seq_len: o.SeqLen = MODEL.seq_len,
-    sigma_lo: o.SigmaLo = MODEL.sigma_lo,
-    sigma_hi: o.SigmaHi = MODEL.sigma_hi,
+    model: o.ModelOptions,
     steps_per_round: o.StepsPerRound = 100,
     rounds: o.Rounds = 4,
-    batch_size: o.BatchSize = TRAIN.batch_size,
-    lr: o.LR = TRAIN.lr,
-    seed: o.Seed = TRAIN.seed,
-    trajectory_prob: o.TrajectoryProb = TRAIN.trajectory_prob,
+    train: o.TrainOptions,
     eval_tokens: o.EvalTokens = 16384,
     device: o.DeviceOpt = o.Device.cpu,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary at the end.")] = False,
@@ -41,11 +33,11 @@ def train(
     """Train one process, one block at a time (no gradient crosses blocks); eval after every round."""
     with cli_errors():
         dev = check_device(device)
-        cfg = o.model_config(ctx.params)
+        cfg = model.config()
         if steps_per_round < 1 or rounds < 1:
             raise ConfigError("--steps-per-round and --rounds must be >= 1")
         total = steps_per_round * rounds
-        tcfg = o.train_config(ctx.params, total_steps=total, warmup_steps=min(TRAIN.warmup_steps, total // 10))
+        tcfg = train.config(total_steps=total, warmup_steps=min(TRAIN.warmup_steps, total // 10))
         from swarmd.core.checkpoint import save_e2e, save_model
         from swarmd.core.data import ByteData
         from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
