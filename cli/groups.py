@@ -16,14 +16,21 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
 
 class OptionGroup:
-    """Base of the option groups (frozen dataclasses); the class methods start a per-command variant."""
+    """Base of the option groups (frozen dataclasses); the class methods start a per-command variant.
+
+    A group's fields have no defaults of their own: DEFAULTS maps a field to its default (most often
+    the config dataclass the group fills, so a default is never repeated as a literal); a field not
+    in DEFAULTS defaults to None (not given).
+    """
+
+    DEFAULTS: ClassVar[Mapping[str, Any]] = {}
 
     @classmethod
     def with_defaults(cls, **defaults: Any) -> Group:
@@ -73,7 +80,7 @@ class Group:
         return dataclasses.replace(self, omit=self.omit | set(names))
 
     def _default(self, f: dataclasses.Field) -> Any:
-        return self.defaults.get(f.name, f.default)
+        return self.defaults[f.name] if f.name in self.defaults else self.cls.DEFAULTS.get(f.name)
 
     def parameters(self) -> list[inspect.Parameter]:
         """The group's flags as keyword parameters, annotated with their typer options."""

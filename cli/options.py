@@ -11,10 +11,11 @@ with the alias. Imports no torch (`--help` stays fast).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
 
@@ -35,181 +36,143 @@ class Device(str, Enum):
 
 DEFAULT_DEVICE, DEFAULT_CODEC = Device(DAEMON.device), Codec(GOSSIP.codec)
 
+
+def flag(name: str, help: str, panel: str | None = None, envvar: str | None = None, **more: Any) -> Any:
+    """One option: `typer.Option(name, help=help, rich_help_panel=panel, envvar=envvar, **more)`."""
+    if panel is not None:
+        more["rich_help_panel"] = panel
+    return typer.Option(name, help=help, envvar=envvar, **more)
+
+
 # -- model ---------------------------------------------------------------------------------------
-Blocks = Annotated[int | None, typer.Option("--blocks", help="B: number of denoising blocks.", rich_help_panel=M)]
-LayersPerBlock = Annotated[
-    int | None, typer.Option("--layers-per-block", help="L_b: transformer layers per block.", rich_help_panel=M)
-]
-DModel = Annotated[int | None, typer.Option("--d-model", help="Model width d.", rich_help_panel=M)]
-NHeads = Annotated[int | None, typer.Option("--n-heads", help="Attention heads per layer.", rich_help_panel=M)]
-Hidden = Annotated[int | None, typer.Option("--hidden", help="FFN width (default 4 x d-model).", rich_help_panel=M)]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Bytes per training window.", rich_help_panel=M)]
-SigmaLo = Annotated[float | None, typer.Option("--sigma-lo", help="Bottom of the noise range.", rich_help_panel=M)]
-SigmaHi = Annotated[float | None, typer.Option("--sigma-hi", help="Top of the noise range.", rich_help_panel=M)]
+Blocks = Annotated[int | None, flag("--blocks", "B: number of denoising blocks.", M)]
+LayersPerBlock = Annotated[int | None, flag("--layers-per-block", "L_b: transformer layers per block.", M)]
+DModel = Annotated[int | None, flag("--d-model", "Model width d.", M)]
+NHeads = Annotated[int | None, flag("--n-heads", "Attention heads per layer.", M)]
+Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model).", M)]
+SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M)]
+SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M)]
+SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M)]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
 # -- data and training -----------------------------------------------------------------------------
 Data = Annotated[
     Path | None,
-    typer.Option(
+    flag(
         "--data",
-        help="Training text: a file or a directory of files (default: $BLOCKTRAIN_DATA or the WikiText-2 cache).",
-        envvar="BLOCKTRAIN_TRAIN_DATA",
-        rich_help_panel=T,
+        "Training text: a file or a directory of files (default: $BLOCKTRAIN_DATA or the WikiText-2 cache).",
+        T,
+        "BLOCKTRAIN_TRAIN_DATA",
     ),
 ]
 EvalData = Annotated[
     Path | None,
-    typer.Option(
-        "--eval-data",
-        help="Held-out text for from-noise CE (default: eval split next to the training data).",
-        rich_help_panel=T,
-    ),
+    flag("--eval-data", "Held-out text for from-noise CE (default: eval split next to the training data).", T),
 ]
-StepsPerRound = Annotated[
-    int, typer.Option("--steps-per-round", help="H: local optimiser steps per block per round.", rich_help_panel=T)
-]
-Rounds = Annotated[
-    int, typer.Option("--rounds", help="Rounds to run (run / join: 0 = until stopped).", rich_help_panel=T)
-]
-BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Sequences per optimiser step.", rich_help_panel=T)]
-LR = Annotated[float | None, typer.Option("--lr", help="AdamW peak learning rate.", rich_help_panel=T)]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed for init, data order and noise.", rich_help_panel=T)]
+StepsPerRound = Annotated[int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T)]
+Rounds = Annotated[int, flag("--rounds", "Rounds to run (run / join: 0 = until stopped).", T)]
+BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T)]
+LR = Annotated[float | None, flag("--lr", "AdamW peak learning rate.", T)]
+Seed = Annotated[int | None, flag("--seed", "Seed for init, data order and noise.", T)]
 TrajectoryProb = Annotated[
     float | None,
-    typer.Option(
-        "--trajectory-prob",
-        help="Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).",
-        rich_help_panel=T,
+    flag(
+        "--trajectory-prob", "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).", T
     ),
 ]
-EvalTokens = Annotated[
-    int, typer.Option("--eval-tokens", help="Held-out bytes scored for from-noise CE.", rich_help_panel=T)
-]
-DeviceOpt = Annotated[Device, typer.Option("--device", help="Torch device.", case_sensitive=False, rich_help_panel=T)]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+EvalTokens = Annotated[int, flag("--eval-tokens", "Held-out bytes scored for from-noise CE.", T)]
+DeviceOpt = Annotated[Device, flag("--device", "Torch device.", T, case_sensitive=False)]
+Json = Annotated[bool, flag("--json", "Print one JSON object.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round and exchange to stderr.")]
 
 # -- swarm -----------------------------------------------------------------------------------------
 SwarmId = Annotated[
-    str,
-    typer.Option(
-        "--swarm-id",
-        help="Swarm name; peers only talk to peers of the same swarm.",
-        envvar="BLOCKTRAIN_SWARM_ID",
-        rich_help_panel=S,
-    ),
+    str, flag("--swarm-id", "Swarm name; peers only talk to peers of the same swarm.", S, "BLOCKTRAIN_SWARM_ID")
 ]
 SwarmPeers = Annotated[
     list[str] | None,
-    typer.Option(
+    flag(
         "--swarm",
-        help="DHT multiaddr (or HOST:PORT) of a running peer; repeat for several.",
-        envvar="BLOCKTRAIN_SWARM",
+        "DHT multiaddr (or HOST:PORT) of a running peer; repeat for several.",
+        S,
+        "BLOCKTRAIN_SWARM",
         show_default=False,
-        rich_help_panel=S,
     ),
 ]
 BlockOpt = Annotated[
     str,
-    typer.Option(
+    flag(
         "--block",
-        help="Block to train: a number, or 'auto' for the block with the least combined throughput.",
-        envvar="BLOCKTRAIN_BLOCK",
-        rich_help_panel=S,
+        "Block to train: a number, or 'auto' for the block with the least combined throughput.",
+        S,
+        "BLOCKTRAIN_BLOCK",
     ),
 ]
 CheckpointDir = Annotated[
     Path | None,
-    typer.Option(
+    flag(
         "--checkpoint-dir",
-        help="Checkpoint here after every round and resume from it on restart.",
-        envvar="BLOCKTRAIN_CHECKPOINT_DIR",
-        rich_help_panel=S,
+        "Checkpoint here after every round and resume from it on restart.",
+        S,
+        "BLOCKTRAIN_CHECKPOINT_DIR",
     ),
 ]
 CodecOpt = Annotated[
     Codec,
-    typer.Option(
+    flag(
         "--codec",
-        help="Delta codec on the wire (always followed by zstd; int8 uses error feedback).",
+        "Delta codec on the wire (always followed by zstd; int8 uses error feedback).",
+        S,
         case_sensitive=False,
-        rich_help_panel=S,
     ),
 ]
 PeerSeed = Annotated[
     int | None,
-    typer.Option(
+    flag(
         "--peer-seed",
-        help="Seed of this peer's data stream and noise (default: derived from the peer id, so peers differ).",
-        envvar="BLOCKTRAIN_PEER_SEED",
+        "Seed of this peer's data stream and noise (default: derived from the peer id, so peers differ).",
+        S,
+        "BLOCKTRAIN_PEER_SEED",
         show_default=False,
-        rich_help_panel=S,
     ),
 ]
 DeadlineMax = Annotated[
     float,
-    typer.Option(
-        "--deadline-max",
-        help="Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).",
-        rich_help_panel=S,
+    flag(
+        "--deadline-max", "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", S
     ),
 ]
 EvalEvery = Annotated[
     int,
-    typer.Option(
+    flag(
         "--eval-every",
-        help="Every this many rounds, pull the other blocks from peers and measure the from-noise CE shown by "
+        "Every this many rounds, pull the other blocks from peers and measure the from-noise CE shown by "
         "`status` (0 = never).",
-        rich_help_panel=S,
+        S,
     ),
 ]
 MinPeers = Annotated[
-    int,
-    typer.Option(
-        "--min-peers",
-        help="Wait before the first round until the swarm has this many peers (self included).",
-        rich_help_panel=S,
-    ),
+    int, flag("--min-peers", "Wait before the first round until the swarm has this many peers (self included).", S)
 ]
 
 # -- network ---------------------------------------------------------------------------------------
 Listen = Annotated[
-    str,
-    typer.Option(
-        "--listen",
-        help="HOST:PORT of this peer's gRPC server (port 0 = any free port).",
-        envvar="BLOCKTRAIN_LISTEN",
-        rich_help_panel=N,
-    ),
+    str, flag("--listen", "HOST:PORT of this peer's gRPC server (port 0 = any free port).", N, "BLOCKTRAIN_LISTEN")
 ]
 ClientMode = Annotated[
-    bool,
-    typer.Option(
-        "--client-mode",
-        help="Accept no inbound connections (behind NAT): dial out for exchanges only.",
-        rich_help_panel=N,
-    ),
+    bool, flag("--client-mode", "Accept no inbound connections (behind NAT): dial out for exchanges only.", N)
 ]
 Static = Annotated[
-    bool,
-    typer.Option(
-        "--static",
-        help="PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.",
-        rich_help_panel=N,
-    ),
+    bool, flag("--static", "PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", N)
 ]
-DhtHost = Annotated[
-    str,
-    typer.Option("--dht-host", help="Interface the DHT listens on.", envvar="BLOCKTRAIN_DHT_HOST", rich_help_panel=N),
-]
+DhtHost = Annotated[str, flag("--dht-host", "Interface the DHT listens on.", N, "BLOCKTRAIN_DHT_HOST")]
 TimeoutS = Annotated[
     float,
-    typer.Option(
+    flag(
         "--timeout-s",
-        help="Seconds to wait: for each peer (status), for one block step before failing over to a replica "
+        "Seconds to wait: for each peer (status), for one block step before failing over to a replica "
         "(score, generate), for the whole swarm to finish (demo).",
-        rich_help_panel=N,
+        N,
     ),
 ]
 TimeoutAlias = Annotated[float | None, typer.Option("--timeout", hidden=True)]  # the older spelling of --timeout-s
@@ -217,9 +180,9 @@ TimeoutAlias = Annotated[float | None, typer.Option("--timeout", hidden=True)]  
 
 # -- inference -------------------------------------------------------------------------------------
 Checkpoint = Annotated[
-    Path | None, typer.Option("--checkpoint", help="Run locally from this checkpoint directory instead of a swarm.")
+    Path | None, flag("--checkpoint", "Run locally from this checkpoint directory instead of a swarm.")
 ]
-Steps = Annotated[int | None, typer.Option("--steps", help="Sampler steps (default: one per block).")]
+Steps = Annotated[int | None, flag("--steps", "Sampler steps (default: one per block).")]
 
 
 # -- groups --------------------------------------------------------------------------------------
@@ -227,14 +190,15 @@ Steps = Annotated[int | None, typer.Option("--steps", help="Sampler steps (defau
 class ModelOptions(OptionGroup):
     """The model flags (run, train, model-info; optional() in join and demo: None = the base config's)."""
 
-    blocks: Blocks = MODEL.blocks
-    layers_per_block: LayersPerBlock = MODEL.layers_per_block
-    d_model: DModel = MODEL.d_model
-    n_heads: NHeads = MODEL.n_heads
-    hidden: Hidden = None
-    seq_len: SeqLen = MODEL.seq_len
-    sigma_lo: SigmaLo = MODEL.sigma_lo
-    sigma_hi: SigmaHi = MODEL.sigma_hi
+    DEFAULTS: ClassVar[Mapping[str, Any]] = {**MODEL.to_dict(), "hidden": None}  # no --hidden: 4 x --d-model
+    blocks: Blocks
+    layers_per_block: LayersPerBlock
+    d_model: DModel
+    n_heads: NHeads
+    hidden: Hidden
+    seq_len: SeqLen
+    sigma_lo: SigmaLo
+    sigma_hi: SigmaHi
 
     def config(self, base: ModelConfig = MODEL) -> ModelConfig:
         """`base` with the options given (None = keep); --hidden defaults to 4 x --d-model."""
@@ -251,10 +215,11 @@ class ModelOptions(OptionGroup):
 class TrainOptions(OptionGroup):
     """The optimiser flags (run, join, train; optional() in demo)."""
 
-    batch_size: BatchSize = TRAIN.batch_size
-    lr: LR = TRAIN.lr
-    seed: Seed = TRAIN.seed
-    trajectory_prob: TrajectoryProb = TRAIN.trajectory_prob
+    DEFAULTS: ClassVar[Mapping[str, Any]] = asdict(TRAIN)
+    batch_size: BatchSize
+    lr: LR
+    seed: Seed
+    trajectory_prob: TrajectoryProb
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""
@@ -268,23 +233,38 @@ class TrainOptions(OptionGroup):
 class PeerOptions(OptionGroup):
     """What a swarm peer (run, join) takes besides the model and training flags: data, swarm, network."""
 
-    data: Data = None
-    device: DeviceOpt = DEFAULT_DEVICE
-    steps_per_round: StepsPerRound = GOSSIP.steps_per_round
-    rounds: Rounds = DAEMON.max_rounds
-    eval_data: EvalData = None
-    block: BlockOpt = "auto"
-    checkpoint_dir: CheckpointDir = None
-    swarm_id: SwarmId = NET.swarm_id
-    codec: CodecOpt = DEFAULT_CODEC
-    deadline_max: DeadlineMax = GOSSIP.deadline_max_s
-    peer_seed: PeerSeed = None
-    min_peers: MinPeers = DAEMON.min_peers
-    eval_every: EvalEvery = DAEMON.eval_every
-    listen: Listen = NET.listen
-    client_mode: ClientMode = NET.client_mode
-    static: Static = False
-    dht_host: DhtHost = NET.dht_host
+    DEFAULTS: ClassVar[Mapping[str, Any]] = {
+        "device": DEFAULT_DEVICE,
+        "steps_per_round": GOSSIP.steps_per_round,
+        "rounds": DAEMON.max_rounds,
+        "block": "auto",
+        "swarm_id": NET.swarm_id,
+        "codec": DEFAULT_CODEC,
+        "deadline_max": GOSSIP.deadline_max_s,
+        "min_peers": DAEMON.min_peers,
+        "eval_every": DAEMON.eval_every,
+        "listen": NET.listen,
+        "client_mode": NET.client_mode,
+        "static": False,
+        "dht_host": NET.dht_host,
+    }
+    data: Data
+    device: DeviceOpt
+    steps_per_round: StepsPerRound
+    rounds: Rounds
+    eval_data: EvalData
+    block: BlockOpt
+    checkpoint_dir: CheckpointDir
+    swarm_id: SwarmId
+    codec: CodecOpt
+    deadline_max: DeadlineMax
+    peer_seed: PeerSeed
+    min_peers: MinPeers
+    eval_every: EvalEvery
+    listen: Listen
+    client_mode: ClientMode
+    static: Static
+    dht_host: DhtHost
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -322,12 +302,13 @@ class PeerOptions(OptionGroup):
 class SourceOptions(OptionGroup):
     """Where score and generate get the model: a swarm (--swarm) or a checkpoint, and how they sample it."""
 
-    swarm: SwarmPeers = None
-    checkpoint: Checkpoint = None
-    swarm_id: SwarmId = NET.swarm_id
-    steps: Steps = None
-    timeout_s: TimeoutS = 30.0
-    device: DeviceOpt = Device.cpu
+    DEFAULTS: ClassVar[Mapping[str, Any]] = {"swarm_id": NET.swarm_id, "timeout_s": 30.0, "device": Device.cpu}
+    swarm: SwarmPeers
+    checkpoint: Checkpoint
+    swarm_id: SwarmId
+    steps: Steps
+    timeout_s: TimeoutS
+    device: DeviceOpt
 
     @property
     def label(self) -> str:
