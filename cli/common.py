@@ -87,16 +87,16 @@ def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
     return sibling if sibling.is_file() and train_path.is_file() else train_path
 
 
-async def open_sweeper(src: SourceOptions, device: str):
+async def open_sweeper(src: SourceOptions, device: str, steps: int | None):
     """(sweeper, async closer) for exactly one of --swarm / --checkpoint (score and generate) on a checked device."""
     if bool(src.swarm) == (src.checkpoint is not None):
         raise ConfigError("give exactly one of --swarm and --checkpoint")
-    if src.steps is not None and src.steps < 1:
+    if steps is not None and steps < 1:
         raise ConfigError("--steps must be >= 1")
     if src.checkpoint is not None:
         from swarmd.serve.inference import load_local
 
-        sweeper = load_local(src.checkpoint, device, src.steps)
+        sweeper = load_local(src.checkpoint, device, steps)
 
         async def nothing() -> None:
             return None
@@ -106,7 +106,7 @@ async def open_sweeper(src: SourceOptions, device: str):
     from swarmd.swarm.discovery import connect_discovery
 
     return await connect_swarm(
-        list(src.swarm or []), src.swarm_id, connect_discovery, steps=src.steps, timeout_s=src.timeout_s
+        list(src.swarm or []), src.swarm_id, connect_discovery, steps=steps, timeout_s=src.timeout_s
     )
 
 

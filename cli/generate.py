@@ -29,6 +29,7 @@ def generate(
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")
     ] = 0,
+    steps: o.Steps = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")
     ] = False,
@@ -40,16 +41,23 @@ def generate(
             raise ConfigError("the prompt is empty; give at least one byte")
         if max_bytes < 1 or temperature < 0:
             raise ConfigError("--max-bytes must be >= 1 and --temperature >= 0")
-        asyncio.run(_generate(prompt.encode(), src, dev, max_bytes, temperature, seed, stats))
+        asyncio.run(_generate(prompt.encode(), src, dev, steps, max_bytes, temperature, seed, stats))
 
 
 async def _generate(
-    prompt: bytes, src: o.SourceOptions, device: str, max_bytes: int, temperature: float, seed: int, show_stats: bool
+    prompt: bytes,
+    src: o.SourceOptions,
+    device: str,
+    steps: int | None,
+    max_bytes: int,
+    temperature: float,
+    seed: int,
+    show_stats: bool,
 ) -> None:
     from swarmd.serve.inference import GenerationStats
     from swarmd.serve.inference import generate as run
 
-    sweeper, closer = await open_sweeper(src, device)
+    sweeper, closer = await open_sweeper(src, device, steps)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     st = GenerationStats()
     try:

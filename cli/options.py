@@ -53,6 +53,17 @@ Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model)
 SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M)]
 SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M)]
 SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M)]
+
+# -- optimiser (TrainOptions) ------------------------------------------------------------------------
+BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T)]
+LR = Annotated[float | None, flag("--lr", "AdamW peak learning rate.", T)]
+Seed = Annotated[int | None, flag("--seed", "Seed for init, data order and noise.", T)]
+TrajectoryProb = Annotated[
+    float | None,
+    flag(
+        "--trajectory-prob", "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).", T
+    ),
+]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
 # -- data and training -----------------------------------------------------------------------------
@@ -71,15 +82,6 @@ EvalData = Annotated[
 ]
 StepsPerRound = Annotated[int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T)]
 Rounds = Annotated[int, flag("--rounds", "Rounds to run (run / join: 0 = until stopped).", T)]
-BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T)]
-LR = Annotated[float | None, flag("--lr", "AdamW peak learning rate.", T)]
-Seed = Annotated[int | None, flag("--seed", "Seed for init, data order and noise.", T)]
-TrajectoryProb = Annotated[
-    float | None,
-    flag(
-        "--trajectory-prob", "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).", T
-    ),
-]
 EvalTokens = Annotated[int, flag("--eval-tokens", "Held-out bytes scored for from-noise CE.", T)]
 DeviceOpt = Annotated[Device, flag("--device", "Torch device.", T, case_sensitive=False)]
 Json = Annotated[bool, flag("--json", "Print one JSON object.")]
@@ -300,13 +302,12 @@ class PeerOptions(OptionGroup):
 
 @dataclass(frozen=True)
 class SourceOptions(OptionGroup):
-    """Where score and generate get the model: a swarm (--swarm) or a checkpoint, and how they sample it."""
+    """Where score and generate get the model: a swarm (--swarm) or a checkpoint, on --device."""
 
     DEFAULTS: ClassVar[Mapping[str, Any]] = {"swarm_id": NET.swarm_id, "timeout_s": 30.0, "device": Device.cpu}
     swarm: SwarmPeers
     checkpoint: Checkpoint
     swarm_id: SwarmId
-    steps: Steps
     timeout_s: TimeoutS
     device: DeviceOpt
 

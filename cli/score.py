@@ -29,6 +29,7 @@ def score(
     seed: Annotated[
         int, typer.Option("--seed", help="Noise seed of the sampler (same as `blocktrain eval --seed`).")
     ] = 1234,
+    steps: o.Steps = None,
     json_out: o.Json = False,
 ) -> None:
     """Print the from-noise CE (nats per byte) and perplexity of a text."""
@@ -36,7 +37,7 @@ def score(
         dev = check_device(src.device)
         if max_bytes is not None and max_bytes < 1:
             raise ConfigError("--max-bytes must be >= 1")
-        result = asyncio.run(_score(file, src, dev, seed, max_bytes))
+        result = asyncio.run(_score(file, src, dev, steps, seed, max_bytes))
         if json_out:
             print_json(result)
             return
@@ -46,10 +47,12 @@ def score(
         )
 
 
-async def _score(file: Path, src: o.SourceOptions, device: str, seed: int, max_bytes: int | None) -> dict:
+async def _score(
+    file: Path, src: o.SourceOptions, device: str, steps: int | None, seed: int, max_bytes: int | None
+) -> dict:
     from swarmd.serve.inference import score_file
 
-    sweeper, closer = await open_sweeper(src, device)
+    sweeper, closer = await open_sweeper(src, device, steps)
     try:
         result = await score_file(sweeper, file, seed, max_bytes)
         trace = getattr(sweeper, "trace", None)
