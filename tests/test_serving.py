@@ -209,9 +209,9 @@ def test_session_keeps_its_snapshot_across_weight_updates():
         return a, b
 
     asyncio.run(go())
-    session = s._sessions["s"]
-    assert session.snapshot.version == 1 and s._snapshot.version == 2
-    assert session.caches[0][0] == 3
+    session = s.session_info("s")
+    assert session.snapshot_version == 1 and s.weights_version == 2
+    assert session.cached_positions[0] == 3
 
 
 def test_failover_mid_generation_completes_with_the_same_text():
@@ -227,7 +227,7 @@ def test_failover_mid_generation_completes_with_the_same_text():
         async for b in generate(remote, b"the ", 12, 1.0, seed=4):
             out.append(b)
             if len(out) == 5:  # kill whichever replica serves block 1
-                client.dead.add(remote._sessions[next(iter(remote._sessions))].streams[1][0].address)
+                client.dead.add(next(iter(remote.session_routes().values()))[1])
         return bytes(out)
 
     assert asyncio.run(go()) == local
@@ -248,7 +248,7 @@ def test_stalled_peer_fails_over_after_the_step_timeout():
         async for b in generate(remote, b"ab", 6, 1.0, seed=1):
             out.append(b)
             if len(out) == 2:  # block 2's peer stops answering (alive, but stalled)
-                client.stalled.add(next(iter(remote._sessions.values())).streams[2][0].address)
+                client.stalled.add(next(iter(remote.session_routes().values()))[2])
         return bytes(out)
 
     assert asyncio.run(go()) == local
@@ -315,7 +315,7 @@ def test_grpc_scoring_generation_and_failover_equal_local():
             async for byte in generate(remote, b"the ", 10, 1.0, seed=8):
                 out.append(byte)
                 if len(out) == 4:  # stop the server that serves block 1 for this session
-                    address = next(iter(remote._sessions.values())).streams[1][0].address
+                    address = next(iter(remote.session_routes().values()))[1]
                     killed = next(s for s, _ in hosts if s.address == address)
                     await killed.stop(0)
             return got, bytes(out), remote
@@ -443,7 +443,7 @@ def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
                 async for byte in generate(remote, b"the ", 12, 1.0, seed=6):
                     out.append(byte)
                     if len(out) == 5:  # shut down the daemon serving block 1 for this session
-                        address = next(iter(remote._sessions.values())).streams[1][0].address
+                        address = next(iter(remote.session_routes().values()))[1]
                         victim = next(d for d in daemons if d.server and d.server.address == address)
                         await victim.shutdown()
                 return ref, bytes(out), remote.failovers, [h for h in remote.trace if h.resent]

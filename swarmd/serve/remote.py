@@ -192,6 +192,10 @@ class RemoteSweeper:
         self._sessions: dict[str, _Session] = {}
         self._closing: set[asyncio.Future] = set()  # streams of failed replicas being closed
 
+    def session_routes(self) -> dict[str, dict[int, str]]:
+        """Open sessions -> block index -> address of the replica its forward stream goes to (a copy)."""
+        return {sid: {b: replica.address for b, (replica, _) in s.streams.items()} for sid, s in self._sessions.items()}
+
     async def sweep(
         self, session_id: str, x: torch.Tensor, z: torch.Tensor, start_position: int, use_cache: bool
     ) -> torch.Tensor:

@@ -60,6 +60,14 @@ class _Job:
     future: asyncio.Future
 
 
+@dataclass(frozen=True)
+class SessionInfo:
+    """A read-only view of one cached session (status, tests)."""
+
+    snapshot_version: int  # the weights version the session runs on (kept across weight updates)
+    cached_positions: dict[int, int]  # step_index -> positions its KV cache holds
+
+
 @dataclass
 class ServingStats:
     requests: int = 0
@@ -115,8 +123,22 @@ class BlockServing:
     def ready(self) -> bool:
         return self._snapshot is not None
 
+    @property
+    def weights_version(self) -> int:
+        """Version of the installed weights: 1 for the first update_weights, +1 each after; 0 before any."""
+        return self._snapshot.version if self._snapshot else 0
+
     def sessions(self) -> int:
         return len(self._sessions)
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        """What a cached session holds, or None when it is not (or no longer) cached."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                return None
+            cached = {step: positions for step, (positions, _) in session.caches.items()}
+            return SessionInfo(session.snapshot.version, cached)
 
     # -- requests --------------------------------------------------------------------------------
     async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply:
