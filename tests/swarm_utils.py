@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -122,17 +123,19 @@ def memory_swarm(
     return out, transport, board
 
 
+# each in-memory peer's training batches, kept across memory_round calls (gone with the peer)
+ROUND_STREAMS: weakref.WeakKeyDictionary[Gossip, Iterator] = weakref.WeakKeyDictionary()
+
+
 async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: set[int] = frozenset()) -> list:
     """One round on every peer (except skip): sync, open, train `steps`, average; returns the reports."""
-    streams = getattr(memory_round, "_streams", {})
-    memory_round._streams = streams
     records = list(board.values())
     live = [g for i, g in enumerate(peers) if i not in skip]
     for g in live:
         await g.sync(records)
         await g.open_round()
     for g in live:
-        stream = streams.setdefault(id(g), batches(int(g.me.peer_id[-2:]) if g.me.peer_id[-2:].isdigit() else 0))
+        stream = ROUND_STREAMS.setdefault(g, batches(int(g.me.peer_id[-2:]) if g.me.peer_id[-2:].isdigit() else 0))
         await asyncio.to_thread(g.state.train_steps, steps, stream)
     reports = await asyncio.gather(*(g.average(records) for g in live))
     for g in live:
