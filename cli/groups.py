@@ -1,11 +1,12 @@
 """Option groups: a frozen dataclass of options that a command takes as one parameter.
 
 A group (cli.options.ModelOptions, TrainOptions, ...) declares its fields once, each typed with an
-Annotated typer option and defaulting to its config dataclass's value. `with_groups` rewrites a
-command's signature so typer sees each field of a group as its own flag (in the group parameter's
-place, so `--help` lists them where the parameter stands), and at call time packs the parsed
-values back into one instance of the group. A command that needs other defaults or fewer flags
-says so with `Group.with_defaults` / `Group.optional` / `Group.without`, never by listing fields.
+Annotated typer option, and takes their defaults from its DEFAULTS (most often the values of the
+config dataclass it fills). `with_groups` rewrites a command's signature so typer sees each field
+of a group as its own flag (in the group parameter's place, so `--help` lists them where the
+parameter stands), and at call time packs the parsed values back into one instance of the group.
+A command that needs other defaults or fewer flags says so with `Group.with_defaults` /
+`Group.optional` / `Group.without`, never by listing fields.
 """
 
 from __future__ import annotations
