@@ -14,14 +14,10 @@ checks that its final block is bit-identical to its replica's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
-import platform
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,26 +25,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.scale import replace_section
+from benchmarks import common
 from swarmd.core import checkpoint as ck
-from swarmd.core.config import ModelConfig
 from swarmd.protocol import PeerState
 from swarmd.swarm.launch import LocalSwarm
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
-    p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--steps", type=int, default=10)
+    p = common.parser(__doc__)
+    common.add_schedule(p, rounds=30, steps=10)
     p.add_argument("--kill-after", type=int, default=3, help="kill the victim once it has merged this many rounds")
     p.add_argument("--deadline-max", type=float, default=10.0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/fault.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
+    common.add_outputs(p, "fault")
     return p.parse_args(argv)
 
 
-CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=128, seq_len=32)
+CFG = common.TINY_CFG
 VICTIM = 5
 
 
@@ -85,22 +77,17 @@ async def wait_round(swarm: LocalSwarm, survivors: list[int], round: int, timeou
     raise SystemExit(f"survivors did not reach round {round}")
 
 
+PARTICIPATION_NOTE = (
+    "Participation counts (peer, kind) deltas expected from the DHT records at round start: "
+    "the dead peer's record stays until its TTL (15 s) expires, and it is banned after the first failed dial, "
+    "so the drop shows in the kill round (and the next one for peers it was supposed to dial)."
+)
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     survivors = [i for i in range(6) if i != VICTIM]
-    with tempfile.TemporaryDirectory(prefix="fault-") as tmp:
-        swarm = LocalSwarm(
-            6,
-            CFG,
-            a.data_dir / "train.txt",
-            Path(tmp),
-            rounds=a.rounds,
-            steps_per_round=a.steps,
-            codec="int8",
-            batch_size=8,
-            lr=3e-3,
-            deadline_max_s=a.deadline_max,
-        )
+    with common.tiny_swarm("fault-", 6, a.data_dir, a.rounds, a.steps, deadline_max_s=a.deadline_max) as swarm:
         swarm.kill_after = a.kill_after
         try:
             swarm.start(timeout_s=300)
@@ -143,7 +130,7 @@ def main(argv=None) -> None:
         )
     vhist = sorted(sums[VICTIM]["history"], key=lambda h: h["round"])
     out = {
-        "command": ("python benchmarks/fault.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
+        "command": common.command_line("fault.py", argv),
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
@@ -162,10 +149,9 @@ def main(argv=None) -> None:
         "victim_resynced": "adopted the block" in victim_log,
         "victim_final_round": sums[VICTIM]["round"],
         "victim_block_identical_to_replica": identical,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "machine": common.machine(),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
+    common.write_json(a.out, out)
     print(json.dumps(out, indent=2))
     lines = [
         "### Fault tolerance: kill -9 one of 6 daemons mid-exchange",
@@ -199,12 +185,10 @@ def main(argv=None) -> None:
         f"with participation {', '.join(f'{p:.2f}' for p in out['victim_participation_after_restart'][:5])}; "
         f"its final block is bit-identical to its replica's: **{identical}**.",
         "",
-        "Participation counts (peer, kind) deltas expected from the DHT records at round start: "
-        "the dead peer's record stays until its TTL (15 s) expires, and it is banned after the first failed dial, "
-        "so the drop shows in the kill round (and the next one for peers it was supposed to dial).",
+        PARTICIPATION_NOTE,
         "",
     ]
-    replace_section(a.md, "fault.py", lines)
+    common.replace_section(a.md, "fault.py", lines)
 
 
 if __name__ == "__main__":

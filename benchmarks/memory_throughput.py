@@ -32,6 +32,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.memory import GIB, model_info
@@ -42,23 +45,14 @@ PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("BLOCKTRAIN_DATA"),
-        help="folder with train.txt (default $BLOCKTRAIN_DATA)",
-    )
+    p = common.parser(__doc__, holds="train.txt")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/memory_throughput.json"))
     p.add_argument("--mem-steps", type=int, default=5, help="optimiser steps per memory case")
     p.add_argument("--tput-steps", type=int, default=12, help="timed steps per model (after 2 warm-up steps)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--case", choices=("block", "block_trajectory", "e2e"), help=argparse.SUPPRESS)  # subprocess mode
-    args = p.parse_args(argv)
-    if args.data_dir is None or not (Path(args.data_dir) / "train.txt").is_file():
-        p.error(f"--data-dir must hold train.txt (got {args.data_dir}); set BLOCKTRAIN_DATA")
-    return args
+    return common.parse_checked(p, argv, holds="train.txt")
 
 
 def maxrss_bytes() -> int:
@@ -191,25 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     tput = throughput(args)
     print(json.dumps(tput), flush=True)
-    cli = subprocess.run(
-        [
-            "blocktrain",
-            "model-info",
-            "--blocks",
-            "3",
-            "--layers-per-block",
-            "4",
-            "--d-model",
-            "512",
-            "--n-heads",
-            "8",
-            "--hidden",
-            "2048",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    paper_flags = [arg for k, v in PAPER_CFG.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
+    info_cmd = ["blocktrain", "model-info", *paper_flags, "--json"]
+    cli = subprocess.run(info_cmd, capture_output=True, text=True)
     paper_info = json.loads(cli.stdout) if cli.returncode == 0 else model_info(ModelConfig(**PAPER_CFG))
     result = {
         "config": CPU_CFG
@@ -230,9 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "stack_params",
             )
         },
-        "model_info_command": (
-            "blocktrain model-info --blocks 3 --layers-per-block 4 --d-model 512 --n-heads 8 --hidden 2048 --json"
-        ),
+        "model_info_command": " ".join(info_cmd),
         "paper_active_adamw_gib": 0.198,
         "active_adamw_vs_paper": paper_info["active_adamw_gib"] / 0.198,
         "trajectory_cost_paper_config": trajectory_cost(ModelConfig(**PAPER_CFG)),

@@ -14,51 +14,31 @@ time (own delta ready -> merge, median), participation.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmd.core.config import ModelConfig
-from swarmd.swarm.launch import LocalSwarm
+from benchmarks import common
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
+    p = common.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/scale.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
+    common.add_schedule(p, rounds=3, steps=5)
+    common.add_outputs(p, "scale")
     return p.parse_args(argv)
 
 
-CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=128, seq_len=32)
+CFG = common.TINY_CFG
 
 
 def run_size(a, n: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as tmp:
-        swarm = LocalSwarm(
-            n,
-            CFG,
-            a.data_dir / "train.txt",
-            Path(tmp),
-            rounds=a.rounds,
-            steps_per_round=a.steps,
-            codec="int8",
-            batch_size=8,
-            lr=3e-3,
-            deadline_max_s=30.0,
-        )
+    with common.tiny_swarm(f"scale-{n}-", n, a.data_dir, a.rounds, a.steps, deadline_max_s=30.0) as swarm:
         start = time.monotonic()
         try:
             swarm.start(timeout_s=600)
@@ -93,6 +73,17 @@ def run_size(a, n: int) -> dict:
     }
 
 
+COLUMNS_NOTE = (
+    "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup "
+    "showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup "
+    "shows all N peers (includes starting its own DHT node). first round: from then until its first merge "
+    "(H local steps + exchange). "
+    "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down "
+    "~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with "
+    "same-block peers) grows with N as well."
+)
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     rows = []
@@ -100,17 +91,16 @@ def main(argv=None) -> None:
         row = run_size(a, n)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    command = ("python benchmarks/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    command = common.command_line("scale.py", argv)
     out = {
         "command": command,
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
         "rows": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "machine": common.machine(),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
+    common.write_json(a.out, out)
     lines = [
         "### Scale: discovery and round time with 3, 6, 12 daemons (one machine)",
         "",
@@ -133,31 +123,8 @@ def main(argv=None) -> None:
             f"| {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} "
             f"| {r['bytes_sent_per_peer_round']:,.0f} |"
         )
-    lines += [
-        "",
-        "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup "
-        "showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup "
-        "shows all N peers (includes starting its own DHT node). first round: from then until its first merge "
-        "(H local steps + exchange). "
-        "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down "
-        "~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with "
-        "same-block peers) grows with N as well.",
-        "",
-    ]
-    replace_section(a.md, "scale.py", lines)
-
-
-def replace_section(path: Path, name: str, lines: list[str]) -> None:
-    existing = path.read_text() if path.exists() else ""
-    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    block = start + "\n" + "\n".join(lines) + "\n" + end
-    if start in existing:
-        pre, rest = existing.split(start, 1)
-        existing = pre + block + rest.split(end, 1)[1]
-    else:
-        existing = (existing + "\n" if existing else "") + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(existing)
+    lines += ["", COLUMNS_NOTE, ""]
+    common.replace_section(a.md, "scale.py", lines)
 
 
 if __name__ == "__main__":

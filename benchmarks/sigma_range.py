@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import denoising_ce, from_noise_ce
@@ -32,13 +34,7 @@ from swarmd.core.local_run import train_blocktrain
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("BLOCKTRAIN_DATA"),
-        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)",
-    )
+    p = common.parser(__doc__, holds="train.txt and eval.txt")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sigma_range.json"))
     p.add_argument("--ranges", default="0.1:2,1:10", help="comma-separated lo:hi noise ranges")
     p.add_argument("--rounds", type=int, default=2)
@@ -46,10 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.data_dir is None or not (Path(args.data_dir) / "train.txt").is_file():
-        p.error(f"--data-dir must hold train.txt and eval.txt (got {args.data_dir}); set BLOCKTRAIN_DATA")
-    return args
+    return common.parse_checked(p, argv, holds="train.txt and eval.txt")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -16,12 +16,8 @@ Writes --out (JSON) and --md (markdown fragment with table and command).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,26 +25,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.scale import replace_section
+from benchmarks import common
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.local_run import train_blocktrain
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
-from swarmd.swarm.launch import LocalSwarm
 from swarmd.swarm.peer_config import peer_train_config
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
+    p = common.parser(__doc__)
     p.add_argument("--peers", type=int, default=6)
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--layers-per-block", type=int, default=1)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=25, help="local steps per round (H)")
+    common.add_schedule(p, rounds=8, steps=25, steps_help="local steps per round (H)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tokens", type=int, default=8192)
@@ -59,8 +52,7 @@ def parse_args(argv=None):
         default=0.0,
         help="train on the sampler's own trajectory (swarm and single-process alike)",
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/swarm.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
+    common.add_outputs(p, "swarm")
     return p.parse_args(argv)
 
 
@@ -81,20 +73,19 @@ def train_config(a) -> TrainConfig:
 
 
 def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"swarm-bench-{codec}-") as tmp:
-        swarm = LocalSwarm(
-            a.peers,
-            cfg,
-            train_path,
-            Path(tmp),
-            rounds=a.rounds,
-            steps_per_round=a.steps,
-            codec=codec,
-            batch_size=a.batch_size,
-            lr=a.lr,
-            seed=0,
-            trajectory_prob=a.trajectory_prob,
-        )
+    with common.temporary_swarm(
+        f"swarm-bench-{codec}-",
+        a.peers,
+        cfg,
+        train_path,
+        rounds=a.rounds,
+        steps_per_round=a.steps,
+        codec=codec,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        seed=0,
+        trajectory_prob=a.trajectory_prob,
+    ) as swarm:
         start = time.monotonic()
         try:
             swarm.start(timeout_s=300)
@@ -161,9 +152,8 @@ def main(argv=None) -> None:
         )
 
     main_codec = "int8" if "int8" in results else a.codecs[0]
-    command = "python benchmarks/swarm.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {
-        "command": command.strip(),
+        "command": common.command_line("swarm.py", argv),
         "config": cfg.to_dict(),
         "train": tcfg.to_dict(),
         "peers": a.peers,
@@ -181,15 +171,11 @@ def main(argv=None) -> None:
         "wire_bytes": results[main_codec]["wire_bytes"],
         "raw_bytes": results[main_codec]["raw_bytes"],
         "codecs": results,
-        "machine": (
-            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-            f"torch {torch.__version__}"
-        ),
+        "machine": f"{common.machine()}, torch {torch.__version__}",
     }
     if "fp32" in results and "int8" in results:
         out["int8_ce_loss_vs_fp32"] = results["int8"]["swarm_ce"] - results["fp32"]["swarm_ce"]
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2, sort_keys=True))
+    common.write_json(a.out, out)
     write_md(a, out)
     print(
         json.dumps(
@@ -257,7 +243,7 @@ def write_md(a, out: dict) -> None:
     ]
     if a.trajectory_prob:
         lines += [TRAJECTORY_NOTE, ""]
-    replace_section(a.md, "swarm.py" + (" trajectory" if a.trajectory_prob else ""), lines)
+    common.replace_section(a.md, "swarm.py" + (" trajectory" if a.trajectory_prob else ""), lines)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ from pathlib import Path
 import grpc
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
 from swarmd.protocol import Codec
 from swarmd.swarm.delta import decode, encode, shapes_of
 from swarmd.transport import PeerClient, start_server
@@ -54,12 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload (default both)"
     )
     p.add_argument("--repeats", type=int, default=3, help="timed exchanges per variant (default 3)")
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("BLOCKTRAIN_DATA"),
-        help="folder with train.txt for the trained block delta",
-    )
+    common.add_data_dir(p, help="folder with train.txt for the trained block delta")
     p.add_argument(
         "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
     )
