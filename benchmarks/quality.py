@@ -139,7 +139,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("held-out CE (nats/byte)")
     c = result["config"]["model"]
     ax.set_title(
-        f"B={c['blocks']} L_b={c['layers_per_block']} d={c['d_model']} seq={c['seq_len']}: ratio {result.get('ratio') or float('nan'):.3f}"
+        f"B={c['blocks']} L_b={c['layers_per_block']} d={c['d_model']} seq={c['seq_len']}: "
+        f"ratio {result.get('ratio') or float('nan'):.3f}"
     )
     ax.grid(alpha=0.3)
     ax.legend()
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row["trace"] = [round(s["ce"], 4) for s in r.eval["trace"]]
             history.setdefault(kind, []).append(row)
             print(
-                f"[{kind}] round {r.round}: train ce {r.train_ce:.3f} eval ce {r.eval['ce']:.4f} {row.get('trace', '')} ({r.seconds:.0f}s)",
+                f"[{kind}] round {r.round}: train ce {r.train_ce:.3f} eval ce {r.eval['ce']:.4f} "
+                f"{row.get('trace', '')} ({r.seconds:.0f}s)",
                 flush=True,
             )
 

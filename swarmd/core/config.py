@@ -80,7 +80,8 @@ class TrainConfig:
     seed: int = 0  # data and noise seed
     trajectory_prob: float = 0.0  # chance a training batch uses the sampler's own trajectory (see README)
     trajectory_steps: int = 0  # sampler steps the trajectory inputs follow (0 = one per block, as at eval)
-    sigma_sampling: str = "lognormal"  # lognormal (documented) | loguniform (in the widened interval) | sampler (the block's sampler sigmas)
+    # lognormal (documented) | loguniform (in the widened interval) | sampler (the block's sampler sigmas)
+    sigma_sampling: str = "lognormal"
     sigma_jitter: float = 0.0  # with sigma_sampling=sampler: log-std of multiplicative jitter around the sampler sigma
     table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
 

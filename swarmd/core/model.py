@@ -186,6 +186,7 @@ class NoiseEmbedding(nn.Module):
     def __init__(self, d_model: int, scale: float, n_freq: int = 256):
         super().__init__()
         half = n_freq // 2
+        self.freqs: torch.Tensor
         self.register_buffer("freqs", torch.exp(-math.log(10_000.0) * torch.arange(half) / half), persistent=False)
         self.scale = scale
         self.mlp = nn.Sequential(nn.Linear(n_freq, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
@@ -349,7 +350,7 @@ def sample_from_noise(
     sigmas = sampler_schedule(cfg, steps)
     z = z0 if z0 is not None else start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
     per_step: list[torch.Tensor] = []
-    logits = None
+    logits = torch.empty(0)  # sampler_schedule has at least one step, so this is always replaced
     for i, sigma in enumerate(sigmas):
         nxt = sigmas[i + 1] if i + 1 < len(sigmas) else None
         logits, z = euler_step(

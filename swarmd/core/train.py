@@ -46,7 +46,9 @@ def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
 
     The shared byte table (ByteEmbedding.table) gets its own group at lr * table_lr_scale.
     """
-    decay, no_decay, table = [], [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    table: list[nn.Parameter] = []
     for module in modules:
         for name, p in module.named_parameters():
             if isinstance(module, ByteEmbedding) and name == "table":
