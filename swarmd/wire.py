@@ -9,7 +9,6 @@ bytes, optionally one zstd frame; nothing is ever pickled. No grpc server or tor
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import torch
@@ -29,7 +28,6 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 DEFAULT_MAX_TENSOR_BYTES = 256 << 20  # refuse any single tensor larger than this
-assert sys.byteorder == "little", "the wire format is little-endian"
 
 _ZSTD_LEVEL = 3
 
@@ -39,7 +37,8 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return t.numpy().tobytes()
+    arr = t.numpy()
+    return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()  # a no-op on little-endian hosts
 
 
 def bytes_to_tensor(
@@ -63,8 +62,9 @@ def bytes_to_tensor(
         raise ValidationError(
             f"tensor bytes {len(data)} do not match dtype {dtype} and shape {list(shape)} ({expected} expected)"
         )
-    np_dtype = np.int16 if torch_dtype == torch.bfloat16 else torch.empty(0, dtype=torch_dtype).numpy().dtype
-    arr = np.frombuffer(bytes(data), dtype=np_dtype).reshape([int(s) for s in shape]).copy()
+    np_dtype = np.dtype(np.int16) if torch_dtype == torch.bfloat16 else torch.empty(0, dtype=torch_dtype).numpy().dtype
+    wire = np.frombuffer(bytes(data), dtype=np_dtype.newbyteorder("<")).reshape([int(s) for s in shape])
+    arr = wire.astype(np_dtype.newbyteorder("="), copy=True)  # native order for torch
     t = torch.from_numpy(arr)
     if torch_dtype == torch.bfloat16:
         t = t.view(torch.bfloat16)
