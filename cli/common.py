@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from cli.options import Device, SourceOptions
-from swarmd.errors import ConfigError, SwarmdError
+from swarmd.errors import ConfigError, DataError, SwarmdError
 from swarmd.swarm.runner import setup_logging
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "open_sweeper",
     "print_json",
     "resolve_data",
+    "resolve_train_eval",
     "setup_logging",
 ]
 
@@ -66,25 +68,99 @@ def check_device(device: Device) -> str:
     return device.value
 
 
-def resolve_data(path: Path | None, split: str = "train") -> Path:
-    """--data, else $BLOCKTRAIN_DATA/<split>.txt, else the fetched WikiText-2 cache (fetching it)."""
-    if path is not None:
-        return path
-    env = os.environ.get("BLOCKTRAIN_DATA")
-    if env:
-        candidate = Path(env)
-        return candidate / f"{split}.txt" if candidate.is_dir() else candidate
-    from swarmd.core.corpus import ensure_wikitext2
+def _announce(line: str) -> None:
+    typer.echo(line, err=True)
 
-    return ensure_wikitext2()[split]
+
+def _data_dir_split(path: Path, split: str) -> Path:
+    """A folder holding train.txt (a split folder, like $BLOCKTRAIN_DATA) gives <split>.txt; anything else itself."""
+    return path / f"{split}.txt" if path.is_dir() and (path / "train.txt").is_file() else path
+
+
+def _default_corpus():
+    """The WikiText-2 cache if complete, else the standard-library corpus (never the network); announced."""
+    from swarmd.core.corpus import Corpus, cached_wikitext2, stdlib_corpus
+
+    cached = cached_wikitext2()
+    if cached is not None:
+        corpus = Corpus(
+            "WikiText-2 (cached)",
+            cached["train"],
+            cached["eval"],
+            cached["train"].stat().st_size,
+            cached["eval"].stat().st_size,
+        )
+    else:
+        corpus = stdlib_corpus()
+        corpus = replace(corpus, detail=f"{corpus.detail}; no --data, $BLOCKTRAIN_DATA or WikiText-2 cache")
+    _announce(corpus.announce())
+    return corpus
+
+
+def resolve_data(path: Path | None, split: str = "train") -> Path:
+    """--data (a file, a folder of files, or a folder with train.txt / eval.txt), else $BLOCKTRAIN_DATA
+    (the same), else the WikiText-2 cache if fetched, else the Python standard library's sources.
+
+    Never downloads: `blocktrain data fetch wikitext-2` does. The deprecated $BLOCKTRAIN_TRAIN_DATA is
+    read (with a warning) when $BLOCKTRAIN_DATA is unset. An eval split of a lone training file is its
+    held-out tail (resolve_train_eval), so `eval` scores what training held out.
+    """
+    if path is None:
+        env = os.environ.get("BLOCKTRAIN_DATA")
+        if not env and os.environ.get("BLOCKTRAIN_TRAIN_DATA"):
+            env = os.environ["BLOCKTRAIN_TRAIN_DATA"]
+            _announce("warning: BLOCKTRAIN_TRAIN_DATA is deprecated; set BLOCKTRAIN_DATA instead")
+        if not env:
+            corpus = _default_corpus()
+            return corpus.train if split == "train" else corpus.eval
+        if split == "eval" and Path(env).is_file():  # a lone training file: score what training holds out
+            return held_out_of(Path(env))
+        path = Path(env)
+    return _data_dir_split(path, split)
+
+
+def resolve_train_eval(data: Path | None, eval_data: Path | None) -> tuple[Path, Path]:
+    """(training text, held-out text): --eval-data, else eval.txt beside the training file, else the
+    training text's tail, carved out and excluded from training (announced in one line)."""
+    train_path = resolve_data(data, "train")
+    if eval_data is not None:
+        return train_path, eval_data
+    sibling = _eval_beside(train_path)
+    if sibling is not None:
+        return train_path, sibling
+    corpus = _carve(train_path)
+    return corpus.train, corpus.eval
+
+
+def _eval_beside(train_path: Path) -> Path | None:
+    sibling = train_path.parent / "eval.txt"
+    return sibling if train_path.is_file() and sibling.is_file() and sibling != train_path else None
+
+
+def _carve(train_path: Path):
+    from swarmd.core.corpus import heldout_split
+
+    corpus = heldout_split(train_path)
+    _announce(corpus.announce())
+    return corpus
+
+
+def held_out_of(train_path: Path) -> Path:
+    """The held-out text that resolve_train_eval pairs with train_path (eval.txt beside it, else its tail)."""
+    return _eval_beside(train_path) or _carve(train_path).eval
 
 
 def eval_path_for(train_path: Path, eval_data: Path | None) -> Path:
-    """--eval-data, else eval.txt next to a training file, else the training text itself."""
+    """--eval-data, else eval.txt next to a training file; never the training text itself (see resolve_train_eval)."""
     if eval_data is not None:
         return eval_data
-    sibling = train_path.parent / "eval.txt"
-    return sibling if sibling.is_file() and train_path.is_file() else train_path
+    sibling = _eval_beside(train_path)
+    if sibling is not None:
+        return sibling
+    raise DataError(
+        f"no held-out text for {train_path}: put an eval.txt beside it or pass --eval-data FILE "
+        "(training text is never scored as held-out text)"
+    )
 
 
 async def open_sweeper(src: SourceOptions, device: str, steps: int | None):

@@ -14,7 +14,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as o
-from cli.common import cli_errors, eval_path_for, print_json, resolve_data
+from cli.common import cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import GOSSIP
 from swarmd.protocol import peer_state_name
@@ -49,7 +49,7 @@ def demo(
         from swarmd.swarm.demo import DEMO_MODEL, DEMO_TRAIN, run_demo
 
         cfg, tcfg = model.config(DEMO_MODEL), train.config(DEMO_TRAIN)
-        train_path = resolve_data(data, "train")
+        train_path, eval_path = resolve_train_eval(data, eval_data)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=json_out
         ) as view:
@@ -79,7 +79,7 @@ def demo(
                 peers,
                 cfg,
                 train_path,
-                eval_path_for(train_path, eval_data),
+                eval_path,
                 rounds=rounds,
                 steps_per_round=steps_per_round,
                 codec=codec.value,

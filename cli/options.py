@@ -71,14 +71,21 @@ Data = Annotated[
     Path | None,
     flag(
         "--data",
-        "Training text: a file or a directory of files (default: $BLOCKTRAIN_DATA or the WikiText-2 cache).",
+        "Training text: a file, a directory of files, or a directory with train.txt and eval.txt "
+        "(default: the fetched WikiText-2 cache, else the Python standard library's sources; "
+        "BLOCKTRAIN_TRAIN_DATA is a deprecated alias).",
         T,
-        "BLOCKTRAIN_TRAIN_DATA",
+        "BLOCKTRAIN_DATA",
     ),
 ]
 EvalData = Annotated[
     Path | None,
-    flag("--eval-data", "Held-out text for from-noise CE (default: eval split next to the training data).", T),
+    flag(
+        "--eval-data",
+        "Held-out text for from-noise CE (default: eval.txt beside the training data, else the training text's "
+        "tail, held out of training).",
+        T,
+    ),
 ]
 StepsPerRound = Annotated[int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T)]
 Rounds = Annotated[int, flag("--rounds", "Rounds to run (run / join: 0 = until stopped).", T)]

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cli import options as o
-from cli.common import check_device, cli_errors, eval_path_for, resolve_data, setup_logging
+from cli.common import check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
 from cli.groups import with_groups
 from swarmd.swarm.runner import run_foreground
 
@@ -36,6 +36,7 @@ def run(
     setup_logging(verbose)
     with cli_errors():
         check_device(peer.device)
-        train_path = resolve_data(peer.data, "train")
-        eval_path = eval_path_for(train_path, peer.eval_data) if peer.eval_every else None
+        train_path, eval_path = (
+            resolve_train_eval(peer.data, peer.eval_data) if peer.eval_every else (resolve_data(peer.data), None)
+        )
         run_foreground(peer.config(model.config(), train, list(peers or []), train_path, eval_path))

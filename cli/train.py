@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as o
-from cli.common import check_device, cli_errors, eval_path_for, print_json, resolve_data
+from cli.common import check_device, cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import TRAIN
 from swarmd.errors import ConfigError
@@ -42,9 +42,9 @@ def train(
         from swarmd.core.data import ByteData
         from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
-        train_path = resolve_data(data, "train")
+        train_path, eval_path = resolve_train_eval(data, eval_data)
         corpus = ByteData.from_path(train_path, cfg.seq_len)
-        eval_xy = ByteData.from_path(eval_path_for(train_path, eval_data), cfg.seq_len).eval_windows(eval_tokens)
+        eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(eval_tokens)
         history: list[dict] = []
         total = steps_per_round * rounds * (1 if e2e else cfg.blocks)
         with Progress(

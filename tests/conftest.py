@@ -1,8 +1,14 @@
-"""Session-wide test fixtures: no test may leave a child process behind.
+"""Session-wide test fixtures: real text for every test that wants it, and no child process left behind.
 
-The autouse session fixture below runs once after the whole suite: it polls (with a deadline) for
-every descendant of the pytest process to be gone (hivemind DHT processes, their p2pd daemons,
-`python -m swarmd` daemon subprocesses, multiprocessing children), then reaps and reports
+`text_data` is a folder with train.txt and eval.txt of real text, so no test skips for lack of data:
+WikiText-2 from $BLOCKTRAIN_DATA, ../shared/data/wikitext-2 or the fetched cache when one is there,
+else the Python standard library's sources (swarmd.core.corpus.stdlib_corpus, held out by file),
+built once per session. An autouse session fixture points $BLOCKTRAIN_CACHE at a session temp
+folder, so the tests never write into the user's cache (held-out tails, the stdlib corpus).
+
+The autouse session fixture `no_leaked_children` runs once after the whole suite: it polls (with a
+deadline) for every descendant of the pytest process to be gone (hivemind DHT processes, their p2pd
+daemons, `python -m swarmd` daemon subprocesses, multiprocessing children), then reaps and reports
 leftovers. Linux only (/proc); elsewhere it checks multiprocessing.active_children() alone.
 """
 
@@ -17,6 +23,44 @@ from pathlib import Path
 import pytest
 
 ALLOWED = ("torch_shm_manager",)  # torch's shared-memory helper lives as long as pytest itself
+SHARED_WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+USER_ENV = {k: os.environ.get(k) for k in ("BLOCKTRAIN_DATA", "BLOCKTRAIN_CACHE")}  # before the session changes them
+
+
+def _split_dir(candidate: str | os.PathLike | None) -> Path | None:
+    if candidate and (Path(candidate) / "train.txt").is_file() and (Path(candidate) / "eval.txt").is_file():
+        return Path(candidate)
+    return None
+
+
+def _user_wikitext() -> Path | None:
+    """WikiText-2 as the user has it: $BLOCKTRAIN_DATA, ../shared/data/wikitext-2, or the fetched cache."""
+    for candidate in (USER_ENV["BLOCKTRAIN_DATA"], SHARED_WIKITEXT):
+        if found := _split_dir(candidate):
+            return found
+    cache = Path(USER_ENV["BLOCKTRAIN_CACHE"] or Path.home() / ".cache" / "blocktrain") / "wikitext-2"
+    return _split_dir(cache) if (cache / "manifest.json").is_file() else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """$BLOCKTRAIN_CACHE -> a session temp folder for the whole run (daemon subprocesses inherit it)."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("blocktrain-cache")
+    mp.setenv("BLOCKTRAIN_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def text_data(session_cache) -> Path:
+    """A folder with train.txt and eval.txt: WikiText-2 if the user has it, else the stdlib corpus."""
+    found = _user_wikitext()
+    if found is not None:
+        return found
+    from swarmd.core.corpus import stdlib_corpus
+
+    return stdlib_corpus(cache=session_cache).train.parent
 
 
 def _descendants(root: int) -> dict[int, str]:

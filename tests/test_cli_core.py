@@ -108,7 +108,7 @@ def test_train_then_eval_tiny(tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = json.loads(result.stdout)  # stderr has the one-line note on the held-out tail
     assert len(summary["history"]) == 2 and len(summary["history"][0]["trace"]) == 2
     result = runner.invoke(
         app, ["eval", "--checkpoint", str(out), "--data", str(text), "--eval-tokens", "256", "--trace", "--json"]

@@ -1,15 +1,14 @@
 """A short BlockTrain run on real text must lower held-out from-noise CE well below ln 256.
 
-Uses WikiText-2 from $BLOCKTRAIN_DATA (or ../shared/data/wikitext-2); skipped when absent.
-Small config (B=3, L_b=1, d=64, seq 64, batch 16, 2 rounds x 40 steps per block) so it runs in
-well under a minute on one CPU thread.
+Real text comes from the `text_data` fixture (tests/conftest.py): WikiText-2 when the user has it
+($BLOCKTRAIN_DATA, ../shared/data/wikitext-2 or the fetched cache), else the Python standard
+library's sources, held out by file; never skipped. Small config (B=3, L_b=1, d=64, seq 64,
+batch 16, 2 rounds x 40 steps per block) so it runs in well under a minute on one CPU thread.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,31 +21,14 @@ from swarmd.core.local_run import train_blocktrain
 UNIFORM_CE = math.log(256)  # 5.545 nats: an untrained model
 
 
-def _data_dir() -> Path | None:
-    candidates = [
-        os.environ.get("BLOCKTRAIN_DATA"),
-        Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2",
-    ]
-    for c in candidates:
-        if c and (Path(c) / "train.txt").is_file() and (Path(c) / "eval.txt").is_file():
-            return Path(c)
-    return None
-
-
-DATA = _data_dir()
-
-
-@pytest.mark.skipif(
-    DATA is None, reason="WikiText-2 not found: set BLOCKTRAIN_DATA to a folder with train.txt and eval.txt"
-)
-def test_short_training_lowers_from_noise_ce_well_below_uniform():
+def test_short_training_lowers_from_noise_ce_well_below_uniform(text_data):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         mcfg = ModelConfig(blocks=3, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)
         tcfg = TrainConfig(batch_size=16, lr=2e-3, warmup_steps=10, total_steps=80, seed=0)
-        corpus = ByteData.from_path(DATA / "train.txt", mcfg.seq_len)
-        x, y = ByteData.from_path(DATA / "eval.txt", mcfg.seq_len).eval_windows(2048)
+        corpus = ByteData.from_path(text_data / "train.txt", mcfg.seq_len)
+        x, y = ByteData.from_path(text_data / "eval.txt", mcfg.seq_len).eval_windows(2048)
         untrained = train_blocktrain(mcfg, tcfg, corpus, (x[:1], y[:1]), steps_per_round=1, rounds=0)
         before = from_noise_ce(untrained.blocks, untrained.emb, x, y, mcfg)["ce"]
         stack = train_blocktrain(mcfg, tcfg, corpus, (x[:1], y[:1]), steps_per_round=40, rounds=2)
