@@ -13,5 +13,5 @@ service.py     SwarmService: the transport's SwarmHandler (status, config, pull,
 daemon.py      Daemon: wires swarm + serve + transport, owns the asyncio tasks and the training thread
 runner.py      one daemon in the foreground: signals, the stdout lines (`blocktrain run`, `python -m swarmd`)
 launch.py      LocalSwarm: N daemon processes on loopback (demo, benchmarks, tests)
-demo.py        run_demo: a LocalSwarm and the assembled model's CE before and after (`blocktrain demo`)
+demo.py        plan_demo / run_demo: a LocalSwarm, its progress as events, the model it keeps (`blocktrain demo`)
 """
