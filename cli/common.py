@@ -22,6 +22,7 @@ from swarmd.errors import ConfigError, DataError, SwarmdError
 from swarmd.swarm.runner import setup_logging
 
 __all__ = [
+    "check_data",
     "check_device",
     "cli_errors",
     "eval_path_for",
@@ -97,6 +98,26 @@ def _default_corpus():
     return corpus
 
 
+def _env_data(warn: bool = False) -> str | None:
+    """$BLOCKTRAIN_DATA, else the deprecated $BLOCKTRAIN_TRAIN_DATA (with a warning on stderr)."""
+    env = os.environ.get("BLOCKTRAIN_DATA")
+    if not env and os.environ.get("BLOCKTRAIN_TRAIN_DATA"):
+        env = os.environ["BLOCKTRAIN_TRAIN_DATA"]
+        if warn:
+            _announce("warning: BLOCKTRAIN_TRAIN_DATA is deprecated; set BLOCKTRAIN_DATA instead")
+    return env or None
+
+
+def check_data(path: Path | None) -> None:
+    """Instant checks of the training data the user named (--data, else $BLOCKTRAIN_DATA), before torch
+    loads: it exists, holds bytes and looks like text. No data named: nothing to check (the defaults are)."""
+    from swarmd.core.textcheck import check_data_path
+
+    named = path if path is not None else _env_data()
+    if named is not None:
+        check_data_path(_data_dir_split(Path(named), "train"))
+
+
 def resolve_data(path: Path | None, split: str = "train") -> Path:
     """--data (a file, a folder of files, or a folder with train.txt / eval.txt), else $BLOCKTRAIN_DATA
     (the same), else the WikiText-2 cache if fetched, else the Python standard library's sources.
@@ -106,10 +127,7 @@ def resolve_data(path: Path | None, split: str = "train") -> Path:
     held-out tail (resolve_train_eval), so `eval` scores what training held out.
     """
     if path is None:
-        env = os.environ.get("BLOCKTRAIN_DATA")
-        if not env and os.environ.get("BLOCKTRAIN_TRAIN_DATA"):
-            env = os.environ["BLOCKTRAIN_TRAIN_DATA"]
-            _announce("warning: BLOCKTRAIN_TRAIN_DATA is deprecated; set BLOCKTRAIN_DATA instead")
+        env = _env_data(warn=True)
         if not env:
             corpus = _default_corpus()
             return corpus.train if split == "train" else corpus.eval

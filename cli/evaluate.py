@@ -16,7 +16,11 @@ def evaluate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint directory.")],
     data: Annotated[
         Path | None,
-        typer.Option("--data", help="Held-out text (default: $BLOCKTRAIN_DATA/eval.txt or the WikiText-2 cache)."),
+        typer.Option(
+            "--data",
+            help="Held-out text (default: $BLOCKTRAIN_DATA's eval.txt, else the held-out tail of a $BLOCKTRAIN_DATA "
+            "file, else the WikiText-2 cache's, else the stdlib corpus's held-out split).",
+        ),
     ] = None,
     eval_tokens: o.EvalTokens = 65536,
     steps: o.Steps = None,

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from cli import options as o
-from cli.common import check_device, cli_errors, resolve_data, setup_logging
+from cli.common import check_data, check_device, cli_errors, resolve_data, setup_logging
 from cli.groups import with_groups
 from swarmd.errors import ConfigMismatch
 from swarmd.swarm.runner import run_foreground
@@ -40,6 +40,7 @@ def join(
     """
     setup_logging(verbose)
     with cli_errors():
+        check_data(peer.data)  # a missing, empty or binary file fails before torch loads
         check_device(peer.device)
         swarm_model = asyncio.run(fetch_swarm_config(list(peers), peer.swarm_id))
         swarm_values = swarm_model.to_dict()

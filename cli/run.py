@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cli import options as o
-from cli.common import check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
+from cli.common import check_data, check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
 from cli.groups import with_groups
 from swarmd.swarm.runner import run_foreground
 
@@ -35,6 +35,7 @@ def run(
     """Start a swarm peer that trains one block; prints the multiaddrs others join with."""
     setup_logging(verbose)
     with cli_errors():
+        check_data(peer.data)  # a missing, empty or binary file fails before torch loads
         check_device(peer.device)
         train_path, eval_path = (
             resolve_train_eval(peer.data, peer.eval_data) if peer.eval_every else (resolve_data(peer.data), None)

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as o
-from cli.common import check_device, cli_errors, print_json, resolve_train_eval
+from cli.common import check_data, check_device, cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import TRAIN
 from swarmd.errors import ConfigError
@@ -32,6 +32,7 @@ def train(
 ) -> None:
     """Train one process, one block at a time (no gradient crosses blocks); eval after every round."""
     with cli_errors():
+        check_data(data)  # a missing, empty or binary file fails before torch loads
         dev = check_device(device)
         cfg = model.config()
         if steps_per_round < 1 or rounds < 1:

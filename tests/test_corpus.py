@@ -7,7 +7,6 @@ CLI falls back to is exactly what a fresh clone with no ../shared and no network
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -126,14 +125,39 @@ def test_load_bytes_refuses_binary(tmp_path, blob, needle):
             load_bytes(path)
 
 
-def test_binary_training_file_is_refused_fast_by_the_cli(tmp_path, clean_env):
+JOIN = ["join", "/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi"]
+REFUSE_BEFORE_TORCH = """
+import json, sys, time
+from typer.testing import CliRunner
+from cli.main import app
+start = time.monotonic()
+r = CliRunner().invoke(app, json.loads(sys.argv[1]))
+print(json.dumps({"code": r.exit_code, "output": r.output, "torch": "torch" in sys.modules,
+                  "s": time.monotonic() - start}))
+"""
+
+
+def test_binary_training_file_is_refused_before_torch_loads(tmp_path, clean_env):
+    """train, demo, run and join refuse a binary --data (or $BLOCKTRAIN_DATA) with exit 2 and never import torch."""
+    import subprocess
+    import sys
+
     (tmp_path / "model.pt").write_bytes(b"\x80\x02}q\x00(X\x06\x00\x00\x00weight" + bytes(5000))
-    start = time.monotonic()
-    result = runner.invoke(app, ["train", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "model.pt"), *TINY])
-    took = time.monotonic() - start
-    assert result.exit_code == 2, result.output
-    assert "error: " in result.output and "looks binary" in result.output and "Traceback" not in result.output
-    assert took < 3.0, f"the refusal took {took:.1f}s"
+    (tmp_path / "noise.bin").write_bytes(bytes(np.random.default_rng(1).integers(1, 256, 20_000, dtype=np.uint8)))
+    commands = [["train", "--out", str(tmp_path / "o")], ["demo"], ["run"], JOIN]
+    for cmd, data in zip(commands, ["model.pt", "noise.bin", "model.pt", "noise.bin"], strict=True):
+        args = [*cmd, "--data", str(tmp_path / data)]
+        out = subprocess.run(
+            [sys.executable, "-c", REFUSE_BEFORE_TORCH, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        body = json.loads(out.stdout.strip().splitlines()[-1])
+        assert body["code"] == 2 and body["output"].startswith("error: ") and "looks binary" in body["output"], body
+        assert "Traceback" not in body["output"] and not body["torch"], body
+        assert body["s"] < 3.0, f"{cmd[0]} took {body['s']:.1f}s to refuse binary data"
 
 
 def test_no_data_anywhere_uses_the_stdlib_corpus_without_network(tmp_path, clean_env):

@@ -37,8 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmd.core.checkpoint import atomic_write_bytes
-from swarmd.core.data import load_bytes
+from swarmd.core.textcheck import read_text_bytes
 from swarmd.errors import DataError
 
 BASE_URL = "https://raw.githubusercontent.com/pytorch/examples/main/word_language_model/data/wikitext-2"
@@ -74,6 +73,22 @@ class Corpus:
             f"data: {self.name}: train {self.train_bytes:,} bytes, held-out {self.eval_bytes:,} bytes "
             f"(in {self.train.parent}){extra}"
         )
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write data to path via temp file + fsync + rename in the same directory (as swarmd.core.checkpoint,
+    without importing torch: the demo prints its first line before torch loads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def cache_root() -> Path:
@@ -299,8 +314,7 @@ def split_tail(blob: bytes) -> int:
 def heldout_split(path: str | os.PathLike, cache: Path | None = None) -> Corpus:
     """Training text (a file, or a folder of files) without eval text: its tail held out, the rest to train on."""
     source = Path(path)
-    data = load_bytes(source)  # refuses missing, empty and binary input first
-    blob = data.tobytes()
+    blob = read_text_bytes(source)  # refuses missing, empty and binary input first
     if len(blob) < 2:
         raise DataError(f"data at {source} has {len(blob)} byte(s): too little to hold any out; pass --eval-data FILE")
     key = {"source_sha256": hashlib.sha256(blob).hexdigest()}

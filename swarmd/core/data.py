@@ -2,9 +2,8 @@
 
 Owns: ByteData (bytes of a file or of a directory of files), training batch streams seeded
 per peer, and fixed evaluation windows; load_bytes refuses missing, empty and binary input
-(check_text: a NUL byte near the start, or more than MAX_CONTROL_SHARE of bytes that no text
-encoding uses). Errors are DataError with one-line messages that the CLI prints as-is. No
-torch.nn, grpc or networking here.
+(swarmd.core.textcheck.read_text_bytes). Errors are DataError with one-line messages that the
+CLI prints as-is. No torch.nn, grpc or networking here.
 """
 
 from __future__ import annotations
@@ -16,12 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from swarmd.core.textcheck import read_text_bytes
 from swarmd.errors import DataError
-
-NUL_WINDOW = 8192  # a NUL byte among the first bytes marks a binary file (git and grep use the same test)
-MAX_CONTROL_SHARE = 0.01  # text has almost no C0 controls besides \t \n \v \f \r ESC; random bytes have ~10%
-_CONTROL = np.zeros(256, dtype=bool)
-_CONTROL[[*range(0, 9), *range(14, 27), *range(28, 32), 127]] = True
 
 
 def default_data_dir() -> Path | None:
@@ -30,40 +25,9 @@ def default_data_dir() -> Path | None:
     return Path(env) if env else None
 
 
-def check_text(data: np.ndarray, source: Path) -> None:
-    """Refuse bytes that are not text: a NUL among the first NUL_WINDOW, or too many control bytes."""
-    head = data[:NUL_WINDOW]
-    nul = np.flatnonzero(head == 0)
-    if nul.size:
-        raise DataError(
-            f"{source} looks binary, not text (NUL byte at offset {int(nul[0])}); "
-            "training text must be a text file (UTF-8 or another 8-bit encoding)"
-        )
-    if data.size:
-        share = float(np.count_nonzero(_CONTROL[data])) / data.size
-        if share > MAX_CONTROL_SHARE:
-            raise DataError(
-                f"{source} looks binary, not text ({share:.1%} of its bytes are control codes); "
-                "training text must be a text file (UTF-8 or another 8-bit encoding)"
-            )
-
-
 def load_bytes(path: str | os.PathLike) -> np.ndarray:
-    """All bytes of a text file, or of every regular file under a directory (sorted by path)."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"data path does not exist: {p}")
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    try:
-        chunks = [np.frombuffer(f.read_bytes(), dtype=np.uint8) for f in files]
-    except OSError as exc:
-        raise DataError(f"cannot read data at {p}: {exc.strerror or exc}") from None
-    for f, chunk in zip(files, chunks, strict=True):
-        check_text(chunk, f)
-    data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
-    if data.size == 0:
-        raise DataError(f"data path holds no bytes: {p}")
-    return data
+    """All bytes of a text file, or of every regular file under a directory (sorted by path), as uint8."""
+    return np.frombuffer(read_text_bytes(path), dtype=np.uint8)
 
 
 class ByteData:
