@@ -88,7 +88,15 @@ EvalData = Annotated[
     ),
 ]
 StepsPerRound = Annotated[int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T)]
-Rounds = Annotated[int, flag("--rounds", "Rounds to run (run / join: 0 = until stopped).", T)]
+Rounds = Annotated[
+    int,
+    flag(
+        "--rounds",
+        "Rounds to run (run / join: counted from where this run starts, a resumed --checkpoint-dir's round, "
+        "else 0, the swarm's round counter; 0 = until stopped).",
+        T,
+    ),
+]
 EvalTokens = Annotated[int, flag("--eval-tokens", "Held-out bytes scored for from-noise CE.", T)]
 DeviceOpt = Annotated[Device, flag("--device", "Torch device.", T, case_sensitive=False)]
 Json = Annotated[bool, flag("--json", "Print one JSON object.")]
@@ -175,6 +183,17 @@ Static = Annotated[
     bool, flag("--static", "PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", N)
 ]
 DhtHost = Annotated[str, flag("--dht-host", "Interface the DHT listens on.", N, "BLOCKTRAIN_DHT_HOST")]
+MetricsPort = Annotated[
+    int | None,
+    flag(
+        "--metrics-port",
+        "Serve Prometheus metrics at http://LISTEN-HOST:PORT/metrics (0 = any free port, printed at start; "
+        "default: off).",
+        N,
+        "BLOCKTRAIN_METRICS_PORT",
+        show_default=False,
+    ),
+]
 TimeoutS = Annotated[
     float,
     flag(
@@ -256,6 +275,7 @@ class PeerOptions(OptionGroup):
         "client_mode": NET.client_mode,
         "static": False,
         "dht_host": NET.dht_host,
+        "metrics_port": NET.metrics_port,
     }
     data: Data
     device: DeviceOpt
@@ -274,6 +294,7 @@ class PeerOptions(OptionGroup):
     client_mode: ClientMode
     static: Static
     dht_host: DhtHost
+    metrics_port: MetricsPort
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -294,6 +315,7 @@ class PeerOptions(OptionGroup):
                 discovery="static" if static else "hivemind",
                 client_mode=self.client_mode,
                 dht_host=self.dht_host,
+                metrics_port=self.metrics_port,
             ),
             data_path=str(data_path),
             eval_path=str(eval_path) if eval_path else "",

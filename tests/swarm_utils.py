@@ -73,7 +73,7 @@ class MemoryTransport:
             raise PeerUnavailable(f"peer {address}: deadline exceeded") from None
         if self.meter is not None:
             self.meter.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
-            self.meter.add_received(reply.wire_bytes)
+            self.meter.add_received(reply.wire_bytes, reply.raw_bytes)
         return reply
 
     async def pull_state(self, address: str, request, timeout_s: float) -> Encoded:
@@ -81,7 +81,7 @@ class MemoryTransport:
             raise PeerUnavailable(f"peer {address} is down")
         enc = self.peers[address].state_payload(request)
         if self.meter is not None:
-            self.meter.add_received(enc.wire_bytes)
+            self.meter.add_received(enc.wire_bytes, enc.raw_bytes)
         return enc
 
 

@@ -353,6 +353,7 @@ class ServingOnlyHandler:
             config_hash=self.serving.config_hash,
             uptime_s=time.monotonic() - self._started,
             last_ce=math.nan,
+            train_ce=math.nan,
         )
 
     def swarm_config(self) -> pb.SwarmConfig:

@@ -35,6 +35,7 @@ from swarmd.swarm.gossip import Gossip, MergeReport
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
+from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
 from swarmd.swarm.service import SwarmService
 from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient, SwarmServer, start_server
@@ -67,6 +68,7 @@ class Daemon:
         self._stop_thread = threading.Event()
         self.server = self.discovery = self.gossip = self.state = self.serving = None  # type: ignore[assignment]
         self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes, meter=self.metrics)
+        self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
         self.service = SwarmService(self)
 
     @property
@@ -113,8 +115,25 @@ class Daemon:
         resume = (self.state.round,) if resumed else ()
         self.batches = data.stream(seed_for("data", c.train.seed, block, peer_seed, *resume), c.train.batch_size)
         await self.announce()
+        self._start_metrics_server()
         resumed_msg = ", resumed" if resumed else ""
         logger.info("%s started (round %d%s), address %s", self.gossip.tag, self.state.round, resumed_msg, self.address)
+
+    def _start_metrics_server(self) -> None:
+        """Serve Prometheus metrics on the --listen host at net.metrics_port (None: off; 0: any free port)."""
+        net = self.config.net
+        if net.metrics_port is None:
+            return
+        from swarmd import __version__
+
+        collector = MetricsCollector(self.metrics, net.swarm_id, self.state.block_index, self.peer_id, __version__)
+        self.metrics_server = MetricsServer(collector)
+        self.metrics_server.start(net.listen.rpartition(":")[0].strip("[]"), net.metrics_port)
+
+    @property
+    def metrics_url(self) -> str:
+        """http://HOST:PORT/metrics of the Prometheus endpoint ("" when off)."""
+        return self.metrics_server.url if self.metrics_server else ""
 
     def _update_serving(self) -> None:
         _, block, emb = self.state.snapshot()
@@ -142,6 +161,9 @@ class Daemon:
         self.phase = PeerState.STOPPING
         if self.state is not None and self.config.checkpoint_dir:
             await self.save_checkpoint()
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.stop)
+            self.metrics_server = None
         if self.server is not None:
             await self.server.stop(1.0)
             self.server = None
@@ -177,7 +199,12 @@ class Daemon:
             logger.warning("%s started with fewer than %d peers (timeout)", self.gossip.tag, want)
 
     async def _round_loop(self) -> None:
-        last = self.config.max_rounds  # of the swarm's round counter: a resumed or joined peer stops with the rest
+        # max_rounds counts from the round this run starts at (a resumed checkpoint's, else 0: a fresh joiner stops
+        # with the swarm's counter); stop_at_round is the swarm's counter itself (LocalSwarm: a restarted peer
+        # stops with the rest)
+        todo, stop_at = self.config.max_rounds, self.config.stop_at_round
+        ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
+        last = min(ends, default=0)
         while not self.stopping.is_set() and not (last and self.state.round >= last):
             await self.run_round()
         self.stop()
@@ -191,21 +218,24 @@ class Daemon:
     async def records(self) -> list[PeerRecord]:
         """Every peer discovery knows of now ([] with a warning if the lookup failed)."""
         try:
-            return await self.discovery.find_all()
+            found = await self.discovery.find_all()
         except Exception as exc:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
+        self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
+        return found
 
     async def run_round(self) -> MergeReport | None:
         """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped)."""
-        g, H = self.gossip, self.config.gossip.steps_per_round
+        g, H, started = self.gossip, self.config.gossip.steps_per_round, time.monotonic()
         if await g.sync(await self.records()):
             self._update_serving()
         await g.open_round()
         await self.load_predecessors()
         self.phase = PeerState.TRAINING
+        steps_before = self.state.local_steps
         stats = await asyncio.to_thread(self.state.train_steps, H, self.batches, self._stop_thread)
-        self.metrics.observe_throughput(stats["samples"], stats["seconds"])
+        self.metrics.observe_throughput(stats["samples"], stats["seconds"], self.state.local_steps - steps_before)
         self.metrics.observe_train_ce(stats["ce"])
         if self.stopping.is_set():
             return None
@@ -214,6 +244,7 @@ class Daemon:
         self.phase = PeerState.TRAINING
         self._update_serving()
         await self.announce()
+        self.metrics.observe_round(time.monotonic() - started)
         if self.config.checkpoint_dir:
             await self.save_checkpoint()
         await self._measure_consensus()

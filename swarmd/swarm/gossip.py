@@ -49,7 +49,7 @@ from swarmd.errors import (
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.swarm.delta import ErrorFeedback, decode, encode
 from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.state import BlockState, relative_distance
 from swarmd.transport.framing import Encoded
@@ -414,7 +414,7 @@ class Gossip:
             tensors = self._decode(enc, kind, self.me.block_index if kind == BLOCK else -1)
         except SwarmdError as exc:
             rs.rejected += 1
-            self.metrics.rejected += 1
+            self.metrics.reject(reject_reason(exc))
             logger.warning("%s rejected a %s from %s: %s", self.tag, kind, (h.peer_id or "?")[-6:], exc)
             raise
         rs.inbox[kind][h.peer_id] = tensors
@@ -425,7 +425,7 @@ class Gossip:
     async def handle_exchange(self, incoming: Encoded) -> Encoded:
         """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
         h = incoming.header
-        self.metrics.add_received(incoming.wire_bytes)
+        self.metrics.add_received(incoming.wire_bytes, incoming.raw_bytes)
         self.bans.succeed(h.peer_id)  # it is alive
         kind = _kind(h.kind)
         try:
@@ -449,7 +449,7 @@ class Gossip:
             if rs.round != h.round or rs.closed:
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
         except SwarmdError as exc:
-            self.metrics.rejected += 1
+            self.metrics.reject(reject_reason(exc))
             logger.info("%s refused a %s exchange from %s: %s", self.tag, kind, (h.peer_id or "?")[-6:], exc)
             raise
         wait_s = self.cfg.deadline_max_s
@@ -466,7 +466,7 @@ class Gossip:
         return reply
 
     async def _dial(self, rs: _Round, peer: PeerRecord, kind: PayloadKind, deadline: float) -> None:
-        outgoing = rs.outgoing[kind]
+        outgoing, started = rs.outgoing[kind], time.monotonic()
         try:
             reply = await self.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))
         except SwarmdError as exc:
@@ -477,6 +477,7 @@ class Gossip:
             logger.warning("%s exchange of %s with %s failed: %s", self.tag, kind, peer.peer_id[-6:], exc)
             return
         self.bans.succeed(peer.peer_id)
+        self.metrics.observe_exchange(time.monotonic() - started)
         try:
             if reply.header.peer_id != peer.peer_id:
                 raise ValidationError(f"reply signed by {reply.header.peer_id[-6:]}, dialled {peer.peer_id[-6:]}")

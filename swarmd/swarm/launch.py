@@ -98,7 +98,7 @@ class LocalSwarm:
             gossip=GossipConfig(steps_per_round=steps_per_round, codec=Codec(codec), deadline_max_s=deadline_max_s),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),
-            max_rounds=rounds,
+            stop_at_round=rounds,  # the swarm's round counter: a restarted peer stops with the rest
             min_peers=peers,
         )
         self.peers = [

@@ -1,18 +1,71 @@
-"""In-memory metrics of one peer: throughput EMA, byte counters, participation, round latency.
+"""In-memory metrics of one peer: throughput EMA, steps, byte counters, participation, rejections, durations.
 
-Owns the numbers behind the GetStatus RPC (and `blocktrain status`): a samples/s EMA in the
-style of hivemind's utils/performance_ema.py, bytes sent/received on the wire and the raw fp32
-bytes behind what was sent (the only byte counters: the PeerClient reports what it dials as a
-ByteMeter, gossip what it answers), rejected payloads, mean participation over the rounds, the last
-round's wall time. Plain counters, touched only from the daemon's event loop (the worker thread
-reports through the loop). No torch, no grpc.
+Owns the numbers behind the GetStatus RPC (`blocktrain status`) and the Prometheus endpoint
+(swarmd.swarm.prometheus reads them at scrape time): a samples/s EMA in the style of hivemind's
+utils/performance_ema.py, local steps, bytes sent/received on the wire and the raw fp32 bytes
+behind them (the only byte counters: the PeerClient reports what it dials as a ByteMeter, gossip
+what it answers), rejected payloads by reason, mean and last participation, exchange and round
+durations as fixed-bucket histograms, peers seen per block, the last round's wall time. Plain
+counters, written only from the daemon's event loop (the worker thread reports through the loop);
+the metrics HTTP thread only reads them. No torch, no grpc, no prometheus_client.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from swarmd.errors import BaseMismatch, StaleRound, ValidationError, WrongBlock
+
+# histogram bucket upper bounds, seconds (an implicit +Inf bucket follows the last)
+EXCHANGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ROUND_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+# why gossip refused a payload (Metrics.reject); subclasses come before their bases
+_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (StaleRound, "stale_round"),  # another round than ours, or our round is already closed
+    (BaseMismatch, "base_mismatch"),  # computed from other weights than our base (re-sync follows)
+    (WrongBlock, "wrong_block"),  # a block delta for a block this peer does not train
+    (ValidationError, "invalid"),  # another swarm or model config, schema, shape, dtype, size, non-finite values
+)
+REJECT_REASONS = (*(reason for _, reason in _REASONS), "other")
+
+
+def reject_reason(exc: BaseException) -> str:
+    """The REJECT_REASONS word for an error gossip refused a payload with ("other" for any other error)."""
+    return next((reason for cls, reason in _REASONS if isinstance(exc, cls)), "other")
+
+
+@dataclass
+class Histogram:
+    """Counts of observations per bucket (le = upper bound), their sum and count: a Prometheus histogram's data."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # one per bound, plus the +Inf bucket (not cumulative)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if list(self.bounds) != sorted(set(self.bounds)):
+            raise ValueError("histogram bounds must be strictly increasing")
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # value <= bound lands in that bound's bucket
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) for every bucket, +Inf last (== count)."""
+        out, acc = [], 0
+        for bound, n in zip((*self.bounds, math.inf), list(self.counts), strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
 
 
 @dataclass
@@ -21,24 +74,33 @@ class Metrics:
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)  # unix time, to line up peers in benchmarks
     samples_per_s: float = 0.0
+    steps: int = 0  # local optimiser steps this process took
     bytes_sent: int = 0
     bytes_received: int = 0
     raw_bytes_sent: int = 0
+    raw_bytes_received: int = 0  # fp32 size the received payloads' headers declare (validated on decode)
     rejected: int = 0  # payloads refused (validation, stale round, other base)
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> count; sums to rejected
     rounds: int = 0  # rounds this process merged
     participation_sum: float = 0.0
+    last_participation: float = float("nan")  # participation of the last merged round
     last_round_s: float = 0.0
     last_ce: float = float("nan")  # last from-noise CE measured (nats/byte)
     last_train_ce: float = float("nan")  # mean training CE of the last round's local steps (nats/byte)
     consensus_distance: float = float("nan")
     discovery_s: float = float("nan")  # from start until the swarm had min_peers peers
+    peers_per_block: dict[int, int] = field(default_factory=dict)  # block -> distinct peers of the last lookup
+    exchange_s: Histogram = field(default_factory=lambda: Histogram(EXCHANGE_BUCKETS_S))  # dialled exchanges
+    round_s: Histogram = field(default_factory=lambda: Histogram(ROUND_BUCKETS_S))  # whole rounds, sync to publish
     round_history: list[dict] = field(default_factory=list)  # last rounds, for status / benchmarks
 
-    def observe_throughput(self, samples: int, seconds: float) -> None:
+    def observe_throughput(self, samples: int, seconds: float, steps: int = 0) -> None:
+        """One round's local training: `samples` sequences in `steps` optimiser steps over `seconds`."""
         rate = samples / max(seconds, 1e-9)
         self.samples_per_s = (
             rate if self.samples_per_s == 0 else (1 - self.alpha) * self.samples_per_s + self.alpha * rate
         )
+        self.steps += int(steps)
 
     def observe_train_ce(self, ce: float) -> None:
         """The training CE of a round's local steps; NaN (no step was taken) keeps the last value."""
@@ -49,12 +111,34 @@ class Metrics:
         self.bytes_sent += int(wire_bytes)
         self.raw_bytes_sent += int(raw_bytes)
 
-    def add_received(self, wire_bytes: int) -> None:
+    def add_received(self, wire_bytes: int, raw_bytes: int = 0) -> None:
         self.bytes_received += int(wire_bytes)
+        self.raw_bytes_received += int(raw_bytes)
+
+    def reject(self, reason: str) -> None:
+        """Count one refused payload under `reason` (a short snake_case word, e.g. stale_round)."""
+        self.rejected += 1
+        self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+
+    def observe_exchange(self, seconds: float) -> None:
+        """Wall time of one exchange this peer dialled (send own delta, receive the reply)."""
+        self.exchange_s.observe(seconds)
+
+    def observe_round(self, seconds: float) -> None:
+        """Wall time of one whole round (re-sync, local steps, averaging, publishing)."""
+        self.round_s.observe(seconds)
+
+    def observe_peers(self, peers: Iterable[tuple[str, int]]) -> None:
+        """The (peer id, block) pairs of a discovery lookup (self included by the caller): distinct peers per block."""
+        seen: dict[int, set[str]] = {}
+        for peer_id, block in peers:
+            seen.setdefault(block, set()).add(peer_id)
+        self.peers_per_block = {b: len(ids) for b, ids in sorted(seen.items())}
 
     def end_round(self, participation: float, seconds: float, **extra) -> None:
         self.rounds += 1
         self.participation_sum += participation
+        self.last_participation = participation
         self.last_round_s = seconds
         self.round_history.append({"participation": participation, "seconds": seconds, **extra})
         del self.round_history[:-50]

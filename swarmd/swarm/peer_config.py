@@ -51,6 +51,8 @@ class NetConfig:
     announce_period_s: float = 2.0  # re-announce this often (plus jitter)
     record_ttl_s: float = 15.0  # a DHT record expires this long after its last announce
     dht_start_timeout_s: float = 30.0  # give up starting / joining the DHT after this long
+    # serve Prometheus metrics on this port of the --listen host (None = off, 0 = pick a free one)
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not self.swarm_id or any(c in self.swarm_id for c in " /"):
@@ -62,6 +64,8 @@ class NetConfig:
             raise ConfigError(f"listen must be HOST:PORT, got {self.listen!r}")
         if self.announce_period_s <= 0 or self.record_ttl_s <= self.announce_period_s:
             raise ConfigError("need 0 < announce_period_s < record_ttl_s")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
 
 
 def peer_train_config(steps_per_round: int, **train: Any) -> TrainConfig:
@@ -82,8 +86,12 @@ class DaemonConfig:
     device: str = "cpu"
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
     peer_seed: int | None = None  # seeds this peer's data stream and noise (None = derived from the peer id)
-    # stop once the peer's round counter (rounds completed by the swarm) reaches this (0 = run until stopped)
+    # stop after this many rounds counted from the round this run starts at: a resumed checkpoint's round, else 0
+    # (a fresh joiner thus stops with the swarm's round counter; 0 = run until stopped)
     max_rounds: int = 0
+    # ... or once the peer's round counter (rounds completed by the swarm) reaches this (0 = no such limit):
+    # LocalSwarm's peers, a restarted one included, stop together
+    stop_at_round: int = 0
     # every this many rounds, pull the other blocks from peers and measure the from-noise CE (0 = never; needs
     # eval_path)
     eval_every: int = 0
@@ -95,6 +103,8 @@ class DaemonConfig:
             raise ConfigError(f"block must be -1 (auto) or in [0, {self.model.blocks}), got {self.block}")
         if self.max_rounds < 0 or self.eval_tokens < 1:
             raise ConfigError("max_rounds must be >= 0 and eval_tokens >= 1")
+        if self.stop_at_round < 0:
+            raise ConfigError(f"stop_at_round must be >= 0, got {self.stop_at_round}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
 

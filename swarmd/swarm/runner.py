@@ -3,6 +3,7 @@
 Owns the stdout of a daemon process, shared by `blocktrain run` / `blocktrain join` and
 `python -m swarmd`, which LocalSwarm (launch.py) and the tests parse:
   swarm: ID / peer: ID / block: N / round: N / address: HOST:PORT or (client mode)
+  metrics: http://HOST:PORT/metrics (with --metrics-port)
   multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr) / ready
 then one `round R: block B train ce ... participation ... sent ... B in ...s` line per merged
 round and a final `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
@@ -28,18 +29,19 @@ def _print(line: str) -> None:
 def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     """Log to stderr (INFO with verbose, else WARNING), hivemind's logger routed into the root logger.
 
+    Without verbose a daemon's stderr shows only warnings and errors (its rounds are the stdout
+    lines); verbose adds the INFO logs of every exchange, merge and re-sync.
+
     :param hivemind: route hivemind's logger (imports hivemind, and so torch: off for a peer status)
     """
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not hivemind:
         return
     from swarmd.swarm.discovery import route_hivemind_logs
 
     route_hivemind_logs()
+    logging.getLogger().setLevel(level)  # routing set the root level to $HIVEMIND_LOGLEVEL (INFO): ours wins
 
 
 def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -> None:
@@ -76,6 +78,8 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     echo(f"block: {daemon.state.block_index}")
     echo(f"round: {daemon.state.round}")
     echo(f"address: {daemon.address or '(client mode)'}")
+    if daemon.metrics_url:
+        echo(f"metrics: {daemon.metrics_url}")
     multiaddrs = daemon.multiaddrs()
     for m in multiaddrs:
         echo(f"multiaddr: {m}")

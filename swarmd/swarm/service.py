@@ -75,6 +75,7 @@ class SwarmService:
             local_steps=st.local_steps,
             samples_per_s=m.samples_per_s,
             last_ce=m.last_ce,
+            train_ce=m.last_train_ce,
             bytes_sent=m.bytes_sent,
             bytes_received=m.bytes_received,
             participation=m.participation,

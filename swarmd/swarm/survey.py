@@ -1,8 +1,9 @@
 """Swarm survey: status of one peer or of every peer a discovery knows, as plain dicts.
 
 Owns what `blocktrain status` shows: per peer (id, block, state, round, local steps, samples/s,
-last CE, bytes, participation, uptime, address), per block (peers, combined samples/s, consensus
-distance estimated from the peers' count-sketches) and the swarm's max consensus distance.
+training CE, last held-out CE, bytes, participation, uptime, address), per block (peers, combined
+samples/s, consensus distance estimated from the peers' count-sketches) and the swarm's max
+consensus distance.
 Client-mode peers cannot be dialled; they appear from their DHT record only. Calls peers through
 PeerClient with a timeout each; never blocks the loop.
 """
@@ -30,6 +31,7 @@ def peer_row(st: pb.PeerStatus) -> dict:
         "local_steps": st.local_steps,
         "samples_per_s": st.samples_per_s,
         "last_ce": st.last_ce,
+        "train_ce": st.train_ce,
         "bytes_sent": st.bytes_sent,
         "bytes_received": st.bytes_received,
         "raw_bytes_sent": st.raw_bytes_sent,
@@ -57,6 +59,7 @@ def record_row(r: PeerRecord) -> dict:
         "local_steps": 0,
         "samples_per_s": r.samples_per_s,
         "last_ce": nan,
+        "train_ce": nan,
         "bytes_sent": 0,
         "bytes_received": 0,
         "raw_bytes_sent": 0,

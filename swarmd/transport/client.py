@@ -60,7 +60,7 @@ class ByteMeter(Protocol):
 
     def add_sent(self, wire_bytes: int, raw_bytes: int = 0) -> None: ...
 
-    def add_received(self, wire_bytes: int) -> None: ...
+    def add_received(self, wire_bytes: int, raw_bytes: int = 0) -> None: ...
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, object]]:
@@ -170,7 +170,7 @@ class PeerClient:
     :param max_payload_bytes: largest payload accepted from a peer, in bytes
     :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
     :param meter: gets the wire bytes of every payload exchange() and pull_state() move (and the
-        fp32 size of what was sent); the client keeps no counters of its own
+        fp32 size their headers declare); the client keeps no counters of its own
     :note: create and use it on one asyncio loop; close() it before the loop ends.
     """
 
@@ -240,7 +240,7 @@ class PeerClient:
         call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh)
         enc = await self._read(address, call)
         if self.meter is not None:
-            self.meter.add_received(enc.wire_bytes)
+            self.meter.add_received(enc.wire_bytes, enc.raw_bytes)
         return enc
 
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float = 30.0) -> Encoded:
@@ -261,7 +261,7 @@ class PeerClient:
         reply = await self._read(address, call)
         if self.meter is not None:
             self.meter.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)
-            self.meter.add_received(reply.wire_bytes)
+            self.meter.add_received(reply.wire_bytes, reply.raw_bytes)
         return reply
 
     async def _read(self, address: str, call) -> Encoded:

@@ -69,7 +69,7 @@ class SwarmConfig(_message.Message):
     def __init__(self, swarm_id: _Optional[str] = ..., model_config_json: _Optional[str] = ..., config_hash: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash")
+    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash", "train_ce")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class PeerStatus(_message.Message):
     SKETCH_FIELD_NUMBER: _ClassVar[int]
     PARAM_NORM_FIELD_NUMBER: _ClassVar[int]
     EMB_HASH_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_CE_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     block_index: int
     state: PeerState
@@ -116,7 +117,8 @@ class PeerStatus(_message.Message):
     sketch: _containers.RepeatedScalarFieldContainer[float]
     param_norm: float
     emb_hash: str
-    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ...) -> None: ...
+    train_ce: float
+    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
     __slots__ = ("swarm_id", "config_hash", "kind", "block_index")

@@ -1,0 +1,85 @@
+"""What a peer tells its user: the training CE in `status` (table and JSON), and one line per round.
+
+`status` shows the training CE the daemon knows (train_ce) next to the held-out CE (last_ce, only
+with --eval-every); a daemon prints each round once on stdout, and its stderr stays quiet unless
+-v / --verbose asks for the per-exchange INFO logs (hivemind's log routing no longer resets the
+level to INFO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from swarm_utils import daemon_config, running
+
+from cli.status import no_nan, render
+from swarmd.swarm.runner import setup_logging
+from swarmd.swarm.survey import record_row, survey_peer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_status_shows_the_training_ce_without_eval_every(tmp_path, capsys):
+    async def scenario():
+        async with running(daemon_config(tmp_path, 0, seed=0, discovery="static")) as (d,):
+            before = await survey_peer(d.server.address, 5)
+            await d.run_round()
+            after = await survey_peer(d.server.address, 5)
+            return before, after, d.metrics.last_train_ce, d.service.status()
+
+    before, after, train_ce, st = asyncio.run(scenario())
+    assert math.isnan(before["peers"][0]["train_ce"])  # no step yet: unknown, not 0
+    (row,) = after["peers"]
+    assert 0 < row["train_ce"] < 10 and row["train_ce"] == train_ce == st.train_ce
+    assert math.isnan(row["last_ce"])  # the held-out CE needs --eval-every
+    as_json = json.loads(json.dumps(no_nan(after)))
+    assert as_json["peers"][0]["train_ce"] == pytest.approx(train_ce) and as_json["peers"][0]["last_ce"] is None
+    render(after)
+    table = capsys.readouterr().out
+    assert "train CE" in table and f"{train_ce:.4f}" in table
+    assert math.isnan(record_row(_record()).get("train_ce"))  # a peer known only from the DHT: unknown
+
+
+def _record():
+    from swarmd.swarm.discovery import PeerRecord
+
+    return PeerRecord("p", "", 0, 3, 1.0, "h", "", True, "test")
+
+
+@pytest.fixture
+def root_logging():
+    """Put the root logger's level and handlers back after a test that configures logging."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield root
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize(("verbose", "level"), [(False, logging.WARNING), (True, logging.INFO)])
+def test_setup_logging_keeps_its_level_after_routing_hivemind_logs(root_logging, verbose, level):
+    setup_logging(verbose)
+    assert root_logging.level == level
+    assert logging.getLogger("swarmd.swarm.gossip").getEffectiveLevel() == level
+    assert logging.getLogger("hivemind.dht").getEffectiveLevel() == level
+
+
+def test_a_daemon_prints_each_round_once_and_keeps_stderr_quiet_without_verbose(tmp_path):
+    # one process (python -m swarmd, as LocalSwarm spawns peers, without --verbose); the verbose level is
+    # the parametrized test above
+    config = tmp_path / "peer.json"
+    config.write_text(json.dumps(daemon_config(tmp_path, 0, discovery="static", max_rounds=2).to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
+    cmd = [sys.executable, "-m", "swarmd", "--config", str(config)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    rounds = [line for line in done.stdout.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 2 and rounds[0].startswith("round 1: block 0 train ce "), done.stdout
+    assert "INFO" not in done.stderr and "merged" not in done.stderr, done.stderr

@@ -1,0 +1,49 @@
+"""`--rounds N` (DaemonConfig.max_rounds): N rounds counted from where this run starts (a resumed round, else 0).
+
+Real daemons (static discovery, one peer) checkpointing into tmp_path; each run serves until it
+stops by itself, bounded by asyncio.wait_for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+from swarm_utils import daemon_config, running
+from typer.testing import CliRunner
+
+from cli.main import app
+from swarmd.errors import ConfigError
+from swarmd.swarm.peer_config import DaemonConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+async def serve_until_done(config: DaemonConfig) -> tuple[int, int, int]:
+    """(round at start, round at the end, rounds merged) of one run that stops by itself."""
+    async with running(config) as (d,):
+        start = d.state.round
+        await asyncio.wait_for(d.serve(), 120)
+        return start, d.state.round, d.metrics.rounds
+
+
+def test_rounds_count_from_the_resume_point(tmp_path):
+    config = daemon_config(tmp_path, 0, seed=0, discovery="static", checkpoint=True, max_rounds=2)
+    assert asyncio.run(serve_until_done(config)) == (0, 2, 2)
+    assert asyncio.run(serve_until_done(config)) == (2, 4, 2)  # resumed at 2: two more, not none
+    # the swarm-counter limit (LocalSwarm's peers stop together) counts from zero; the nearer limit wins
+    assert asyncio.run(serve_until_done(replace(config, max_rounds=3, stop_at_round=5))) == (4, 5, 1)
+    assert asyncio.run(serve_until_done(replace(config, max_rounds=1, stop_at_round=9))) == (5, 6, 1)
+
+
+def test_stop_at_round_is_validated():
+    with pytest.raises(ConfigError, match="stop_at_round must be >= 0"):
+        DaemonConfig(stop_at_round=-1)
+    assert DaemonConfig.from_dict(DaemonConfig(stop_at_round=3).to_dict()).stop_at_round == 3
+
+
+def test_rounds_help_says_where_the_count_starts():
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "counted from where this run starts" in " ".join(result.output.split())
