@@ -30,6 +30,14 @@ class ModelConfig:
     noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
     logit_scale: float = 1.0  # fixed multiplier on the logits <z_hat, e_hat_k> (1 = documented, no temperature)
     vocab: int = 256  # bytes
+    # issue 8 mechanics (defaults = the documented block; see benchmarks/results/ISSUE8.md)
+    context_input: str = "scaled_unit"  # scaled_unit: sqrt(d) e_hat[x] (documented) | own_table: the block's own learned byte table, init N(0, 0.02^2)
+    z_in_init: str = "default"  # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
+    pred_input: str = "none"  # none (documented) | feature: block reads the previous sampler step's final hidden state through a zero-initialised d x d projection
+
+    # fields added after the first release: left out of config_hash while at their default, so
+    # the hash (the identity peers exchange) of a config that does not use them is unchanged
+    _HASH_OPTIONAL = {"context_input": "scaled_unit", "z_in_init": "default", "pred_input": "none"}
 
     def __post_init__(self) -> None:
         for name in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"):
@@ -47,6 +55,12 @@ class ModelConfig:
             raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
         if self.vocab != 256:
             raise ValueError("vocab is fixed at 256 (bytes)")
+        if self.context_input not in ("scaled_unit", "own_table"):
+            raise ValueError(f"context_input must be scaled_unit or own_table, got {self.context_input!r}")
+        if self.z_in_init not in ("default", "zero"):
+            raise ValueError(f"z_in_init must be default or zero, got {self.z_in_init!r}")
+        if self.pred_input not in ("none", "feature"):
+            raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +75,8 @@ class ModelConfig:
 
     def config_hash(self) -> str:
         """Short stable hash of the architecture; peers with equal hashes can swap blocks."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        body = {k: v for k, v in self.to_dict().items() if not (k in self._HASH_OPTIONAL and v == self._HASH_OPTIONAL[k])}
+        blob = json.dumps(body, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -82,6 +97,7 @@ class TrainConfig:
     sigma_sampling: str = "lognormal"  # lognormal (documented) | loguniform (in the widened interval) | sampler (the block's sampler sigmas)
     sigma_jitter: float = 0.0  # with sigma_sampling=sampler: log-std of multiplicative jitter around the sampler sigma
     table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
+    freeze_z_in: str = "none"  # none | block0: block 0's noise path W_z is zeroed and never trained (under trajectory training its z is pure noise)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -96,6 +112,8 @@ class TrainConfig:
             raise ValueError(f"trajectory_steps must be >= 0, got {self.trajectory_steps}")
         if self.sigma_sampling not in ("lognormal", "loguniform", "sampler"):
             raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
+        if self.freeze_z_in not in ("none", "block0"):
+            raise ValueError(f"freeze_z_in must be none or block0, got {self.freeze_z_in!r}")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 

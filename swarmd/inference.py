@@ -87,9 +87,11 @@ class LocalSweeper:
             if held != start_position:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
         x, z = x.to(self.device), z.to(self.device)
-        logits = None
+        logits, feature = None, None
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
-            logits, z = euler_step(self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None)
+            logits, z, feature = euler_step(self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None, pred=feature, return_feature=True)
+            if self.cfg.pred_input == "none":
+                feature = None
         if use_cache:
             self._caches[session_id] = (start_position + x.shape[1], caches)
         self.sweeps += 1

@@ -98,27 +98,33 @@ def trajectory_inputs(
     generator: torch.Generator,
     autocast_dtype: torch.dtype | None = None,
     steps: list[tuple[int, float]] | None = None,
-) -> torch.Tensor:
+    return_feature: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
     """z that the sampler holds on reaching each sequence's sigma inside block_index's interval.
 
     Starts from fresh noise, takes the given sampler steps (default: the plan's steps above the
     block's interval) with those blocks frozen (no grad), and ends with an Euler step from the last
     of them to each sequence's own sigma. With no earlier step (block 0) the input is pure noise,
-    z = sqrt(1 + sigma^2) eps, as at the sampler's start.
+    z = sqrt(1 + sigma^2) eps, as at the sampler's start. With return_feature, also returns the last
+    earlier step's feature (the pred_input=feature message; None when there is no earlier step).
     """
     steps = trajectory_predecessors(cfg, block_index) if steps is None else steps
     if not steps:
         eps = torch.randn((*x.shape, cfg.d_model), generator=generator).to(x.device)
-        return (1 + sigma**2).sqrt()[:, None, None] * eps
+        z = (1 + sigma**2).sqrt()[:, None, None] * eps
+        return (z, None) if return_feature else z
     z = start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
     targets = [s for _, s in steps[1:]]
+    feature = None
     for (b, s), s_next in zip(steps, [*targets, None]):
         s_t = torch.full((x.shape[0],), s, device=x.device)
-        logits = denoise_logits(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype)
+        logits, feature = denoise_logits(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=feature, return_feature=True)
+        if cfg.pred_input == "none":
+            feature = None
         d = torch.softmax(logits, dim=-1) @ table_hat
         r = (s_next / s) if s_next is not None else (sigma / s)[:, None, None]
         z = r * z + (1 - r) * d
-    return z
+    return (z, feature) if return_feature else z
 
 
 class BlockTrainer:
@@ -143,6 +149,12 @@ class BlockTrainer:
         self.model_cfg, self.train_cfg, self.block_index, self.device = model_cfg, train_cfg, block_index, device
         self.block = (block or init_block(model_cfg, block_index, train_cfg.seed)).to(device)
         self.emb = (emb or init_embedding(model_cfg, train_cfg.seed)).to(device)
+        if train_cfg.freeze_z_in == "block0" and block_index == 0:
+            # block 0's z is pure noise under trajectory training: its noise path can only learn noise
+            with torch.no_grad():
+                self.block.z_in.weight.zero_()
+                self.block.z_in.bias.zero_()
+            self.block.z_in.requires_grad_(False)
         self.opt = make_adamw([self.block, self.emb], train_cfg)
         self.step_count = 0
         self.gen = torch.Generator().manual_seed(seed_for("noise", train_cfg.seed, block_index, worker_seed))
@@ -187,10 +199,11 @@ class BlockTrainer:
         top = block_interval(self.model_cfg, self.block_index)[1]
         return [(b, s) for b, s, _ in self.plan if s > top + 1e-9]
 
-    def _inputs(self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None) -> torch.Tensor | None:
+    def _inputs(self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(z, predecessor feature): trajectory inputs, or (None, None) for the documented noisy targets."""
         p = self.train_cfg.trajectory_prob
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
-            return None
+            return None, None
         steps = self._trajectory_steps(k)
         missing = sorted({b for b, _ in steps} - set(self.others) - {self.block_index})
         if missing:
@@ -200,7 +213,7 @@ class BlockTrainer:
         was_training = self.block.training
         self.block.eval()
         try:
-            return trajectory_inputs(blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps)
+            return trajectory_inputs(blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps, return_feature=True)
         finally:
             self.block.train(was_training)
 
@@ -209,15 +222,15 @@ class BlockTrainer:
         x, y = x.to(self.device), y.to(self.device)
         sigma, k = self._sigma(x.shape[0])
         sigma = sigma.to(self.device)
-        z = self._inputs(x, y, sigma, k)
+        z, pred = self._inputs(x, y, sigma, k)
         lr = lr_at(self.step_count, self.train_cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.block.train()
-        loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast)
+        loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast, pred=pred)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_([*self.block.parameters(), *self.emb.parameters()], self.train_cfg.grad_clip)
+        nn.utils.clip_grad_norm_([p for p in (*self.block.parameters(), *self.emb.parameters()) if p.requires_grad], self.train_cfg.grad_clip)
         self.opt.step()
         self.step_count += 1
         return {"loss": float(loss.detach()), "ce": float(ce), "lr": lr}
