@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--context-input", default="scaled_unit")
     p.add_argument("--z-in-init", default="default")
     p.add_argument("--pred-input", default="none")
+    p.add_argument("--noise-embedding", default="default")
     p.add_argument("--freeze-z-in", default="none")
     p.add_argument("--trajectory-prob", type=float, default=1.0)
     p.add_argument("--sigma-sampling", default="lognormal")
@@ -95,7 +96,7 @@ def main() -> None:
     torch.manual_seed(a.seed)
     d = a.d_model
     mcfg = ModelConfig(blocks=a.blocks, layers_per_block=a.layers_per_block, d_model=d, n_heads=4, hidden=4 * d, seq_len=128,
-                       sigma_lo=a.sigma_lo, sigma_hi=a.sigma_hi, context_input=a.context_input, z_in_init=a.z_in_init, pred_input=a.pred_input)
+                       sigma_lo=a.sigma_lo, sigma_hi=a.sigma_hi, context_input=a.context_input, z_in_init=a.z_in_init, pred_input=a.pred_input, noise_embedding=a.noise_embedding)
     total = a.steps * a.rounds
     tcfg = TrainConfig(batch_size=32, lr=a.lr, seed=a.seed, total_steps=total, warmup_steps=min(50, total // 10),
                        trajectory_prob=a.trajectory_prob, sigma_sampling=a.sigma_sampling, freeze_z_in=a.freeze_z_in)

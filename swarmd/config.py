@@ -33,11 +33,12 @@ class ModelConfig:
     # issue 8 mechanics (defaults = the documented block; see benchmarks/results/ISSUE8.md)
     context_input: str = "scaled_unit"  # scaled_unit: sqrt(d) e_hat[x] (documented) | own_table: the block's own learned byte table, init N(0, 0.02^2)
     z_in_init: str = "default"  # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
+    noise_embedding: str = "default"  # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
     pred_input: str = "none"  # none (documented) | feature: block reads the previous sampler step's final hidden state through a zero-initialised d x d projection
 
     # fields added after the first release: left out of config_hash while at their default, so
     # the hash (the identity peers exchange) of a config that does not use them is unchanged
-    _HASH_OPTIONAL = {"context_input": "scaled_unit", "z_in_init": "default", "pred_input": "none"}
+    _HASH_OPTIONAL = {"context_input": "scaled_unit", "z_in_init": "default", "noise_embedding": "default", "pred_input": "none"}
 
     def __post_init__(self) -> None:
         for name in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"):
@@ -59,6 +60,8 @@ class ModelConfig:
             raise ValueError(f"context_input must be scaled_unit or own_table, got {self.context_input!r}")
         if self.z_in_init not in ("default", "zero"):
             raise ValueError(f"z_in_init must be default or zero, got {self.z_in_init!r}")
+        if self.noise_embedding not in ("default", "zero_init", "off"):
+            raise ValueError(f"noise_embedding must be default, zero_init or off, got {self.noise_embedding!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 

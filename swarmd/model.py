@@ -198,7 +198,8 @@ class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
     Issue 8 options (ModelConfig): context_input=own_table replaces sqrt(d) e_hat[x_t] by the block's
-    own table row C[x_t]; z_in_init=zero starts W_z at 0; pred_input=feature adds W_p g_t, where g_t
+    own table row C[x_t]; z_in_init=zero starts W_z at 0; noise_embedding=zero_init starts tau's last
+    linear at 0, =off drops tau (its weights stay, unused); pred_input=feature adds W_p g_t, where g_t
     is the previous sampler step's LN_f(h_t) (W_p zero-initialised, g = 0 at the first step).
 
     Everything in here is owned (trained, averaged) by one block; only the byte table is shared.
@@ -218,6 +219,9 @@ class DenoisingBlock(nn.Module):
         if cfg.z_in_init == "zero":
             nn.init.zeros_(self.z_in.weight)
             nn.init.zeros_(self.z_in.bias)
+        if cfg.noise_embedding == "zero_init":
+            nn.init.zeros_(self.noise_emb.mlp[2].weight)
+            nn.init.zeros_(self.noise_emb.mlp[2].bias)
         if cfg.context_input == "own_table":  # the block's own context table, at the plain model's scale
             self.ctx_table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
         if cfg.pred_input == "feature":  # the previous sampler step's final hidden state, zero-initialised path
@@ -249,7 +253,9 @@ class DenoisingBlock(nn.Module):
         t = ctx.shape[1]
         if start + t > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + t} positions exceeds seq_len {self.cfg.seq_len}")
-        h = ctx + self.z_in(z_in) + self.pos[start : start + t] + self.noise_emb(c_noise)[:, None, :]
+        h = ctx + self.z_in(z_in) + self.pos[start : start + t]
+        if self.cfg.noise_embedding != "off":
+            h = h + self.noise_emb(c_noise)[:, None, :]
         if pred is not None and self.cfg.pred_input == "feature":
             h = h + self.pred_in(pred.to(h.dtype))
         for i, layer in enumerate(self.layers):

@@ -51,7 +51,7 @@ def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
             if isinstance(module, ByteEmbedding) and name == "table":
                 table.append(p)
             else:
-                (decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight") else no_decay).append(p)
+                (decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight", "ctx_table") else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if table:
         groups.append({"params": table, "weight_decay": 0.0, "lr_scale": cfg.table_lr_scale})
