@@ -52,16 +52,16 @@ def mi_proxy(blocks, emb, x, y, cfg: ModelConfig, seed: int = 1234, batch_size: 
             logits, new_feature = denoise_logits(blocks[b], table_hat, xb, z, st, pred=feature, return_feature=True)
             sums[i]["traj"] += float(F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum"))
             sums[i]["noise_z"] += ce(pure, feature)
-            if cfg.pred_input != "none":
+            if cfg.message_dim:
                 sums[i]["zero_feature"] += ce(z, None)
                 sums[i]["noise_z_zero_feature"] += ce(pure, None)
             if s_next is not None:
                 z = euler_update(z, logits, table_hat, s, s_next)
-            feature = new_feature if cfg.pred_input != "none" else None
+            feature = new_feature
     n = y.numel()
     out = []
     for i, (b, s, _) in enumerate(plan):
-        row = {"step": i, "block": b, "sigma": round(s, 4), **{k: round(v / n, 4) for k, v in sums[i].items() if cfg.pred_input != "none" or k in ("traj", "noise_z")}}
+        row = {"step": i, "block": b, "sigma": round(s, 4), **{k: round(v / n, 4) for k, v in sums[i].items() if cfg.message_dim or k in ("traj", "noise_z")}}
         out.append(row)
     return out
 
@@ -86,6 +86,7 @@ def main() -> None:
     p.add_argument("--z-in-init", default="default")
     p.add_argument("--pred-input", default="none")
     p.add_argument("--noise-embedding", default="default")
+    p.add_argument("--pred-output", default="none")
     p.add_argument("--freeze-z-in", default="none")
     p.add_argument("--trajectory-prob", type=float, default=1.0)
     p.add_argument("--sigma-sampling", default="lognormal")
@@ -96,7 +97,7 @@ def main() -> None:
     torch.manual_seed(a.seed)
     d = a.d_model
     mcfg = ModelConfig(blocks=a.blocks, layers_per_block=a.layers_per_block, d_model=d, n_heads=4, hidden=4 * d, seq_len=128,
-                       sigma_lo=a.sigma_lo, sigma_hi=a.sigma_hi, context_input=a.context_input, z_in_init=a.z_in_init, pred_input=a.pred_input, noise_embedding=a.noise_embedding)
+                       sigma_lo=a.sigma_lo, sigma_hi=a.sigma_hi, context_input=a.context_input, z_in_init=a.z_in_init, pred_input=a.pred_input, noise_embedding=a.noise_embedding, pred_output=a.pred_output)
     total = a.steps * a.rounds
     tcfg = TrainConfig(batch_size=32, lr=a.lr, seed=a.seed, total_steps=total, warmup_steps=min(50, total // 10),
                        trajectory_prob=a.trajectory_prob, sigma_sampling=a.sigma_sampling, freeze_z_in=a.freeze_z_in)

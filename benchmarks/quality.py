@@ -70,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--z-in-init", choices=("default", "zero"), default=ModelConfig.z_in_init)
     p.add_argument("--pred-input", choices=("none", "feature"), default=ModelConfig.pred_input)
     p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=ModelConfig.noise_embedding)
+    p.add_argument("--pred-output", choices=("none", "add"), default=ModelConfig.pred_output)
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -96,7 +97,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         blocks=args.blocks, layers_per_block=args.layers_per_block, d_model=args.d_model, n_heads=args.n_heads,
         hidden=4 * args.d_model, seq_len=args.seq_len, sigma_lo=args.sigma_lo, sigma_hi=args.sigma_hi,
         noise_feature_scale=args.noise_feature_scale, logit_scale=args.logit_scale,
-        context_input=args.context_input, z_in_init=args.z_in_init, pred_input=args.pred_input, noise_embedding=args.noise_embedding,
+        context_input=args.context_input, z_in_init=args.z_in_init, pred_input=args.pred_input, noise_embedding=args.noise_embedding, pred_output=args.pred_output,
     )
     total = args.steps_per_round * args.rounds
     tcfg = TrainConfig(

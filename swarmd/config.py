@@ -35,10 +35,11 @@ class ModelConfig:
     z_in_init: str = "default"  # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
     noise_embedding: str = "default"  # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
     pred_input: str = "none"  # none (documented) | feature: block reads the previous sampler step's final hidden state through a zero-initialised d x d projection
+    pred_output: str = "none"  # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate, not c_skip z; F's last linear starts at 0)
 
     # fields added after the first release: left out of config_hash while at their default, so
     # the hash (the identity peers exchange) of a config that does not use them is unchanged
-    _HASH_OPTIONAL = {"context_input": "scaled_unit", "z_in_init": "default", "noise_embedding": "default", "pred_input": "none"}
+    _HASH_OPTIONAL = {"context_input": "scaled_unit", "z_in_init": "default", "noise_embedding": "default", "pred_input": "none", "pred_output": "none"}
 
     def __post_init__(self) -> None:
         for name in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"):
@@ -62,11 +63,18 @@ class ModelConfig:
             raise ValueError(f"z_in_init must be default or zero, got {self.z_in_init!r}")
         if self.noise_embedding not in ("default", "zero_init", "off"):
             raise ValueError(f"noise_embedding must be default, zero_init or off, got {self.noise_embedding!r}")
+        if self.pred_output not in ("none", "add"):
+            raise ValueError(f"pred_output must be none or add, got {self.pred_output!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def message_dim(self) -> int:
+        """Width of what a sampler step hands to the next besides z (0 = z only, as documented)."""
+        return self.d_model * ((self.pred_input == "feature") + (self.pred_output == "add"))
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":

@@ -90,8 +90,6 @@ class LocalSweeper:
         logits, feature = None, None
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
             logits, z, feature = euler_step(self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None, pred=feature, return_feature=True)
-            if self.cfg.pred_input == "none":
-                feature = None
         if use_cache:
             self._caches[session_id] = (start_position + x.shape[1], caches)
         self.sweeps += 1

@@ -197,7 +197,7 @@ class NoiseEmbedding(nn.Module):
 class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
-    Issue 8 options (ModelConfig): context_input=own_table replaces sqrt(d) e_hat[x_t] by the block's
+    Issue 8 options (ModelConfig; pred_output=add is applied in denoise_logits): context_input=own_table replaces sqrt(d) e_hat[x_t] by the block's
     own table row C[x_t]; z_in_init=zero starts W_z at 0; noise_embedding=zero_init starts tau's last
     linear at 0, =off drops tau (its weights stay, unused); pred_input=feature adds W_p g_t, where g_t
     is the previous sampler step's LN_f(h_t) (W_p zero-initialised, g = 0 at the first step).
@@ -224,6 +224,9 @@ class DenoisingBlock(nn.Module):
             nn.init.zeros_(self.noise_emb.mlp[2].bias)
         if cfg.context_input == "own_table":  # the block's own context table, at the plain model's scale
             self.ctx_table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
+        if cfg.pred_output == "add":  # F starts at 0, so z_hat starts at the predecessor's estimate
+            nn.init.zeros_(self.out.weight)
+            nn.init.zeros_(self.out.bias)
         if cfg.pred_input == "feature":  # the previous sampler step's final hidden state, zero-initialised path
             self.pred_in = nn.Linear(d, d)
             nn.init.zeros_(self.pred_in.weight)
@@ -291,17 +294,27 @@ def denoise_logits(
 
     x: context bytes (n, t) long; z: noisy target embeddings (n, t, d) fp32; sigma: (n,) per sequence.
     Block math may run under bf16 autocast; preconditioning, logits and everything after stay fp32.
-    pred / return_feature: the pred_input=feature message (see DenoisingBlock.forward); the
-    returned feature is fp32.
+    pred / return_feature: the message between sampler steps (cfg.message_dim wide, fp32; None =
+    none, as at the first step): [LN_f(h) if pred_input=feature, z_hat if pred_output=add].
+    With return_feature, also returns this step's message (None when message_dim is 0).
     """
-    pc = precondition(sigma, block.cfg.sigma_data)
+    cfg = block.cfg
+    d = cfg.d_model
+    pc = precondition(sigma, cfg.sigma_data)
     ctx = block.context(x, table_hat)
+    feat_prev = pred[..., :d] if pred is not None and cfg.pred_input == "feature" else None
     with torch.autocast(z.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-        f, feature = block(ctx, pc.c_in[:, None, None] * z, pc.c_noise, cache, pred=pred, return_feature=True)
-    z_hat = pc.c_skip[:, None, None] * z + pc.c_out[:, None, None] * f.float()
+        f, feature = block(ctx, pc.c_in[:, None, None] * z, pc.c_noise, cache, pred=feat_prev, return_feature=True)
+    if pred is not None and cfg.pred_output == "add":
+        z_hat = pred[..., -d:] + pc.c_out[:, None, None] * f.float()
+    else:
+        z_hat = pc.c_skip[:, None, None] * z + pc.c_out[:, None, None] * f.float()
     logits = z_hat @ table_hat.T
-    logits = logits if block.cfg.logit_scale == 1.0 else block.cfg.logit_scale * logits
-    return (logits, feature.float()) if return_feature else logits
+    logits = logits if cfg.logit_scale == 1.0 else cfg.logit_scale * logits
+    if not return_feature:
+        return logits
+    parts = ([feature.float()] if cfg.pred_input == "feature" else []) + ([z_hat] if cfg.pred_output == "add" else [])
+    return logits, (torch.cat(parts, dim=-1) if parts else None)
 
 
 def noisy_targets(table_hat: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -395,8 +408,6 @@ def sample_from_noise(
     for i, sigma in enumerate(sigmas):
         nxt = sigmas[i + 1] if i + 1 < len(sigmas) else None
         logits, z, feature = euler_step(blocks[block_for_sigma(cfg, sigma)], table_hat, x, z, sigma, nxt, autocast_dtype=autocast_dtype, pred=feature, return_feature=True)
-        if cfg.pred_input == "none":
-            feature = None
         if trace:
             per_step.append(logits)
     return logits, per_step

@@ -152,8 +152,8 @@ class RemoteSweeper:
     """
 
     def __init__(self, cfg: ModelConfig, router: BlockRouter, client, steps: int | None = None, timeout_s: float = 30.0, hop_delay_s: float = 0.0, max_failovers: int = 3, compress: bool = False):
-        if cfg.pred_input != "none":  # the wire carries z only; the feature message would need a new field
-            raise NotImplementedError(f"swarm inference does not carry pred_input={cfg.pred_input!r} messages yet; use local inference")
+        if cfg.message_dim:  # the wire carries z only; the pred_input / pred_output message would need a new field
+            raise NotImplementedError(f"swarm inference does not carry the pred_input={cfg.pred_input!r} / pred_output={cfg.pred_output!r} message yet; use local inference")
         self.cfg, self.router, self.client = cfg, router, client
         self.config_hash = cfg.config_hash()
         self.plan = sampler_plan(cfg, steps)

@@ -119,8 +119,6 @@ def trajectory_inputs(
     for (b, s), s_next in zip(steps, [*targets, None]):
         s_t = torch.full((x.shape[0],), s, device=x.device)
         logits, feature = denoise_logits(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=feature, return_feature=True)
-        if cfg.pred_input == "none":
-            feature = None
         d = torch.softmax(logits, dim=-1) @ table_hat
         r = (s_next / s) if s_next is not None else (sigma / s)[:, None, None]
         z = r * z + (1 - r) * d

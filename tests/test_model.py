@@ -308,3 +308,54 @@ def test_checkpoint_round_trip_of_issue8_fields(tmp_path):
     (tmp_path / "old" / "config.json").write_text(json.dumps(body))
     old_cfg, _, _, _ = load_model(tmp_path / "old")
     assert old_cfg == plain
+
+
+def test_pred_output_add_starts_at_the_predecessor_estimate():
+    cfg = ModelConfig(blocks=3, pred_input="feature", pred_output="add", **TINY)
+    assert cfg.message_dim == 64 and ModelConfig().message_dim == 0
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg).eval() for _ in range(3)]
+    emb = ByteEmbedding(cfg)
+    x = torch.randint(0, 256, (2, 16))
+    z0 = start_noise(cfg, (2, 16, 32), torch.Generator().manual_seed(1))
+    with torch.no_grad():  # give block 0 a non-zero output; blocks 1 and 2 keep F = 0
+        blocks[0].out.weight.normal_(0, 1.0)
+    _, steps = sample_from_noise(blocks, emb.normalized(), x, cfg, z0=z0, trace=True)
+    # z_hat_b = z_hat_{b-1} + c_out F_b with F_b = 0: every later step repeats block 0's logits
+    assert torch.allclose(steps[1], steps[0], atol=1e-5) and torch.allclose(steps[2], steps[0], atol=1e-5)
+    # block 0 has no predecessor: the documented c_skip z + c_out F
+    from swarmd.model import denoise_logits, precondition
+
+    s = torch.full((2,), 10.0)
+    pc = precondition(s)
+    with torch.no_grad():
+        f = blocks[0](blocks[0].context(x, emb.normalized()), pc.c_in[:, None, None] * z0, pc.c_noise)
+    want = (pc.c_skip[:, None, None] * z0 + pc.c_out[:, None, None] * f) @ emb.normalized().T
+    assert torch.allclose(denoise_logits(blocks[0], emb.normalized(), x, z0, s), want, atol=1e-5)
+
+
+def test_pred_output_add_kv_cache_matches_full_sweep():
+    import asyncio
+
+    from swarmd.inference import LocalSweeper
+
+    cfg = ModelConfig(blocks=3, pred_input="feature", pred_output="add", context_input="own_table", **TINY)
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg) for _ in range(3)]
+    with torch.no_grad():
+        for b in blocks:
+            b.pred_in.weight.normal_(0, 0.3)
+            b.out.weight.normal_(0, 0.3)
+    sweeper = LocalSweeper(cfg, blocks, ByteEmbedding(cfg))
+    x = torch.randint(0, 256, (1, 9))
+    z = start_noise(cfg, (1, 9, 32), torch.Generator().manual_seed(2))
+
+    async def run():
+        full = await sweeper.sweep("full", x, z, 0, False)
+        parts = [await sweeper.sweep("inc", x[:, :3], z[:, :3], 0, True)]
+        for t in range(3, 9):
+            parts.append(await sweeper.sweep("inc", x[:, t : t + 1], z[:, t : t + 1], t, True))
+        return full, torch.cat(parts, dim=1)
+
+    full, inc = asyncio.run(run())
+    assert torch.allclose(full, inc, atol=1e-4)
