@@ -35,7 +35,7 @@ class ModelConfig:
     z_in_init: str = "default"  # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
     noise_embedding: str = "default"  # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
     pred_input: str = "none"  # none (documented) | feature: block reads the previous sampler step's final hidden state through a zero-initialised d x d projection
-    pred_output: str = "none"  # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate, not c_skip z; F's last linear starts at 0)
+    pred_output: str = "none"  # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate, not c_skip z; init_block starts F's last linear at 0 in blocks > 0)
 
     # fields added after the first release: left out of config_hash while at their default, so
     # the hash (the identity peers exchange) of a config that does not use them is unchanged

@@ -224,9 +224,6 @@ class DenoisingBlock(nn.Module):
             nn.init.zeros_(self.noise_emb.mlp[2].bias)
         if cfg.context_input == "own_table":  # the block's own context table, at the plain model's scale
             self.ctx_table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
-        if cfg.pred_output == "add":  # F starts at 0, so z_hat starts at the predecessor's estimate
-            nn.init.zeros_(self.out.weight)
-            nn.init.zeros_(self.out.bias)
         if cfg.pred_input == "feature":  # the previous sampler step's final hidden state, zero-initialised path
             self.pred_in = nn.Linear(d, d)
             nn.init.zeros_(self.pred_in.weight)

@@ -67,7 +67,12 @@ def init_block(cfg: ModelConfig, block_index: int, seed: int = 0) -> DenoisingBl
     """Deterministic initial weights of a block: every replica of (seed, block) is identical."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_for("block", seed, block_index))
-        return DenoisingBlock(cfg)
+        block = DenoisingBlock(cfg)
+    if cfg.pred_output == "add" and block_index > 0:  # F starts at 0: z_hat starts at the predecessor's estimate
+        with torch.no_grad():
+            block.out.weight.zero_()
+            block.out.bias.zero_()
+    return block
 
 
 def init_embedding(cfg: ModelConfig, seed: int = 0) -> ByteEmbedding:

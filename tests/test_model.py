@@ -318,8 +318,10 @@ def test_pred_output_add_starts_at_the_predecessor_estimate():
     emb = ByteEmbedding(cfg)
     x = torch.randint(0, 256, (2, 16))
     z0 = start_noise(cfg, (2, 16, 32), torch.Generator().manual_seed(1))
-    with torch.no_grad():  # give block 0 a non-zero output; blocks 1 and 2 keep F = 0
-        blocks[0].out.weight.normal_(0, 1.0)
+    from swarmd.train import init_block
+
+    blocks = [init_block(cfg, b).eval() for b in range(3)]  # blocks 1 and 2 start with F = 0, block 0 does not
+    assert float(blocks[0].out.weight.detach().abs().sum()) > 0 and float(blocks[2].out.weight.detach().abs().sum()) == 0
     _, steps = sample_from_noise(blocks, emb.normalized(), x, cfg, z0=z0, trace=True)
     # z_hat_b = z_hat_{b-1} + c_out F_b with F_b = 0: every later step repeats block 0's logits
     assert torch.allclose(steps[1], steps[0], atol=1e-5) and torch.allclose(steps[2], steps[0], atol=1e-5)
