@@ -1,20 +1,25 @@
 """Quality benchmark: BlockTrain versus the end-to-end reference at equal optimiser steps per block.
 
 Trains a BlockTrain stack (B blocks of L_b layers, one block at a time, no gradient crossing
-blocks, byte table averaged every round) and the E2E reference (one causal transformer of the
-same width and B x L_b layers) on the same training text, with the same batch size, sequence
-length, optimiser and as many optimiser steps as each block gets. After every round both are
-scored on the held-out text: BlockTrain by from-noise CE (the Euler sampler from a fixed noise
-seed, with the CE after every sampler step as `trace`), the E2E model by next-byte CE.
+blocks, byte table averaged every round), the E2E reference (one causal transformer of the same
+width and B x L_b layers) and a plain model of one block's depth (the E2E model with L_b layers)
+on the same training text, with the same batch size, sequence length, optimiser and as many
+optimiser steps as each block gets. After every round each is scored on the held-out text:
+BlockTrain by from-noise CE (the Euler sampler from a fixed noise seed, with the CE after every
+sampler step as `trace`; trace[0] is block 0 alone), the plain models by next-byte CE. At the end
+every model is also scored on a second held-out slice (`other_text`: eval.txt bytes after the
+scored ones), so no figure rests on one file region.
 
-Writes <out>.json (blocktrain_ce, e2e_ce, ratio, config, tokens_per_block, seconds, history,
-trace, command) and <out>.png (learning curves). The default run (4 rounds x 100 steps per
-block, B=3, L_b=2, d=128, seq 128, batch 32) takes about 15 minutes on one CPU thread; --long
-runs 8 rounds x 250 steps. BlockTrain trains with trajectory inputs by default here
-(--trajectory-prob 1: each block sees the z the sampler itself holds at its sigma, produced by
-the other blocks' round-start snapshots run frozen); --trajectory-prob 0 gives the documented
-noisy-target mechanics. The other training-variant flags (--sigma-sampling, ...) are the knobs
-screened in benchmarks/results/ISSUE2.md; --only blocktrain skips the E2E run.
+Writes <out>.json (curve: one row per model and evaluation, CE against training bytes per block;
+final blocktrain_ce, e2e_ce, ratio, block0_alone_ce, e2e_one_block_ce, trace, other_text, config,
+seconds, history, command) and <out>.png (the scaling curve; skipped with a one-line note when
+matplotlib is missing). The default budget is 8 rounds x 200 steps per block (B=3, L_b=2, d=128,
+seq 128, batch 32); about an hour per model on one CPU thread, so screen at --rounds 2. --only
+runs one model (blocktrain, e2e, e2e1 = one block's depth); --merge a.json b.json ... assembles
+separately run models into one result and plot without training. BlockTrain trains with
+trajectory inputs by default here (--trajectory-prob 1); --trajectory-prob 0 gives the documented
+noisy-target mechanics. Issue 8 mechanics: --context-input, --z-in-init, --freeze-z-in,
+--pred-input (see swarmd/core/config.py and benchmarks/results/ISSUE8.md).
 
     python benchmarks/quality.py --data-dir $BLOCKTRAIN_DATA --out benchmarks/results/quality
 """
@@ -26,12 +31,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
+from swarmd.core.evaluate import e2e_ce, from_noise_ce
 from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
 
@@ -49,12 +56,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path("benchmarks/results/quality"),
         help="output path without extension (.json and .png are written)",
     )
-    p.add_argument("--long", action="store_true", help="8 rounds x 250 steps per block instead of 4 x 100")
+    p.add_argument("--long", action="store_true", help="8 rounds x 250 steps per block instead of the default 8 x 200")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps-per-round", type=int, default=None)
     p.add_argument("--eval-tokens", type=int, default=16384)
+    p.add_argument(
+        "--other-tokens",
+        type=int,
+        default=16384,
+        help="bytes of the second held-out slice (eval.txt after the scored bytes); 0 = skip",
+    )
     p.add_argument("--eval-steps", type=int, default=None, help="sampler steps at eval (default one per block)")
-    p.add_argument("--only", choices=("both", "blocktrain", "e2e"), default="both")
+    p.add_argument(
+        "--only",
+        choices=("all", "both", "blocktrain", "e2e", "e2e1"),
+        default="all",
+        help="all: BlockTrain, E2E and the one-block-depth model; both: BlockTrain and E2E; or one of them",
+    )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="assemble these result JSONs (separate --only runs) into --out; no training",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     # model
@@ -67,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sigma-hi", type=float, default=ModelConfig.sigma_hi)
     p.add_argument("--noise-feature-scale", type=float, default=ModelConfig.noise_feature_scale)
     p.add_argument("--logit-scale", type=float, default=ModelConfig.logit_scale)
+    p.add_argument("--context-input", choices=("scaled_unit", "own_table"), default=ModelConfig.context_input)
+    p.add_argument("--z-in-init", choices=("default", "zero"), default=ModelConfig.z_in_init)
+    p.add_argument("--pred-input", choices=("none", "feature"), default=ModelConfig.pred_input)
+    p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=ModelConfig.noise_embedding)
+    p.add_argument("--pred-output", choices=("none", "add"), default=ModelConfig.pred_output)
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -83,10 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
+    p.add_argument("--freeze-z-in", choices=("none", "block0"), default=TrainConfig.freeze_z_in)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (8 if args.long else 4)
-    args.steps_per_round = args.steps_per_round or (250 if args.long else 100)
+    args.rounds = args.rounds or 8
+    args.steps_per_round = args.steps_per_round or (250 if args.long else 200)
+    if args.merge:
+        return args
     if args.data_dir is None or not (Path(args.data_dir) / "train.txt").is_file():
         p.error(f"--data-dir must hold train.txt and eval.txt (got {args.data_dir}); set BLOCKTRAIN_DATA")
     return args
@@ -104,6 +137,11 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         sigma_hi=args.sigma_hi,
         noise_feature_scale=args.noise_feature_scale,
         logit_scale=args.logit_scale,
+        context_input=args.context_input,
+        z_in_init=args.z_in_init,
+        pred_input=args.pred_input,
+        noise_embedding=args.noise_embedding,
+        pred_output=args.pred_output,
     )
     total = args.steps_per_round * args.rounds
     tcfg = TrainConfig(
@@ -117,47 +155,164 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         sigma_sampling=args.sigma_sampling,
         sigma_jitter=args.sigma_jitter,
         table_lr_scale=args.table_lr_scale,
+        freeze_z_in=args.freeze_z_in,
     )
     return mcfg, tcfg
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
+LABELS = {
+    "blocktrain": "BlockTrain, from-noise CE",
+    "block0": "its block 0 alone (sampler step 0)",
+    "e2e": "E2E, B x L_b layers",
+    "e2e1": "plain model, L_b layers (one block's depth)",
+}
 
+
+def curve_rows(history: dict[str, list]) -> list[dict]:
+    """One row per model and evaluation: CE against training bytes per block."""
+    rows = []
+    for kind in ("blocktrain", "e2e", "e2e1"):
+        for r in history.get(kind, []):
+            rows.append(
+                {
+                    "model": kind,
+                    "round": r["round"],
+                    "steps_per_block": r["steps_per_block"],
+                    "tokens_per_block": r["tokens_per_block"],
+                    "eval_ce": r["eval_ce"],
+                }
+            )
+            if kind == "blocktrain" and "trace" in r:
+                rows.append(
+                    {
+                        "model": "block0",
+                        "round": r["round"],
+                        "steps_per_block": r["steps_per_block"],
+                        "tokens_per_block": r["tokens_per_block"],
+                        "eval_ce": r["trace"][0],
+                    }
+                )
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not installed (pip install '.[bench]'): skipped the plot {path}", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    bt, e2e = result["history"].get("blocktrain", []), result["history"].get("e2e", [])
-    if bt:
-        toks = [r["tokens_per_block"] / 1e6 for r in bt]
-        ax.plot(toks, [r["eval_ce"] for r in bt], "o-", label="BlockTrain from-noise CE (final step)")
-        ax.plot(toks, [r["trace"][0] for r in bt], "s--", alpha=0.6, label="block 0 alone (sampler step 0)")
-    if e2e:
-        ax.plot([r["tokens_per_block"] / 1e6 for r in e2e], [r["eval_ce"] for r in e2e], "^-", label="E2E reference CE")
-    ax.set_xlabel("training tokens per block (millions)")
+    styles = {"blocktrain": "o-", "block0": "s--", "e2e": "^-", "e2e1": "v-"}
+    for kind in ("blocktrain", "block0", "e2e", "e2e1"):
+        rows = [r for r in result["curve"] if r["model"] == kind]
+        if rows:
+            ax.plot(
+                [r["tokens_per_block"] / 1e6 for r in rows],
+                [r["eval_ce"] for r in rows],
+                styles[kind],
+                alpha=0.6 if kind == "block0" else 1.0,
+                label=LABELS[kind],
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("training bytes per block (millions)")
     ax.set_ylabel("held-out CE (nats/byte)")
     c = result["config"]["model"]
+    ratio = result.get("ratio")
     ax.set_title(
         f"B={c['blocks']} L_b={c['layers_per_block']} d={c['d_model']} seq={c['seq_len']}: "
-        f"ratio {result.get('ratio') or float('nan'):.3f}"
+        f"ratio {ratio if ratio is not None else float('nan'):.3f}"
     )
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def summarise(history: dict[str, list], other: dict) -> dict:
+    last = {k: v[-1] for k, v in history.items() if v}
+    bt = last["blocktrain"]["eval_ce"] if "blocktrain" in last else None
+    e2e = last["e2e"]["eval_ce"] if "e2e" in last else None
+    out = {
+        "blocktrain_ce": bt,
+        "e2e_ce": e2e,
+        "ratio": bt / e2e if bt is not None and e2e is not None else None,
+        "block0_alone_ce": last["blocktrain"]["trace"][0] if "blocktrain" in last else None,
+        "e2e_one_block_ce": last["e2e1"]["eval_ce"] if "e2e1" in last else None,
+        "trace": last["blocktrain"]["trace"] if "blocktrain" in last else None,
+    }
+    if other:
+        o = dict(other)
+        if "blocktrain" in o and "e2e" in o:
+            o["ratio"] = o["blocktrain"] / o["e2e"]
+        out["other_text"] = o
+    return out
+
+
+def merge(args: argparse.Namespace) -> dict:
+    """Assemble separately run models (--only runs) into one result; later files win per model."""
+    history, other, seconds, parts = {}, {}, {}, []
+    config = None
+    for path in args.merge:
+        r = json.loads(Path(path).read_text())
+        for kind, rows in r["history"].items():
+            history[kind] = rows
+            seconds[kind] = r["seconds"].get(kind)
+        for kind, v in (r.get("other_text") or {}).items():
+            if kind in ("blocktrain", "e2e", "e2e1", "block0", "trace", "tokens", "offset"):
+                other[kind] = v
+        if "blocktrain" in r["history"] or config is None:
+            config = r["config"]
+        parts.append({"file": str(path), "command": r.get("command")})
+    other.pop("ratio", None)
+    result = {
+        **summarise(history, other),
+        "config": config,
+        "curve": curve_rows(history),
+        "seconds": seconds,
+        "history": history,
+        "merged_from": parts,
+        "command": "python " + " ".join(sys.argv),
+    }
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.merge:
+        result = merge(args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        if not args.no_plot:
+            plot(result, args.out.with_suffix(".png"))
+        print(
+            json.dumps(
+                {
+                    k: result[k]
+                    for k in ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_block_ce", "trace")
+                }
+            )
+        )
+        return result
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     mcfg, tcfg = configs(args)
     corpus = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len)
-    eval_xy = ByteData.from_path(Path(args.data_dir) / "eval.txt", mcfg.seq_len).eval_windows(args.eval_tokens)
+    eval_data = ByteData.from_path(Path(args.data_dir) / "eval.txt", mcfg.seq_len)
+    eval_xy = eval_data.eval_windows(args.eval_tokens)
+    other_xy = None
+    if args.other_tokens:  # the second held-out slice: eval.txt bytes after the scored windows
+        offset = eval_xy[1].numel() + 1
+        rest = ByteData(eval_data.data[offset:].numpy().astype("uint8"), mcfg.seq_len)
+        other_xy = rest.eval_windows(args.other_tokens)
     history: dict[str, list] = {}
     seconds: dict[str, float] = {}
+    other: dict = {}
+    if other_xy is not None:
+        other = {"offset": eval_xy[1].numel() + 1, "tokens": int(other_xy[1].numel())}
 
     def recorder(kind: str):
         def on_round(r: RoundReport) -> None:
@@ -180,9 +335,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         return on_round
 
-    if args.only in ("both", "blocktrain"):
+    if args.only in ("all", "both", "blocktrain"):
         t0 = time.perf_counter()
-        train_blocktrain(
+        stack = train_blocktrain(
             mcfg,
             tcfg,
             corpus,
@@ -194,18 +349,23 @@ def main(argv: list[str] | None = None) -> dict:
             trajectory_source=args.trajectory_source,
         )
         seconds["blocktrain"] = round(time.perf_counter() - t0, 1)
-    if args.only in ("both", "e2e"):
+        if other_xy is not None:
+            res = from_noise_ce(stack.blocks, stack.emb, *other_xy, mcfg, steps=args.eval_steps)
+            other.update(
+                blocktrain=res["ce"], block0=res["trace"][0]["ce"], trace=[round(s["ce"], 4) for s in res["trace"]]
+            )
+    for kind, blocks in (("e2e", mcfg.blocks), ("e2e1", 1)):
+        if args.only not in ("all", kind) and not (kind == "e2e" and args.only == "both"):
+            continue
+        cfg = replace(mcfg, blocks=blocks)
         t0 = time.perf_counter()
-        train_e2e(mcfg, tcfg, corpus, eval_xy, args.steps_per_round, args.rounds, on_round=recorder("e2e"))
-        seconds["e2e"] = round(time.perf_counter() - t0, 1)
-    bt_ce = history["blocktrain"][-1]["eval_ce"] if "blocktrain" in history else None
-    e2e = history["e2e"][-1]["eval_ce"] if "e2e" in history else None
+        trainer = train_e2e(cfg, tcfg, corpus, eval_xy, args.steps_per_round, args.rounds, on_round=recorder(kind))
+        seconds[kind] = round(time.perf_counter() - t0, 1)
+        if other_xy is not None:
+            other[kind] = e2e_ce(trainer.model, *other_xy)["ce"]
     result = {
-        "blocktrain_ce": bt_ce,
-        "e2e_ce": e2e,
-        "ratio": bt_ce / e2e if bt_ce is not None and e2e is not None else None,
-        "block0_alone_ce": history["blocktrain"][-1]["trace"][0] if "blocktrain" in history else None,
-        "trace": history["blocktrain"][-1]["trace"] if "blocktrain" in history else None,
+        **summarise(history, other),
+        "curve": curve_rows(history),
         "config": {
             "model": mcfg.to_dict(),
             "train": tcfg.to_dict(),
@@ -227,7 +387,14 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.no_plot:
         plot(result, args.out.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in ("blocktrain_ce", "e2e_ce", "ratio", "trace", "seconds")}))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_block_ce", "trace", "seconds")
+            }
+        )
+    )
     return result
 
 

@@ -184,6 +184,11 @@ def test_config_hash_changes_with_every_field():
         "sigma_data": 1.0,
         "noise_feature_scale": 100.0,
         "logit_scale": 2.0,
+        "context_input": "own_table",
+        "z_in_init": "zero",
+        "noise_embedding": "off",
+        "pred_input": "feature",
+        "pred_output": "add",
     }
     fixed = {"vocab"}  # the only value it accepts is the default
     assert set(changed) | fixed == {f.name for f in dataclasses.fields(ModelConfig)}, "a new field needs a case here"

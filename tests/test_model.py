@@ -175,3 +175,208 @@ def test_untrained_model_from_noise_ce_is_near_uniform():
 def test_bad_config_values_are_refused(bad):
     with pytest.raises(ValueError):
         ModelConfig(**bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 8 mechanics: context_input, z_in_init, freeze_z_in, pred_input (defaults = documented).
+# ---------------------------------------------------------------------------------------------
+def test_new_fields_keep_default_hash_and_init():
+    # hashes computed by the code before the issue 8 fields existed: peers on either side agree
+    assert ModelConfig().config_hash() == "05523195af4f092b"
+    assert ModelConfig(blocks=3, **dict(TINY, n_heads=2)).config_hash() == "03a9d1aa4757074b"
+    assert ModelConfig(pred_input="feature").config_hash() != ModelConfig().config_hash()
+    torch.manual_seed(0)
+    keys = set(DenoisingBlock(ModelConfig(**TINY)).state_dict())
+    assert "ctx_table" not in keys and not any(k.startswith("pred_in") for k in keys)
+
+
+@pytest.mark.parametrize("bad", [dict(context_input="raw"), dict(z_in_init="one"), dict(pred_input="logits")])
+def test_bad_issue8_values_are_refused(bad):
+    with pytest.raises(ValueError):
+        ModelConfig(**bad)
+
+
+def test_own_table_context_and_zero_noise_path():
+    cfg = ModelConfig(blocks=1, context_input="own_table", z_in_init="zero", **TINY)
+    torch.manual_seed(0)
+    block = DenoisingBlock(cfg).eval()
+    table_hat = ByteEmbedding(cfg).normalized()
+    x = torch.tensor([[3, 7, 3]])
+    ctx = block.context(x, table_hat)
+    assert torch.equal(ctx, block.ctx_table[x])  # the block's own rows, not sqrt(d) e_hat
+    assert float(block.ctx_table.detach().std()) == pytest.approx(0.02, rel=0.05)
+    assert float(block.z_in.weight.detach().abs().sum()) == 0.0 and float(block.z_in.bias.detach().abs().sum()) == 0.0
+    # with W_z = 0 the output does not depend on z at all
+    z1, z2 = torch.randn(1, 3, 32), 10 * torch.randn(1, 3, 32)
+    with torch.no_grad():
+        assert torch.equal(block(ctx, z1, torch.zeros(1)), block(ctx, z2, torch.zeros(1)))
+    default = DenoisingBlock(ModelConfig(blocks=1, **TINY))
+    assert torch.allclose(default.context(x, table_hat), math.sqrt(32) * table_hat[x])
+
+
+def test_pred_feature_path_starts_at_zero_and_is_carried_by_the_sampler():
+    cfg = ModelConfig(blocks=3, pred_input="feature", **TINY)
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg).eval() for _ in range(3)]
+    emb = ByteEmbedding(cfg)
+    x = torch.randint(0, 256, (2, 16))
+    z0 = start_noise(cfg, (2, 16, 32), torch.Generator().manual_seed(1))
+    base, _ = sample_from_noise(blocks, emb.normalized(), x, cfg, z0=z0)
+    none_cfg = ModelConfig(blocks=3, **TINY)
+    plain, _ = sample_from_noise(blocks, emb.normalized(), x, none_cfg, z0=z0)
+    assert torch.allclose(base, plain, atol=1e-6)  # zero-initialised W_p: identical until trained
+    with torch.no_grad():
+        for b in blocks:
+            b.pred_in.weight.normal_(0, 0.5)
+    changed, _ = sample_from_noise(blocks, emb.normalized(), x, cfg, z0=z0)
+    assert not torch.allclose(changed, plain, atol=1e-3)
+    # by hand: step i hands LN_f(h) of its block to step i + 1
+    from swarmd.core.model import euler_step
+
+    z, feature = z0, None
+    for b, s, s_next in sampler_plan(cfg):
+        logits, z, feature = euler_step(blocks[b], emb.normalized(), x, z, s, s_next, pred=feature)
+    assert torch.allclose(logits, changed, atol=1e-5)
+
+
+def test_pred_feature_kv_cache_matches_full_sweep():
+    import asyncio
+
+    from swarmd.serve.inference import LocalSweeper
+
+    cfg = ModelConfig(blocks=3, pred_input="feature", context_input="own_table", **TINY)
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg) for _ in range(3)]
+    with torch.no_grad():
+        for b in blocks:
+            b.pred_in.weight.normal_(0, 0.3)
+    sweeper = LocalSweeper(cfg, blocks, ByteEmbedding(cfg))
+    x = torch.randint(0, 256, (1, 10))
+    z = start_noise(cfg, (1, 10, 32), torch.Generator().manual_seed(2))
+
+    async def run():
+        full = await sweeper.sweep("full", x, z, 0, False)
+        parts = [await sweeper.sweep("inc", x[:, :4], z[:, :4], 0, True)]
+        for t in range(4, 10):
+            parts.append(await sweeper.sweep("inc", x[:, t : t + 1], z[:, t : t + 1], t, True))
+        return full, torch.cat(parts, dim=1)
+
+    full, inc = asyncio.run(run())
+    assert torch.allclose(full, inc, atol=1e-4)
+
+
+def test_pred_feature_training_no_gradient_across_blocks():
+    from swarmd.core.config import TrainConfig
+    from swarmd.core.train import BlockTrainer, init_block, init_embedding, trajectory_inputs
+
+    cfg = ModelConfig(blocks=3, pred_input="feature", context_input="own_table", z_in_init="zero", **TINY)
+    tcfg = TrainConfig(batch_size=4, trajectory_prob=1.0, freeze_z_in="block0")
+    others = {b: init_block(cfg, b) for b in range(2)}
+    with torch.no_grad():
+        for b in others.values():
+            b.pred_in.weight.normal_(0, 0.3)
+    before = {b: [p.detach().clone() for p in blk.parameters()] for b, blk in others.items()}
+    trainer = BlockTrainer(cfg, tcfg, 2)
+    trainer.set_others(others, table=init_embedding(cfg))
+    x, y = torch.randint(0, 256, (4, 16)), torch.randint(0, 256, (4, 16))
+    _, feature = trajectory_inputs(
+        {**others, 2: trainer.block},
+        init_embedding(cfg).normalized(),
+        x,
+        torch.ones(4),
+        cfg,
+        2,
+        torch.Generator().manual_seed(0),
+    )
+    assert feature is not None and feature.shape == (4, 16, 32) and not feature.requires_grad
+    for _ in range(2):
+        trainer.step(x, y)
+    for b, blk in others.items():
+        assert all(torch.equal(p, q) for p, q in zip(blk.parameters(), before[b]))
+        assert all(p.grad is None for p in blk.parameters())
+    assert float(trainer.block.pred_in.weight.detach().abs().sum()) > 0  # block 2 learns to read the message
+    assert float(trainer.block.z_in.weight.detach().abs().sum()) > 0  # later blocks keep a trained noise path
+    first = BlockTrainer(cfg, tcfg, 0)
+    first.step(x, y)
+    assert not first.block.z_in.weight.requires_grad and float(first.block.z_in.weight.detach().abs().sum()) == 0.0
+
+
+def test_checkpoint_round_trip_of_issue8_fields(tmp_path):
+    import json
+
+    from swarmd.core.checkpoint import load_model, save_model
+
+    cfg = ModelConfig(blocks=2, pred_input="feature", context_input="own_table", z_in_init="zero", **TINY)
+    torch.manual_seed(0)
+    blocks = {b: DenoisingBlock(cfg) for b in range(2)}
+    emb = ByteEmbedding(cfg)
+    save_model(tmp_path / "ck", cfg, blocks, emb)
+    got_cfg, got_blocks, _, _ = load_model(tmp_path / "ck")
+    assert got_cfg == cfg
+    assert torch.equal(got_blocks[1].ctx_table, blocks[1].ctx_table) and torch.equal(
+        got_blocks[1].pred_in.weight, blocks[1].pred_in.weight
+    )
+    # a checkpoint written before these fields existed (no keys) still loads with the documented defaults
+    plain = ModelConfig(blocks=2, **TINY)
+    save_model(tmp_path / "old", plain, {b: DenoisingBlock(plain) for b in range(2)}, ByteEmbedding(plain))
+    body = json.loads((tmp_path / "old" / "config.json").read_text())
+    for k in ("context_input", "z_in_init", "pred_input"):
+        body["model"].pop(k)
+    (tmp_path / "old" / "config.json").write_text(json.dumps(body))
+    old_cfg, _, _, _ = load_model(tmp_path / "old")
+    assert old_cfg == plain
+
+
+def test_pred_output_add_starts_at_the_predecessor_estimate():
+    cfg = ModelConfig(blocks=3, pred_input="feature", pred_output="add", **TINY)
+    assert cfg.message_dim == 64 and ModelConfig().message_dim == 0
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg).eval() for _ in range(3)]
+    emb = ByteEmbedding(cfg)
+    x = torch.randint(0, 256, (2, 16))
+    z0 = start_noise(cfg, (2, 16, 32), torch.Generator().manual_seed(1))
+    from swarmd.core.train import init_block
+
+    blocks = [init_block(cfg, b).eval() for b in range(3)]  # blocks 1 and 2 start with F = 0, block 0 does not
+    assert (
+        float(blocks[0].out.weight.detach().abs().sum()) > 0 and float(blocks[2].out.weight.detach().abs().sum()) == 0
+    )
+    _, steps = sample_from_noise(blocks, emb.normalized(), x, cfg, z0=z0, trace=True)
+    # z_hat_b = z_hat_{b-1} + c_out F_b with F_b = 0: every later step repeats block 0's logits
+    assert torch.allclose(steps[1], steps[0], atol=1e-5) and torch.allclose(steps[2], steps[0], atol=1e-5)
+    # block 0 has no predecessor: the documented c_skip z + c_out F
+    from swarmd.core.model import denoise, precondition
+
+    s = torch.full((2,), 10.0)
+    pc = precondition(s)
+    with torch.no_grad():
+        f = blocks[0](blocks[0].context(x, emb.normalized()), pc.c_in[:, None, None] * z0, pc.c_noise)
+    want = (pc.c_skip[:, None, None] * z0 + pc.c_out[:, None, None] * f) @ emb.normalized().T
+    assert torch.allclose(denoise(blocks[0], emb.normalized(), x, z0, s)[0], want, atol=1e-5)
+
+
+def test_pred_output_add_kv_cache_matches_full_sweep():
+    import asyncio
+
+    from swarmd.serve.inference import LocalSweeper
+
+    cfg = ModelConfig(blocks=3, pred_input="feature", pred_output="add", context_input="own_table", **TINY)
+    torch.manual_seed(0)
+    blocks = [DenoisingBlock(cfg) for _ in range(3)]
+    with torch.no_grad():
+        for b in blocks:
+            b.pred_in.weight.normal_(0, 0.3)
+            b.out.weight.normal_(0, 0.3)
+    sweeper = LocalSweeper(cfg, blocks, ByteEmbedding(cfg))
+    x = torch.randint(0, 256, (1, 9))
+    z = start_noise(cfg, (1, 9, 32), torch.Generator().manual_seed(2))
+
+    async def run():
+        full = await sweeper.sweep("full", x, z, 0, False)
+        parts = [await sweeper.sweep("inc", x[:, :3], z[:, :3], 0, True)]
+        for t in range(3, 9):
+            parts.append(await sweeper.sweep("inc", x[:, t : t + 1], z[:, t : t + 1], t, True))
+        return full, torch.cat(parts, dim=1)
+
+    full, inc = asyncio.run(run())
+    assert torch.allclose(full, inc, atol=1e-4)

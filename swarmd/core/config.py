@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,29 @@ class ModelConfig:
     noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
     logit_scale: float = 1.0  # fixed multiplier on the logits <z_hat, e_hat_k> (1 = documented, no temperature)
     vocab: int = 256  # bytes
+    # issue 8 mechanics (defaults = the documented block; see benchmarks/results/ISSUE8.md)
+    # scaled_unit: sqrt(d) e_hat[x] (documented) | own_table: the block's own learned byte table, init N(0, 0.02^2)
+    context_input: str = "scaled_unit"
+    # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
+    z_in_init: str = "default"
+    # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
+    noise_embedding: str = "default"
+    # none (documented) | feature: block reads the previous sampler step's final hidden state through a
+    # zero-initialised d x d projection
+    pred_input: str = "none"
+    # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate,
+    # not c_skip z; init_block starts F's last linear at 0 in blocks > 0)
+    pred_output: str = "none"
+
+    # fields added after the first release: left out of config_hash while at their default, so
+    # the hash (the identity peers exchange) of a config that does not use them is unchanged
+    _HASH_OPTIONAL: ClassVar[dict[str, str]] = {
+        "context_input": "scaled_unit",
+        "z_in_init": "default",
+        "noise_embedding": "default",
+        "pred_input": "none",
+        "pred_output": "none",
+    }
 
     def __post_init__(self) -> None:
         for name in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"):
@@ -48,9 +72,24 @@ class ModelConfig:
             raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
         if self.vocab != 256:
             raise ValueError("vocab is fixed at 256 (bytes)")
+        if self.context_input not in ("scaled_unit", "own_table"):
+            raise ValueError(f"context_input must be scaled_unit or own_table, got {self.context_input!r}")
+        if self.z_in_init not in ("default", "zero"):
+            raise ValueError(f"z_in_init must be default or zero, got {self.z_in_init!r}")
+        if self.noise_embedding not in ("default", "zero_init", "off"):
+            raise ValueError(f"noise_embedding must be default, zero_init or off, got {self.noise_embedding!r}")
+        if self.pred_output not in ("none", "add"):
+            raise ValueError(f"pred_output must be none or add, got {self.pred_output!r}")
+        if self.pred_input not in ("none", "feature"):
+            raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def message_dim(self) -> int:
+        """Width of what a sampler step hands to the next besides z (0 = z only, as documented)."""
+        return self.d_model * ((self.pred_input == "feature") + (self.pred_output == "add"))
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
@@ -62,7 +101,10 @@ class ModelConfig:
 
     def config_hash(self) -> str:
         """Short stable hash of the architecture; peers with equal hashes can swap blocks."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        body = {
+            k: v for k, v in self.to_dict().items() if not (k in self._HASH_OPTIONAL and v == self._HASH_OPTIONAL[k])
+        }
+        blob = json.dumps(body, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -84,6 +126,9 @@ class TrainConfig:
     sigma_sampling: str = "lognormal"
     sigma_jitter: float = 0.0  # with sigma_sampling=sampler: log-std of multiplicative jitter around the sampler sigma
     table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
+    # none | block0: block 0's noise path W_z is zeroed and never trained (under trajectory training its z is
+    # pure noise)
+    freeze_z_in: str = "none"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -98,6 +143,8 @@ class TrainConfig:
             raise ValueError(f"trajectory_steps must be >= 0, got {self.trajectory_steps}")
         if self.sigma_sampling not in ("lognormal", "loguniform", "sampler"):
             raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
+        if self.freeze_z_in not in ("none", "block0"):
+            raise ValueError(f"freeze_z_in must be none or block0, got {self.freeze_z_in!r}")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 

@@ -17,7 +17,7 @@ from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
     E2EModel,
-    denoise_logits,
+    denoise,
     noisy_targets,
     sample_from_noise,
     sample_sigma,
@@ -102,7 +102,7 @@ def denoising_ce(
         xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
         sigma = sample_sigma(cfg, block_index, xb.shape[0], gen).to(device)
         z = noisy_targets(table_hat, yb, sigma, gen)
-        total += _ce_sum(denoise_logits(block, table_hat, xb, z, sigma), yb)
+        total += _ce_sum(denoise(block, table_hat, xb, z, sigma)[0], yb)
     return total / y.numel()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -199,6 +200,12 @@ class NoiseEmbedding(nn.Module):
 class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
+    Issue 8 options (ModelConfig; pred_output=add is applied in denoise): context_input=own_table
+    replaces sqrt(d) e_hat[x_t] by the block's own table row C[x_t]; z_in_init=zero starts W_z at 0;
+    noise_embedding=zero_init starts tau's last linear at 0, =off drops tau (its weights stay, unused);
+    pred_input=feature adds W_p g_t, where g_t is the previous sampler step's LN_f(h_t) (W_p
+    zero-initialised, g = 0 at the first step).
+
     Everything in here is owned (trained, averaged) by one block; only the byte table is shared.
     """
 
@@ -212,19 +219,58 @@ class DenoisingBlock(nn.Module):
         self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.hidden) for _ in range(cfg.layers_per_block))
         self.ln_f = nn.LayerNorm(d)
         self.out = nn.Linear(d, d)  # unbounded, so c_out * F can reach the norm sharp logits need
+        # issue 8 options (created after the documented modules, so a default config draws the same init)
+        if cfg.z_in_init == "zero":
+            nn.init.zeros_(self.z_in.weight)
+            nn.init.zeros_(self.z_in.bias)
+        if cfg.noise_embedding == "zero_init":
+            last = cast(nn.Linear, self.noise_emb.mlp[2])
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+        if cfg.context_input == "own_table":  # the block's own context table, at the plain model's scale
+            self.ctx_table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
+        if cfg.pred_input == "feature":  # the previous sampler step's final hidden state, zero-initialised path
+            self.pred_in = nn.Linear(d, d)
+            nn.init.zeros_(self.pred_in.weight)
+            nn.init.zeros_(self.pred_in.bias)
 
-    def forward(
-        self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None
-    ) -> torch.Tensor:
-        """ctx: sqrt(d) e_hat[x] (n, t, d); z_in: c_in * z (n, t, d); c_noise: (n,). Returns F (n, t, d)."""
+    def context(self, x: torch.Tensor, table_hat: torch.Tensor) -> torch.Tensor:
+        """Context input of bytes x (n, t): sqrt(d) e_hat[x] (documented) or the block's own table rows."""
+        if self.cfg.context_input == "own_table":
+            return self.ctx_table[x]
+        return math.sqrt(self.cfg.d_model) * table_hat[x]
+
+    def forward(self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None):
+        """F (n, t, d) of the documented block (no message from a predecessor); see features()."""
+        return self.features(ctx, z_in, c_noise, cache)[0]
+
+    def features(
+        self,
+        ctx: torch.Tensor,
+        z_in: torch.Tensor,
+        c_noise: torch.Tensor,
+        cache: list | None = None,
+        pred: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F, feature LN_f(h)), each (n, t, d).
+
+        ctx: context input (n, t, d), see context(); z_in: c_in * z (n, t, d); c_noise: (n,).
+        pred (pred_input=feature only): the previous sampler step's feature (n, t, d), None = zeros
+        (the first step).
+        """
         start = cache[0]["k"].shape[2] if cache and "k" in cache[0] else 0
         t = ctx.shape[1]
         if start + t > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + t} positions exceeds seq_len {self.cfg.seq_len}")
-        h = ctx + self.z_in(z_in) + self.pos[start : start + t] + self.noise_emb(c_noise)[:, None, :]
+        h = ctx + self.z_in(z_in) + self.pos[start : start + t]
+        if self.cfg.noise_embedding != "off":
+            h = h + self.noise_emb(c_noise)[:, None, :]
+        if pred is not None and self.cfg.pred_input == "feature":
+            h = h + self.pred_in(pred.to(h.dtype))
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
-        return self.out(self.ln_f(h))
+        feature = self.ln_f(h)
+        return self.out(feature), feature
 
     def new_cache(self) -> list[dict]:
         """Empty per-layer KV cache for incremental (byte-by-byte) evaluation."""
@@ -238,7 +284,7 @@ def count_params(module: nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------
 # 5. Denoiser output, logits and the block-local objective.
 # ---------------------------------------------------------------------------------------------
-def denoise_logits(
+def denoise(
     block: DenoisingBlock,
     table_hat: torch.Tensor,
     x: torch.Tensor,
@@ -246,19 +292,31 @@ def denoise_logits(
     sigma: torch.Tensor,
     cache: list | None = None,
     autocast_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Logits (n, t, V) of D = c_skip z + c_out F(x, c_in z, c_noise) against the normalised table.
+    pred: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits (n, t, V) of D = c_skip z + c_out F(x, c_in z, c_noise) against the normalised table, message).
 
     x: context bytes (n, t) long; z: noisy target embeddings (n, t, d) fp32; sigma: (n,) per sequence.
     Block math may run under bf16 autocast; preconditioning, logits and everything after stay fp32.
+    pred and the returned message: what one sampler step hands the next besides z (cfg.message_dim
+    wide, fp32; None when message_dim is 0, and pred None at the first step): [LN_f(h) if
+    pred_input=feature, z_hat if pred_output=add].
     """
-    pc = precondition(sigma, block.cfg.sigma_data)
-    ctx = math.sqrt(block.cfg.d_model) * table_hat[x]
+    cfg = block.cfg
+    d = cfg.d_model
+    pc = precondition(sigma, cfg.sigma_data)
+    ctx = block.context(x, table_hat)
+    feat_prev = pred[..., :d] if pred is not None and cfg.pred_input == "feature" else None
     with torch.autocast(z.device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-        f = block(ctx, pc.c_in[:, None, None] * z, pc.c_noise, cache)
-    z_hat = pc.c_skip[:, None, None] * z + pc.c_out[:, None, None] * f.float()
+        f, feature = block.features(ctx, pc.c_in[:, None, None] * z, pc.c_noise, cache, pred=feat_prev)
+    if pred is not None and cfg.pred_output == "add":
+        z_hat = pred[..., -d:] + pc.c_out[:, None, None] * f.float()
+    else:
+        z_hat = pc.c_skip[:, None, None] * z + pc.c_out[:, None, None] * f.float()
     logits = z_hat @ table_hat.T
-    return logits if block.cfg.logit_scale == 1.0 else block.cfg.logit_scale * logits
+    logits = logits if cfg.logit_scale == 1.0 else cfg.logit_scale * logits
+    parts = ([feature.float()] if cfg.pred_input == "feature" else []) + ([z_hat] if cfg.pred_output == "add" else [])
+    return logits, (torch.cat(parts, dim=-1) if parts else None)
 
 
 def noisy_targets(
@@ -279,16 +337,18 @@ def block_loss(
     sigma: torch.Tensor,
     z: torch.Tensor | None = None,
     autocast_dtype: torch.dtype | None = None,
+    pred: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss to minimise, unweighted CE for logging) of one block at per-sequence sigmas.
 
     z defaults to the documented noisy target e_hat[y] + sigma * eps; a caller may pass another
-    input at the same sigmas (for example a point on the sampler's own trajectory).
+    input at the same sigmas (for example a point on the sampler's own trajectory). pred: the
+    predecessor's feature for pred_input=feature (computed without gradient by the caller).
     """
     table_hat = emb.normalized()
     if z is None:
         z = noisy_targets(table_hat, y, sigma)
-    logits = denoise_logits(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype)
+    logits, _ = denoise(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight
     return (w[:, None] * ce).mean(), ce.mean().detach()
@@ -308,11 +368,11 @@ def start_noise(
 
 
 def euler_update(
-    z: torch.Tensor, logits: torch.Tensor, table_hat: torch.Tensor, sigma: float, sigma_next: float
+    z: torch.Tensor, logits: torch.Tensor, table_hat: torch.Tensor, sigma: float, sigma_next: float | torch.Tensor
 ) -> torch.Tensor:
-    """z <- (s'/s) z + (1 - s'/s) D with D = softmax(logits) @ E_hat."""
+    """z <- (s'/s) z + (1 - s'/s) D with D = softmax(logits) @ E_hat; s' a float or one per sequence (n,)."""
     d = torch.softmax(logits, dim=-1) @ table_hat
-    r = sigma_next / sigma
+    r = sigma_next / sigma if isinstance(sigma_next, float) else (sigma_next / sigma)[:, None, None]
     return r * z + (1.0 - r) * d
 
 
@@ -325,13 +385,17 @@ def euler_step(
     sigma_next: float | None,
     cache: list | None = None,
     autocast_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sampler step of one block: returns (logits, next z). With sigma_next None, next z is z."""
+    pred: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One sampler step of one block: (logits, next z, message). With sigma_next None, next z is z.
+
+    The message is what this step hands the next one besides z (see denoise; None when the config
+    passes none); pred is the one this step received (None at the first step).
+    """
     s = torch.full((x.shape[0],), sigma, device=z.device)
-    logits = denoise_logits(block, table_hat, x, z, s, cache, autocast_dtype)
-    if sigma_next is None:
-        return logits, z
-    return logits, euler_update(z, logits, table_hat, sigma, sigma_next)
+    logits, message = denoise(block, table_hat, x, z, s, cache, autocast_dtype, pred=pred)
+    z_next = z if sigma_next is None else euler_update(z, logits, table_hat, sigma, sigma_next)
+    return logits, z_next, message
 
 
 @torch.no_grad()
@@ -350,12 +414,11 @@ def sample_from_noise(
     sigmas = sampler_schedule(cfg, steps)
     z = z0 if z0 is not None else start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
     per_step: list[torch.Tensor] = []
-    logits = torch.empty(0)  # sampler_schedule has at least one step, so this is always replaced
+    logits, message = torch.empty(0), None  # the schedule has at least one step
     for i, sigma in enumerate(sigmas):
         nxt = sigmas[i + 1] if i + 1 < len(sigmas) else None
-        logits, z = euler_step(
-            blocks[block_for_sigma(cfg, sigma)], table_hat, x, z, sigma, nxt, autocast_dtype=autocast_dtype
-        )
+        block = blocks[block_for_sigma(cfg, sigma)]
+        logits, z, message = euler_step(block, table_hat, x, z, sigma, nxt, autocast_dtype=autocast_dtype, pred=message)
         if trace:
             per_step.append(logits)
     return logits, per_step

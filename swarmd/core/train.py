@@ -23,7 +23,8 @@ from swarmd.core.model import (
     E2EModel,
     block_interval,
     block_loss,
-    denoise_logits,
+    denoise,
+    euler_update,
     sample_sigma,
     sampler_plan,
     start_noise,
@@ -54,7 +55,9 @@ def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
             if isinstance(module, ByteEmbedding) and name == "table":
                 table.append(p)
             else:
-                (decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight") else no_decay).append(p)
+                (
+                    decay if p.dim() >= 2 and name not in ("pos", "table", "tok.weight", "ctx_table") else no_decay
+                ).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if table:
         groups.append({"params": table, "weight_decay": 0.0, "lr_scale": cfg.table_lr_scale})
@@ -70,7 +73,12 @@ def init_block(cfg: ModelConfig, block_index: int, seed: int = 0) -> DenoisingBl
     """Deterministic initial weights of a block: every replica of (seed, block) is identical."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_for("block", seed, block_index))
-        return DenoisingBlock(cfg)
+        block = DenoisingBlock(cfg)
+    if cfg.pred_output == "add" and block_index > 0:  # F starts at 0: z_hat starts at the predecessor's estimate
+        with torch.no_grad():
+            block.out.weight.zero_()
+            block.out.bias.zero_()
+    return block
 
 
 def init_embedding(cfg: ModelConfig, seed: int = 0) -> ByteEmbedding:
@@ -101,27 +109,28 @@ def trajectory_inputs(
     generator: torch.Generator,
     autocast_dtype: torch.dtype | None = None,
     steps: list[tuple[int, float]] | None = None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """z that the sampler holds on reaching each sequence's sigma inside block_index's interval.
 
     Starts from fresh noise, takes the given sampler steps (default: the plan's steps above the
     block's interval) with those blocks frozen (no grad), and ends with an Euler step from the last
     of them to each sequence's own sigma. With no earlier step (block 0) the input is pure noise,
-    z = sqrt(1 + sigma^2) eps, as at the sampler's start.
+    z = sqrt(1 + sigma^2) eps, as at the sampler's start. Returns (z, message): the last earlier
+    step's message for the block (model.denoise; None when there is no earlier step or no message).
     """
     steps = trajectory_predecessors(cfg, block_index) if steps is None else steps
     if not steps:
         eps = torch.randn((*x.shape, cfg.d_model), generator=generator).to(x.device)
-        return (1 + sigma**2).sqrt()[:, None, None] * eps
+        z = (1 + sigma**2).sqrt()[:, None, None] * eps
+        return z, None
     z = start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
     targets = [s for _, s in steps[1:]]
+    message = None
     for (b, s), s_next in zip(steps, [*targets, None]):
         s_t = torch.full((x.shape[0],), s, device=x.device)
-        logits = denoise_logits(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype)
-        d = torch.softmax(logits, dim=-1) @ table_hat
-        r = (s_next / s) if s_next is not None else (sigma / s)[:, None, None]
-        z = r * z + (1 - r) * d
-    return z
+        logits, message = denoise(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=message)
+        z = euler_update(z, logits, table_hat, s, s_next if s_next is not None else sigma)
+    return z, message
 
 
 class BlockTrainer:
@@ -146,6 +155,12 @@ class BlockTrainer:
         self.model_cfg, self.train_cfg, self.block_index, self.device = model_cfg, train_cfg, block_index, device
         self.block = (block or init_block(model_cfg, block_index, train_cfg.seed)).to(device)
         self.emb = (emb or init_embedding(model_cfg, train_cfg.seed)).to(device)
+        if train_cfg.freeze_z_in == "block0" and block_index == 0:
+            # block 0's z is pure noise under trajectory training: its noise path can only learn noise
+            with torch.no_grad():
+                self.block.z_in.weight.zero_()
+                self.block.z_in.bias.zero_()
+            self.block.z_in.requires_grad_(False)
         self.opt = make_adamw([self.block, self.emb], train_cfg)
         self.step_count = 0
         self.gen = torch.Generator().manual_seed(seed_for("noise", train_cfg.seed, block_index, worker_seed))
@@ -196,10 +211,11 @@ class BlockTrainer:
 
     def _inputs(
         self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None
-    ) -> torch.Tensor | None:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(z, predecessor feature): trajectory inputs, or (None, None) for the documented noisy targets."""
         p = self.train_cfg.trajectory_prob
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
-            return None
+            return None, None
         steps = self._trajectory_steps(k)
         missing = sorted({b for b, _ in steps} - set(self.others) - {self.block_index})
         if missing:
@@ -210,7 +226,15 @@ class BlockTrainer:
         self.block.eval()
         try:
             return trajectory_inputs(
-                blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps
+                blocks,
+                table_hat,
+                x,
+                sigma,
+                self.model_cfg,
+                self.block_index,
+                self.gen,
+                self.autocast,
+                steps=steps,
             )
         finally:
             self.block.train(was_training)
@@ -220,15 +244,17 @@ class BlockTrainer:
         x, y = x.to(self.device), y.to(self.device)
         sigma, k = self._sigma(x.shape[0])
         sigma = sigma.to(self.device)
-        z = self._inputs(x, y, sigma, k)
+        z, pred = self._inputs(x, y, sigma, k)
         lr = lr_at(self.step_count, self.train_cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.block.train()
-        loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast)
+        loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast, pred=pred)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_([*self.block.parameters(), *self.emb.parameters()], self.train_cfg.grad_clip)
+        nn.utils.clip_grad_norm_(
+            [p for p in (*self.block.parameters(), *self.emb.parameters()) if p.requires_grad], self.train_cfg.grad_clip
+        )
         self.opt.step()
         self.step_count += 1
         return {"loss": float(loss.detach()), "ce": float(ce), "lr": lr}

@@ -99,10 +99,11 @@ class LocalSweeper:
             if held != start_position or caches is None:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
         x, z = x.to(self.device), z.to(self.device)
-        logits = None
+        logits, feature = torch.empty(0), None  # the plan has at least one step; feature: the step's message
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
-            logits, z = euler_step(
-                self.blocks[b], self.table_hat, x, z, sigma, sigma_next, caches[i] if caches else None
+            cache = caches[i] if caches else None
+            logits, z, feature = euler_step(
+                self.blocks[b], self.table_hat, x, z, sigma, sigma_next, cache, pred=feature
             )
         if caches is not None:
             self._caches[session_id] = (start_position + x.shape[1], caches)

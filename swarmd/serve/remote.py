@@ -178,6 +178,11 @@ class RemoteSweeper:
         max_failovers: int = 3,
         compress: bool = False,
     ):
+        if cfg.message_dim:  # the wire carries z only; the pred_input / pred_output message needs a new field
+            raise NotImplementedError(
+                f"swarm inference does not carry the pred_input={cfg.pred_input!r} / "
+                f"pred_output={cfg.pred_output!r} message yet; use local inference"
+            )
         self.cfg, self.router, self.client = cfg, router, client
         self.config_hash = cfg.config_hash()
         self.plan = sampler_plan(cfg, steps)

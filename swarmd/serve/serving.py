@@ -288,7 +288,9 @@ class BlockServing:
                 for li, layer_cache in enumerate(cache):
                     for kv in ("k", "v"):
                         layer_cache[kv] = torch.cat([c[li][kv] for _, _, c in members if c is not None])
-        logits, z_next = euler_step(snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache)
+        logits, z_next, _ = euler_step(
+            snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache
+        )
         out = (logits if r.final else z_next).float().cpu()
         compute_s = time.perf_counter() - t0
         self.stats.requests += len(members)
