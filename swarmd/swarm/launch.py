@@ -113,11 +113,15 @@ class LocalSwarm:
         return replace(self.config, net=net, block=p.block, peer_seed=p.index, checkpoint_dir=str(p.checkpoint_dir))
 
     # -- processes -------------------------------------------------------------------------------
+    def command(self, p: PeerProc, config_path: Path) -> list[str]:
+        """The command line that runs peer p from its config file (a subclass may wrap it: `ip netns exec NS ...`)."""
+        return [sys.executable, "-m", "swarmd", "--config", str(config_path), "--verbose"]
+
     def _spawn(self, p: PeerProc) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / f"peer{p.index}.json"
         config_path.write_text(json.dumps(self.peer_config(p).to_dict(), indent=2))
-        cmd = [sys.executable, "-m", "swarmd", "--config", str(config_path), "--verbose"]
+        cmd = self.command(p, config_path)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
         p.info, p.rounds_seen, p.ready = {}, [], threading.Event()
         # own process group: kill -9 must take the peer's DHT process and p2pd along (they would be orphaned)

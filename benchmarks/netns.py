@@ -1,0 +1,163 @@
+"""Round time of a 3-host swarm (network namespaces) with and without 50 ms of user-space delay per hop.
+
+Three daemons (`python -m swarmd`), each in its own network namespace on a bridge (tests/netns_utils.py:
+10.213.0.10-12, an address space that exists only inside those namespaces), train one block as
+three replicas (tiny model, int8 deltas) and find each other through the real hivemind DHT. Each
+host's gRPC server listens on its loopback behind tests/delay_relay.py on the host address, which
+delays every forwarded chunk by --delay-ms (one way; a request/answer pays it twice); the daemons
+announce the relay. Run once per delay in --delays (0 = the same relays, no delay), each on a
+fresh set of namespaces. Per run: the mean wall time of a round (between two merges of a peer,
+from the peers' round history, the first round left out: it includes the wait for all peers) and
+the mean exchange time (own delta ready -> merge). The DHT traffic (record lookups) goes direct.
+Needs root and iproute2.
+
+    python benchmarks/netns.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
+from tests.netns_utils import NetnsLab, NetnsSwarm, unavailable
+
+CFG = replace(common.TINY_CFG, blocks=1)  # one block, three replicas: every round moves block and table deltas
+
+
+def parse_args(argv=None):
+    p = common.parser(__doc__)
+    common.add_schedule(p, rounds=12, steps=5)
+    p.add_argument("--delays", default="0,50", help="comma-separated one-way delays per hop, milliseconds")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/netns.json"))
+    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE10_netns.md"))
+    p.add_argument("--render", type=Path, help="only rewrite --md from this saved result JSON")
+    a = p.parse_args(argv)
+    try:
+        a.delays = [float(d) for d in a.delays.split(",")]
+    except ValueError:
+        p.error(f"--delays must be comma-separated numbers, got {a.delays!r}")
+    if a.render is None and (a.data_dir is None or not (Path(a.data_dir) / "train.txt").is_file()):
+        p.error(f"--data-dir must hold train.txt (got {a.data_dir}); set BLOCKTRAIN_DATA")
+    return a
+
+
+def run_once(a, delay_ms: float) -> dict:
+    """One swarm of 3 namespaced daemons behind relays of delay_ms; its round and exchange times."""
+    with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="netns-") as workdir:
+        swarm = NetnsSwarm(
+            lab,
+            CFG,
+            Path(a.data_dir) / "train.txt",
+            Path(workdir),
+            rounds=a.rounds,
+            steps_per_round=a.steps,
+            codec="int8",
+            batch_size=8,
+            lr=3e-3,
+            deadline_max_s=20.0,
+            swarm_id="netns",
+            delay_ms=delay_ms,
+        )
+        started = time.monotonic()
+        with swarm:
+            swarm.start(timeout_s=300)
+            ready_s = time.monotonic() - started
+            finished = swarm.wait(timeout_s=600)
+        if not finished or any(p.process.returncode != 0 for p in swarm.peers):
+            raise SystemExit(f"peers failed: {[(p.index, p.process.returncode, swarm.tail(p)) for p in swarm.peers]}")
+        histories = [sorted(s.get("history", []), key=lambda h: h["round"]) for s in swarm.summaries()]
+    round_s = [b["at_s"] - x["at_s"] for h in histories for x, b in itertools.pairwise(h)]
+    exchange_s = [x["seconds"] for h in histories for x in h[1:]]
+    participation = [x["participation"] for h in histories for x in h]
+    return {
+        "delay_ms": delay_ms,
+        "rounds_merged": [len(h) for h in histories],
+        "round_s_mean": statistics.mean(round_s),
+        "round_s_median": statistics.median(round_s),
+        "exchange_s_mean": statistics.mean(exchange_s),
+        "exchange_s_median": statistics.median(exchange_s),
+        "participation_mean": statistics.mean(participation),
+        "start_s": ready_s,
+    }
+
+
+def markdown(out: dict) -> list[str]:
+    """The BENCHMARKS.md fragment of a result (what --render prints from a saved JSON)."""
+    runs, base = out["runs"], out["runs"][0]
+    lines = [
+        "## Three daemons in three network namespaces: round time with and without delay",
+        "",
+        f"Command: `{out['command']}` (as root; writes `benchmarks/results/netns.json`; "
+        "`--render benchmarks/results/netns.json` rewrites this fragment from it).",
+        "",
+        "Three daemons, each in its own network namespace on one bridge (10.213.0.10-12 over veth pairs, an "
+        "address space that exists only inside those namespaces), train one block as three replicas (B=1, L_b=1, "
+        f"d=32, seq 32, batch 8, H={out['steps_per_round']}, int8 deltas, {out['rounds']} rounds), find each other "
+        "through the hivemind DHT and announce their namespace addresses. Every host's gRPC server sits behind a "
+        "user-space TCP relay (`tests/delay_relay.py`) that holds each forwarded chunk for the given one-way "
+        "delay, since this kernel has no `tc netem`: every exchange, state pull and status call crosses one "
+        "delayed hop, and a request with its answer pays the delay twice. The DHT lookups go direct. "
+        "Round = wall time between two merges of a peer; exchange = own delta ready -> merge (the wait for the "
+        "other two replicas included); the first round is left out (it waits for every peer to start). "
+        f"Machine: {out['machine']}, shared with other jobs.",
+        "",
+        "| one-way delay per hop | round s (mean) | round s (median) | exchange s (mean) | exchange s (median) "
+        "| participation | round mean vs no delay |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['delay_ms']:g} ms | {r['round_s_mean']:.3f} | {r['round_s_median']:.3f} "
+            f"| {r['exchange_s_mean']:.3f} | {r['exchange_s_median']:.3f} | {r['participation_mean']:.2f} "
+            f"| {r['round_s_mean'] - base['round_s_mean']:+.3f} s |"
+        )
+    lines += [
+        "",
+        "A round trip through a relay of d ms costs at least 2d; the rounds stayed complete (participation 1.0) "
+        "and the added time per round is of the order of one such round trip, since a peer's two exchanges run "
+        "concurrently. The function test is `python -m pytest -m slow tests/test_netns.py` (run by `.ci/run`): "
+        "the same three namespaces with the daemons listening on 0.0.0.0 and announcing their namespace address "
+        "(`--announce`), rounds with participation 1.0 across hosts, and `blocktrain status --swarm MULTIADDR` "
+        "run in another namespace listing all three at their own addresses; then the same through 50 ms relays.",
+        "",
+    ]
+    return lines
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    if a.render is not None:
+        out = json.loads(a.render.read_text())
+    else:
+        if reason := unavailable():
+            raise SystemExit(f"error: {reason}")
+        runs = []
+        for delay in a.delays:
+            print(f"delay {delay:g} ms ...", flush=True)
+            runs.append(run_once(a, delay))
+            print(runs[-1], flush=True)
+        out = {
+            "command": common.command_line("netns.py", argv),
+            "config": CFG.to_dict(),
+            "hosts": 3,
+            "rounds": a.rounds,
+            "steps_per_round": a.steps,
+            "runs": runs,
+            "machine": common.machine(),
+        }
+        common.write_json(a.out, out)
+    a.md.parent.mkdir(parents=True, exist_ok=True)
+    a.md.write_text("\n".join(markdown(out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""A swarm that spans hosts: three daemons in three network namespaces joined by a bridge (tests/netns_utils.py).
+
+Each daemon listens on 0.0.0.0 in its own namespace and announces its namespace address
+(--announce); they find each other through the real hivemind DHT (peers 1 and 2 join through
+peer 0's announced multiaddr), train one block as three replicas, exchange deltas across the
+bridge every round, and `blocktrain status --swarm MULTIADDR`, run in a namespace, lists all three
+at their own addresses. A second test puts a 50 ms user-space delay (tests/delay_relay.py) in
+front of every host's gRPC server and checks the rounds still complete, through the relays.
+Those two need root and iproute2 (skipped otherwise; CI runs as root) and are slow (daemons start
+in namespaces): `python -m pytest -m slow tests/test_netns.py`. The relay's own test (latency,
+bytes intact, half-close) is fast, needs neither, and runs in the default suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.delay_relay import start_relay
+from tests.netns_utils import DHT_PORT, RELAY_PORT, NetnsLab, NetnsSwarm, NetnsUnavailable, unavailable
+from tests.swarm_utils import tiny_model
+
+needs_netns = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+
+ROUND = re.compile(r"round (\d+): block (\d+) train ce \S+ participation ([\d.]+) sent (\d+) B in ([\d.]+)s")
+
+
+@pytest.fixture
+def lab() -> Iterator[NetnsLab]:
+    try:
+        lab = NetnsLab(3).create()
+    except NetnsUnavailable as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc}")
+    try:
+        yield lab
+    finally:
+        lab.destroy()
+
+
+def swarm_on(lab: NetnsLab, text_data: Path, tmp_path: Path, delay_ms: float | None) -> NetnsSwarm:
+    return NetnsSwarm(
+        lab,
+        tiny_model(1),  # one block: the three replicas exchange block and byte-table deltas every round
+        text_data / "train.txt",
+        tmp_path,
+        rounds=0,  # until stopped
+        steps_per_round=3,
+        batch_size=4,
+        deadline_max_s=20.0,
+        swarm_id="netns",
+        delay_ms=delay_ms,
+    )
+
+
+def check_rounds(swarm: NetnsSwarm, rounds: int) -> None:
+    """Every peer merged `rounds` rounds, and in some round accepted the deltas of both other hosts."""
+    for p in swarm.peers:
+        parsed = [ROUND.match(line) for line in p.rounds_seen[:rounds]]
+        assert all(parsed), p.rounds_seen
+        assert max(float(m.group(3)) for m in parsed if m) == 1.0, p.rounds_seen
+
+
+@pytest.mark.slow
+@needs_netns
+def test_three_daemons_in_three_namespaces_find_each_other_and_train(lab, text_data, tmp_path):
+    with swarm_on(lab, text_data, tmp_path, None) as swarm:
+        swarm.start(timeout_s=180)
+        for p, h in zip(swarm.peers, lab.hosts, strict=True):
+            assert p.address == f"{h.address}:50051"  # the announced address, not 0.0.0.0
+            assert p.info["multiaddrs"] == [f"/ip4/{h.address}/tcp/{DHT_PORT}/p2p/{p.info['peer']}"]
+            assert p.info["join with"].startswith(f"blocktrain join /ip4/{h.address}/")
+        swarm.wait_rounds(2, timeout_s=180)
+        check_rounds(swarm, 2)
+        status = swarm.swarm_status(host=2)  # a CLI on another host, joining the DHT through peer 0
+    rows = sorted(status["peers"], key=lambda r: r["address"])
+    assert [r["address"] for r in rows] == [f"{h.address}:50051" for h in lab.hosts]
+    assert {r["peer_id"] for r in rows} == {p.info["peer"] for p in swarm.peers}
+    assert all(r["round"] >= 2 and r["bytes_received"] > 0 for r in rows), rows
+    assert [(b["block"], b["peers"]) for b in status["blocks"]] == [(0, 3)]
+
+
+@pytest.mark.slow
+@needs_netns
+def test_rounds_complete_behind_a_50ms_relay_on_every_host(lab, text_data, tmp_path):
+    with swarm_on(lab, text_data, tmp_path, 50.0) as swarm:
+        swarm.start(timeout_s=180)
+        assert [p.address for p in swarm.peers] == [f"{h.address}:{RELAY_PORT}" for h in lab.hosts]
+        swarm.wait_rounds(2, timeout_s=180)
+        check_rounds(swarm, 2)
+        status = swarm.swarm_status(host=1)
+    assert sorted(r["address"] for r in status["peers"]) == [f"{h.address}:{RELAY_PORT}" for h in lab.hosts]
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(1 << 16):
+        writer.write(data)
+        await writer.drain()
+    writer.close()  # the client's half-close arrived: answer with ours
+
+
+async def _through_relay(delay_s: float) -> tuple[float, bytes, bool]:
+    echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    relay = await start_relay(("127.0.0.1", 0), echo.sockets[0].getsockname()[:2], delay_s)
+    try:
+        reader, writer = await asyncio.open_connection(*relay.sockets[0].getsockname()[:2])
+        started = time.monotonic()
+        writer.write(b"ping")
+        first = await asyncio.wait_for(reader.readexactly(4), 10)
+        round_trip = time.monotonic() - started
+        blob = os.urandom(3 << 20)
+        writer.write(blob)
+        writer.write_eof()
+        rest = await asyncio.wait_for(reader.read(), 30)  # to EOF: the half-close went through both ways
+        writer.close()
+        return round_trip, first, rest == blob
+    finally:
+        relay.close()
+        echo.close()
+
+
+def test_delay_relay_holds_each_chunk_and_keeps_the_bytes():
+    round_trip, first, intact = asyncio.run(_through_relay(0.05))
+    assert first == b"ping" and intact
+    assert 0.1 <= round_trip < 5.0  # 50 ms each way through the relay
+    fast, _, _ = asyncio.run(_through_relay(0.0))
+    assert fast < round_trip
