@@ -18,7 +18,7 @@ from typing import IO, Annotated, Any
 import typer
 
 from cli import options as o
-from cli.common import check_data, cli_errors, print_json, resolve_train_eval
+from cli.common import cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import GOSSIP
 
@@ -157,7 +157,6 @@ def demo(
 ) -> None:
     """Run a whole swarm on this machine, keep the model it trains, report its from-noise CE."""
     with cli_errors():
-        check_data(data)  # a missing, empty or binary file fails at once
         from swarmd.swarm.demo import DEMO_MODEL, DEMO_TRAIN, plan_demo, run_demo  # no torch until run_demo
 
         cfg, tcfg = model.config(DEMO_MODEL), train.config(DEMO_TRAIN)
@@ -195,6 +194,7 @@ def demo(
         f"{result['bytes_sent'] / 1e6:.2f} MB sent ({result['raw_bytes_sent'] / 1e6:.2f} MB raw fp32) "
         f"in {result['wall_s']:.0f}s"
     )
-    typer.echo(f"model kept in {plan.out}; try it with:")
+    typer.echo(f"model kept in {plan.out} (a checkpoint like `blocktrain train --out` writes); try it with:")
     typer.echo(f'  blocktrain generate --checkpoint {plan.out} "The "')
-    typer.echo(f"  blocktrain score --checkpoint {plan.out} {eval_path}")
+    typer.echo(f"  blocktrain score --checkpoint {plan.out} FILE    (CE and perplexity of any text file)")
+    typer.echo(f"  blocktrain eval --checkpoint {plan.out} --data {eval_path} --eval-tokens {eval_tokens}")
