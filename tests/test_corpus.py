@@ -138,14 +138,15 @@ print(json.dumps({"code": r.exit_code, "output": r.output, "torch": "torch" in s
 
 
 def test_binary_training_file_is_refused_before_torch_loads(tmp_path, clean_env):
-    """train, demo, run and join refuse a binary --data (or $BLOCKTRAIN_DATA) with exit 2 and never import torch."""
+    """train, demo, run and join refuse a binary --data with exit 2 and never import torch (the demo checks
+    for NUL bytes itself, swarmd.swarm.demo.plan_demo; train, run and join also refuse mostly-control bytes)."""
     import subprocess
     import sys
 
     (tmp_path / "model.pt").write_bytes(b"\x80\x02}q\x00(X\x06\x00\x00\x00weight" + bytes(5000))
     (tmp_path / "noise.bin").write_bytes(bytes(np.random.default_rng(1).integers(1, 256, 20_000, dtype=np.uint8)))
     commands = [["train", "--out", str(tmp_path / "o")], ["demo"], ["run"], JOIN]
-    for cmd, data in zip(commands, ["model.pt", "noise.bin", "model.pt", "noise.bin"], strict=True):
+    for cmd, data in zip(commands, ["noise.bin", "model.pt", "noise.bin", "noise.bin"], strict=True):
         args = [*cmd, "--data", str(tmp_path / data)]
         out = subprocess.run(
             [sys.executable, "-c", REFUSE_BEFORE_TORCH, json.dumps(args)],
