@@ -18,7 +18,7 @@ from typing import IO, Annotated, Any
 import typer
 
 from cli import options as o
-from cli.common import check_data, cli_errors, print_json, resolve_train_eval
+from cli.common import cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import GOSSIP
 
@@ -157,7 +157,6 @@ def demo(
 ) -> None:
     """Run a whole swarm on this machine, keep the model it trains, report its from-noise CE."""
     with cli_errors():
-        check_data(data)  # a missing, empty or binary file fails at once
         from swarmd.swarm.demo import DEMO_MODEL, DEMO_TRAIN, plan_demo, run_demo  # no torch until run_demo
 
         cfg, tcfg = model.config(DEMO_MODEL), train.config(DEMO_TRAIN)
