@@ -49,6 +49,7 @@ def demo_args(data: Path, out: Path, *extra: str) -> list[str]:
         (["--out", "FULL"], "holds no BlockTrain checkpoint"),
         (["--data", "BINARY"], "looks binary"),
         (["--data", "EMPTY"], "holds no bytes"),
+        (["--eval-data", "BINARY"], "looks binary"),
         (["--eval-data", "MISSING"], "does not exist"),
     ],
 )
@@ -188,9 +189,10 @@ def test_demo_piped_prints_lines_as_they_happen_and_keeps_its_model(tmp_path):
 
 @pytest.mark.swarm
 def test_a_failing_peer_stops_the_demo_and_its_log_is_kept(tmp_path):
-    """Text whose bytes are 5% control codes passes the demo's quick check but not a peer's full one."""
+    """Text whose head is clean and whose tail is control codes passes the demo's instant check (the
+    first 64 KiB of each file) but not a peer's full one."""
     data = tmp_path / "train.txt"
-    data.write_bytes(bytes(1 if i % 20 == 0 else b for i, b in enumerate(TEXT)))
+    data.write_bytes(TEXT * 26 + b"\x01" * 2000)  # 66,560 clean bytes, then 2.9% control codes in all
     (tmp_path / "eval.txt").write_bytes(TEXT)
     start = time.monotonic()
     result = subprocess.run(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.textcheck import check_data_path, data_files
 from swarmd.errors import ConfigError, DataError, SwarmdError
 from swarmd.protocol import Codec
 from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
@@ -133,24 +134,12 @@ def plan_demo(
 
 
 def _check_text(path: Path, min_bytes: int, what: str) -> None:
-    """DataError unless path is a text file (or a directory of them) of at least min_bytes bytes.
-
-    Checks sizes and the first test of swarmd.core.data.check_text (no NUL among a file's first
-    8192 bytes); the peers run the whole check when they load the text (it needs numpy and torch).
-    """
-    if not path.exists():
-        raise DataError(f"{what} path does not exist: {path}")
+    """DataError unless path is text (swarmd.core.textcheck's instant checks) of at least min_bytes bytes."""
+    check_data_path(path)
     try:
-        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-        size = sum(f.stat().st_size for f in files)
-        for f in files:
-            with f.open("rb") as stream:
-                if b"\0" in stream.read(8192):
-                    raise DataError(f"{f} looks binary, not text (a NUL byte among its first 8192); give a text file")
+        size = sum(f.stat().st_size for f in data_files(path))
     except OSError as exc:
         raise DataError(f"cannot read {what} at {path}: {exc.strerror or exc}") from None
-    if size == 0:
-        raise DataError(f"{what} path holds no bytes: {path}")
     if size < min_bytes:
         raise DataError(f"{what} has {size} bytes; need at least seq_len + 1 = {min_bytes}")
 
