@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from swarmd.core import checkpoint as ck
 from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.protocol import Codec
@@ -254,6 +253,8 @@ class LocalSwarm:
 
     def summaries(self) -> list[dict]:
         """Each peer's last checkpoint config.json (round, participation, bytes, ...)."""
+        from swarmd.core import checkpoint as ck  # torch: only once there is something to read
+
         out = []
         for p in self.peers:
             try:
@@ -265,6 +266,8 @@ class LocalSwarm:
     def assemble(self):
         """(blocks, embedding) of the trained model from the checkpoints: block b from the first peer
         that trained it (replicas are identical after a merge), the byte table from peer 0."""
+        from swarmd.core import checkpoint as ck
+
         blocks = []
         for b in range(self.model.blocks):
             holders = [p for p in self.peers if p.block == b and (p.checkpoint_dir / "config.json").is_file()]
