@@ -210,3 +210,36 @@ def test_a_failing_peer_stops_the_demo_and_its_log_is_kept(tmp_path):
     assert not (tmp_path / "model").exists()
     assert time.monotonic() - start < 120
     shutil.rmtree(log.parent)  # the kept work dir is the user's to remove; here the test's
+
+
+def test_views_render_the_events():
+    """The piped view prints one stamped line per event; the live view's tables show peers and blocks."""
+    import io
+
+    from rich.console import Console
+
+    from cli.demo import LiveView, PlainView
+    from swarmd.swarm.demo import DemoEvent
+
+    events = [
+        DemoEvent("start", 0.1, "peer 0 starting (block 0)", peer=0, block=0),
+        DemoEvent("ready", 3.0, "peer 0 ready: block 0 at 127.0.0.1:1", peer=0, block=0),
+        DemoEvent("start", 3.1, "peer 1 starting (block 1)", peer=1, block=1),
+        DemoEvent("round", 9.0, "peer 0 round 1/2: ...", peer=0, block=0, round=1, train_ce=4.25, bytes_sent=2_000_000),
+        DemoEvent("exit", 12.0, "peer 1 exited with code 2", peer=1, block=1),
+    ]
+    stream = io.StringIO()
+    plain = PlainView(stream)
+    for ev in events:
+        plain.event(ev)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == len(events) and all(re.match(r"\[ +\d+\.\ds\] peer \d", line) for line in lines)
+
+    live = LiveView(rounds=2)
+    live.console = Console(file=io.StringIO(), width=120)
+    for ev in events:
+        live.event(ev)
+    out = Console(file=io.StringIO(), width=120, record=True)
+    out.print(live.render())
+    text = out.export_text()
+    assert "training" in text and "1/2" in text and "4.2500" in text and "2.00 MB" in text and "failed" in text
