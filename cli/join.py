@@ -16,6 +16,7 @@ from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, setup_logging
 from cli.groups import with_groups
 from swarmd.errors import ConfigMismatch
+from swarmd.swarm.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
 from swarmd.swarm.runner import run_foreground
 from swarmd.swarm.survey import fetch_swarm_config
 
@@ -38,9 +39,12 @@ def join(
 
     Model flags are optional: each one given must match the swarm's config.
     """
-    setup_logging(verbose)
     with cli_errors():
+        check_peer_addresses(peers)  # a mistyped peer fails before torch loads
+        dht = not peer.client_mode and any(is_multiaddr(p) for p in peers)
+        check_listen_ports(peer.listen, peer.dht_host, peer.dht_port, server=not peer.client_mode, dht=dht)
         check_data(peer.data)  # a missing, empty or binary file fails before torch loads
+        setup_logging(verbose)  # imports hivemind (and torch): after the instant checks
         check_device(peer.device)
         swarm_model = asyncio.run(fetch_swarm_config(list(peers), peer.swarm_id))
         swarm_values = swarm_model.to_dict()

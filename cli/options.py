@@ -183,6 +183,26 @@ Static = Annotated[
     bool, flag("--static", "PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", N)
 ]
 DhtHost = Annotated[str, flag("--dht-host", "Interface the DHT listens on.", N, "BLOCKTRAIN_DHT_HOST")]
+DhtPort = Annotated[
+    int,
+    flag(
+        "--dht-port",
+        "TCP port of the DHT (0 = any free port; fix it, with --checkpoint-dir, so the multiaddr survives restarts).",
+        N,
+        "BLOCKTRAIN_DHT_PORT",
+    ),
+]
+Announce = Annotated[
+    str | None,
+    flag(
+        "--announce",
+        "HOST[:PORT] other peers dial for gRPC, also the host the DHT announces (default: the --listen host; "
+        "with 0.0.0.0, this host's outgoing interface address).",
+        N,
+        "BLOCKTRAIN_ANNOUNCE",
+        show_default=False,
+    ),
+]
 MetricsPort = Annotated[
     int | None,
     flag(
@@ -275,6 +295,7 @@ class PeerOptions(OptionGroup):
         "client_mode": NET.client_mode,
         "static": False,
         "dht_host": NET.dht_host,
+        "dht_port": NET.dht_port,
         "metrics_port": NET.metrics_port,
     }
     data: Data
@@ -294,6 +315,8 @@ class PeerOptions(OptionGroup):
     client_mode: ClientMode
     static: Static
     dht_host: DhtHost
+    dht_port: DhtPort
+    announce: Announce
     metrics_port: MetricsPort
 
     def config(
@@ -315,6 +338,8 @@ class PeerOptions(OptionGroup):
                 discovery="static" if static else "hivemind",
                 client_mode=self.client_mode,
                 dht_host=self.dht_host,
+                dht_port=self.dht_port,
+                announce=self.announce or "",
                 metrics_port=self.metrics_port,
             ),
             data_path=str(data_path),

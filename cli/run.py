@@ -14,6 +14,7 @@ import typer
 from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
 from cli.groups import with_groups
+from swarmd.swarm.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
 from swarmd.swarm.runner import run_foreground
 
 
@@ -33,9 +34,12 @@ def run(
     verbose: o.Verbose = False,
 ) -> None:
     """Start a swarm peer that trains one block; prints the multiaddrs others join with."""
-    setup_logging(verbose)
     with cli_errors():
+        check_peer_addresses(peers or [])  # a mistyped peer fails before torch loads
+        dht = not (peer.static or peer.client_mode or (peers and not any(is_multiaddr(p) for p in peers)))
+        check_listen_ports(peer.listen, peer.dht_host, peer.dht_port, server=not peer.client_mode, dht=dht)
         check_data(peer.data)  # a missing, empty or binary file fails before torch loads
+        setup_logging(verbose)  # imports hivemind (and torch): after the instant checks
         check_device(peer.device)
         train_path, eval_path = (
             resolve_train_eval(peer.data, peer.eval_data) if peer.eval_every else (resolve_data(peer.data), None)

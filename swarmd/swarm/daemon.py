@@ -2,7 +2,9 @@
 
 Owns the peer's lifecycle and nothing else (the math lives in state/gossip, the bytes in delta,
 the sockets in transport, the RPC handlers in service, the files in state's save/restore):
-  start()      discovery (hivemind DHT or static list), block choice (--block auto: least combined
+  start()      the addresses others dial (swarmd.swarm.addresses: --announce or a detected host; a
+               taken --listen / --dht-port fails first), discovery (hivemind DHT, its libp2p key in
+               the checkpoint dir, or a static list), block choice (--block auto: least combined
                throughput), BlockState (resumed from the checkpoint dir when there is one), the gRPC
                server over a SwarmService (none in client mode), BlockServing, first announce;
   serve()      one asyncio TaskGroup: the announce loop and the round loop, until stop() or
@@ -22,6 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -30,6 +33,7 @@ from swarmd.core.data import ByteData
 from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
+from swarmd.swarm.addresses import AddressPlan, check_listen_ports, plan_addresses
 from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
 from swarmd.swarm.gossip import Gossip, MergeReport
 from swarmd.swarm.metrics import Metrics
@@ -41,6 +45,8 @@ from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient, SwarmServer, start_server
 
 logger = logging.getLogger(__name__)
+
+IDENTITY_FILE = "peer.key"  # the libp2p private key in a checkpoint dir (written by hivemind, mode 0400)
 
 # Metrics saved with every checkpoint (benchmarks read them): config.json key -> Metrics attribute
 SAVED_METRICS = {k: k for k in ("participation", "bytes_sent", "bytes_received", "raw_bytes_sent", "rejected")}
@@ -69,11 +75,12 @@ class Daemon:
         self.server = self.discovery = self.gossip = self.state = self.serving = None  # type: ignore[assignment]
         self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes, meter=self.metrics)
         self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
+        self.announced = ""  # HOST:PORT other peers dial (--announce, or the --listen / detected host), from start()
         self.service = SwarmService(self)
 
     @property
-    def address(self) -> str:  # "" in client mode
-        return self.server.address if self.server else ""
+    def address(self) -> str:  # the announced HOST:PORT; "" in client mode
+        return self.announced if self.server else ""
 
     def multiaddrs(self) -> list[str]:
         return self.discovery.multiaddrs() if self.discovery else []
@@ -83,12 +90,20 @@ class Daemon:
         c, net = self.config, self.config.net
         data = ByteData.from_path(c.data_path, self.cfg.seq_len)  # bad data fails before anything starts
         saved_block = ck.peer_block(c.checkpoint_dir, c.block) if c.checkpoint_dir else None
+        plan = self._plan_addresses()
         if net.discovery == "static":
             status = lambda a: self.client.status(a, c.gossip.rpc_timeout_s)
             self.discovery = StaticDiscovery(list(net.initial_peers), status, net.swarm_id)
         else:
             self.discovery = await HivemindDiscovery.create(
-                net.swarm_id, net.initial_peers, net.dht_host, net.dht_start_timeout_s, net.client_mode
+                net.swarm_id,
+                net.initial_peers,
+                net.dht_host,
+                net.dht_start_timeout_s,
+                net.client_mode,
+                port=net.dht_port,
+                announce_host=plan.dht_announce_host,
+                identity_path=self._identity_path(),
             )
         self.peer_id = self.discovery.peer_id
         peer_seed = c.peer_seed if c.peer_seed is not None else seed_for("peer", self.peer_id)
@@ -105,6 +120,7 @@ class Daemon:
             self.server = await start_server(
                 self.service, host, int(port), max_payload_bytes=c.gossip.max_payload_bytes
             )
+            self.announced = plan.grpc_address(self.server.port)
         me = PeerRecord(
             self.peer_id, self.address, block, 0, 0.0, self.cfg.config_hash(), "", net.client_mode, net.swarm_id
         )
@@ -134,6 +150,24 @@ class Daemon:
     def metrics_url(self) -> str:
         """http://HOST:PORT/metrics of the Prometheus endpoint ("" when off)."""
         return self.metrics_server.url if self.metrics_server else ""
+
+    def _plan_addresses(self) -> AddressPlan:
+        """Where others reach this peer (warnings logged); a taken --listen or --dht-port fails here, at once."""
+        net = self.config.net
+        dht = net.discovery == "hivemind" and not net.client_mode
+        check_listen_ports(net.listen, net.dht_host, net.dht_port, server=not net.client_mode, dht=dht)
+        plan = plan_addresses(net.listen, net.announce, net.dht_host, dht)
+        for warning in plan.warnings:
+            logger.warning("%s", warning)
+        return plan
+
+    def _identity_path(self) -> str:
+        """The file of this peer's libp2p key, in the checkpoint dir: a restart keeps the peer id ("" = none)."""
+        if not self.config.checkpoint_dir:
+            return ""
+        directory = Path(self.config.checkpoint_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        return str(directory / IDENTITY_FILE)
 
     def _update_serving(self) -> None:
         _, block, emb = self.state.snapshot()

@@ -8,19 +8,27 @@ Owns the Discovery protocol and three implementations:
 DHT keys are built and parsed only by block_key / parse_block_key (petals' parse_uid style).
 Also owns the pure block-assignment rule (choose_block). The DHT is called with
 return_future=True and awaited, so the daemon's event loop never blocks; starting it has a timeout
-and fails with a SwarmdError that names the cause and what to try. No grpc server, no torch here.
+and fails with a SwarmdError that names the cause and what to try, leaving no p2pd socket behind.
+A DHT node listens and announces where swarmd.swarm.addresses says, and keeps its libp2p key in a
+file when given one (the daemon's checkpoint dir), so a restarted peer keeps its peer id. No grpc
+server, no torch here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import logging
+import os
+import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from swarmd.errors import PeerUnavailable, SwarmdError
+from swarmd.swarm.addresses import check_peer_addresses, free_port, is_multiaddr, multiaddr
 
 logger = logging.getLogger(__name__)
 
@@ -204,14 +212,68 @@ def route_hivemind_logs() -> None:
     use_hivemind_log_handler("in_root_logger")
 
 
+_SOCKET_PREFIX_LOCK = threading.Lock()
+
+
+def _socket_tag() -> str:
+    return f"blocktrain-{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def _p2p_socket_prefix(prefix: str) -> Iterator[None]:
+    """Name the unix sockets of the p2pd daemons started meanwhile PREFIX* (hivemind: /tmp/hivemind-*).
+
+    hivemind.DHT forks its process in its constructor and reads P2P._UNIX_SOCKET_PREFIX there, so
+    the prefix is set around the constructor only, under a lock (DHTs start from worker threads).
+    """
+    from hivemind.p2p import P2P
+
+    with _SOCKET_PREFIX_LOCK:
+        saved = P2P._UNIX_SOCKET_PREFIX
+        P2P._UNIX_SOCKET_PREFIX = "/unix" + prefix
+        try:
+            yield
+        finally:
+            P2P._UNIX_SOCKET_PREFIX = saved
+
+
+def _start_error(
+    exc: BaseException, initial_peers: list[str] | tuple[str, ...], host: str, timeout_s: float, identity_path: str
+) -> str:
+    """The one-line message for a DHT that did not start: the cause and what to try."""
+    cause = (
+        f"{type(exc).__name__}: {exc}"
+        if str(exc)
+        else f"no answer within {timeout_s:.0f} s"
+        if isinstance(exc, TimeoutError)
+        else type(exc).__name__
+    )
+    if identity_path and "already taken" in str(exc):
+        hint = f"another running peer uses the identity in {identity_path}: give each peer its own --checkpoint-dir"
+    elif initial_peers:
+        hint = (
+            "check that the multiaddrs are right and that those peers are running and reachable "
+            "(firewall, NAT: try --client-mode)"
+        )
+    else:
+        hint = "check that the host can open TCP ports on " + host
+    return f"could not start the DHT ({cause}); {hint}"
+
+
 class HivemindDiscovery:
     """A real hivemind DHT node: announce under block_key(swarm, b) and block_key(swarm, None).
 
     :param initial_peers: multiaddrs of running peers (empty: start a new swarm)
-    :param host: interface for the libp2p listener (tcp port chosen by the OS)
+    :param host: interface for the libp2p listener
     :param start_timeout_s: fail with SwarmdError if the DHT is not up after this many seconds
     :param client_mode: the DHT node accepts no inbound connections either
-    :note: the DHT runs in its own process; every call here awaits an MPFuture.
+    :param port: tcp port of the libp2p listener (0 = one the OS picks)
+    :param announce_host: the host the node tells others to dial ("" = its listen addresses); with
+        port 0 a free port is picked first, since an announced multiaddr needs its port
+    :param identity_path: file holding the node's libp2p private key (created when missing), so the
+        peer id, and with a fixed port the multiaddr, survive a restart ("" = a new id every start)
+    :note: the DHT runs in its own process; every call here awaits an MPFuture. The unix sockets of
+        its p2pd daemon carry a tag of this instance, so a failed start removes exactly its own.
     """
 
     call_timeout_s = 20.0  # bound on every store / lookup, seconds
@@ -223,41 +285,45 @@ class HivemindDiscovery:
         host: str = "127.0.0.1",
         start_timeout_s: float = 30.0,
         client_mode: bool = False,
+        *,
+        port: int = 0,
+        announce_host: str = "",
+        identity_path: str = "",
     ):
         import hivemind
 
         self.swarm_id = swarm_id
         dht = None
+        self._sockets = f"/tmp/hivemind-{_socket_tag()}-"  # this instance's p2pd unix sockets start so
         try:
-            dht = hivemind.DHT(
-                initial_peers=list(initial_peers),
-                host_maddrs=[] if client_mode else [f"/ip4/{host}/tcp/0"],
-                client_mode=client_mode,
-                start=True,
-                await_ready=False,
-            )
+            if announce_host and not client_mode and port == 0:
+                port = free_port(host)
+            with _p2p_socket_prefix(self._sockets):  # read by the DHT process forked here
+                dht = hivemind.DHT(
+                    initial_peers=list(initial_peers),
+                    host_maddrs=[] if client_mode else [multiaddr(host, port)],
+                    announce_maddrs=[multiaddr(announce_host, port)] if announce_host and not client_mode else None,
+                    identity_path=identity_path or None,
+                    client_mode=client_mode,
+                    start=True,
+                    await_ready=False,
+                )
             dht.wait_until_ready(timeout=start_timeout_s)
         except BaseException as exc:  # P2PDaemonError, TimeoutError, ValueError from a bad multiaddr, ...
             if dht is not None:
                 dht.shutdown()
+            self._remove_sockets()
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            cause = (
-                f"{type(exc).__name__}: {exc}"
-                if str(exc)
-                else f"no answer within {start_timeout_s:.0f} s"
-                if isinstance(exc, TimeoutError)
-                else type(exc).__name__
-            )
-            hint = (
-                "check that the multiaddrs are right and that those peers are running and reachable "
-                "(firewall, NAT: try --client-mode)"
-                if initial_peers
-                else "check that the host can open TCP ports on " + host
-            )
-            raise SwarmdError(f"could not start the DHT ({cause}); {hint}") from None
+            raise SwarmdError(_start_error(exc, initial_peers, host, start_timeout_s, identity_path)) from None
         self.dht = dht
         self.peer_id = dht.peer_id.to_base58()
+
+    def _remove_sockets(self) -> None:
+        """Remove the unix sockets this instance's p2pd left behind (p2pd that dies by itself leaves them)."""
+        for path in glob.glob(glob.escape(self._sockets) + "*"):
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
     @classmethod
     async def create(cls, *args, **kwargs) -> HivemindDiscovery:
@@ -316,10 +382,7 @@ class HivemindDiscovery:
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.dht.shutdown)
-
-
-def is_multiaddr(text: str) -> bool:
-    return text.startswith("/")
+        self._remove_sockets()
 
 
 async def connect_discovery(
@@ -328,10 +391,11 @@ async def connect_discovery(
     """Discovery for CLI clients: multiaddrs -> a client-mode hivemind DHT; "host:port" -> static."""
     if not swarm:
         raise SwarmdError("no swarm address given: pass a multiaddr printed by `blocktrain run` or a host:port")
+    if any(is_multiaddr(s) for s in swarm) and not all(is_multiaddr(s) for s in swarm):
+        raise SwarmdError("mix of multiaddrs and host:port addresses; pass one kind")
+    check_peer_addresses(swarm)
     if all(is_multiaddr(s) for s in swarm):
         return await HivemindDiscovery.create(swarm_id, swarm, start_timeout_s=start_timeout_s, client_mode=True)
-    if any(is_multiaddr(s) for s in swarm):
-        raise SwarmdError("mix of multiaddrs and host:port addresses; pass one kind")
     if status_fn is None:
         raise SwarmdError("static discovery needs a status function")
     return StaticDiscovery(swarm, status_fn, swarm_id)

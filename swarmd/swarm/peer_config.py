@@ -15,6 +15,7 @@ from typing import Any
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
+from swarmd.swarm.addresses import check_peer_addresses, is_unspecified, split_host_port
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class NetConfig:
     listen: str = "127.0.0.1:0"  # host:port of the gRPC server (port 0 = pick a free one)
     initial_peers: tuple[str, ...] = ()  # DHT multiaddrs to join through ("host:port" entries mean static discovery)
     dht_host: str = "127.0.0.1"  # interface the DHT's libp2p node listens on
+    dht_port: int = 0  # tcp port of the DHT's libp2p node (0 = any free one; fix it so the multiaddr survives restarts)
+    # HOST[:PORT] other peers are told to dial for gRPC, and the host the DHT announces ("" = the --listen host, or
+    # when listening on 0.0.0.0 an address of this host's outgoing interface); see swarmd.swarm.addresses
+    announce: str = ""
     discovery: str = "hivemind"  # "hivemind" (real DHT) or "static" (initial_peers are host:port gRPC addresses)
     client_mode: bool = False  # no inbound connections: dial out for exchanges only (peers behind NAT)
     announce_period_s: float = 2.0  # re-announce this often (plus jitter)
@@ -64,6 +69,16 @@ class NetConfig:
             raise ConfigError(f"listen must be HOST:PORT, got {self.listen!r}")
         if self.announce_period_s <= 0 or self.record_ttl_s <= self.announce_period_s:
             raise ConfigError("need 0 < announce_period_s < record_ttl_s")
+        if not 0 <= self.dht_port <= 65535:
+            raise ConfigError(f"dht_port must be in [0, 65535], got {self.dht_port}")
+        if self.announce:
+            try:
+                announce_host, _ = split_host_port(self.announce)
+            except ValueError as exc:
+                raise ConfigError(f"announce must be HOST or HOST:PORT: {exc}") from None
+            if is_unspecified(announce_host):
+                raise ConfigError(f"announce must be an address other hosts can dial, not {announce_host}")
+        check_peer_addresses(self.initial_peers)
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
 

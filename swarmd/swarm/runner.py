@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from swarmd.swarm.addresses import preferred_multiaddr
 from swarmd.swarm.peer_config import DaemonConfig
 
 
@@ -83,8 +84,8 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     multiaddrs = daemon.multiaddrs()
     for m in multiaddrs:
         echo(f"multiaddr: {m}")
-    if multiaddrs:
-        echo(f"join with: blocktrain join {multiaddrs[0]} --data FILE --swarm-id {swarm_id}")
+    if multiaddrs:  # the one another host can dial (not loopback when the DHT announces another address)
+        echo(f"join with: blocktrain join {preferred_multiaddr(multiaddrs)} --data FILE --swarm-id {swarm_id}")
     echo("ready")
     await daemon.serve()
     where = f", checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""

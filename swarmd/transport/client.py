@@ -1,8 +1,9 @@
 """gRPC client of the swarm: PeerClient dials peers and turns RPC failures into SwarmdErrors.
 
 Owns one grpc.aio channel per address (cached until close), the retry policy (service config
-retryPolicy for UNAVAILABLE, no Python retry loops), per-call deadlines, and wait_for_ready on the
-first call over a fresh channel. exchange() sends our payload and reads the peer's on the same
+retryPolicy for UNAVAILABLE, no Python retry loops), per-call deadlines, and fast failure: a refused
+or unknown address fails within about a second with a message that names the cause (wait_for_ready
+on a fresh channel only when asked for). exchange() sends our payload and reads the peer's on the same
 bidirectional stream, so a peer behind NAT (client mode) can gossip without accepting
 connections. Picking another peer after a failure is gossip's job, not this module's.
 Runs on the caller's asyncio loop; starts no threads.
@@ -16,6 +17,7 @@ import logging
 from typing import Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
 from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
@@ -42,6 +44,17 @@ SERVICE_CONFIG = {
 }
 
 
+# why a channel could not connect, as grpc's details say it (lower case) -> the cause a message leads with
+CONNECT_FAILURES = (
+    ("connection refused", "connection refused (is a daemon listening there?)"),
+    ("domain name not found", "unknown host"),
+    ("dns resolution failed", "unknown host"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network is unreachable"),
+    ("connection timed out", "connection timed out"),
+)
+
+
 def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
     """The SwarmdError for a failed call, with a one-line message naming the peer and the code.
 
@@ -52,6 +65,9 @@ def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = " ".join(str(exc.details() if hasattr(exc, "details") else exc).split())
     tag = class_tag(exc.trailing_metadata()) if hasattr(exc, "trailing_metadata") else ""
+    cause = next((name for text, name in CONNECT_FAILURES if text in details.lower()), "")
+    if code == grpc.StatusCode.UNAVAILABLE and cause:  # never connected: say why first
+        return error_for(code, f"peer {address}: unavailable: {cause}", tag)
     return error_for(code, f"peer {address}: {code.name.lower()}: {details or 'no details'}", tag)
 
 
@@ -169,6 +185,9 @@ class PeerClient:
 
     :param max_payload_bytes: largest payload accepted from a peer, in bytes
     :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
+    :param wait_for_ready: on a fresh channel, wait (within the call's deadline) for a peer that is
+        not listening yet; off (default), a refused or unresolvable address fails at once with its
+        cause (the retry policy still retries UNAVAILABLE a few times, within about a second)
     :param meter: gets the wire bytes of every payload exchange() and pull_state() move (and the
         fp32 size their headers declare); the client keeps no counters of its own
     :note: create and use it on one asyncio loop; close() it before the loop ends.
@@ -181,8 +200,10 @@ class PeerClient:
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         meter: ByteMeter | None = None,
+        wait_for_ready: bool = False,
     ):
         self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
+        self.wait_for_ready = wait_for_ready
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
         self._fresh: set[str] = set()
@@ -197,7 +218,7 @@ class PeerClient:
 
     def _stub(self, address: str) -> tuple[pb_grpc.SwarmStub, bool]:
         self.channel(address)
-        return self._channels[address][1], address in self._fresh
+        return self._channels[address][1], self.wait_for_ready and address in self._fresh
 
     def _mark_used(self, address: str) -> None:
         """The peer answered once: later calls fail fast instead of waiting for it to come up."""
@@ -230,6 +251,20 @@ class PeerClient:
 
     async def status(self, address: str, timeout_s: float = 5.0) -> pb.PeerStatus:
         return await self._unary(address, "GetStatus", pb.StatusRequest(), timeout_s)
+
+    async def health(self, address: str, timeout_s: float = 3.0, service: str = SERVICE_NAME) -> str:
+        """The grpc.health.v1 status of a service at address: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", ...
+
+        :raises PeerUnavailable: nothing answers there (refused, unknown host) or not within timeout_s
+        """
+        stub = health_pb2_grpc.HealthStub(self.channel(address))
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # the server runs, the service is not registered
+                return "SERVICE_UNKNOWN"
+            raise self._error(address, exc) from None
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
     async def swarm_config(self, address: str, timeout_s: float = 5.0) -> pb.SwarmConfig:
         return await self._unary(address, "GetConfig", pb.ConfigRequest(), timeout_s)
