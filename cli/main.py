@@ -1,6 +1,6 @@
 """The `blocktrain` command: registers every sub-command and `--version`; no logic lives here.
 
-Commands: train, eval, model-info, data fetch (model core); run, join, status, health, demo (swarm);
+Commands: train, eval, model-info, data fetch (model core); run, join, status, health, demo, dashboard (swarm);
 score, generate (inference). Each lives in its own module under cli/, its options in cli/options.py.
 Importing this module (and so `blocktrain --help` or `blocktrain status`) does not import torch.
 """
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from cli import data, demo, evaluate, generate, health, join, model_info, run, score, status, train
+from cli import dashboard, data, demo, evaluate, generate, health, join, model_info, run, score, status, train
 from swarmd import __version__
 
 app = typer.Typer(
@@ -47,6 +47,7 @@ app.command("join")(join.join)
 app.command("status")(status.status)
 app.command("health")(health.health)
 app.command("demo")(demo.demo)
+app.command("dashboard")(dashboard.dashboard)
 app.command("score")(score.score)
 app.command("generate")(generate.generate)
 

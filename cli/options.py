@@ -218,12 +218,19 @@ TimeoutS = Annotated[
     float,
     flag(
         "--timeout-s",
-        "Seconds to wait: for each peer (status), for one block step before failing over to a replica "
+        "Seconds to wait: for each peer (status, dashboard), for one block step before failing over to a replica "
         "(score, generate), for the whole swarm to finish (demo).",
         N,
     ),
 ]
 TimeoutAlias = Annotated[float | None, typer.Option("--timeout", hidden=True)]  # the older spelling of --timeout-s
+DashboardHost = Annotated[
+    str, flag("--host", "Interface the dashboard's web page listens on.", N, "BLOCKTRAIN_DASHBOARD_HOST")
+]
+DashboardPort = Annotated[
+    int,
+    flag("--port", "TCP port of the dashboard's web page (0 = any free port).", N, "BLOCKTRAIN_DASHBOARD_PORT"),
+]
 
 
 # -- inference -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import math
 from swarmd.core.config import ModelConfig
 from swarmd.errors import PeerUnavailable
 from swarmd.protocol import ask_model_config, peer_state_name
-from swarmd.swarm.discovery import PeerRecord, connect_discovery, is_multiaddr
+from swarmd.swarm.discovery import Discovery, PeerRecord, connect_discovery, is_multiaddr
 from swarmd.swarm.sketch import sketch_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -133,24 +133,29 @@ async def survey_swarm(swarm: list[str], swarm_id: str, timeout_s: float = 5.0, 
     discovery = None
     try:
         discovery = await connect_discovery(swarm, swarm_id, lambda a: client.status(a, timeout_s), start_timeout_s)
-        records = await discovery.find_all()
-        results = await asyncio.gather(
-            *(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True
-        )
-        by_id = {st.peer_id: st for st in results if isinstance(st, pb.PeerStatus)}
-        rows = [peer_row(by_id[r.peer_id]) if r.peer_id in by_id else record_row(r) for r in records]
-        blocks = None
-        reachable = [r.address for r in records if r.peer_id in by_id]
-        if reachable:
-            import json
-
-            cfg = await client.swarm_config(reachable[0], timeout_s)
-            blocks = json.loads(cfg.model_config_json).get("blocks")
-        return summarize(rows, list(by_id.values()), blocks)
+        return await survey_discovered(discovery, client, timeout_s)
     finally:
         if discovery is not None:
             await discovery.shutdown()
         await client.close()
+
+
+async def survey_discovered(discovery: Discovery, client: PeerClient, timeout_s: float = 5.0) -> dict:
+    """One survey through an open discovery and client (survey_swarm; the dashboard keeps both open between polls)."""
+    records = await discovery.find_all()
+    results = await asyncio.gather(
+        *(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True
+    )
+    by_id = {st.peer_id: st for st in results if isinstance(st, pb.PeerStatus)}
+    rows = [peer_row(by_id[r.peer_id]) if r.peer_id in by_id else record_row(r) for r in records]
+    blocks = None
+    reachable = [r.address for r in records if r.peer_id in by_id]
+    if reachable:
+        import json
+
+        cfg = await client.swarm_config(reachable[0], timeout_s)
+        blocks = json.loads(cfg.model_config_json).get("blocks")
+    return summarize(rows, list(by_id.values()), blocks)
 
 
 async def fetch_swarm_config(
