@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import os
+import selectors
 import socket
 import subprocess
 import sys
@@ -166,7 +168,7 @@ def test_the_cli_process_silences_grpc_core_logs(taken_port):
         f"try:\n    asyncio.run(start_server(None, '127.0.0.1', {taken_port}))\n"
         "except Exception as exc:\n    print('error:', exc)\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "GRPC_VERBOSITY"}
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert "error: cannot listen" in done.stdout, done.stdout + done.stderr
     assert "add_port" not in done.stderr and done.stderr.strip() == "", done.stderr
@@ -234,3 +236,56 @@ def test_a_dht_that_fails_to_start_leaves_no_socket(monkeypatch):
     with pytest.raises(SwarmdError, match="could not start the DHT"):
         HivemindDiscovery("sw", [DEAD_PEER], start_timeout_s=15)
     assert glob.glob("/tmp/hivemind-blocktrain-test-failed-*") == []
+
+
+def _start_run(args: list[str], timeout_s: float = 120.0) -> tuple[subprocess.Popen, dict[str, str]]:
+    """`blocktrain run ARGS` in its own process; its `key: value` lines up to `ready`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    info: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=1.0):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line or line.strip() == "ready":
+                break
+            key, _, value = line.strip().partition(": ")
+            info.setdefault(key, value)
+    return proc, info
+
+
+@pytest.mark.swarm
+def test_a_killed_daemon_restarts_with_its_peer_id_on_its_dht_port(tmp_path):
+    """kill -9 leaves no DHT process holding the port and the identity: the restart gets both back."""
+    data, dht_port = write_corpus(tmp_path), free_port()
+    args = ["--data", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--dht-port", str(dht_port), *TINY]
+    first, info = _start_run(args)
+    try:
+        assert info.get("peer"), info
+    finally:
+        first.kill()
+        first.wait(30)
+    deadline = time.monotonic() + 15  # the orphaned DHT process notices within PARENT_POLL_S and ends p2pd
+    while True:
+        try:
+            check_bindable("127.0.0.1", dht_port, "--dht-port")
+            break
+        except SwarmdError:
+            assert time.monotonic() < deadline, "the killed daemon's DHT still holds its port"
+            time.sleep(0.2)
+    second, again = _start_run(args)
+    try:
+        assert again.get("peer") == info["peer"] and again.get("multiaddr") == info["multiaddr"], again
+    finally:
+        second.terminate()
+        second.wait(60)

@@ -21,7 +21,9 @@ import contextlib
 import glob
 import logging
 import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, fields
@@ -237,6 +239,41 @@ def _p2p_socket_prefix(prefix: str) -> Iterator[None]:
             P2P._UNIX_SOCKET_PREFIX = saved
 
 
+PARENT_POLL_S = 1.0  # how often a DHT process checks that the process that started it is alive
+
+
+def _parent_bound_dht() -> type:
+    """hivemind.DHT whose process, and its p2pd, end within PARENT_POLL_S when its parent dies.
+
+    hivemind's DHT process outlives a parent killed with SIGKILL and keeps its p2pd running: the
+    --dht-port and the identity in the checkpoint dir stay taken, so the restarted daemon could not
+    have them back. A watch thread in the DHT process ends p2pd (removing its tagged sockets) and
+    the process once it is reparented (the parent's pid, not a thread's, as PR_SET_PDEATHSIG would).
+    """
+    import hivemind
+    from hivemind.p2p import P2P
+
+    class ParentBoundDHT(hivemind.DHT):
+        def run(self) -> None:  # in the forked DHT process
+            parent, sockets = os.getppid(), P2P._UNIX_SOCKET_PREFIX.removeprefix("/unix")
+            threading.Thread(target=self._exit_with, args=(parent, sockets), daemon=True).start()
+            super().run()
+
+        def _exit_with(self, parent: int, sockets: str) -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            p2pd = getattr(getattr(getattr(self, "_node", None), "p2p", None), "_child", None)
+            if p2pd is not None and p2pd.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.kill(p2pd.pid, signal.SIGTERM)
+            for path in glob.glob(glob.escape(sockets) + "*") if "blocktrain-" in sockets else ():
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            os._exit(0)
+
+    return ParentBoundDHT
+
+
 def _start_error(
     exc: BaseException, initial_peers: list[str] | tuple[str, ...], host: str, timeout_s: float, identity_path: str
 ) -> str:
@@ -290,7 +327,6 @@ class HivemindDiscovery:
         announce_host: str = "",
         identity_path: str = "",
     ):
-        import hivemind
 
         self.swarm_id = swarm_id
         dht = None
@@ -299,7 +335,7 @@ class HivemindDiscovery:
             if announce_host and not client_mode and port == 0:
                 port = free_port(host)
             with _p2p_socket_prefix(self._sockets):  # read by the DHT process forked here
-                dht = hivemind.DHT(
+                dht = _parent_bound_dht()(
                     initial_peers=list(initial_peers),
                     host_maddrs=[] if client_mode else [multiaddr(host, port)],
                     announce_maddrs=[multiaddr(announce_host, port)] if announce_host and not client_mode else None,
