@@ -117,32 +117,39 @@ def test_round_lines_of_the_daemon_parse():
 
 
 class Lines:
-    """A child's stdout lines, each with the seconds since the child started."""
+    """A child's stdout lines, each with the seconds since the child started (stderr kept apart)."""
 
     def __init__(self, cmd: list[str]):
         self.t0 = time.monotonic()
         env = {**os.environ, "COLUMNS": "200"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
         self.lines: list[tuple[float, str]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=f, daemon=True) for f in (self._read, self._read_err)]
+        for reader in self.readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append((time.monotonic() - self.t0, line.rstrip("\n")))
 
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.err.extend(self.proc.stderr)
+
     def wait(self, timeout_s: float) -> tuple[int, float, str]:
-        """(exit code, seconds since start at exit, stderr)."""
+        """(exit code, seconds since start at exit, stderr); the pipes are read by this object's threads only."""
         try:
-            _, err = self.proc.communicate(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.communicate(timeout=60)
+            self.proc.wait(timeout=60)
             raise
         ended = time.monotonic() - self.t0
-        self.reader.join(timeout=10)
-        return self.proc.returncode, ended, err
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return self.proc.returncode, ended, "".join(self.err)
 
     def first(self, pattern: str) -> float:
         found = [t for t, line in self.lines if re.search(pattern, line)]
