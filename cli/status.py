@@ -109,6 +109,8 @@ def status(
 
         wait_s = o.timeout_s(timeout_s, timeout)
         summary = asyncio.run(survey_peer(address, wait_s) if address else survey_swarm(list(swarm), swarm_id, wait_s))
+        if swarm and not summary["peers"]:  # not an error (scripts get an empty list), but say why it is empty
+            typer.echo(f"note: no peer of swarm {swarm_id!r} found through {swarm[0]} (check --swarm-id)", err=True)
         if json_out:
             print_json(no_nan(summary))
         else:

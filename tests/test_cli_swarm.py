@@ -104,7 +104,7 @@ def test_status_of_the_whole_swarm_through_the_dht(tmp_path):
     body = json.loads(result.output)
     assert [p["peer_id"] for p in body["peers"]] == [d.peer_id] and body["peers"][0]["round"] == 1
     assert body["blocks"][0]["peers"] == 1 and body["blocks"][0]["samples_per_s"] > 0
-    assert json.loads(wrong_id.output)["peers"] == []
+    assert json.loads(wrong_id.stdout)["peers"] == [] and "no peer of swarm 'nobody'" in wrong_id.stderr
 
 
 def test_status_errors_are_one_line():
