@@ -96,6 +96,12 @@ def main() -> None:
     p.add_argument("--freeze-z-in", default="none")
     p.add_argument("--trajectory-prob", type=float, default=1.0)
     p.add_argument("--sigma-sampling", default="lognormal")
+    p.add_argument(
+        "--trajectory-source",
+        choices=("snapshot", "live"),
+        default="snapshot",
+        help="live: predecessors as they are now (diagnostic for staleness)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -131,7 +137,7 @@ def main() -> None:
     corpus = ByteData.from_path(a.data_dir / "train.txt", 128)
     ev = ByteData.from_path(a.data_dir / "eval.txt", 128).eval_windows(a.eval_tokens)
     other = eval_slice(a.data_dir / "eval.txt", 128, a.other_offset, a.eval_tokens)
-    stack = BlockStack(mcfg, tcfg, corpus)
+    stack = BlockStack(mcfg, tcfg, corpus, trajectory_source=a.trajectory_source)
     train_blocks = list(range(a.blocks)) if a.train_blocks == "all" else [int(b) for b in a.train_blocks.split(",")]
     full = stack.trainers
     t0 = time.perf_counter()
