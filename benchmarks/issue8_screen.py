@@ -26,6 +26,8 @@ from swarmd.core.evaluate import eval_noise, from_noise_ce
 from swarmd.core.local_run import BlockStack
 from swarmd.core.model import denoise, euler_update, sampler_plan
 
+ISSUE8_OPTIONS = ("context_input", "z_in_init", "pred_input", "noise_embedding", "pred_output")
+
 
 def eval_slice(path: Path, seq_len: int, offset: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     data = ByteData.from_path(path, seq_len)
@@ -115,13 +117,7 @@ def main() -> None:
         n_heads=4,
         hidden=4 * d,
         seq_len=128,
-        sigma_lo=a.sigma_lo,
-        sigma_hi=a.sigma_hi,
-        context_input=a.context_input,
-        z_in_init=a.z_in_init,
-        pred_input=a.pred_input,
-        noise_embedding=a.noise_embedding,
-        pred_output=a.pred_output,
+        **{k: getattr(a, k) for k in ("sigma_lo", "sigma_hi", *ISSUE8_OPTIONS)},
     )
     total = a.steps * a.rounds
     tcfg = TrainConfig(
@@ -130,9 +126,7 @@ def main() -> None:
         seed=a.seed,
         total_steps=total,
         warmup_steps=min(50, total // 10),
-        trajectory_prob=a.trajectory_prob,
-        sigma_sampling=a.sigma_sampling,
-        freeze_z_in=a.freeze_z_in,
+        **{k: getattr(a, k) for k in ("trajectory_prob", "sigma_sampling", "freeze_z_in")},
     )
     corpus = ByteData.from_path(a.data_dir / "train.txt", 128)
     ev = ByteData.from_path(a.data_dir / "eval.txt", 128).eval_windows(a.eval_tokens)

@@ -280,22 +280,23 @@ def merge(args: argparse.Namespace) -> dict:
     return result
 
 
+SUMMARY_KEYS = ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_block_ce", "trace")
+
+
+def write_result(args: argparse.Namespace, result: dict, keys: tuple[str, ...]) -> None:
+    """<out>.json (and <out>.png unless --no-plot), then the summary keys as one JSON line on stdout."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    if not args.no_plot:
+        plot(result, args.out.with_suffix(".png"))
+    print(json.dumps({k: result[k] for k in keys}))
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.merge:
         result = merge(args)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        if not args.no_plot:
-            plot(result, args.out.with_suffix(".png"))
-        print(
-            json.dumps(
-                {
-                    k: result[k]
-                    for k in ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_block_ce", "trace")
-                }
-            )
-        )
+        write_result(args, result, SUMMARY_KEYS)
         return result
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -383,18 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "torch": torch.__version__,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    if not args.no_plot:
-        plot(result, args.out.with_suffix(".png"))
-    print(
-        json.dumps(
-            {
-                k: result[k]
-                for k in ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_block_ce", "trace", "seconds")
-            }
-        )
-    )
+    write_result(args, result, (*SUMMARY_KEYS, "seconds"))
     return result
 
 

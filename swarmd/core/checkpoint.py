@@ -15,8 +15,6 @@ one run drops into another run's checkpoint of the same config and is refused ot
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,26 +23,12 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.files import atomic_write_bytes
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
 from swarmd.errors import CheckpointError, ConfigMismatch
 
 FORMAT = "blocktrain-checkpoint/1"
 PEER_KIND = "swarm-peer"  # config.json kind of a swarm daemon's checkpoint (one block + the byte table)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write data to path via temp file + fsync + rename in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmd.core.files import atomic_write_bytes
 from swarmd.core.textcheck import read_text_bytes
 from swarmd.errors import DataError
 
@@ -73,22 +74,6 @@ class Corpus:
             f"data: {self.name}: train {self.train_bytes:,} bytes, held-out {self.eval_bytes:,} bytes "
             f"(in {self.train.parent}){extra}"
         )
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write data to path via temp file + fsync + rename in the same directory (as swarmd.core.checkpoint,
-    without importing torch: the demo prints its first line before torch loads)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cache_root() -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.swarm.discovery import Discovery, connect_discovery
+from swarmd.swarm.http_endpoint import HttpEndpoint
 from swarmd.swarm.survey import survey_discovered
 from swarmd.transport import PeerClient
 
@@ -265,25 +266,17 @@ def page_bytes() -> bytes:
     return resources.files("swarmd.swarm").joinpath(PAGE).read_bytes()
 
 
-class DashboardServer:
+class DashboardServer(HttpEndpoint):
     """The page at http://HOST:PORT/ and `view()`'s bytes at /api/swarm, served by one daemon thread.
 
     :param view: returns the current /api/swarm JSON bytes (called on the HTTP thread; must not block)
     """
 
     def __init__(self, view: Callable[[], bytes]):
+        super().__init__()
         self.view = view
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self.host, self.port = "", 0
 
-    @property
-    def url(self) -> str:
-        """http://HOST:PORT/ ("" when not serving)."""
-        if self._server is None:
-            return ""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+    path = "/"
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.
@@ -298,15 +291,6 @@ class DashboardServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="dashboard-http", daemon=True)
         self._thread.start()
         return self.port
-
-    def stop(self) -> None:
-        """Stop serving and join the server thread (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5.0)
-        self._server = self._thread = None
 
 
 async def run_dashboard(

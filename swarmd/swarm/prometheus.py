@@ -14,9 +14,7 @@ Starts one thread (the HTTP server) between MetricsServer.start() and stop().
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterator
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -29,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from swarmd.errors import ConfigError
+from swarmd.swarm.http_endpoint import HttpEndpoint
 from swarmd.swarm.metrics import REJECT_REASONS, Histogram, Metrics
 
 PREFIX = "blocktrain"
@@ -128,26 +127,18 @@ class MetricsCollector(Collector):
         yield peers
 
 
-class MetricsServer:
+class MetricsServer(HttpEndpoint):
     """A per-daemon registry and the HTTP server exposing it at http://HOST:PORT/metrics.
 
     :param collector: what the registry serves (a MetricsCollector)
     """
 
     def __init__(self, collector: Collector):
+        super().__init__()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self.host, self.port = "", 0
 
-    @property
-    def url(self) -> str:
-        """http://HOST:PORT/metrics ("" when not serving)."""
-        if self._server is None:
-            return ""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+    path = "/metrics"
 
     def start(self, host: str, port: int) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.
@@ -160,12 +151,3 @@ class MetricsServer:
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
         self.host, self.port = host, int(self._server.server_port)
         return self.port
-
-    def stop(self) -> None:
-        """Stop serving and join the server thread (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5.0)
-        self._server = self._thread = None
