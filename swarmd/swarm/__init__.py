@@ -14,4 +14,8 @@ daemon.py      Daemon: wires swarm + serve + transport, owns the asyncio tasks a
 runner.py      one daemon in the foreground: signals, the stdout lines (`blocktrain run`, `python -m swarmd`)
 launch.py      LocalSwarm: N daemon processes on loopback (demo, benchmarks, tests)
 demo.py        plan_demo / run_demo: a LocalSwarm, its progress as events, the model it keeps (`blocktrain demo`)
+addresses.py   announce addresses, host:port parsing, peer-address checks
+prometheus.py  the Prometheus endpoint (--metrics-port) over Metrics
+dashboard.py   `blocktrain dashboard`: the live web swarm map and its /api/swarm JSON
+http_endpoint.py  the thread-served HTTP endpoint both of those share (url, stop)
 """
