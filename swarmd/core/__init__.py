@@ -10,4 +10,5 @@ memory.py      parameter counts and AdamW memory accounting (`model-info`)
 data.py        byte corpora, seeded batch streams, eval windows
 corpus.py      WikiText-2 download cache with SHA-256 manifest
 checkpoint.py  atomic safetensors checkpoints (one file per block)
+files.py       atomic file writes (temp + fsync + rename), no torch
 """
