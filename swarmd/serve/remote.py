@@ -31,7 +31,7 @@ import torch
 from swarmd.backoff import Backoff
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
-from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError
+from swarmd.errors import ConfigMismatch, PeerUnavailable, SessionMissing, SwarmdError
 from swarmd.protocol import ask_model_config
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
@@ -179,7 +179,7 @@ class RemoteSweeper:
         compress: bool = False,
     ):
         if cfg.message_dim:  # the wire carries z only; the pred_input / pred_output message needs a new field
-            raise NotImplementedError(
+            raise ConfigMismatch(
                 f"swarm inference does not carry the pred_input={cfg.pred_input!r} / "
                 f"pred_output={cfg.pred_output!r} message yet; use local inference"
             )

@@ -272,11 +272,11 @@ class DashboardServer(HttpEndpoint):
     :param view: returns the current /api/swarm JSON bytes (called on the HTTP thread; must not block)
     """
 
+    path = "/"
+
     def __init__(self, view: Callable[[], bytes]):
         super().__init__()
         self.view = view
-
-    path = "/"
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.

@@ -133,12 +133,12 @@ class MetricsServer(HttpEndpoint):
     :param collector: what the registry serves (a MetricsCollector)
     """
 
+    path = "/metrics"
+
     def __init__(self, collector: Collector):
         super().__init__()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-
-    path = "/metrics"
 
     def start(self, host: str, port: int) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.
