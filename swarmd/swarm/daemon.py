@@ -274,16 +274,17 @@ class Daemon:
         if self.stopping.is_set():
             return None
         self.phase = PeerState.AVERAGING
-        report = await g.average(await self.records())
+        records = await self.records()  # one lookup serves the merge, the consensus and the CE of this round
+        report = await g.average(records)
         self.phase = PeerState.TRAINING
         self._update_serving()
         await self.announce()
         self.metrics.observe_round(time.monotonic() - started)
         if self.config.checkpoint_dir:
             await self.save_checkpoint()
-        await self._measure_consensus()
+        await self._measure_consensus(records)
         if self.config.eval_every and self.config.eval_path and self.state.round % self.config.eval_every == 0:
-            await self.measure_ce()
+            await self.measure_ce(records)
         if self.on_round is not None:
             self.on_round(report)
         return report
@@ -303,16 +304,20 @@ class Daemon:
         await asyncio.to_thread(self.state.use_predecessors, pulled)
         return len(pulled or {})
 
-    async def _measure_consensus(self) -> None:
+    async def _measure_consensus(self, records: list[PeerRecord]) -> None:
         """Max sketch distance to same-block peers that reached our round (kept when none answered)."""
-        dist = await consensus_distance(self.client, self.state, await self.records(), self.peer_id)
+        dist = await consensus_distance(self.client, self.state, records, self.peer_id)
         if dist is not None:
             self.metrics.consensus_distance = dist
 
-    async def measure_ce(self) -> float:
-        """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers."""
+    async def measure_ce(self, records: list[PeerRecord] | None = None) -> float:
+        """From-noise CE of the assembled model: own block + embedding, other blocks pulled from peers.
+
+        :param records: the peers to pull from (default: a fresh lookup)
+        """
         own, (_, own_block, own_emb) = self.state.block_index, self.state.snapshot()
-        others = await pull_blocks(self.gossip, await self.records(), (b for b in range(self.cfg.blocks) if b != own))
+        records = records if records is not None else await self.records()
+        others = await pull_blocks(self.gossip, records, (b for b in range(self.cfg.blocks) if b != own))
         if len(others) < self.cfg.blocks - 1:
             return float("nan")
         args = (self.cfg, {**others, own: own_block}, own_emb, self.config.eval_path, self.config.eval_tokens)
