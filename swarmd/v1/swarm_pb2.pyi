@@ -205,7 +205,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., zstd: _Optional[bool] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("session_id", "block_index", "config_hash", "context", "z", "sigma", "sigma_next", "final", "start_position", "use_cache", "end_session", "step_index")
+    __slots__ = ("session_id", "block_index", "config_hash", "context", "z", "sigma", "sigma_next", "final", "start_position", "use_cache", "end_session", "step_index", "message")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class ForwardRequest(_message.Message):
     USE_CACHE_FIELD_NUMBER: _ClassVar[int]
     END_SESSION_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     block_index: int
     config_hash: str
@@ -230,16 +231,19 @@ class ForwardRequest(_message.Message):
     use_cache: bool
     end_session: bool
     step_index: int
-    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., config_hash: _Optional[str] = ..., context: _Optional[_Union[Tensor, _Mapping]] = ..., z: _Optional[_Union[Tensor, _Mapping]] = ..., sigma: _Optional[float] = ..., sigma_next: _Optional[float] = ..., final: _Optional[bool] = ..., start_position: _Optional[int] = ..., use_cache: _Optional[bool] = ..., end_session: _Optional[bool] = ..., step_index: _Optional[int] = ...) -> None: ...
+    message: Tensor
+    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., config_hash: _Optional[str] = ..., context: _Optional[_Union[Tensor, _Mapping]] = ..., z: _Optional[_Union[Tensor, _Mapping]] = ..., sigma: _Optional[float] = ..., sigma_next: _Optional[float] = ..., final: _Optional[bool] = ..., start_position: _Optional[int] = ..., use_cache: _Optional[bool] = ..., end_session: _Optional[bool] = ..., step_index: _Optional[int] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ForwardReply(_message.Message):
-    __slots__ = ("z", "logits", "compute_s", "peer_id")
+    __slots__ = ("z", "logits", "compute_s", "peer_id", "message")
     Z_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     z: Tensor
     logits: Tensor
     compute_s: float
     peer_id: str
-    def __init__(self, z: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., peer_id: _Optional[str] = ...) -> None: ...
+    message: Tensor
+    def __init__(self, z: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., peer_id: _Optional[str] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
