@@ -80,21 +80,37 @@ class InProcessClient:
         return Stream()
 
 
-def make_servings(blocks, emb, replicas=1, **kw):
+# The issue-8 objective: each sampler step hands the next one a message besides z (feature + z_hat).
+MSG_CFG = replace(
+    CFG, context_input="own_table", z_in_init="zero", noise_embedding="off", pred_input="feature", pred_output="add"
+)
+
+
+def message_model(seed=0):
+    """A MSG_CFG model whose zero-initialised message path is randomised, so the message changes the output."""
+    blocks, emb = tiny_model(MSG_CFG, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for block in blocks:
+        with torch.no_grad():
+            block.pred_in.weight.copy_(0.3 * torch.randn(block.pred_in.weight.shape, generator=gen))
+    return blocks, emb
+
+
+def make_servings(blocks, emb, replicas=1, cfg=CFG, **kw):
     servings = {}
     for b, block in enumerate(blocks):
         for r in range(replicas):
-            s = BlockServing(CFG, b, peer_id=f"p{b}{r}", **kw)
+            s = BlockServing(cfg, b, peer_id=f"p{b}{r}", **kw)
             s.update_weights(block.state_dict(), emb.table)
             servings[f"peer-{b}-{r}"] = s
     return servings
 
 
-def remote_for(servings, **kw):
+def remote_for(servings, cfg=CFG, **kw):
     client = InProcessClient(servings)
-    recs = [Rec(addr, s.block_index) for addr, s in servings.items()]
-    router = BlockRouter(FakeDiscovery(recs), client, CFG.config_hash(), "test")
-    return RemoteSweeper(CFG, router, client, **kw), client
+    recs = [Rec(addr, s.block_index, cfg.config_hash()) for addr, s in servings.items()]
+    router = BlockRouter(FakeDiscovery(recs), client, cfg.config_hash(), "test")
+    return RemoteSweeper(cfg, router, client, **kw), client
 
 
 def request(block_index=0, n=1, t=4, **kw):
@@ -105,10 +121,11 @@ def request(block_index=0, n=1, t=4, **kw):
     return req
 
 
-def test_swarm_path_equals_local_scoring_and_generation():
-    blocks, emb = tiny_model()
-    local = LocalSweeper(CFG, blocks, emb)
-    remote, _client = remote_for(make_servings(blocks, emb))
+@pytest.mark.parametrize("cfg", [CFG, MSG_CFG], ids=["documented", "message"])
+def test_swarm_path_equals_local_scoring_and_generation(cfg):
+    blocks, emb = tiny_model() if cfg is CFG else message_model()
+    local = LocalSweeper(cfg, blocks, emb)
+    remote, _client = remote_for(make_servings(blocks, emb, cfg=cfg), cfg)
     x, y = text_windows()
     ref, got = (asyncio.run(score_windows(s, x, y, seed=11)) for s in (local, remote))
     assert got["ce"] == pytest.approx(ref["ce"], abs=1e-5)
@@ -117,6 +134,61 @@ def test_swarm_path_equals_local_scoring_and_generation():
     assert gen[0] == gen[1]
     assert len(remote.trace) == 3 + 3 * 10  # one sweep per byte
     assert all(h.positions == 1 for h in remote.trace[6:])  # after the prefill, only the new position
+
+
+def test_message_path_differs_from_no_message_and_survives_eviction_and_failover():
+    blocks, emb = message_model()
+    local = LocalSweeper(MSG_CFG, blocks, emb)
+    x, y = text_windows(MSG_CFG)
+    with_msg = asyncio.run(score_windows(local, x, y, seed=3))["ce"]
+    no_msg = asyncio.run(score_windows(LocalSweeper(CFG, tiny_model()[0], tiny_model()[1]), x, y, seed=3))["ce"]
+    assert with_msg != pytest.approx(no_msg, abs=1e-4)
+    want = asyncio.run(generate_bytes(local, b"ab", 8, 1.0, seed=5))
+    servings = make_servings(blocks, emb, replicas=2, cfg=MSG_CFG, max_sessions=1)
+    remote, client = remote_for(servings, MSG_CFG)
+
+    async def go():
+        from swarmd.serve.inference import generate
+
+        other = generate(remote, b"xy", 8, 1.0, seed=6)  # interleaved: evicts our caches (max_sessions=1)
+        out = []
+        async for b in generate(remote, b"ab", 8, 1.0, seed=5):
+            out.append(b)
+            await anext(other)
+            if len(out) == 4:  # and kill whichever replica serves block 1
+                client.dead.add(remote.session_routes()[next(iter(remote.session_routes()))][1])
+        await other.aclose()
+        return bytes(out)
+
+    assert asyncio.run(go()) == want
+    assert any(h.resent and h.block_index > 0 for h in remote.trace)  # re-sent prefixes carried their messages
+
+
+def test_message_is_required_exactly_where_the_config_passes_one():
+    blocks, emb = message_model()
+    s = make_servings(blocks, emb, cfg=MSG_CFG)["peer-1-0"]
+    n, t = 1, 4
+
+    def req(step_index, message):
+        r = request(1, n, t, step_index=step_index, config_hash=MSG_CFG.config_hash())
+        if message is not None:
+            r.message.CopyFrom(to_proto(message))
+        return r
+
+    good = torch.randn(n, t, MSG_CFG.message_dim)
+    reply = asyncio.run(s.forward(req(1, good)))
+    assert tuple(reply.message.shape) == (n, t, MSG_CFG.message_dim)
+    for bad in (req(1, None), req(0, good), req(1, good[..., :-1].contiguous()), req(1, good.half())):
+        with pytest.raises(ValidationError):
+            asyncio.run(s.forward(bad))
+    plain = make_servings(*tiny_model(), cfg=CFG)["peer-1-0"]
+    with pytest.raises(ValidationError, match="passes no message"):
+        asyncio.run(plain.forward(_with_hash(req(1, good), CFG)))
+
+
+def _with_hash(r, cfg):
+    r.config_hash = cfg.config_hash()
+    return r
 
 
 def test_validation_rejects_bad_requests():

@@ -31,7 +31,7 @@ import torch
 from swarmd.backoff import Backoff
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
-from swarmd.errors import ConfigMismatch, PeerUnavailable, SessionMissing, SwarmdError
+from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError, ValidationError
 from swarmd.protocol import ask_model_config
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
@@ -157,6 +157,7 @@ class _Session:
     warm: dict[tuple[str, int], int] = field(default_factory=dict)  # (address, step) -> positions cached there
     x_hist: torch.Tensor | None = None  # (n, positions) context of every cached position
     z_hist: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (n, positions, d) inputs
+    m_hist: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (n, positions, message_dim) inputs
 
 
 class RemoteSweeper:
@@ -178,11 +179,6 @@ class RemoteSweeper:
         max_failovers: int = 3,
         compress: bool = False,
     ):
-        if cfg.message_dim:  # the wire carries z only; the pred_input / pred_output message needs a new field
-            raise ConfigMismatch(
-                f"swarm inference does not carry the pred_input={cfg.pred_input!r} / "
-                f"pred_output={cfg.pred_output!r} message yet; use local inference"
-            )
         self.cfg, self.router, self.client = cfg, router, client
         self.config_hash = cfg.config_hash()
         self.plan = sampler_plan(cfg, steps)
@@ -207,16 +203,20 @@ class RemoteSweeper:
         sess = self._sessions.setdefault(session_id, _Session())
         if use_cache:
             if start_position == 0:
-                sess.x_hist, sess.z_hist, sess.warm = None, {}, {}
+                sess.x_hist, sess.z_hist, sess.m_hist, sess.warm = None, {}, {}, {}
             held = 0 if sess.x_hist is None else sess.x_hist.shape[1]
             if held != start_position:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
-        out = None
+        out, message = None, None  # message: what the previous step hands this one besides z (None at step 0)
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
-            out = await self._step(session_id, sess, i, b, sigma, sigma_next, x, z, start_position, use_cache)
+            out, message_next = await self._step(
+                session_id, sess, i, b, sigma, sigma_next, x, z, message, start_position, use_cache
+            )
             if use_cache:
-                sess.z_hist[i] = z if start_position == 0 else torch.cat([sess.z_hist[i], z], dim=1)
-            z = out
+                _remember(sess.z_hist, i, z, start_position)
+                if message is not None:
+                    _remember(sess.m_hist, i, message, start_position)
+            z, message = out, message_next
         if use_cache:
             sess.x_hist = x if sess.x_hist is None or start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
         if out is None:
@@ -233,17 +233,20 @@ class RemoteSweeper:
         sigma_next: float | None,
         x,
         z,
+        message: torch.Tensor | None,
         start: int,
         use_cache: bool,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(this step's output: next z, or the logits at the last step; its message for the next step or None)."""
         tried: set[str] = set()
         last_exc: BaseException | None = None
         while len(tried) <= self.max_failovers:
             replica, stream = await self._stream(session_id, sess, b, tried)
             resend = use_cache and start > 0 and sess.warm.get((replica.address, i)) != start
-            xs, zs, s0 = x, z, start
+            xs, zs, ms, s0 = x, z, message, start
             if resend and sess.x_hist is not None:
                 xs, zs, s0 = torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[i], z], 1), 0
+                ms = None if message is None else torch.cat([sess.m_hist[i], message], 1)
             req = pb.ForwardRequest(
                 session_id=session_id,
                 block_index=b,
@@ -257,6 +260,8 @@ class RemoteSweeper:
             )
             req.context.CopyFrom(to_proto(xs.to(torch.uint8), self.compress))
             req.z.CopyFrom(to_proto(zs.float(), self.compress))
+            if ms is not None:
+                req.message.CopyFrom(to_proto(ms.float(), self.compress))
             t0 = time.perf_counter()
             replica.inflight += 1
             try:
@@ -278,11 +283,14 @@ class RemoteSweeper:
                 replica.inflight -= 1
             seconds = time.perf_counter() - t0
             self.router.report_latency(replica, seconds)
-            out = self._unpack(reply, xs.shape, sigma_next is None)
+            out, message_out = self._unpack(reply, xs.shape, sigma_next is None)
             self.trace.append(Hop(i, b, replica.address, xs.numel(), seconds, reply.compute_s, resend))
             if use_cache:
                 sess.warm[(replica.address, i)] = s0 + xs.shape[1]
-            return out[:, -x.shape[1] :] if resend else out
+            if resend:  # the reply covers the re-sent prefix too; the caller wants the new positions
+                out = out[:, -x.shape[1] :]
+                message_out = None if message_out is None else message_out[:, -x.shape[1] :]
+            return out, message_out
         raise PeerUnavailable(f"block {b}: every replica tried failed (last: {last_exc or 'timeout'})")
 
     async def _stream(self, session_id: str, sess: _Session, b: int, tried: set[str]):
@@ -304,11 +312,20 @@ class RemoteSweeper:
         for key in [k for k in sess.warm if k[0] == replica.address]:
             del sess.warm[key]
 
-    def _unpack(self, reply: pb.ForwardReply, shape: tuple[int, int], final: bool) -> torch.Tensor:
+    def _unpack(
+        self, reply: pb.ForwardReply, shape: tuple[int, int], final: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits at the last step, else the next z; the message for the next step when the config passes one)."""
         n, t = shape
         if final:
-            return from_proto(reply.logits, expect_shape=(n, t, self.cfg.vocab), expect_dtype="float32")
-        return from_proto(reply.z, expect_shape=(n, t, self.cfg.d_model), expect_dtype="float32")
+            return from_proto(reply.logits, expect_shape=(n, t, self.cfg.vocab), expect_dtype="float32"), None
+        z = from_proto(reply.z, expect_shape=(n, t, self.cfg.d_model), expect_dtype="float32")
+        width = self.cfg.message_dim
+        if not width:
+            return z, None
+        if not reply.HasField("message"):
+            raise ValidationError(f"peer {reply.peer_id or '?'} replied without the step's message")
+        return z, from_proto(reply.message, expect_shape=(n, t, width), expect_dtype="float32")
 
     async def end_session(self, session_id: str) -> None:
         sess = self._sessions.pop(session_id, None)
@@ -408,3 +425,8 @@ async def connect_swarm(
         await discovery.shutdown()
 
     return sweeper, closer
+
+
+def _remember(history: dict[int, torch.Tensor], step: int, part: torch.Tensor, start: int) -> None:
+    """Append the new positions' inputs of one step to a session's history (start 0 restarts it)."""
+    history[step] = part if start == 0 else torch.cat([history[step], part], dim=1)

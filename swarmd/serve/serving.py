@@ -5,7 +5,8 @@ Owns, for one block:
     reference, so a request always runs on one consistent snapshot while training goes on, and a
     cached session keeps the snapshot it started on until it ends (its caches stay coherent);
   - validation of every ForwardRequest (config hash, block index, dtypes, shapes, positions, finite
-    values) before any math, raising swarmd.errors types the transport maps to status codes;
+    values, and the previous step's message where the config passes one) before any math, raising
+    swarmd.errors types the transport maps to status codes;
   - per-(session, step_index) KV caches for incremental decoding, LRU-evicted beyond max_sessions
     sessions (a client that finds its session gone re-sends the prefix from start_position 0);
   - batching: requests that arrive while the worker is busy queue up, and the next round runs every
@@ -57,6 +58,7 @@ class _Job:
     request: pb.ForwardRequest
     x: torch.Tensor  # (n, t) int64
     z: torch.Tensor  # (n, t, d) fp32
+    message: torch.Tensor | None  # (n, t, message_dim) fp32: the previous step's message; None at step 0 / none passed
     future: asyncio.Future
 
 
@@ -148,10 +150,10 @@ class BlockServing:
             with self._lock:
                 self._sessions.pop(request.session_id, None)
             return pb.ForwardReply(peer_id=self.peer_id)
-        x, z = self._check_tensors(request)
+        x, z, message = self._check_tensors(request)
         if self._snapshot is None:
             raise SwarmdError(f"block {self.block_index} has no weights yet")
-        job = _Job(request, x, z, asyncio.get_running_loop().create_future())
+        job = _Job(request, x, z, message, asyncio.get_running_loop().create_future())
         self._pending.append(job)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
@@ -169,7 +171,7 @@ class BlockServing:
         if (r.use_cache or r.end_session) and not r.session_id:
             raise ValidationError("a cached request needs a session_id")
 
-    def _check_tensors(self, r: pb.ForwardRequest) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check_tensors(self, r: pb.ForwardRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         cfg = self.cfg
         if not (math.isfinite(r.sigma) and r.sigma > 0):
             raise ValidationError(f"sigma must be finite and > 0, got {r.sigma}")
@@ -193,7 +195,24 @@ class BlockServing:
         limit = n * t * cfg.d_model * 4 + 1024
         x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
         z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
-        return x, z
+        return x, z, self._check_message(r, n, t)
+
+    def _check_message(self, r: pb.ForwardRequest, n: int, t: int) -> torch.Tensor | None:
+        """The previous step's message: required iff the config passes one and this is not step 0."""
+        width = self.cfg.message_dim
+        wanted = width > 0 and r.step_index > 0
+        if r.HasField("message") != wanted:
+            why = (
+                "this model passes no message"
+                if width == 0
+                else f"step {r.step_index} "
+                + ("needs the previous step's message" if wanted else "is the first step and takes no message")
+            )
+            raise ValidationError(f"forward request: {why}")
+        if not wanted:
+            return None
+        limit = n * t * width * 4 + 1024
+        return from_proto(r.message, max_bytes=limit, expect_shape=(n, t, width), expect_dtype="float32")
 
     # -- batching --------------------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -239,7 +258,15 @@ class BlockServing:
                 results.append((job, exc))
                 continue
             seen.add(key_session)
-            key = (snap.version, r.use_cache, past, job.x.shape[1], r.sigma, None if r.final else r.sigma_next)
+            key = (
+                snap.version,
+                r.use_cache,
+                past,
+                job.x.shape[1],
+                r.sigma,
+                None if r.final else r.sigma_next,
+                job.message is not None,
+            )
             groups.setdefault(key, []).append((job, snap, cache))
         for key, members in groups.items():
             for chunk in _chunks(members, self.max_batch_rows):
@@ -280,6 +307,8 @@ class BlockServing:
         r = first.request
         x = torch.cat([j.x for j, _, _ in members]).to(self.device)
         z = torch.cat([j.z for j, _, _ in members]).to(self.device)
+        messages = [j.message for j, _, _ in members if j.message is not None]  # all or none: part of the group key
+        pred = torch.cat(messages).to(self.device) if messages else None
         rows = [j.x.shape[0] for j, _, _ in members]
         cache = None
         if use_cache:
@@ -288,10 +317,11 @@ class BlockServing:
                 for li, layer_cache in enumerate(cache):
                     for kv in ("k", "v"):
                         layer_cache[kv] = torch.cat([c[li][kv] for _, _, c in members if c is not None])
-        logits, z_next, _ = euler_step(
-            snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache
+        logits, z_next, message = euler_step(
+            snap.block, snap.table_hat, x, z, r.sigma, None if r.final else r.sigma_next, cache, pred=pred
         )
         out = (logits if r.final else z_next).float().cpu()
+        message_out = None if r.final or message is None else message.float().cpu()
         compute_s = time.perf_counter() - t0
         self.stats.requests += len(members)
         self.stats.batches += 1
@@ -300,13 +330,15 @@ class BlockServing:
         results: list[tuple[_Job, object]] = []
         offset = 0
         for (job, _, _), n in zip(members, rows):
-            part = out[offset : offset + n]
+            mine = slice(offset, offset + n)
             if cache is not None:
-                split = [{kv: layer_cache[kv][offset : offset + n] for kv in ("k", "v")} for layer_cache in cache]
+                split = [{kv: layer_cache[kv][mine] for kv in ("k", "v")} for layer_cache in cache]
                 self._store(job.request, snap, past + x.shape[1], split)
             offset += n
             reply = pb.ForwardReply(compute_s=compute_s, peer_id=self.peer_id)
-            (reply.logits if r.final else reply.z).CopyFrom(to_proto(part.contiguous()))
+            (reply.logits if r.final else reply.z).CopyFrom(to_proto(out[mine].contiguous()))
+            if message_out is not None:
+                reply.message.CopyFrom(to_proto(message_out[mine].contiguous()))
             results.append((job, reply))
         return results
 
