@@ -69,7 +69,7 @@ class SwarmConfig(_message.Message):
     def __init__(self, swarm_id: _Optional[str] = ..., model_config_json: _Optional[str] = ..., config_hash: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash", "train_ce")
+    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash", "train_ce", "signed_record")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class PeerStatus(_message.Message):
     PARAM_NORM_FIELD_NUMBER: _ClassVar[int]
     EMB_HASH_FIELD_NUMBER: _ClassVar[int]
     TRAIN_CE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_RECORD_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     block_index: int
     state: PeerState
@@ -118,7 +119,8 @@ class PeerStatus(_message.Message):
     param_norm: float
     emb_hash: str
     train_ce: float
-    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ...) -> None: ...
+    signed_record: str
+    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ..., signed_record: _Optional[str] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
     __slots__ = ("swarm_id", "config_hash", "kind", "block_index")
@@ -145,7 +147,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class PayloadHeader(_message.Message):
-    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "codec", "tensors", "raw_bytes", "payload_bytes", "weight", "peer_id", "zstd")
+    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "codec", "tensors", "raw_bytes", "payload_bytes", "weight", "peer_id", "zstd", "signature")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +161,7 @@ class PayloadHeader(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ZSTD_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
     kind: PayloadKind
@@ -172,7 +175,8 @@ class PayloadHeader(_message.Message):
     weight: float
     peer_id: str
     zstd: bool
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class PayloadEnd(_message.Message):
     __slots__ = ("sha256",)
