@@ -91,10 +91,14 @@ def memory_swarm(
     blocks: int = 2,
     deadline_max_s: float = 5.0,
     client_mode: set[int] = frozenset(),
+    **gossip,
 ) -> tuple[list[Gossip], MemoryTransport, dict]:
-    """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board."""
+    """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board.
+
+    :param gossip: more GossipConfig fields (merge="mean", clip_factor, ...)
+    """
     cfg = tiny_model(blocks)
-    gcfg = GossipConfig(steps_per_round=2, codec=codec, deadline_min_s=0.2, deadline_max_s=deadline_max_s)
+    gcfg = GossipConfig(steps_per_round=2, codec=codec, deadline_min_s=0.2, deadline_max_s=deadline_max_s, **gossip)
     board: dict[str, PeerRecord] = {}
     peers: dict[str, Gossip] = {}
     transport = MemoryTransport(peers)

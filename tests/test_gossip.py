@@ -110,7 +110,7 @@ def test_count_sketch_estimates_relative_distance():
 # -- rounds in memory -------------------------------------------------------------------------
 def test_same_block_replicas_end_bit_identical_and_embedding_is_averaged_over_all_blocks():
     async def scenario():
-        peers, _, board = memory_swarm([0, 0, 1], codec="fp32")
+        peers, _, board = memory_swarm([0, 0, 1], codec="fp32", merge="mean")  # robust merge: tests/test_robust.py
         base_emb = peers[0].state.base_emb["table"].clone()
         base_block = peers[0].state.base_block
         base_block = {k: v.clone() for k, v in base_block.items()}

@@ -75,7 +75,8 @@ def _encode_tensor(x: torch.Tensor, codec: Codec, int8_rms_levels: float | None 
     else:
         scales = flat.abs().amax(dim=1) / 127.0
         if int8_rms_levels is not None:
-            scales = torch.maximum(scales, flat.pow(2).mean(dim=1).sqrt() / int8_rms_levels)
+            rms = flat.double().pow(2).mean(dim=1).sqrt().float()  # float64: squares of huge values stay finite
+            scales = torch.maximum(scales, rms / int8_rms_levels)
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         q = torch.round(flat / safe[:, None]).clamp_(-127, 127).to(torch.int8)
     return tensor_to_bytes(scales) + tensor_to_bytes(q)

@@ -14,22 +14,29 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     round length until the last arrival), never before ready + deadline_min_s nor after
     ready + deadline_max_s. The second term makes the fastest peer of a round wait for the
     slower ones' training even when it was itself the slowest last round (lags swap roles);
-  - merge: base + mean of the accepted decoded deltas, own decoded delta included, summed in
-    peer-id order, uniform weights (every peer trains H steps of the same batch size), so replicas
-    that accepted the same set end bit-identical. AdamW state is kept.
+  - a decoded delta whose norm exceeds an absolute bound (max_delta_factor x H x lr x sqrt(values),
+    swarmd.swarm.robust.delta_norm_bound) is rejected like any invalid one;
+  - merge: base + the robust aggregate (swarmd.swarm.robust.robust_merge: each delta clipped to a
+    multiple of the lower median norm, then a coordinate-wise trimmed mean; merge="mean" is the
+    plain uniform mean) of the accepted decoded deltas, own decoded delta included, in peer-id
+    order, so replicas that accepted the same set end bit-identical. The byte-table deltas get the
+    same rule. A merge that is not finite is skipped (the base is kept). AdamW state is kept;
+  - nothing non-finite is sent: an own delta that is not finite (local training diverged) is
+    replaced by a zero delta and the live weights go back to the base.
   - re-sync (sync): the reference of a block is its peer with the highest (round, server mode,
     peer id) among the records at the highest round seen; a peer whose base hash differs from its
     reference adopts the reference's state by PullState. The embedding works the same over all
     peers. Joiners go through the same rule before their first step, so nobody sends a delta
     computed from weights the swarm does not share.
 Talks to a Transport protocol (PeerClient, or an in-memory one in tests) and a Discovery; no grpc
-or hivemind imports. Every merge is a pure function of the accepted deltas (merge_mean).
+or hivemind imports. Every merge is a pure function of the accepted deltas (merge_deltas).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -51,6 +58,7 @@ from swarmd.swarm.delta import ErrorFeedback, decode, encode
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.peer_config import GossipConfig
+from swarmd.swarm.robust import delta_norm, delta_norm_bound, robust_merge
 from swarmd.swarm.state import BlockState, relative_distance
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
@@ -95,6 +103,17 @@ def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Te
             acc += deltas[pid][name].float()
         out[name] = acc / len(ids)
     return out
+
+
+def merge_deltas(deltas: dict[str, dict[str, torch.Tensor]], cfg: GossipConfig) -> dict[str, torch.Tensor]:
+    """The round's merge rule of `cfg` (robust or plain mean) over the accepted deltas, own included."""
+    if cfg.merge == "mean":
+        return merge_mean(deltas)
+    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction)[0]
+
+
+def _finite(tensors: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
 def dials(me: PeerRecord, other: PeerRecord) -> bool:
@@ -255,6 +274,23 @@ class Gossip:
             max_bytes=self.cfg.max_payload_bytes,
         )
 
+    def norm_bound(self, kind: PayloadKind) -> float:
+        """Largest decoded delta norm of this kind merged (inf: no bound); see robust.delta_norm_bound."""
+        if not self.cfg.max_delta_factor:
+            return float("inf")
+        shapes = self._expected_shapes(kind)
+        numel = sum(math.prod(s) for s in shapes.values())
+        train = self.state.train_cfg
+        lr = train.lr * (1.0 if kind.is_block else max(1.0, train.table_lr_scale))
+        return delta_norm_bound(self.cfg.steps_per_round, lr, numel, self.cfg.max_delta_factor)
+
+    def _check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind) -> None:
+        norm, bound = delta_norm(tensors), self.norm_bound(kind)
+        if not norm <= bound:
+            raise ValidationError(
+                f"delta norm {norm:.3g} exceeds the bound of {bound:.3g} for {self.cfg.steps_per_round} steps"
+            )
+
     def _usable(self, rec: PeerRecord) -> bool:
         """A peer of our swarm and config that is not banned (unreachable peers: 1, 2, 4 ... 16 s)."""
         return (
@@ -384,6 +420,18 @@ class Gossip:
         if rs is None:
             raise RuntimeError("publish() needs an open round (call open_round first)")
         block_delta, emb_delta = await asyncio.to_thread(self.state.deltas)
+        if not (_finite(block_delta) and _finite(emb_delta)):  # never send (or merge) non-finite values
+            logger.error(
+                "%s round %d: local training produced non-finite weights; sending a zero delta and "
+                "going back to the base",
+                self.tag,
+                rs.round,
+            )
+            await asyncio.to_thread(self.state.rollback)
+            block_delta = {k: torch.zeros_like(v) for k, v in block_delta.items()}
+            emb_delta = {k: torch.zeros_like(v) for k, v in emb_delta.items()}
+            for ef in self.ef.values():
+                ef.reset()
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
             enc, decoded = await asyncio.to_thread(
@@ -412,6 +460,7 @@ class Gossip:
                 rs.mismatched[kind].add(h.peer_id)
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
             tensors = self._decode(enc, kind, self.me.block_index if kind == BLOCK else -1)
+            self._check_norm(tensors, kind)
         except SwarmdError as exc:
             rs.rejected += 1
             self.metrics.reject(reject_reason(exc))
@@ -538,9 +587,13 @@ class Gossip:
             ),
             default=0.0,
         )
-        block_mean = merge_mean({self.me.peer_id: rs.own[BLOCK], **rs.inbox[BLOCK]})
-        emb_mean = merge_mean({self.me.peer_id: rs.own[EMB], **rs.inbox[EMB]})
-        await asyncio.to_thread(self.state.apply_merge, block_mean, emb_mean)
+        merged: dict[str, dict[str, torch.Tensor] | None] = {}
+        for kind in (BLOCK, EMB):
+            value = merge_deltas({self.me.peer_id: rs.own[kind], **rs.inbox[kind]}, self.cfg)
+            merged[kind] = value if _finite(value) else None  # cannot happen with bounded finite inputs
+            if merged[kind] is None:
+                logger.error("%s round %d: the %s merge is not finite; keeping the base", self.tag, rs.round, kind)
+        await asyncio.to_thread(self.state.apply_merge, merged[BLOCK], merged[EMB])
         seconds = time.monotonic() - rs.ready_at
         self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = MergeReport(

@@ -27,6 +27,12 @@ class GossipConfig:
     deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
     max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
     rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls
+    # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean; "mean" = plain mean
+    merge: str = "robust"
+    clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
+    trim_fraction: float = 0.2  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
+    # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
+    max_delta_factor: float = 10.0
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -39,6 +45,10 @@ class GossipConfig:
             raise ConfigError("need 0 < deadline_min_s <= deadline_max_s")
         if self.deadline_factor <= 0 or self.rpc_timeout_s <= 0 or self.max_payload_bytes <= 0:
             raise ConfigError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
+        if self.merge not in ("robust", "mean"):
+            raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
+        if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
+            raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
 
 
 @dataclass(frozen=True)

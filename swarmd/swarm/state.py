@@ -157,6 +157,18 @@ class BlockState:
             self._rebase()
 
     @torch.no_grad()
+    def rollback(self) -> None:
+        """Live weights := base (this round's local steps undone); AdamW moments dropped if they are not finite."""
+        with self.lock:
+            for base, module in ((self.base_block, self.trainer.block), (self.base_emb, self.trainer.emb)):
+                params = module.state_dict()
+                for k, v in base.items():
+                    params[k].copy_(v.to(params[k].dtype))
+            moments = [t for st in self.trainer.opt.state.values() for t in st.values() if torch.is_tensor(t)]
+            if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in moments):
+                self.trainer.opt.state.clear()
+
+    @torch.no_grad()
     def adopt(
         self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None, round: int | None = None
     ) -> None:
@@ -199,6 +211,8 @@ class BlockState:
         d = Path(directory)
         with self.lock:
             round, block, emb = self.round, _clone(self.base_block), _clone(self.base_emb)
+            if not all(bool(torch.isfinite(t).all()) for t in (*block.values(), *emb.values())):
+                raise CheckpointError(f"refusing to checkpoint non-finite weights (round {round}); the last one stays")
             step, samples = self.trainer.step_count, self.samples
             ck.save_optimizer(d, self.block_index, self.trainer.opt, step)
         ck.save_block(d, self.cfg, self.block_index, block, step)

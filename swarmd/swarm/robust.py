@@ -1,0 +1,107 @@
+"""Robust aggregation of the deltas a round accepted: one (or a minority of) malicious peers cannot move it far.
+
+Owns the merge rule of a round (gossip calls robust_merge on the block deltas and on the byte-table deltas)
+and the absolute bound beyond which a decoded delta is rejected instead of merged (delta_norm_bound):
+  1. norm clipping: each peer's delta (all its tensors as one vector) is scaled down to at most
+     clip_factor x the *lower* median of the peers' norms. The lower median (sorted[(n - 1) // 2]) is an
+     honest norm whenever honest peers are a majority, and with two peers it is the smaller norm: a x1000
+     (or x1e36) delta from one of two peers is cut to clip_factor x the honest one's norm;
+  2. coordinate-wise trimmed mean: per coordinate, the `trim` largest and `trim` smallest values are
+     dropped and the rest averaged, trim = min((n - 1) // 2, ceil(trim_fraction x n)): 0 for one or two
+     peers (the mean of the clipped deltas), 1 for three to five (three: the median) at the default 0.2.
+     This is what removes a sign-flipped or noise delta that has an honest norm.
+With trim 0 and nothing clipped the result is merge_mean's, bit for bit (same peer-id summation order).
+Deterministic: peers are taken in sorted peer-id order, norms are summed in float64 in tensor order, and
+the per-coordinate sort and sums run in fixed order, so replicas that accepted the same set of deltas end
+bit-identical. No randomness, no threads of its own. Plain torch; no grpc, no gossip state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+Deltas = dict[str, dict[str, torch.Tensor]]  # peer id -> tensor name -> delta
+
+
+@dataclass(frozen=True)
+class MergeStats:
+    """What a robust merge did (for logs and metrics)."""
+
+    peers: int
+    trimmed: int  # values dropped from each end per coordinate
+    clipped: int  # peers whose delta was scaled down
+    clip_norm: float  # the norm every delta was clipped to (inf when n == 0)
+
+
+def trim_count(n: int, trim_fraction: float) -> int:
+    """Values trimmed from each end per coordinate for n peers: min((n - 1) // 2, ceil(trim_fraction * n))."""
+    if n <= 2 or trim_fraction <= 0:
+        return 0
+    return min((n - 1) // 2, math.ceil(trim_fraction * n - 1e-9))
+
+
+def delta_norm(delta: dict[str, torch.Tensor]) -> float:
+    """L2 norm of all tensors of one delta as one vector (float64, tensor order); inf if any value is not finite."""
+    total = 0.0
+    for t in delta.values():
+        total += float(t.double().pow(2).sum())
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def delta_norm_bound(steps: int, lr: float, numel: int, factor: float) -> float:
+    """Largest norm an honest delta of `steps` AdamW steps at peak `lr` over `numel` values can have, x factor.
+
+    An Adam step moves each coordinate by about lr at most (grad clipping and the moment ratio keep it within a
+    small multiple), so H steps move a vector of numel values by at most ~ H * lr * sqrt(numel); honest deltas
+    are far below that (steps do not all point the same way), a x1000 one is far above.
+    """
+    return factor * steps * lr * math.sqrt(max(numel, 1))
+
+
+def robust_merge(
+    deltas: Deltas, clip_factor: float = 2.0, trim_fraction: float = 0.2
+) -> tuple[dict[str, torch.Tensor], MergeStats]:
+    """Clipped, coordinate-wise trimmed mean of the deltas (see the module doc); returns (merged, stats).
+
+    :param deltas: peer id -> {name: fp32 tensor}; every peer must hold the same names and shapes (own included)
+    :param clip_factor: each delta's norm is cut to clip_factor x the lower median norm (<= 0: no clipping)
+    :param trim_fraction: fraction of peers trimmed from each end per coordinate (0: plain mean of the clipped)
+    :raises ValueError: no delta, or peers with different tensor names
+    """
+    ids = sorted(deltas)
+    if not ids:
+        raise ValueError("robust_merge needs at least one delta (own delta included)")
+    names = list(deltas[ids[0]])
+    if any(set(deltas[p]) != set(names) for p in ids):
+        raise ValueError("robust_merge: peers hold different tensors")
+    n = len(ids)
+    norms = [delta_norm(deltas[p]) for p in ids]
+    clip_norm = math.inf
+    scales = [1.0] * n
+    if clip_factor > 0 and n >= 2:
+        clip_norm = clip_factor * sorted(norms)[(n - 1) // 2]
+        scales = [1.0 if norm <= clip_norm else (clip_norm / norm if math.isfinite(norm) else 0.0) for norm in norms]
+    k = trim_count(n, trim_fraction)
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        rows = []
+        for pid, scale in zip(ids, scales):
+            x = deltas[pid][name].float()
+            if scale != 1.0:
+                x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) * scale if scale == 0.0 else x * scale
+            rows.append(x)
+        if k == 0:
+            acc = torch.zeros_like(rows[0], dtype=torch.float32)
+            for x in rows:  # sorted peer-id order: merge_mean's bits when nothing was clipped
+                acc += x
+            out[name] = acc / n
+            continue
+        ordered = torch.stack(rows).sort(dim=0, stable=True).values
+        acc = ordered[k].clone()
+        for i in range(k + 1, n - k):
+            acc += ordered[i]
+        out[name] = acc / (n - 2 * k)
+    return out, MergeStats(n, k, sum(s < 1.0 for s in scales), clip_norm)
