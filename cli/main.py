@@ -1,7 +1,8 @@
 """The `blocktrain` command: registers every sub-command and `--version`; no logic lives here.
 
 Commands: train, eval, model-info, data fetch (model core); run, join, status, health, demo, dashboard (swarm);
-score, generate (inference). Each lives in its own module under cli/, its options in cli/options.py.
+score, generate (inference); simulate (the network simulator). Each lives in its own module under cli/, its
+options in cli/options.py.
 Importing this module (and so `blocktrain --help` or `blocktrain status`) does not import torch.
 """
 
@@ -11,7 +12,21 @@ from typing import Annotated
 
 import typer
 
-from cli import dashboard, data, demo, evaluate, generate, health, join, model_info, run, score, status, train
+from cli import (
+    dashboard,
+    data,
+    demo,
+    evaluate,
+    generate,
+    health,
+    join,
+    model_info,
+    run,
+    score,
+    simulate,
+    status,
+    train,
+)
 from swarmd import __version__
 
 app = typer.Typer(
@@ -50,6 +65,7 @@ app.command("demo")(demo.demo)
 app.command("dashboard")(dashboard.dashboard)
 app.command("score")(score.score)
 app.command("generate")(generate.generate)
+app.command("simulate")(simulate.simulate)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,44 @@ Checkpoint = Annotated[
 Steps = Annotated[int | None, flag("--steps", "Sampler steps (default: one per block).")]
 
 
+# -- simulator (blocktrain simulate) ---------------------------------------------------------------
+SIM = "Simulated network"
+RegimeOpt = Annotated[
+    str,
+    flag(
+        "--regime",
+        "Network regime: lockstep, async-mild, wan-tight, wan-mid, wan-loose, edge-mid, bad-edge, bad-edge-loose, "
+        "or custom (the network flags below, starting from lockstep's).",
+        SIM,
+    ),
+]
+Workers = Annotated[int, flag("--workers", "K: virtual workers (replicas) per block.", SIM)]
+PolicyOpt = Annotated[
+    str | None,
+    flag(
+        "--policy",
+        "Deadline policy: lockstep, fixed (the regime's deadline), adaptive (the daemon's), quantile "
+        "(a participation target). Default: the regime's own (fixed, or lockstep when it has no deadline).",
+        SIM,
+        show_default=False,
+    ),
+]
+TargetParticipation = Annotated[
+    float, flag("--target-participation", "The quantile policy's target: fraction of arrivals to wait for.", SIM)
+]
+ComputeS = Annotated[float | None, flag("--compute-s", "custom: median seconds per local step.", SIM)]
+ComputeSigma = Annotated[float | None, flag("--compute-sigma", "custom: log-std of the step time.", SIM)]
+LatencyS = Annotated[float | None, flag("--latency-s", "custom: median one-way latency, seconds.", SIM)]
+LatencySigma = Annotated[float | None, flag("--latency-sigma", "custom: log-std of the latency.", SIM)]
+BandwidthKBps = Annotated[float | None, flag("--bandwidth-kbps", "custom: median upload bandwidth, kB/s.", SIM)]
+BandwidthSigma = Annotated[float | None, flag("--bandwidth-sigma", "custom: log-std of the bandwidth.", SIM)]
+Dropout = Annotated[float | None, flag("--dropout", "custom: chance a worker drops out of a round.", SIM)]
+DeadlineX = Annotated[
+    float | None,
+    flag("--deadline", "custom: fixed deadline as a multiple of a round's median compute time (H x --compute-s).", SIM),
+]
+
+
 # -- groups --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelOptions(OptionGroup):
@@ -375,6 +413,45 @@ class SourceOptions(OptionGroup):
     @property
     def label(self) -> str:
         return f"swarm {self.swarm_id}" if self.swarm else str(self.checkpoint)
+
+
+@dataclass(frozen=True)
+class NetworkSimOptions(OptionGroup):
+    """`blocktrain simulate --regime custom`: the network distributions (None = lockstep preset's value)."""
+
+    compute_s: ComputeS
+    compute_sigma: ComputeSigma
+    latency_s: LatencyS
+    latency_sigma: LatencySigma
+    bandwidth_kbps: BandwidthKBps
+    bandwidth_sigma: BandwidthSigma
+    dropout: Dropout
+    deadline: DeadlineX
+
+    def regime(self, name: str):
+        """The named preset, or with name custom the lockstep preset changed by the flags given (ConfigError)."""
+        from swarmd.sim.regimes import PRESETS, custom_regime, regime_named
+
+        given = self.given()
+        if name.strip().lower() != "custom":
+            preset = regime_named(name)
+            if given:
+                flags = ", ".join("--" + k.replace("_", "-") for k in given)
+                raise ConfigError(f"{flags} need --regime custom (regime {preset.name} is a preset)")
+            return preset
+        base = PRESETS["lockstep"]
+        values: dict[str, Any] = {
+            "compute_s": base.compute_s.median,
+            "compute_sigma": base.compute_s.sigma,
+            "latency_s": base.latency_s.median,
+            "latency_sigma": base.latency_s.sigma,
+            "bandwidth_kBps": base.bandwidth_Bps.median / 1e3,
+            "bandwidth_sigma": base.bandwidth_Bps.sigma,
+            "dropout": base.dropout,
+            "deadline": base.deadline,
+        }
+        values.update({("bandwidth_kBps" if k == "bandwidth_kbps" else k): v for k, v in given.items()})
+        return custom_regime(**values)
 
 
 def timeout_s(timeout_s: float, alias: float | None) -> float:

@@ -1,0 +1,8 @@
+"""The asynchronous network simulator (issue 11): real training, codec, deadline and merge under a virtual clock.
+
+regimes.py   Dist, Regime, the named presets (lockstep ... bad edge loose), `custom`, RoundDraw (sampling)
+policies.py  deadline policies: lockstep, fixed, adaptive (the daemon's DeadlinePolicy), quantile
+engine.py    SimConfig, Simulator (the run loop), RoundRecord, SimResult; simulate()
+Imports swarmd.core and the pure parts of swarmd.swarm (state, delta, gossip's policy and merge);
+never grpc, hivemind, the transport's servers or the daemon. `blocktrain simulate` is its CLI.
+"""

@@ -1,0 +1,324 @@
+"""The simulator's run loop: real block training, real codec and merge, a simulated network and clock.
+
+Owns SimConfig, Simulator, RoundRecord and SimResult (litepaper section 4.1-4.2). B blocks, K
+virtual workers per block (replicas, as swarm peers hold them). Every worker is a real
+swarmd.swarm.state.BlockState (a BlockTrainer: AdamW over one block and its copy of the byte
+table) with its own data stream and its own ErrorFeedback pair. One round:
+
+1. a RoundDraw samples each worker's compute time (H x a per-step time), one-way latency, upload
+   bandwidth and dropout (the only simulated things);
+2. the deadline policy names the round's deadline (None = lockstep) from the median ready time;
+3. every non-dropped worker takes H real local steps (train_steps, the daemon's own call) and encodes
+   its block and table deltas with the real codec and error feedback (ErrorFeedback.compress). It
+   uploads its block delta to its K-1 replicas and its table delta to the N-1 other workers, so its
+   arrival is ready + latency + (those real wire bytes) / bandwidth. A worker whose ready + latency is
+   already past the deadline is late whatever it sends: its training and upload are skipped (the
+   result would be discarded; skip_late=False trains it anyway, its optimizer state then moves);
+4. the round ends at the deadline, or as soon as every non-dropped worker has arrived; an update is
+   accepted when it arrived by then. Per block, the accepted block deltas are merged with the
+   daemon's merge function (merge_fn(), what Gossip.average applies); the table deltas of every
+   accepted worker, all blocks, are merged the same way; no accepted update = that part stays. Every
+   worker then starts the next round from the merged weights (BlockState.apply_merge);
+5. the virtual clock advances by the round's length; from-noise CE of the merged stack is measured.
+Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
+seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
+with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
+from swarmd.protocol import Codec, PayloadKind
+from swarmd.sim.policies import Policy
+from swarmd.sim.regimes import Regime, RoundDraw
+from swarmd.swarm import gossip
+from swarmd.swarm.delta import ErrorFeedback
+from swarmd.swarm.peer_config import GossipConfig
+from swarmd.swarm.state import BlockState
+
+Tensors = dict[str, torch.Tensor]
+Merge = Callable[[dict[str, Tensors]], Tensors]
+
+
+def merge_fn(cfg: GossipConfig | None = None) -> Merge:
+    """The merge Gossip.average applies to the accepted deltas (own included), with the daemon's GossipConfig.
+
+    gossip.merge_deltas (the configured rule: robust by default) where gossip has it, else gossip.merge_mean.
+    """
+    rule = getattr(gossip, "merge_deltas", None)
+    if rule is None:
+        return gossip.merge_mean
+    gossip_cfg = cfg or GossipConfig()
+    return lambda deltas: rule(deltas, gossip_cfg)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: ModelConfig
+    train: TrainConfig
+    workers: int = 3  # K: virtual workers (replicas) per block
+    rounds: int = 10
+    steps_per_round: int = 20  # H
+    codec: Codec = Codec.INT8
+    eval_tokens: int = 4096  # held-out bytes scored for from-noise CE
+    eval_every: int = 1  # rounds between CE measurements (the last round is always measured)
+    skip_late: bool = True  # skip the training of a worker that cannot make the deadline (see the module doc)
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        object.__setattr__(self, "codec", Codec(self.codec))
+
+
+@dataclass
+class RoundRecord:
+    round: int  # 1-based
+    t_s: float  # simulated clock at the end of the round, seconds
+    seconds: float  # simulated length of the round
+    deadline_s: float | None  # the policy's deadline after round start (None = lockstep)
+    workers: int  # all virtual workers
+    dropped: int
+    late: int  # non-dropped workers whose update missed the deadline
+    accepted: int
+    upload_bytes: int  # real wire bytes uploaded this round (every copy of every delta sent)
+    train_ce: float  # mean training CE of the workers that trained (NaN if none did)
+    ce: float | None  # from-noise CE of the merged stack after the round (None = not measured)
+
+    @property
+    def participation(self) -> float:
+        return self.accepted / self.workers
+
+
+@dataclass
+class SimResult:
+    regime: str
+    policy: str
+    seed: int
+    ce_start: float
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def ce(self) -> float:
+        measured = [r.ce for r in self.rounds if r.ce is not None]
+        return measured[-1] if measured else self.ce_start
+
+    @property
+    def participation(self) -> float:
+        """Accepted updates / all worker-rounds (dropped workers count as not participating)."""
+        return sum(r.accepted for r in self.rounds) / max(1, sum(r.workers for r in self.rounds))
+
+    @property
+    def sim_wall_s(self) -> float:
+        return self.rounds[-1].t_s if self.rounds else 0.0
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(r.upload_bytes for r in self.rounds)
+
+    def curve(self) -> list[tuple[float, float]]:
+        """(simulated seconds, from-noise CE), starting at (0, ce_start)."""
+        return [(0.0, self.ce_start), *((r.t_s, r.ce) for r in self.rounds if r.ce is not None)]
+
+    def summary(self) -> dict:
+        return {
+            "regime": self.regime,
+            "policy": self.policy,
+            "seed": self.seed,
+            "ce_start": self.ce_start,
+            "ce": self.ce,
+            "participation": self.participation,
+            "sim_wall_s": self.sim_wall_s,
+            "wire_bytes": self.wire_bytes,
+            "rounds": len(self.rounds),
+        }
+
+    def to_dict(self) -> dict:
+        return {**self.summary(), "history": [{**asdict(r), "participation": r.participation} for r in self.rounds]}
+
+
+@dataclass
+class _Worker:
+    id: str
+    block: int
+    state: BlockState
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    ef: dict[PayloadKind, ErrorFeedback]
+    upload_bytes: int = 0  # last round's upload (estimate for a skipped late worker's arrival)
+
+
+class Simulator:
+    """One simulated swarm: SimConfig's B x K workers on `data`, scored on `eval_xy`, under a regime and policy.
+
+    :param merge: the merge function (default merge_fn(): the daemon's)
+    """
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        regime: Regime,
+        policy: Policy,
+        data: ByteData,
+        eval_xy: tuple[torch.Tensor, torch.Tensor],
+        merge: Merge | None = None,
+    ):
+        self.cfg, self.regime, self.policy, self.eval_xy = cfg, regime, policy, eval_xy
+        self.merge = merge or merge_fn()
+        m, t = cfg.model, cfg.train
+        self.workers = [
+            _Worker(
+                f"b{b}w{k}",
+                b,
+                BlockState(BlockTrainer(m, t, b, "cpu", worker_seed=k)),
+                data.stream(seed_for("data", t.seed, b, k), t.batch_size),
+                {PayloadKind.BLOCK_DELTA: ErrorFeedback(), PayloadKind.EMBEDDING_DELTA: ErrorFeedback()},
+            )
+            for b in range(m.blocks)
+            for k in range(cfg.workers)
+        ]
+        self.rng = np.random.default_rng(seed_for("sim-network", t.seed))
+        self.clock = 0.0
+        self.round = 0
+
+    # -- measuring ------------------------------------------------------------------------------------
+    def heads(self) -> list[_Worker]:
+        """Worker 0 of every block: after a merge all replicas of a block hold the same weights."""
+        return [w for w in self.workers if w.id.endswith("w0")]
+
+    def measure(self) -> float:
+        heads = self.heads()
+        x, y = self.eval_xy
+        return float(
+            from_noise_ce([w.state.trainer.block for w in heads], heads[0].state.trainer.emb, x, y, self.cfg.model)[
+                "ce"
+            ]
+        )
+
+    # -- one round ------------------------------------------------------------------------------------
+    def _use_predecessors(self, w: _Worker) -> None:
+        """Trajectory training (trajectory_prob > 0): the round's merged predecessor blocks, as the daemon pulls."""
+        if self.cfg.train.trajectory_prob <= 0:
+            return
+        needed = {b for b, _ in trajectory_predecessors(self.cfg.model, w.block)} - {w.block}
+        if needed:
+            heads = {h.block: h for h in self.heads()}
+            w.state.use_predecessors({b: heads[b].state.base_block for b in needed})
+
+    def _train_and_encode(self, w: _Worker) -> tuple[float, int, Tensors, Tensors]:
+        """H real steps, then both deltas through the real codec: (train CE, upload bytes, decoded block, emb)."""
+        self._use_predecessors(w)
+        stats = w.state.train_steps(self.cfg.steps_per_round, w.batches)
+        block_delta, emb_delta = w.state.deltas()
+        header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
+        decoded, sent = {}, 0
+        copies = {
+            PayloadKind.BLOCK_DELTA: self.cfg.workers - 1,  # to the block's other replicas
+            PayloadKind.EMBEDDING_DELTA: len(self.workers) - 1,  # to every other worker
+        }
+        for kind, delta, base in (
+            (PayloadKind.BLOCK_DELTA, block_delta, w.state.block_hash),
+            (PayloadKind.EMBEDDING_DELTA, emb_delta, w.state.emb_hash),
+        ):
+            enc, decoded[kind] = w.ef[kind].compress(
+                delta,
+                self.cfg.codec,
+                kind=kind,
+                block_index=w.block if kind.is_block else -1,
+                base_hash=base,
+                weight=float(self.cfg.steps_per_round),
+                **header,
+            )
+            sent += enc.wire_bytes * copies[kind]
+        return stats["ce"], sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
+
+    def step(self) -> RoundRecord:
+        """Run one round (see the module doc) and return its record (CE not yet measured)."""
+        n, H = len(self.workers), self.cfg.steps_per_round
+        draw = RoundDraw.sample(self.regime, self.rng, n, H)
+        live = [i for i in range(n) if not draw.dropped[i]]
+        ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
+        deadline = self.policy.deadline(ready)
+        arrivals: dict[int, float] = {}
+        outputs: dict[int, tuple[Tensors, Tensors]] = {}
+        ces, sent = [], 0
+        for i in live:
+            w = self.workers[i]
+            if deadline is not None and self.cfg.skip_late and draw.compute_s[i] + draw.latency_s[i] > deadline:
+                arrivals[i] = draw.arrival_s(i, w.upload_bytes)  # late whatever it sends
+                continue
+            ce, w.upload_bytes, block_d, emb_d = self._train_and_encode(w)
+            ces.append(ce)
+            sent += w.upload_bytes
+            outputs[i] = (block_d, emb_d)
+            arrivals[i] = draw.arrival_s(i, w.upload_bytes)
+        last = max(arrivals.values(), default=None)
+        if deadline is None:
+            end = last if last is not None else float(draw.compute_s.max())
+        else:
+            end = deadline if last is None else min(deadline, last)
+        accepted = sorted(i for i in outputs if arrivals[i] <= end)
+        self._merge(accepted, outputs)
+        self.policy.observe(
+            [arrivals[i] for i in live], max((arrivals[i] for i in accepted), default=None), float(ready)
+        )
+        self.round += 1
+        self.clock += end
+        return RoundRecord(
+            self.round,
+            self.clock,
+            end,
+            deadline,
+            n,
+            n - len(live),
+            len(live) - len(accepted),
+            len(accepted),
+            sent,
+            float(np.mean(ces)) if ces else float("nan"),
+            None,
+        )
+
+    def _merge(self, accepted: list[int], outputs: dict[int, tuple[Tensors, Tensors]]) -> None:
+        """Per block: merge of its accepted block deltas; the table: merge over every accepted worker."""
+        emb = {self.workers[i].id: outputs[i][1] for i in accepted}
+        emb_mean = self.merge(emb) if emb else None
+        block_means = {}
+        for b in range(self.cfg.model.blocks):
+            deltas = {self.workers[i].id: outputs[i][0] for i in accepted if self.workers[i].block == b}
+            block_means[b] = self.merge(deltas) if deltas else None
+        for w in self.workers:
+            w.state.apply_merge(block_means[w.block], emb_mean)
+
+    # -- the run --------------------------------------------------------------------------------------
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> SimResult:
+        result = SimResult(self.regime.name, self.policy.name, self.cfg.train.seed, self.measure())
+        for r in range(1, self.cfg.rounds + 1):
+            record = self.step()
+            if r % self.cfg.eval_every == 0 or r == self.cfg.rounds:
+                record.ce = self.measure()
+            result.rounds.append(record)
+            if on_round is not None:
+                on_round(record)
+        return result
+
+
+def simulate(
+    cfg: SimConfig,
+    regime: Regime,
+    policy: Policy,
+    data: ByteData,
+    eval_data: ByteData,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> SimResult:
+    """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it."""
+    sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens))
+    return sim.run(on_round)
