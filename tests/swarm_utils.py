@@ -23,6 +23,7 @@ from swarmd.errors import PeerUnavailable
 from swarmd.swarm.daemon import Daemon
 from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.swarm.gossip import Gossip
+from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
 from swarmd.swarm.state import BlockState
@@ -85,6 +86,11 @@ class MemoryTransport:
         return enc
 
 
+def peer_identities(n: int) -> list[Identity]:
+    """n deterministic peer identities, in increasing peer-id order (peer i ranks below peer i+1)."""
+    return sorted((Identity.generate(bytes([i + 1]) * 32) for i in range(n)), key=lambda x: x.peer_id)
+
+
 def memory_swarm(
     blocks_of: list[int],
     codec: str = "fp32",
@@ -103,9 +109,10 @@ def memory_swarm(
     peers: dict[str, Gossip] = {}
     transport = MemoryTransport(peers)
     out = []
+    identities = peer_identities(len(blocks_of))
     for i, b in enumerate(blocks_of):
         state = BlockState(BlockTrainer(cfg, tiny_train(), b, worker_seed=i))
-        pid = f"peer{i:02d}"
+        pid = identities[i].peer_id
         me = PeerRecord(
             pid,
             "" if i in client_mode else f"mem:{i}",
@@ -119,7 +126,7 @@ def memory_swarm(
             state.emb_hash,
         )
         metrics = Metrics()
-        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics)
+        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics, identity=identities[i])
         if me.address:
             peers[me.address] = g
         out.append(g)
@@ -139,7 +146,7 @@ async def memory_round(peers: list[Gossip], board: dict, steps: int = 2, skip: s
         await g.sync(records)
         await g.open_round()
     for g in live:
-        stream = ROUND_STREAMS.setdefault(g, batches(int(g.me.peer_id[-2:]) if g.me.peer_id[-2:].isdigit() else 0))
+        stream = ROUND_STREAMS.setdefault(g, batches(peers.index(g)))
         await asyncio.to_thread(g.state.train_steps, steps, stream)
     reports = await asyncio.gather(*(g.average(records) for g in live))
     for g in live:

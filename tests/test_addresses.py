@@ -187,7 +187,7 @@ def test_announced_address_is_in_status_and_the_dht_record(tmp_path):
         async with running(cfg) as (d,):
             address = f"{ALIAS}:{d.server.port}"
             assert d.address == address
-            assert d.multiaddrs() == [f"/ip4/{ALIAS}/tcp/{dht_port}/p2p/{d.peer_id}"]
+            assert d.multiaddrs() == [f"/ip4/{ALIAS}/tcp/{dht_port}/p2p/{d.discovery.peer_id}"]  # the DHT node's id
             client = PeerClient()
             try:
                 st = await client.status(address, 5.0)  # dialled at the announced address
@@ -216,10 +216,12 @@ def test_restart_keeps_the_peer_id_and_the_hint_shows_the_announced_multiaddr(tm
         lines.append(dict(line.split(": ", 1) for line in result.output.splitlines() if ": " in line))
     first, second = lines
     assert first["peer"] == second["peer"] and first["multiaddr"] == second["multiaddr"]
-    assert first["multiaddr"] == f"/ip4/{ALIAS}/tcp/{dht_port}/p2p/{first['peer']}"
+    assert first["dht peer"] == second["dht peer"]
+    assert first["multiaddr"] == f"/ip4/{ALIAS}/tcp/{dht_port}/p2p/{first['dht peer']}"
     assert first["join with"].startswith(f"blocktrain join {first['multiaddr']} ")
     assert first["address"].startswith(f"{ALIAS}:")
     assert (ckpt / "peer.key").is_file() and (ckpt / "peer.key").stat().st_mode & 0o077 == 0
+    assert (ckpt / "identity.key").is_file() and (ckpt / "identity.key").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.swarm
@@ -271,7 +273,7 @@ def test_a_killed_daemon_restarts_with_its_peer_id_on_its_dht_port(tmp_path):
     args = ["--data", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"), "--dht-port", str(dht_port), *TINY]
     first, info = _start_run(args)
     try:
-        assert info.get("peer"), info
+        assert info.get("peer") and info.get("dht peer"), info
     finally:
         first.kill()
         first.wait(30)
@@ -285,6 +287,6 @@ def test_a_killed_daemon_restarts_with_its_peer_id_on_its_dht_port(tmp_path):
             time.sleep(0.2)
     again = HivemindDiscovery("sw", port=dht_port, identity_path=str(tmp_path / "ckpt" / "peer.key"))
     try:  # what the restarted daemon's DHT would be (the daemon's own restart is the test above)
-        assert again.peer_id == info["peer"] and again.multiaddrs() == [info["multiaddr"]]
+        assert again.peer_id == info["dht peer"] and again.multiaddrs() == [info["multiaddr"]]
     finally:
         asyncio.run(again.shutdown())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -19,6 +20,8 @@ from swarmd.swarm.discovery import (
     connect_discovery,
     parse_block_key,
 )
+from swarmd.swarm.identity import Identity
+from swarmd.swarm.trust import sign_record
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -61,15 +64,16 @@ def test_hivemind_dht_announce_find_and_expiry():
     async def scenario():
         first = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
         second = None
+        id1, id2 = Identity.generate(), Identity.generate()  # records are signed by the peers they name
         try:
             second = await HivemindDiscovery.create("sw", first.multiaddrs(), start_timeout_s=20)
             assert first.multiaddrs() and all(m.startswith("/ip4/127.0.0.1/tcp/") for m in first.multiaddrs())
-            await first.announce(rec(first.peer_id, 0, address="127.0.0.1:5000"), ttl_s=30)
-            await second.announce(rec(second.peer_id, 1, address="127.0.0.1:5001"), ttl_s=1.5)
+            await first.announce(sign_record(rec(id1.peer_id, 0, address="127.0.0.1:5000"), id1, 30), ttl_s=30)
+            await second.announce(sign_record(rec(id2.peer_id, 1, address="127.0.0.1:5001"), id2, 1.5), ttl_s=1.5)
             found0 = await second.find(0)
             all_found = await first.find_all()
-            assert [r.peer_id for r in found0] == [first.peer_id] and found0[0].address == "127.0.0.1:5000"
-            assert sorted(r.peer_id for r in all_found) == sorted([first.peer_id, second.peer_id])
+            assert [r.peer_id for r in found0] == [id1.peer_id] and found0[0].address == "127.0.0.1:5000"
+            assert sorted(r.peer_id for r in all_found) == sorted([id1.peer_id, id2.peer_id])
             other_swarm = HivemindDiscovery.__new__(HivemindDiscovery)
             other_swarm.dht, other_swarm.swarm_id = first.dht, "other"
             assert await other_swarm.find_all() == []  # keys are scoped by swarm id
@@ -101,11 +105,16 @@ def test_dht_that_cannot_start_fails_fast_with_cause_and_hint():
 
 
 def test_static_discovery_asks_each_address_and_skips_the_unreachable():
+    ids = {a: Identity.generate() for a in ("1", "3")}
+
     async def status(address: str):
         if address == "127.0.0.1:2":
             raise PeerUnavailable("down")
+        me = ids[address[-1]]
+        signed = sign_record(PeerRecord(me.peer_id, address, 1, 4, 3.0, "cfg", "b", False, "sw", "e"), me, 30)
         return pb.PeerStatus(
-            peer_id="p" + address[-1],
+            peer_id=me.peer_id,
+            signed_record=json.dumps(signed.to_value()),
             block_index=1,
             round=4,
             swarm_id="sw",
@@ -122,7 +131,8 @@ def test_static_discovery_asks_each_address_and_skips_the_unreachable():
         return records, await d.find(0)
 
     records, none = asyncio.run(scenario())
-    assert [r.peer_id for r in records] == ["p1", "p3"] and records[0].base_hash == "b" and records[0].emb_hash == "e"
+    assert [r.peer_id for r in records] == sorted(i.peer_id for i in ids.values())
+    assert records[0].base_hash == "b" and records[0].emb_hash == "e"
     assert none == []
 
 

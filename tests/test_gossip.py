@@ -21,6 +21,7 @@ from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, r
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.sketch import count_sketch, sketch_distance
 from swarmd.swarm.state import relative_distance, weights_hash
+from swarmd.swarm.trust import sign_record
 from swarmd.transport.framing import Encoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -231,12 +232,12 @@ def test_a_dead_peer_costs_its_contribution_not_the_round():
         silent = peers[2]  # peer02 is alive in the records but never trains or dials (hangs)
         start = time.monotonic()
         reports = await memory_round(peers, board, skip={2, 3})
-        return reports, time.monotonic() - start, silent
+        return reports, time.monotonic() - start, silent, [g.me.peer_id for g in peers]
 
-    reports, seconds, _silent = asyncio.run(scenario())
+    reports, seconds, _silent, ids = asyncio.run(scenario())
     assert seconds < 1.5 + 2.0  # the deadline bounds the round
     a, b = reports
-    assert a.accepted_block == ["peer01"] and b.accepted_block == ["peer00"]
+    assert a.accepted_block == [ids[1]] and b.accepted_block == [ids[0]]
     assert a.participation < 1.0 and b.participation < 1.0
 
 
@@ -293,9 +294,9 @@ def test_replicas_on_different_bases_converge_even_with_stale_records():
         a.state.adopt(bumped, None)  # a's block diverged, but the (lagging) DHT says b holds a's hash
         from dataclasses import replace
 
-        stale = {
+        stale = {  # b signed a record naming a's hash (the DHT still holds it)
             a.me.peer_id: a.record(),
-            b.me.peer_id: replace(a.record(), peer_id=b.me.peer_id, address=b.me.address),
+            b.me.peer_id: sign_record(replace(a.record(), peer_id=b.me.peer_id, address=b.me.address), b.identity, 300),
         }
         reports = []
         for _ in range(2):
@@ -312,7 +313,7 @@ def test_replicas_on_different_bases_converge_even_with_stale_records():
 
     a, b, reports = asyncio.run(scenario())
     assert [r.accepted_block for r in reports[0]] == [[], []]  # round 1: each rejects the other's block delta
-    assert reports[1][0].accepted_block == ["peer01"] and reports[1][1].accepted_block == [
-        "peer00"
+    assert reports[1][0].accepted_block == [b.me.peer_id] and reports[1][1].accepted_block == [
+        a.me.peer_id
     ]  # the lower id adopted, then they averaged
     assert a.state.block_hash == b.state.block_hash

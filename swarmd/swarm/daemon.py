@@ -36,6 +36,7 @@ from swarmd.serve.serving import BlockServing
 from swarmd.swarm.addresses import AddressPlan, check_listen_ports, plan_addresses
 from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
 from swarmd.swarm.gossip import Gossip, MergeReport
+from swarmd.swarm.identity import Identity, identity_path
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
@@ -91,6 +92,7 @@ class Daemon:
         data = ByteData.from_path(c.data_path, self.cfg.seq_len)  # bad data fails before anything starts
         saved_block = ck.peer_block(c.checkpoint_dir, c.block) if c.checkpoint_dir else None
         plan = self._plan_addresses()
+        self.identity = self._load_identity()
         if net.discovery == "static":
             status = lambda a: self.client.status(a, c.gossip.rpc_timeout_s)
             self.discovery = StaticDiscovery(list(net.initial_peers), status, net.swarm_id)
@@ -105,7 +107,7 @@ class Daemon:
                 announce_host=plan.dht_announce_host,
                 identity_path=self._identity_path(),
             )
-        self.peer_id = self.discovery.peer_id
+        self.peer_id = self.identity.peer_id  # the Ed25519 key's id (the DHT node keeps its own libp2p id)
         peer_seed = c.peer_seed if c.peer_seed is not None else seed_for("peer", self.peer_id)
         resumed = saved_block is not None
         block = saved_block if resumed else c.block
@@ -124,7 +126,9 @@ class Daemon:
         me = PeerRecord(
             self.peer_id, self.address, block, 0, 0.0, self.cfg.config_hash(), "", net.client_mode, net.swarm_id
         )
-        self.gossip = Gossip(self.state, self.client, c.gossip, me, self.metrics)
+        self.gossip = Gossip(
+            self.state, self.client, c.gossip, me, self.metrics, identity=self.identity, lookup=self.records
+        )
         self.serving = BlockServing(self.cfg, block, c.device, peer_id=self.peer_id)
         self._update_serving()
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
@@ -160,6 +164,12 @@ class Daemon:
         for warning in plan.warnings:
             logger.warning("%s", warning)
         return plan
+
+    def _load_identity(self) -> Identity:
+        """This peer's Ed25519 identity: --identity FILE, else identity.key in the checkpoint dir (created on first
+        start, so a restarted peer keeps its peer id), else a new one for this run."""
+        path = identity_path(self.config.identity, self.config.checkpoint_dir)
+        return Identity.load_or_create(path) if path else Identity.generate()
 
     def _identity_path(self) -> str:
         """The file of this peer's libp2p key, in the checkpoint dir: a restart keeps the peer id ("" = none)."""
@@ -245,7 +255,8 @@ class Daemon:
 
     async def announce(self) -> None:
         started = time.monotonic()
-        await self.discovery.announce(self.gossip.record(), self.config.net.record_ttl_s)
+        ttl = self.config.net.record_ttl_s
+        await self.discovery.announce(self.gossip.record(ttl), ttl)
         if (took := time.monotonic() - started) > self.config.net.announce_period_s:
             logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, took)
 

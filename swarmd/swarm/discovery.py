@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import json
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 
 from swarmd.errors import PeerUnavailable, SwarmdError
 from swarmd.swarm.addresses import check_peer_addresses, free_port, is_multiaddr, multiaddr
+from swarmd.swarm.trust import dht_record_problem, verified
 
 logger = logging.getLogger(__name__)
 
@@ -67,31 +69,40 @@ class PeerRecord:
     client_mode: bool
     swarm_id: str
     emb_hash: str = ""  # hash of the shared byte table the current round started from
+    # issue 9: the record is signed by the Ed25519 key its peer_id names (swarmd.swarm.trust); readers drop
+    # unsigned, forged and expired records. tls_fingerprint: sha256 of the gRPC server's certificate ("" = no TLS)
+    tls_fingerprint: str = ""
+    expires: float = 0.0  # unix time the owner signed this record to be valid until
+    signature: str = ""  # hex Ed25519 signature over swarmd.swarm.trust.record_bytes(self)
 
     def to_value(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_value(cls, value) -> PeerRecord | None:
-        """Parse a DHT value; None (and a debug log) for anything malformed."""
+        """Parse a DHT value; None (and a debug log) for anything malformed (the schema check)."""
         try:
-            names = {f.name: f.type for f in fields(cls)}
-            if not isinstance(value, dict) or not set(value) <= set(names) or len(value) < len(names) - 1:
+            names = {f.name for f in fields(cls)}
+            if not isinstance(value, dict) or not set(value) <= names or not set(_REQUIRED) <= set(value):
                 raise ValueError("wrong fields")
             rec = cls(**value)
-            rec.block_index, rec.round, rec.samples_per_s = (
-                int(rec.block_index),
-                int(rec.round),
-                float(rec.samples_per_s),
-            )
-            if not all(
-                isinstance(getattr(rec, k), str) for k in ("peer_id", "address", "config_hash", "base_hash", "swarm_id")
-            ):
+            if not all(isinstance(getattr(rec, k), int) and not isinstance(getattr(rec, k), bool) for k in _INTS):
+                raise ValueError("wrong field types")
+            rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
+            if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not isinstance(rec.client_mode, bool):
                 raise ValueError("wrong field types")
             return rec
         except (TypeError, ValueError) as exc:
             logger.debug("ignoring malformed peer record %r: %s", value, exc)
             return None
+
+
+_INTS = ("block_index", "round")
+_STRS = ("peer_id", "address", "config_hash", "base_hash", "swarm_id", "emb_hash", "tls_fingerprint", "signature")
+_REQUIRED = (
+    *("peer_id", "address", "block_index", "round", "samples_per_s"),
+    *("config_hash", "base_hash", "client_mode", "swarm_id"),
+)
 
 
 def choose_block(records: list[PeerRecord], blocks: int) -> int:
@@ -141,7 +152,7 @@ class MemoryDiscovery:
         return [r for r in await self.find_all() if r.block_index == block_index]
 
     async def find_all(self) -> list[PeerRecord]:
-        return sorted(self.board.values(), key=lambda r: r.peer_id)
+        return sorted(verified(list(self.board.values())), key=lambda r: r.peer_id)
 
     def multiaddrs(self) -> list[str]:
         return []
@@ -182,7 +193,7 @@ class StaticDiscovery:
             if self.swarm_id and st.swarm_id != self.swarm_id:
                 continue
             records.append(record_from_status(st, address))
-        return sorted({r.peer_id: r for r in records}.values(), key=lambda r: r.peer_id)
+        return sorted({r.peer_id: r for r in verified(records)}.values(), key=lambda r: r.peer_id)
 
     def multiaddrs(self) -> list[str]:
         return []
@@ -192,7 +203,15 @@ class StaticDiscovery:
 
 
 def record_from_status(st, address: str = "") -> PeerRecord:
-    """PeerRecord from a pb.PeerStatus (address falls back to the dialled one)."""
+    """PeerRecord from a pb.PeerStatus: the signed record it carries when it parses (verify it before use),
+    else one built from its fields, unsigned (address falls back to the dialled one)."""
+    if st.signed_record:
+        try:
+            signed = PeerRecord.from_value(json.loads(st.signed_record))
+        except ValueError:
+            signed = None
+        if signed is not None and signed.peer_id == st.peer_id:
+            return signed
     return PeerRecord(
         st.peer_id,
         st.address or ("" if st.client_mode else address),
@@ -297,6 +316,41 @@ def _start_error(
     return f"could not start the DHT ({cause}); {hint}"
 
 
+MAX_BLOCKS = 1024  # block keys the record validator recognises as this swarm's (block indices 0 .. MAX_BLOCKS-1)
+
+
+def record_validator(swarm_id: str) -> Any:
+    """A hivemind RecordValidatorBase for this swarm's keys: every entry under block_key(swarm_id, *) must be a
+    PeerRecord (schema) signed by the peer it names, stored under its own peer id and block key, with a DHT
+    expiration no later than the signed one (swarmd.swarm.trust.dht_record_problem). Other keys pass untouched.
+
+    hivemind checks it when a node is asked to store an entry and when a lookup returns one, so a forged or
+    unsigned record is never stored by, nor returned to, a node that runs it.
+    """
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    keys = {DHTID.generate(source=block_key(swarm_id, b)).to_bytes(): b for b in (None, *range(MAX_BLOCKS))}
+
+    class PeerRecordValidator(RecordValidatorBase):
+        def validate(self, record: DHTRecord) -> bool:
+            if record.key not in keys:
+                return True  # not a key of this swarm
+            try:
+                subkey = MSGPackSerializer.loads(record.subkey)
+                value = MSGPackSerializer.loads(record.value)
+            except Exception:  # msgpack raises several types on garbage
+                return False
+            rec = PeerRecord.from_value(value)
+            problem = dht_record_problem(rec, subkey, record.expiration_time, keys[record.key], swarm_id)
+            if problem:
+                logger.debug("DHT record refused: %s", problem)
+            return not problem
+
+    return PeerRecordValidator()
+
+
 class HivemindDiscovery:
     """A real hivemind DHT node: announce under block_key(swarm, b) and block_key(swarm, None).
 
@@ -341,6 +395,7 @@ class HivemindDiscovery:
                     announce_maddrs=[multiaddr(announce_host, port)] if announce_host and not client_mode else None,
                     identity_path=identity_path or None,
                     client_mode=client_mode,
+                    record_validators=[record_validator(swarm_id)],
                     start=True,
                     await_ready=False,
                 )
@@ -380,7 +435,7 @@ class HivemindDiscovery:
     async def announce(self, record: PeerRecord, ttl_s: float) -> None:
         from hivemind.utils import get_dht_time
 
-        expiration = get_dht_time() + ttl_s
+        expiration = record.expires or get_dht_time() + ttl_s  # a signed record expires when its owner said
         value = record.to_value()
         ok = await asyncio.gather(
             *(
@@ -404,8 +459,13 @@ class HivemindDiscovery:
         )
         if found is None or not isinstance(found.value, dict):
             return []
-        records = [PeerRecord.from_value(item.value) for item in found.value.values()]
-        return sorted((r for r in records if r is not None and r.swarm_id == self.swarm_id), key=lambda r: r.peer_id)
+        records = [
+            r
+            for subkey, item in found.value.items()
+            if (r := PeerRecord.from_value(item.value)) is not None and r.peer_id == subkey
+        ]
+        # verify on read too: a validator is per node, and a stranger's node need not run ours
+        return sorted((r for r in verified(records) if r.swarm_id == self.swarm_id), key=lambda r: r.peer_id)
 
     async def find(self, block_index: int) -> list[PeerRecord]:
         return [r for r in await self._get(block_index) if r.block_index == block_index]

@@ -38,7 +38,9 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -56,15 +58,18 @@ from swarmd.errors import (
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.swarm.delta import ErrorFeedback, decode, encode
 from swarmd.swarm.discovery import PeerRecord
+from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.robust import delta_norm, delta_norm_bound, robust_merge
-from swarmd.swarm.state import BlockState, relative_distance
+from swarmd.swarm.state import BlockState, relative_distance, weights_hash
+from swarmd.swarm.trust import is_valid, sign_payload, sign_record, verify_payload
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
+RECORD_LAG_ROUNDS = 1  # a delta of round r needs its sender's signed record of round r or r - RECORD_LAG_ROUNDS
 BLOCK, EMB = PayloadKind.BLOCK_DELTA, PayloadKind.EMBEDDING_DELTA  # the two kinds swapped each round
 
 
@@ -123,6 +128,24 @@ def dials(me: PeerRecord, other: PeerRecord) -> bool:
     if me.client_mode:
         return True
     return me.peer_id < other.peer_id
+
+
+def quorum(others: int) -> int:
+    """How many other peers must announce the same (round, weights) before a peer adopts that state:
+    a majority of the `others` signed records seen, and at least 2 once 2 or more others exist."""
+    return 1 if others <= 1 else max(2, others // 2 + 1)
+
+
+def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRecord]:
+    """The records of `others` whose (round, weights) at least quorum(len(others)) distinct peers announce.
+
+    A state only one record (or a minority) claims, e.g. a stranger's round 1,000,000, is never a
+    re-sync target, whatever its round.
+    """
+    latest = {r.peer_id: r for r in others}
+    counts = Counter((r.round, key(r)) for r in latest.values())
+    need = quorum(len(latest))
+    return [r for r in latest.values() if counts[(r.round, key(r))] >= need]
 
 
 def rank(record: PeerRecord) -> tuple:
@@ -236,8 +259,26 @@ class Gossip:
     :param me: this peer's record (peer_id, address, block, client mode, swarm id, config hash)
     """
 
-    def __init__(self, state: BlockState, transport: Transport, cfg: GossipConfig, me: PeerRecord, metrics: Metrics):
+    def __init__(
+        self,
+        state: BlockState,
+        transport: Transport,
+        cfg: GossipConfig,
+        me: PeerRecord,
+        metrics: Metrics,
+        *,
+        identity: Identity,
+        lookup: Callable[[], Awaitable[list[PeerRecord]]] | None = None,
+    ):
+        """:param identity: signs this peer's records and payloads; me.peer_id must be its peer id
+        :param lookup: a fresh discovery lookup, used when a delta arrives from a peer whose signed record
+            for that block and round we have not seen yet (None: only the records given to sync/average)"""
+        if me.peer_id != identity.peer_id:
+            raise ValueError("me.peer_id must be the identity's peer id")
         self.state, self.transport, self.cfg, self.me, self.metrics = state, transport, cfg, me, metrics
+        self.identity, self.lookup = identity, lookup
+        self.known: dict[str, PeerRecord] = {}  # peer id -> newest valid signed record seen (sync, average, lookup)
+        self._refreshed = 0.0  # monotonic time of the last lookup made for an unknown sender
         self.deadline = DeadlinePolicy(cfg)
         self.ef = {BLOCK: ErrorFeedback(), EMB: ErrorFeedback()}
         self.current: _Round | None = None
@@ -301,12 +342,26 @@ class Gossip:
         )
 
     # -- re-sync -----------------------------------------------------------------------------------
+    def _remember(self, records: list[PeerRecord]) -> list[PeerRecord]:
+        """The records signed by the peers they name (others dropped), remembered as the newest known of each peer."""
+        good = [r for r in records if is_valid(r)]
+        for r in good:
+            old = self.known.get(r.peer_id)
+            if old is None or r.expires >= old.expires:
+                self.known[r.peer_id] = r
+        return good
+
     async def sync(self, records: list[PeerRecord]) -> list[str]:
-        """Adopt the reference's block and embedding if our base differs (see module doc); returns what was pulled."""
+        """Adopt the reference's block and embedding if our base differs (see module doc); returns what was pulled.
+
+        Only signed records count, and only a state that a quorum of them announces (agreeing()) can be
+        the reference; the pulled state must hash to what they announce, and the round counter moves
+        at most cfg.max_round_jump rounds per adoption.
+        """
         me = self.record()
         others = [
             r
-            for r in records
+            for r in self._remember(records)
             if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
         ]
         pulled = []
@@ -315,18 +370,20 @@ class Gossip:
             (PayloadKind.EMBEDDING_STATE, others),
         ):
             weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
-            ref = reference(me, pool, weights)
+            ref = reference(me, agreeing(pool, weights), weights)
+            expect: tuple[str, int] | None = (weights(ref), ref.round)
             if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
                 split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
                 if split is None:
                     continue
-                ref = split
+                ref, expect = split, None  # the signed deltas said where it is; its state must hash as it signs
             try:
-                await self.pull(ref, kind)
+                await self.pull(ref, kind, expect, round_limit=me.round + self.cfg.max_round_jump)
                 pulled.append(kind.part)
             except SwarmdError as exc:
                 logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, kind.part, ref.peer_id[-6:], exc)
-                self.bans.fail(ref.peer_id)
+                if not isinstance(exc, (ValidationError, StaleRound)):
+                    self.bans.fail(ref.peer_id)
         self.last_split = {}  # consumed
         return pulled
 
@@ -334,10 +391,11 @@ class Gossip:
         """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
 
         The side with fewer peers on its base moves; on a tie the lower-ranked side moves (the
-        same rule as reference(), applied to the deltas' headers instead of DHT records).
+        same rule as reference(), applied to the signed deltas' headers instead of DHT records). The
+        other side must also hold a quorum of the peers seen (one stray signer never moves anybody).
         """
         same, other = self.last_split.get(kind.delta, (set(), set()))
-        if not other:
+        if not other or len(other) < quorum(len({r.peer_id for r in pool})):
             return None
         candidates = [r for r in pool if r.peer_id in other and r.address]
         if not candidates:
@@ -347,10 +405,17 @@ class Gossip:
             return best
         return None
 
-    async def pull(self, peer: PeerRecord, kind: PayloadKind) -> None:
-        """Download a peer's block or embedding state (validated) and adopt it with its round.
+    async def pull(
+        self, peer: PeerRecord, kind: PayloadKind, expect: tuple[str, int] | None = None, round_limit: int | None = None
+    ) -> None:
+        """Download a peer's block or embedding state (signed, validated) and adopt it with its round.
 
         :param kind: PayloadKind.BLOCK_STATE or PayloadKind.EMBEDDING_STATE
+        :param expect: (weights hash, round) the quorum's signed records announce: the state must hash to it
+            and carry that round (None: it must hash to what its own signed header says)
+        :param round_limit: the round counter never moves past this (default: cfg.max_round_jump ahead)
+        :raises ValidationError: unsigned, not from `peer`, or not the announced weights; StaleRound: the
+            peer has moved to another round since its record
         """
         request = pb.PullStateRequest(
             swarm_id=self.me.swarm_id,
@@ -359,9 +424,20 @@ class Gossip:
             block_index=peer.block_index if kind.is_block else -1,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        h = enc.header
+        self._check_signed(enc, peer.peer_id)
+        want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
+        if h.base_hash != want_hash or int(h.round) != want_round:
+            raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
         tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
+        if (got := await asyncio.to_thread(weights_hash, tensors)) != want_hash:
+            raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
         block, emb = (tensors, None) if kind.is_block else (None, tensors)
-        await asyncio.to_thread(self.state.adopt, block, emb, max(self.state.round, int(enc.header.round)))
+        limit = round_limit if round_limit is not None else self.state.round + self.cfg.max_round_jump
+        new_round = max(self.state.round, min(want_round, limit))
+        if new_round < want_round:
+            logger.warning("%s round counter capped at %d (the swarm says %d)", self.tag, new_round, want_round)
+        await asyncio.to_thread(self.state.adopt, block, emb, new_round)
         self.ef[kind.delta].reset()
         logger.info("%s adopted the %s of %s (round %d)", self.tag, kind.part, peer.peer_id[-6:], enc.header.round)
 
@@ -374,7 +450,15 @@ class Gossip:
             block_index=peer.block_index,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        self._check_signed(enc, peer.peer_id)
         return self._decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
+
+    @staticmethod
+    def _check_signed(enc: Encoded, peer_id: str) -> None:
+        """A payload we asked `peer_id` for must come signed by it (ValidationError otherwise)."""
+        if enc.header.peer_id != peer_id:
+            raise ValidationError(f"state signed by {enc.header.peer_id[-6:] or '?'}, asked {peer_id[-6:]}")
+        verify_payload(enc)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
@@ -387,25 +471,23 @@ class Gossip:
             raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
         round, block, emb = self.state.snapshot()
         tensors, base_hash = (block, self.state.block_hash) if kind.is_block else (emb, self.state.emb_hash)
-        enc = encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round))
+        enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round)), self.identity)
         self.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
         return enc
 
-    def record(self) -> PeerRecord:
-        """This peer's current record (what announce publishes)."""
-        me = self.me
-        return PeerRecord(
-            me.peer_id,
-            me.address,
-            me.block_index,
-            self.state.round,
-            self.metrics.samples_per_s,
-            me.config_hash,
-            self.state.block_hash,
-            me.client_mode,
-            me.swarm_id,
-            self.state.emb_hash,
+    def record(self, ttl_s: float = 300.0) -> PeerRecord:
+        """This peer's current record (what announce publishes), signed, valid for ttl_s seconds."""
+        rec = replace(
+            self.me,
+            round=self.state.round,
+            samples_per_s=self.metrics.samples_per_s,
+            base_hash=self.state.block_hash,
+            emb_hash=self.state.emb_hash,
         )
+        return self._signed(rec, ttl_s)
+
+    def _signed(self, record: PeerRecord, ttl_s: float) -> PeerRecord:
+        return sign_record(record, self.identity, ttl_s)
 
     # -- the round ----------------------------------------------------------------------------------
     async def open_round(self) -> None:
@@ -442,9 +524,35 @@ class Gossip:
                 weight=weight,
                 **self._hdr(kind, rs.round),
             )
-            rs.outgoing[kind], rs.own[kind] = enc, decoded
+            rs.outgoing[kind], rs.own[kind] = sign_payload(enc, self.identity), decoded
         rs.ready_at = time.monotonic()
         rs.ready.set()
+
+    def _sender_problem(self, h: pb.PayloadHeader, kind: PayloadKind) -> str:
+        """Why a delta's sender may not contribute ("" when it holds a valid signed record for this block and round)."""
+        rec = self.known.get(h.peer_id)
+        if rec is not None and not is_valid(rec):  # expired meanwhile
+            rec = None
+        if rec is None:
+            return f"no signed record of {h.peer_id[-6:]} is known"
+        if rec.swarm_id != self.me.swarm_id or rec.config_hash != self.me.config_hash:
+            return f"the signed record of {h.peer_id[-6:]} is for another swarm or model config"
+        if kind.is_block and rec.block_index != self.me.block_index:
+            return f"the signed record of {h.peer_id[-6:]} is for block {rec.block_index}"
+        if not h.round - RECORD_LAG_ROUNDS <= rec.round <= h.round:  # a record lags its owner by up to a merge
+            return f"the signed record of {h.peer_id[-6:]} is for round {rec.round}, its delta for round {h.round}"
+        return ""
+
+    async def _refresh_known(self, h: pb.PayloadHeader, kind: PayloadKind) -> None:
+        """Look the peers up again when a delta's sender has no matching signed record yet (records lag a
+        little behind rounds); at most one lookup per second."""
+        if self.lookup is None or not self._sender_problem(h, kind) or time.monotonic() - self._refreshed < 1.0:
+            return
+        self._refreshed = time.monotonic()
+        try:
+            self._remember(await self.lookup())
+        except Exception as exc:  # a failed lookup only means the delta is judged on what we knew
+            logger.debug("%s lookup for an unknown sender failed: %s", self.tag, exc)
 
     def _accept(self, rs: _Round, enc: Encoded, kind: PayloadKind) -> str:
         """Validate a delta against round, base and schema and stash it; returns the sender id."""
@@ -454,6 +562,9 @@ class Gossip:
                 raise StaleRound(f"round {rs.round} is already closed")
             if h.peer_id == self.me.peer_id or not h.peer_id:
                 raise ValidationError("delta without a (foreign) peer id")
+            verify_payload(enc)  # before anything beyond the header is looked at
+            if problem := self._sender_problem(h, kind):
+                raise ValidationError(problem)
             if h.round != rs.round:
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
             if h.base_hash != rs.hashes[kind]:
@@ -506,6 +617,7 @@ class Gossip:
             await asyncio.wait_for(rs.ready.wait(), wait_s)
         except TimeoutError:
             raise NotReady(f"own delta of round {rs.round} not ready in time") from None
+        await self._refresh_known(h, kind)
         try:
             self._accept(rs, incoming, kind)
         except BaseMismatch:
@@ -530,6 +642,7 @@ class Gossip:
         try:
             if reply.header.peer_id != peer.peer_id:
                 raise ValidationError(f"reply signed by {reply.header.peer_id[-6:]}, dialled {peer.peer_id[-6:]}")
+            await self._refresh_known(reply.header, kind)
             self._accept(rs, reply, kind)
         except SwarmdError:
             rs.failed[kind].add(peer.peer_id)
@@ -540,6 +653,7 @@ class Gossip:
         rs = self.current
         if rs is None or rs.closed:
             raise RuntimeError("average() needs an open round (call open_round first)")
+        records = self._remember(records)  # signed records only; known before any delta is accepted
         await self.publish()
         peers = [r for r in records if self._usable(r)]
         expected = {

@@ -27,6 +27,7 @@ class GossipConfig:
     deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
     max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
     rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls
+    max_round_jump: int = 1000  # a re-sync moves this peer's round counter forward by at most this many rounds
     # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean; "mean" = plain mean
     merge: str = "robust"
     clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
@@ -45,6 +46,8 @@ class GossipConfig:
             raise ConfigError("need 0 < deadline_min_s <= deadline_max_s")
         if self.deadline_factor <= 0 or self.rpc_timeout_s <= 0 or self.max_payload_bytes <= 0:
             raise ConfigError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
+        if self.max_round_jump < 1:
+            raise ConfigError(f"max_round_jump must be >= 1, got {self.max_round_jump}")
         if self.merge not in ("robust", "mean"):
             raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
@@ -110,6 +113,8 @@ class DaemonConfig:
     block: int = -1  # block to train; -1 = auto (least combined throughput in the swarm)
     device: str = "cpu"
     checkpoint_dir: str = ""  # checkpoint every round here and resume from it on restart ("" = none)
+    # the peer's Ed25519 key file (created when missing); "" = identity.key in checkpoint_dir, or a new key per run
+    identity: str = ""
     peer_seed: int | None = None  # seeds this peer's data stream and noise (None = derived from the peer id)
     # stop after this many rounds counted from the round this run starts at: a resumed checkpoint's round, else 0
     # (a fresh joiner thus stops with the swarm's round counter; 0 = run until stopped)

@@ -76,6 +76,8 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     swarm_id = config.net.swarm_id
     echo(f"swarm: {swarm_id}")
     echo(f"peer: {daemon.peer_id}")
+    if daemon.discovery is not None and daemon.discovery.peer_id != daemon.peer_id:
+        echo(f"dht peer: {daemon.discovery.peer_id}")  # the DHT node's libp2p id: the one in the multiaddr
     echo(f"block: {daemon.state.block_index}")
     echo(f"round: {daemon.state.round}")
     echo(f"address: {daemon.address or '(client mode)'}")

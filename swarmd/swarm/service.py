@@ -92,7 +92,15 @@ class SwarmService:
             last_round_s=m.last_round_s,
             sketch=st.sketch,
             param_norm=st.param_norm,
+            signed_record=self._signed_record(),
         )
+
+    def _signed_record(self) -> str:
+        """The peer's current signed record as JSON (static discovery reads and verifies it)."""
+        import json
+
+        g = self.peer.gossip
+        return json.dumps(g.record(self.peer.config.net.record_ttl_s).to_value()) if g is not None else ""
 
     def swarm_config(self) -> pb.SwarmConfig:
         return swarm_config(self.peer.config.net.swarm_id, self.peer.config.model)
