@@ -6,6 +6,13 @@ Layout of a checkpoint directory:
   block_NNN.safetensors    one file per block (metadata: config hash, block index, step)
   optim_block_NNN.safetensors  optional AdamW state of a worker, for exact resume
   e2e.safetensors          the end-to-end reference model (kind "e2e")
+A swarm peer's checkpoint is one generation: its block, byte table and AdamW files go to a fresh
+gen-<round>-<nonce>/ folder, then config.json (the manifest: round, counters, the folder and each
+file's sha256) is flipped atomically onto it and older generations are removed. Loading verifies
+every named hash first, so a generation loads whole or not at all (the optimizer can no longer be
+a round ahead of the weights). Readers resolve block_file / optim_file / embedding through the
+manifest; a checkpoint without one (older layout, or a full model) reads the flat files.
+Stale temp files and unnamed generation folders (a crash mid-write) are removed by clean_stale.
 Every write goes to a temp file in the same directory, is fsynced, then renamed over the target,
 so a crash never leaves a half-written file. Loading never unpickles: safetensors holds raw
 tensors and string metadata only. A block file carries its config hash, so a block trained in
@@ -14,7 +21,11 @@ one run drops into another run's checkpoint of the same config and is refused ot
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import secrets
+import shutil
 from pathlib import Path
 
 import torch
@@ -27,13 +38,40 @@ from swarmd.core.files import atomic_write_bytes
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
 from swarmd.errors import CheckpointError, ConfigMismatch
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "blocktrain-checkpoint/1"
 PEER_KIND = "swarm-peer"  # config.json kind of a swarm daemon's checkpoint (one block + the byte table)
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+GENERATION_PREFIX = "gen-"  # a peer checkpoint's generation folders: gen-<round>-<nonce>
+EMBEDDING_FILE = "embedding.safetensors"
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
+    """Write tensors atomically; returns the sha256 of the bytes written."""
     flat = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write_bytes(path, st_save(flat, metadata=metadata))
+    data = st_save(flat, metadata=metadata)
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _generation(directory: Path) -> Path | None:
+    """The folder config.json names as the current generation (None: flat layout, or no checkpoint)."""
+    path = Path(directory) / "config.json"
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    gen = body.get("generation") if isinstance(body, dict) else None
+    if not isinstance(gen, str) or not gen.startswith(GENERATION_PREFIX) or "/" in gen or "\\" in gen:
+        return None
+    return Path(directory) / gen
+
+
+def _resolve(directory: Path, name: str) -> Path:
+    gen = _generation(directory)
+    return (gen if gen is not None else Path(directory)) / name
 
 
 def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -50,16 +88,21 @@ def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def block_file(directory: Path, block_index: int) -> Path:
-    return Path(directory) / f"block_{block_index:03d}.safetensors"
+    return _resolve(directory, f"block_{block_index:03d}.safetensors")
 
 
 def optim_file(directory: Path, block_index: int) -> Path:
-    return Path(directory) / f"optim_block_{block_index:03d}.safetensors"
+    return _resolve(directory, f"optim_block_{block_index:03d}.safetensors")
+
+
+def embedding_file(directory: Path) -> Path:
+    return _resolve(directory, EMBEDDING_FILE)
 
 
 def write_config(
     directory: Path, model_cfg: ModelConfig, train_cfg: TrainConfig | None = None, kind: str = "blocktrain", **progress
 ) -> None:
+    """config.json (atomic); a peer checkpoint's also names its generation folder and file hashes (progress)."""
     body = {
         "format": FORMAT,
         "kind": kind,
@@ -130,11 +173,11 @@ def load_block(directory: Path, cfg: ModelConfig, block_index: int, device: str 
 
 
 def save_embedding(directory: Path, cfg: ModelConfig, emb: ByteEmbedding | dict[str, torch.Tensor]) -> None:
-    save_tensors(Path(directory) / "embedding.safetensors", _tensors(emb), {"config_hash": cfg.config_hash()})
+    save_tensors(Path(directory) / EMBEDDING_FILE, _tensors(emb), {"config_hash": cfg.config_hash()})
 
 
 def load_embedding(directory: Path, cfg: ModelConfig, device: str = "cpu") -> ByteEmbedding:
-    tensors, meta = load_tensors(Path(directory) / "embedding.safetensors")
+    tensors, meta = load_tensors(embedding_file(directory))
     if meta.get("config_hash") != cfg.config_hash():
         raise CheckpointError("embedding file is of another model config")
     emb = ByteEmbedding(cfg)
@@ -153,13 +196,109 @@ def _load_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor], what:
     module.load_state_dict(tensors)
 
 
-def save_optimizer(directory: Path, block_index: int, opt: torch.optim.Optimizer, step: int) -> None:
-    """AdamW state as flat tensors: state.<param#>.<key>; hyperparameters live in the train config."""
+def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """AdamW state as flat tensors (copies): state.<param#>.<key>; hyperparameters live in the train config."""
     flat = {}
     for pid, st in opt.state_dict()["state"].items():
         for key, value in st.items():
-            flat[f"state.{pid}.{key}"] = torch.as_tensor(value)
-    save_tensors(optim_file(directory, block_index), flat, {"step": str(step)})
+            flat[f"state.{pid}.{key}"] = torch.as_tensor(value).detach().clone()
+    return flat
+
+
+def save_optimizer(directory: Path, block_index: int, opt: torch.optim.Optimizer, step: int) -> None:
+    """AdamW state as flat tensors: state.<param#>.<key>; hyperparameters live in the train config."""
+    save_tensors(optim_file(directory, block_index), optimizer_tensors(opt), {"step": str(step)})
+
+
+def save_peer_generation(
+    directory: Path,
+    cfg: ModelConfig,
+    block_index: int,
+    block: dict[str, torch.Tensor],
+    emb: dict[str, torch.Tensor],
+    optim: dict[str, torch.Tensor],
+    step: int,
+    train_cfg: TrainConfig | None = None,
+    **progress,
+) -> Path:
+    """One generation of a swarm peer: files into a new gen-<round>-<nonce>/, then config.json flipped onto it.
+
+    A crash (or a failed write: OSError) before the flip leaves the previous generation current;
+    clean_stale removes the leftovers. Returns the new generation folder.
+    """
+    directory = Path(directory)
+    gen = directory / f"{GENERATION_PREFIX}{int(progress.get('round', 0)):08d}-{secrets.token_hex(3)}"
+    gen.mkdir(parents=True)
+    try:
+        meta = {"config_hash": cfg.config_hash(), "block_index": str(block_index), "step": str(step)}
+        files = {
+            f"block_{block_index:03d}.safetensors": save_tensors(
+                gen / f"block_{block_index:03d}.safetensors", block, meta
+            ),
+            EMBEDDING_FILE: save_tensors(gen / EMBEDDING_FILE, emb, {"config_hash": cfg.config_hash()}),
+            f"optim_block_{block_index:03d}.safetensors": save_tensors(
+                gen / f"optim_block_{block_index:03d}.safetensors", optim, {"step": str(step)}
+            ),
+        }
+        write_config(
+            directory,
+            cfg,
+            train_cfg,
+            kind=PEER_KIND,
+            block_index=block_index,
+            generation=gen.name,
+            files=files,
+            **progress,
+        )
+    except BaseException:
+        shutil.rmtree(gen, ignore_errors=True)
+        raise
+    for name in files:  # the flat files of an older layout: superseded
+        (directory / name).unlink(missing_ok=True)
+    clean_stale(directory)
+    return gen
+
+
+def verify_generation(directory: Path, body: dict) -> None:
+    """CheckpointError unless every file config.json names is there with its sha256 (no manifest: nothing to check)."""
+    gen, files = body.get("generation"), body.get("files")
+    if gen is None:
+        return
+    where = _generation(directory)
+    if where is None or not isinstance(files, dict) or not where.is_dir():
+        raise CheckpointError(
+            f"checkpoint {directory} names generation {gen!r}, which is missing; the checkpoint cannot be loaded"
+        )
+    for name, digest in files.items():
+        try:
+            actual = hashlib.sha256((where / name).read_bytes()).hexdigest()
+        except OSError:
+            actual = "missing"
+        if actual != digest:
+            raise CheckpointError(
+                f"checkpoint {directory} generation {gen}: {name} is {'missing' if actual == 'missing' else 'corrupt'} "
+                "(its sha256 differs from config.json); the checkpoint cannot be loaded"
+            )
+
+
+def clean_stale(directory: str | Path) -> list[Path]:
+    """Remove temp files of interrupted writes and generation folders config.json does not name; returns them."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    current = _generation(directory)
+    removed = []
+    for path in directory.iterdir():
+        stale_tmp = path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp")
+        stale_gen = path.is_dir() and path.name.startswith(GENERATION_PREFIX) and path != current
+        if not (stale_tmp or stale_gen):
+            continue
+        try:
+            shutil.rmtree(path) if stale_gen else path.unlink()
+            removed.append(path)
+        except OSError as exc:
+            logger.warning("could not remove stale %s: %s", path, exc)
+    return removed
 
 
 def load_optimizer(directory: Path, block_index: int, opt: torch.optim.Optimizer) -> bool:

@@ -31,6 +31,7 @@ import torch
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
 from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
+from swarmd.errors import SwarmdError
 from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
 from swarmd.swarm.addresses import AddressPlan, check_listen_ports, plan_addresses
@@ -47,6 +48,7 @@ from swarmd.transport import PeerClient, SwarmServer, start_server
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_FAILURES_UNHEALTHY = 3  # consecutive failed checkpoint writes that turn gRPC health NOT_SERVING
 IDENTITY_FILE = "peer.key"  # the libp2p private key in a checkpoint dir (written by hivemind, mode 0400)
 
 # Metrics saved with every checkpoint (benchmarks read them): config.json key -> Metrics attribute
@@ -78,6 +80,7 @@ class Daemon:
         self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
         self.announced = ""  # HOST:PORT other peers dial (--announce, or the --listen / detected host), from start()
         self.service = SwarmService(self)
+        self.checkpoint_failures = 0  # consecutive failed checkpoint writes (0 after a good one)
 
     @property
     def address(self) -> str:  # the announced HOST:PORT; "" in client mode
@@ -90,6 +93,9 @@ class Daemon:
     async def start(self) -> None:
         c, net = self.config, self.config.net
         data = ByteData.from_path(c.data_path, self.cfg.seq_len)  # bad data fails before anything starts
+        if c.checkpoint_dir:
+            for path in ck.clean_stale(c.checkpoint_dir):  # temp files and generations a crash left behind
+                logger.info("removed stale %s", path)
         saved_block = ck.peer_block(c.checkpoint_dir, c.block) if c.checkpoint_dir else None
         plan = self._plan_addresses()
         self.identity = self._load_identity()
@@ -225,6 +231,11 @@ class Daemon:
     async def _announce_loop(self) -> None:
         period = self.config.net.announce_period_s
         while not self.stopping.is_set():
+            if isinstance(self.discovery, HivemindDiscovery):
+                try:
+                    await self.discovery.keep_connected()  # no neighbour left: re-bootstrap (partition healed)
+                except Exception as exc:
+                    logger.warning("%s DHT neighbour check failed: %s", self.gossip.tag, exc)
             try:
                 await self.announce()
             except Exception as exc:
@@ -289,7 +300,10 @@ class Daemon:
         report = await g.average(records)
         self.phase = PeerState.TRAINING
         self._update_serving()
-        await self.announce()
+        try:
+            await self.announce()
+        except SwarmdError as exc:  # the DHT is unreachable (timeout): the announce loop tries again
+            logger.warning("%s announce failed: %s", g.tag, exc)
         self.metrics.observe_round(time.monotonic() - started)
         if self.config.checkpoint_dir:
             await self.save_checkpoint()
@@ -300,11 +314,35 @@ class Daemon:
             self.on_round(report)
         return report
 
-    async def save_checkpoint(self) -> None:
-        """Atomically checkpoint the state with this peer's progress counters (in the worker thread)."""
+    async def save_checkpoint(self) -> bool:
+        """Atomically checkpoint the state with this peer's progress counters (in the worker thread).
+
+        A failed write (disk full, read-only dir, non-finite state) is one warning line per round and
+        keeps the previous generation; CHECKPOINT_FAILURES_UNHEALTHY in a row turn gRPC health
+        NOT_SERVING, the next good write turns it SERVING again. Returns whether it was written.
+        """
         saved = {k: getattr(self.metrics, a) for k, a in SAVED_METRICS.items()}
         saved |= {"swarm_id": self.config.net.swarm_id, "peer_id": self.peer_id}
-        await asyncio.to_thread(self.state.save, self.config.checkpoint_dir, **saved)
+        try:
+            await asyncio.to_thread(self.state.save, self.config.checkpoint_dir, **saved)
+        except (OSError, SwarmdError) as exc:
+            self.checkpoint_failures += 1
+            logger.warning(
+                "%s checkpoint of round %d not written (%d in a row), the last one stays: %s",
+                self.gossip.tag if self.gossip else "",
+                self.state.round,
+                self.checkpoint_failures,
+                exc,
+            )
+            if self.checkpoint_failures == CHECKPOINT_FAILURES_UNHEALTHY and self.server is not None:
+                logger.error("%s checkpoints keep failing: health NOT_SERVING until one is written", self.gossip.tag)
+                await self.server.set_serving(False)
+            return False
+        if self.checkpoint_failures >= CHECKPOINT_FAILURES_UNHEALTHY and self.server is not None:
+            logger.warning("%s checkpoint written again: health SERVING", self.gossip.tag)
+            await self.server.set_serving(True)
+        self.checkpoint_failures = 0
+        return True
 
     async def load_predecessors(self) -> int:
         """Trajectory training: pull the blocks that run before ours (frozen, forward only; with the merged

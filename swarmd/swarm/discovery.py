@@ -17,12 +17,16 @@ server, no torch here.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import ctypes
+import functools
 import glob
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -258,7 +262,44 @@ def _p2p_socket_prefix(prefix: str) -> Iterator[None]:
             P2P._UNIX_SOCKET_PREFIX = saved
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PARENT_POLL_S = 1.0  # how often a DHT process checks that the process that started it is alive
+
+
+def _forget_parent_signals(on_term: Callable[..., None]) -> None:
+    """In a forked DHT process: drop the signal setup inherited from the daemon, SIGTERM -> on_term.
+
+    The daemon's event loop installs SIGINT/SIGTERM handlers (runner) before the DHT forks: the
+    child inherited handlers that only write to the parent's wakeup fd, so SIGTERM (to the process
+    group, or hivemind's terminate() after a slow shutdown) did nothing, and the daemon's exit then
+    waited on this process. hivemind ignores SIGINT in its own run().
+    """
+    with contextlib.suppress(ValueError):  # only possible in the process's main thread
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, on_term)
+
+
+def _p2pd_dies_with_us() -> None:
+    """In a forked DHT process (Linux): the p2pd it spawns gets PR_SET_PDEATHSIG(SIGTERM), so p2pd ends
+    even when this process is killed with SIGKILL (an OOM kill) and no watch thread gets to run.
+
+    hivemind spawns p2pd with asyncio.subprocess.create_subprocess_exec from this process's event loop
+    thread, which lives as long as the process; the wrapper adds a preexec_fn (uvloop supports it).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return
+    spawn = asyncio.subprocess.create_subprocess_exec
+
+    def bound_spawn(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("preexec_fn", lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+        return spawn(*args, **kwargs)
+
+    asyncio.subprocess.create_subprocess_exec = bound_spawn  # this process only
 
 
 def _parent_bound_dht() -> type:
@@ -275,12 +316,18 @@ def _parent_bound_dht() -> type:
     class ParentBoundDHT(hivemind.DHT):
         def run(self) -> None:  # in the forked DHT process
             parent, sockets = os.getppid(), P2P._UNIX_SOCKET_PREFIX.removeprefix("/unix")
+            _forget_parent_signals(lambda *_: self._end(sockets))
+            _p2pd_dies_with_us()
             threading.Thread(target=self._exit_with, args=(parent, sockets), daemon=True).start()
             super().run()
 
         def _exit_with(self, parent: int, sockets: str) -> None:
             while os.getppid() == parent:
                 time.sleep(PARENT_POLL_S)
+            self._end(sockets)
+
+        def _end(self, sockets: str) -> None:
+            """End p2pd, remove this DHT's sockets, exit now (parent gone, or SIGTERM)."""
             p2pd = getattr(getattr(getattr(self, "_node", None), "p2p", None), "_child", None)
             if p2pd is not None and p2pd.returncode is None:
                 with contextlib.suppress(OSError):
@@ -291,6 +338,44 @@ def _parent_bound_dht() -> type:
             os._exit(0)
 
     return ParentBoundDHT
+
+
+CALL_POLL_S = 0.5  # a pending DHT call checks this often whether the DHT process is still there
+RECENT_PEERS = 16  # multiaddrs of peers last seen, kept to re-bootstrap from after a partition
+REBOOTSTRAP_TIMEOUT_S = 10.0  # bound on one re-bootstrap attempt (connect + ping + neighbour lookup)
+
+
+async def _dht_neighbours(dht: Any, node: Any) -> tuple[int, list[str]]:
+    """In the DHT process: (routing-table size, multiaddrs of the peers p2pd is connected to)."""
+    size = len(node.protocol.routing_table.uid_to_peer_id)
+    maddrs = []
+    for info in await node.p2p.list_peers():
+        peer = info.peer_id.to_base58()
+        maddrs += [f"{addr}/p2p/{peer}" for addr in info.addrs if "/p2p/" not in str(addr)]
+    return size, maddrs
+
+
+async def _dht_rebootstrap(maddrs: list[str], dht: Any, node: Any) -> int:
+    """In the DHT process: dial and ping each multiaddr, then look up our own neighbours (as DHTNode.create's
+    bootstrap does); returns how many peers answered."""
+    from hivemind.p2p import PeerID
+    from hivemind.utils.multiaddr import Multiaddr
+
+    async def one(maddr: str) -> bool:
+        try:
+            ma = Multiaddr(maddr)
+            peer = PeerID.from_base58(ma.value_for_protocol("p2p"))
+            if peer == node.peer_id:
+                return False
+            await node.p2p._client.connect(peer, [ma.decapsulate(Multiaddr(f"/p2p/{peer.to_base58()}"))])
+            return await node.protocol.call_ping(peer) is not None
+        except Exception:  # unreachable, malformed: the next one may answer
+            return False
+
+    answered = sum(await asyncio.gather(*(one(m) for m in dict.fromkeys(maddrs))))
+    if answered:
+        await asyncio.wait_for(node.find_nearest_nodes([node.node_id]), REBOOTSTRAP_TIMEOUT_S)
+    return answered
 
 
 def _start_error(
@@ -409,6 +494,10 @@ class HivemindDiscovery:
             raise SwarmdError(_start_error(exc, initial_peers, host, start_timeout_s, identity_path)) from None
         self.dht = dht
         self.peer_id = dht.peer_id.to_base58()
+        self.initial_peers = [str(m) for m in initial_peers]
+        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_PEERS)  # multiaddrs last seen
+        self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
+        self._closing = threading.Event()  # set by shutdown(): pending calls give up
 
     def _remove_sockets(self) -> None:
         """Remove the unix sockets this instance's p2pd left behind (p2pd that dies by itself leaves them)."""
@@ -425,10 +514,24 @@ class HivemindDiscovery:
         """Run a blocking DHT call in a worker thread with a timeout (MPFuture.result(timeout)).
 
         :note: awaiting hivemind's MPFuture directly from event loops in several threads proved
-            flaky in tests; a worker thread and a bounded wait never hang the daemon.
+            flaky in tests; a worker thread and a bounded wait never hang the daemon. The wait gives up
+            at once when the DHT process is gone or shutdown() began (a future it holds never resolves,
+            and the daemon's exit would otherwise wait for the worker thread, up to call_timeout_s).
         """
+
+        def wait():
+            future, deadline = fn(), time.monotonic() + self.call_timeout_s
+            while True:
+                try:
+                    return future.result(timeout=min(CALL_POLL_S, max(0.0, deadline - time.monotonic())))
+                except TimeoutError:
+                    if self._closing.is_set() or not self.dht.is_alive():
+                        raise PeerUnavailable(f"DHT {what}: the DHT process is gone") from None
+                    if time.monotonic() >= deadline:
+                        raise
+
         try:
-            return await asyncio.to_thread(lambda: fn().result(timeout=self.call_timeout_s))
+            return await asyncio.to_thread(wait)
         except TimeoutError:
             raise PeerUnavailable(f"DHT {what} took longer than {self.call_timeout_s:.0f}s") from None
 
@@ -476,7 +579,41 @@ class HivemindDiscovery:
     def multiaddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
+    async def keep_connected(self) -> int:
+        """Remember the peers we are connected to; with no DHT neighbour left (a partition, every peer we knew
+        restarted), re-bootstrap from the initial peers and the recently seen ones. Returns the neighbour count.
+
+        Called by the daemon every announce period: a healed partition finds the swarm again within one
+        period (plus the re-bootstrap), and the next round's sync adopts the majority's state.
+        """
+        size, maddrs = await self._call("neighbour lookup", lambda: self.dht.run_coroutine(_dht_neighbours, True))
+        own = f"/p2p/{self.peer_id}"
+        for m in maddrs:
+            if not m.endswith(own) and m not in self.recent:
+                self.recent.append(m)
+        if size and maddrs:
+            if self.isolated:
+                logger.warning("DHT %s: %d neighbours again, back in the swarm", self.peer_id[-6:], size)
+            self.isolated = False
+            return size
+        candidates = [m for m in (*self.initial_peers, *reversed(self.recent)) if not m.endswith(own)]
+        if not candidates:
+            return size  # the first peer of a swarm: nobody to look for
+        if not self.isolated:
+            logger.warning(
+                "DHT %s lost every neighbour; re-bootstrapping from %d known peers", self.peer_id[-6:], len(candidates)
+            )
+            self.isolated = True
+        found = await self._call(
+            "re-bootstrap", lambda: self.dht.run_coroutine(functools.partial(_dht_rebootstrap, candidates), True)
+        )
+        if found:
+            logger.warning("DHT %s re-bootstrapped: %d peers answered", self.peer_id[-6:], found)
+            self.isolated = False
+        return int(found)
+
     async def shutdown(self) -> None:
+        self._closing.set()
         await asyncio.to_thread(self.dht.shutdown)
         self._remove_sockets()
 

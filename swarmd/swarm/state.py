@@ -204,7 +204,8 @@ class BlockState:
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, directory: str | Path, **progress) -> None:
-        """Atomically write the merged block and byte table, AdamW state and progress (blocking: worker thread).
+        """Write one checkpoint generation: merged block, byte table, AdamW state and progress, taken under the
+        lock together and flipped in atomically (ck.save_peer_generation; blocking: worker thread).
 
         :param progress: more counters for config.json (swarm id, peer id, metrics, ...)
         """
@@ -214,15 +215,16 @@ class BlockState:
             if not all(bool(torch.isfinite(t).all()) for t in (*block.values(), *emb.values())):
                 raise CheckpointError(f"refusing to checkpoint non-finite weights (round {round}); the last one stays")
             step, samples = self.trainer.step_count, self.samples
-            ck.save_optimizer(d, self.block_index, self.trainer.opt, step)
-        ck.save_block(d, self.cfg, self.block_index, block, step)
-        ck.save_embedding(d, self.cfg, emb)
-        ck.write_config(
+            optim = ck.optimizer_tensors(self.trainer.opt)  # taken with the weights: one generation
+        ck.save_peer_generation(
             d,
             self.cfg,
+            self.block_index,
+            block,
+            emb,
+            optim,
+            step,
             self.train_cfg,
-            kind=ck.PEER_KIND,
-            block_index=self.block_index,
             round=round,
             local_steps=step,
             samples=samples,
@@ -232,7 +234,8 @@ class BlockState:
     def restore(self, directory: str | Path) -> dict:
         """Resume from a peer checkpoint of this block: weights, round, AdamW state, step and sample counts.
 
-        Returns the checkpoint's config.json body. Raises ConfigMismatch for another model config;
+        Returns the checkpoint's config.json body. Raises ConfigMismatch for another model config, and
+        CheckpointError before anything is loaded when a file of the generation is missing or corrupt;
         AdamW state that does not fit is skipped with a warning (the weights still resume).
         """
         d = Path(directory)
@@ -242,6 +245,7 @@ class BlockState:
                 f"checkpoint {d} holds another model config ({body['config_hash']}); "
                 "use another --checkpoint-dir or the same model flags"
             )
+        ck.verify_generation(d, body)  # every file of the generation, or nothing
         block, step = ck.load_block(d, self.cfg, self.block_index)
         emb = ck.load_embedding(d, self.cfg)
         self.adopt(block.state_dict(), emb.state_dict(), int(body.get("round", 0)))

@@ -134,6 +134,12 @@ class SwarmServer:
         self.host, self.port = host, port
         self.address = format_address(host, port)
 
+    async def set_serving(self, serving: bool) -> None:
+        """grpc.health.v1 SERVING or NOT_SERVING (the swarm service and the server as a whole)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in (SERVICE_NAME, ""):
+            await self._health.set(service, status)
+
     async def stop(self, grace_s: float = 1.0) -> None:
         """Report NOT_SERVING, let in-flight calls finish for up to grace_s seconds, then close."""
         await self._health.enter_graceful_shutdown()

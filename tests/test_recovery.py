@@ -1,0 +1,250 @@
+"""Recovery (issue 9 item 6): one-generation checkpoints, stale temp files, failing checkpoint writes.
+
+Fast tests (default suite): a peer checkpoint is one generation, loaded whole or not at all, and a
+crash mid-write leaves the previous one current; stale temp files and unnamed generation folders go
+at start; an older flat checkpoint still loads; a failing write (ENOSPC) is one warning per round,
+turns gRPC health NOT_SERVING after 3 in a row and SERVING again once a write succeeds, and the
+daemon keeps running its rounds. The process-level tests (SIGTERM / SIGINT to the process group,
+kill -9 leaves no orphan DHT process or p2pd) are slow: `python -m pytest -m slow tests/test_recovery.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmd.core import checkpoint as ck
+from swarmd.core.train import BlockTrainer
+from swarmd.errors import CheckpointError
+from swarmd.swarm import daemon as daemon_mod
+from swarmd.swarm.launch import LocalSwarm
+from swarmd.swarm.state import BlockState
+from swarmd.transport import PeerClient
+from tests.swarm_utils import batches, daemon_config, running, tiny_model, tiny_train, write_corpus
+
+
+def _state(seed: int = 0) -> BlockState:
+    return BlockState(BlockTrainer(tiny_model(2), tiny_train(seed), 0, "cpu", worker_seed=seed))
+
+
+def _train_and_merge(st: BlockState, rounds: int = 1) -> None:
+    stream = batches(0)
+    for _ in range(rounds):
+        st.train_steps(2, stream)
+        block, emb = st.deltas()
+        st.apply_merge(block, emb)
+
+
+def _tensors_equal(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_peer_checkpoint_is_one_generation_named_by_config_json(tmp_path):
+    st = _state()
+    _train_and_merge(st)
+    st.save(tmp_path)
+    body = json.loads((tmp_path / "config.json").read_text())
+    gen = tmp_path / body["generation"]
+    assert gen.is_dir() and sorted(body["files"]) == sorted(p.name for p in gen.iterdir())
+    assert ck.block_file(tmp_path, 0).parent == gen and ck.optim_file(tmp_path, 0).parent == gen
+    _train_and_merge(st)
+    st.save(tmp_path)
+    gens = [p for p in tmp_path.iterdir() if p.name.startswith(ck.GENERATION_PREFIX)]
+    assert len(gens) == 1 and gens[0].name == json.loads((tmp_path / "config.json").read_text())["generation"]
+    fresh = _state(seed=1)
+    fresh.restore(tmp_path)
+    assert fresh.round == st.round == 2 and fresh.local_steps == st.local_steps
+    assert _tensors_equal(fresh.snapshot()[1], st.snapshot()[1])
+
+
+def test_a_crash_mid_write_keeps_the_previous_generation_whole(tmp_path, monkeypatch):
+    st = _state()
+    _train_and_merge(st)
+    st.save(tmp_path)
+    saved_round, saved_block, saved_steps = st.round, st.snapshot()[1], st.local_steps
+    _train_and_merge(st)
+    real = ck.save_tensors
+
+    def dies_at_the_optimizer(path, tensors, metadata=None):
+        if path.name.startswith("optim_"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, tensors, metadata)
+
+    monkeypatch.setattr(ck, "save_tensors", dies_at_the_optimizer)
+    with pytest.raises(OSError):
+        st.save(tmp_path)
+    monkeypatch.setattr(ck, "save_tensors", real)
+    fresh = _state(seed=1)
+    fresh.restore(tmp_path)
+    assert fresh.round == saved_round and fresh.local_steps == saved_steps
+    assert _tensors_equal(fresh.snapshot()[1], saved_block)
+    step = max(int(s["step"]) for s in fresh.trainer.opt.state_dict()["state"].values())
+    assert step == saved_steps  # the optimizer is of the same generation as the weights
+
+
+def test_a_corrupt_generation_file_refuses_the_whole_checkpoint(tmp_path):
+    st = _state()
+    _train_and_merge(st)
+    st.save(tmp_path)
+    emb = ck.embedding_file(tmp_path)
+    data = bytearray(emb.read_bytes())
+    data[-1] ^= 0xFF
+    emb.write_bytes(bytes(data))
+    fresh = _state(seed=1)
+    before = fresh.snapshot()
+    with pytest.raises(CheckpointError, match=r"embedding\.safetensors is corrupt"):
+        fresh.restore(tmp_path)
+    after = fresh.snapshot()
+    assert after[0] == before[0] == 0 and _tensors_equal(after[1], before[1]) and _tensors_equal(after[2], before[2])
+    ck.optim_file(tmp_path, 0).unlink()
+    with pytest.raises(CheckpointError, match=r"missing|corrupt"):
+        _state(seed=1).restore(tmp_path)
+
+
+def test_an_older_flat_checkpoint_still_loads_and_the_next_save_moves_it_to_a_generation(tmp_path):
+    st = _state()
+    _train_and_merge(st, rounds=2)
+    _, block, emb = st.snapshot()
+    ck.save_optimizer(tmp_path, 0, st.trainer.opt, st.local_steps)  # the layout before generations
+    ck.save_block(tmp_path, st.cfg, 0, block, st.local_steps)
+    ck.save_embedding(tmp_path, st.cfg, emb)
+    ck.write_config(tmp_path, st.cfg, st.train_cfg, kind=ck.PEER_KIND, block_index=0, round=st.round, samples=0)
+    fresh = _state(seed=1)
+    fresh.restore(tmp_path)
+    assert fresh.round == 2 and _tensors_equal(fresh.snapshot()[1], block)
+    fresh.save(tmp_path)
+    assert not (tmp_path / "block_000.safetensors").exists()  # superseded by the generation
+    again = _state(seed=2)
+    again.restore(tmp_path)
+    assert again.round == 2 and _tensors_equal(again.snapshot()[1], block)
+
+
+def test_clean_stale_removes_temp_files_and_unnamed_generations_only(tmp_path):
+    st = _state()
+    st.save(tmp_path)
+    current = tmp_path / json.loads((tmp_path / "config.json").read_text())["generation"]
+    tmp_files = [tmp_path / ".block_000.safetensors.x1.tmp", current / ".embedding.safetensors.x2.tmp"]
+    orphan = tmp_path / f"{ck.GENERATION_PREFIX}00000007-abcdef"
+    orphan.mkdir()
+    (orphan / "block_000.safetensors").write_bytes(b"half")
+    for f in tmp_files:
+        f.write_bytes(b"partial")
+    keep = tmp_path / "peer.key"
+    keep.write_bytes(b"key")
+    removed = ck.clean_stale(tmp_path)
+    assert set(removed) == {tmp_files[0], orphan}
+    assert not tmp_files[0].exists() and not orphan.exists() and keep.exists() and current.is_dir()
+    _state(seed=1).restore(tmp_path)  # still loads
+
+
+def test_failing_checkpoint_writes_warn_once_per_round_flip_health_and_recover(tmp_path, monkeypatch, caplog):
+    cfg = daemon_config(tmp_path, 0, blocks=1, discovery="static", checkpoint=True, max_rounds=0)
+    asyncio.run(_failing_writes(cfg, monkeypatch, caplog))
+    assert not list(Path(cfg.checkpoint_dir).glob(".*.tmp"))
+
+
+async def _failing_writes(cfg, monkeypatch, caplog) -> None:
+    health = PeerClient()
+    try:
+        async with running(cfg) as (d,):
+            Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            (Path(cfg.checkpoint_dir) / ".config.json.abc.tmp").write_bytes(b"")  # removed on the next start
+            real = d.state.save
+            full = OSError(errno.ENOSPC, "No space left on device")
+
+            def disk_full(*args, **kwargs):
+                raise full
+
+            monkeypatch.setattr(d.state, "save", disk_full)
+            caplog.set_level(logging.WARNING, logger=daemon_mod.__name__)
+            statuses = []
+            for _ in range(daemon_mod.CHECKPOINT_FAILURES_UNHEALTHY):
+                caplog.clear()
+                assert await d.save_checkpoint() is False
+                lines = [r for r in caplog.records if "not written" in r.getMessage()]
+                assert len(lines) == 1 and lines[0].exc_info is None and "No space left" in lines[0].getMessage()
+                statuses.append(await health.health(d.address))
+            assert statuses == ["SERVING", "SERVING", "NOT_SERVING"]
+            report = await d.run_round()  # a round still trains and merges while writes fail
+            assert report is not None and await health.health(d.address) == "NOT_SERVING"
+            monkeypatch.setattr(d.state, "save", real)
+            assert await d.save_checkpoint() is True
+            assert await health.health(d.address) == "SERVING" and d.checkpoint_failures == 0
+    finally:
+        await health.close()
+    async with running(replace(cfg, max_rounds=1)) as (d2,):
+        assert d2.state.round == 1
+
+
+# -- processes (slow) -------------------------------------------------------------------------------
+def _group(pgid: int) -> list[str]:
+    """`pid comm` of every live process in a process group (zombies left out)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,stat=,comm="], capture_output=True, text=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return [f"{f[0]} {f[3]}" for f in rows if f[1] == str(pgid) and "Z" not in f[2]]
+
+
+def _wait_gone(pgid: int, timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling the process table, with a deadline
+    return left
+
+
+@pytest.fixture
+def one_daemon(tmp_path):
+    data = write_corpus(tmp_path)
+    swarm = LocalSwarm(1, tiny_model(1), data, tmp_path, rounds=0, steps_per_round=2, batch_size=4)
+    with swarm:
+        swarm.start(timeout_s=120)
+        p = swarm.peers[0]
+        deadline = time.monotonic() + 120
+        while len(p.rounds_seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling its printed round lines, with a deadline
+        assert len(p.rounds_seen) >= 2, swarm.tail(p)
+        comms = [c.split()[1] for c in _group(p.process.pid)]
+        assert "p2pd" in comms and comms.count("python") == 2, comms  # daemon, its DHT process, p2pd
+        yield swarm, p
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_process_group_ends_the_daemon_within_seconds(one_daemon, sig):
+    swarm, p = one_daemon
+    started = time.monotonic()
+    os.killpg(p.process.pid, sig)
+    p.process.wait(timeout=30)
+    took = time.monotonic() - started
+    assert _wait_gone(p.process.pid, 5.0) == []
+    assert took < 10.0, f"exited after {took:.1f}s: {swarm.tail(p)}"
+    assert p.process.returncode == 0 and "Traceback" not in p.log_path.read_text(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["daemon", "dht"])
+def test_kill_9_leaves_no_orphan_dht_process_or_p2pd(one_daemon, victim):
+    """kill -9 of the daemon alone: its DHT process and p2pd end within seconds (watch thread); kill -9 of the
+    DHT process alone (an OOM kill): its p2pd ends (parent-death signal)."""
+    _, p = one_daemon
+    pgid = p.process.pid
+    members = {c.split()[1]: int(c.split()[0]) for c in _group(pgid) if int(c.split()[0]) != pgid}
+    os.kill(pgid if victim == "daemon" else members["python"], signal.SIGKILL)
+    if victim == "daemon":
+        p.process.wait(timeout=10)
+        assert _wait_gone(pgid, 10.0) == []
+    else:
+        deadline = time.monotonic() + 10
+        while any(c.endswith("p2pd") for c in _group(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for p2pd to end, with a deadline
+        assert not any(c.endswith("p2pd") for c in _group(pgid)), _group(pgid)
