@@ -16,7 +16,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.errors import ConfigError
 from swarmd.sim.engine import SimConfig, Simulator, simulate
-from swarmd.sim.policies import Adaptive, Fixed, Lockstep, Quantile, make_policy, quantile
+from swarmd.sim.policies import Daemon, Fixed, Lockstep, make_policy, quantile
 from swarmd.sim.regimes import PRESETS, Dist, RoundDraw, custom_regime, regime_named
 
 TINY_MODEL = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=64, seq_len=16)
@@ -134,15 +134,17 @@ def test_policies_and_regimes():
     draw = RoundDraw.sample(PRESETS["wan-mid"], np.random.default_rng(0), 5, 20)
     assert draw.arrival_s(0, 1e5) == pytest.approx(draw.compute_s[0] + draw.latency_s[0] + 1e5 / draw.bandwidth_Bps[0])
     assert Dist(2.0).sample(np.random.default_rng(0), 3).tolist() == [2.0, 2.0, 2.0]
-    q = Quantile(0.5, window=2)
-    assert q.deadline(1.0) is None  # nothing seen yet: the first round waits for everyone
-    for arrivals in ([1.0, 2.0, 3.0], [4.0, 5.0], [6.0, 7.0, 8.0]):
-        q.observe(arrivals, None, 0.0)
-    assert q.deadline(0.0) == pytest.approx(6.0)  # median of the last two rounds' arrivals
+    q = make_policy("quantile", PRESETS["wan-mid"], 20, target=0.5)
+    assert isinstance(q, Daemon) and q.policy.target == 0.5
+    max_s = q.policy.cfg.deadline_max_s
+    assert q.deadline(1.0) == pytest.approx(1.0 + max_s)  # nothing seen yet: the daemon's upper bound
+    q.observe([3.0, 4.0, 5.0, 6.0], 0, 6.0, 1.0)
+    assert q.deadline(1.0) == pytest.approx(4.0)  # the 2nd of 4 arrivals
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(float(np.quantile([1, 2, 3, 4], 0.25)))
     assert Fixed(3.0).deadline(1.0) == 3.0
-    adaptive = Adaptive()
-    assert adaptive.deadline(2.0) == pytest.approx(2.0 + adaptive.policy.cfg.deadline_max_s)  # nothing measured yet
+    adaptive = make_policy("adaptive", PRESETS["wan-mid"], 20)
+    assert isinstance(adaptive, Daemon) and adaptive.policy.target == 0
+    assert adaptive.deadline(2.0) == pytest.approx(2.0 + max_s)  # nothing measured yet
 
 
 runner = CliRunner()

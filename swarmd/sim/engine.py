@@ -7,7 +7,8 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
 
 1. a RoundDraw samples each worker's compute time (H x a per-step time), one-way latency, upload
    bandwidth and dropout (the only simulated things);
-2. the deadline policy names the round's deadline (None = lockstep) from the median ready time;
+2. the deadline policy names the round's deadline (None = lockstep) from the median ready time
+   (swarmd.sim.policies; the adaptive and quantile ones are the daemon's own DeadlinePolicy);
 3. every non-dropped worker takes H real local steps (train_steps, the daemon's own call) and encodes
    its block and table deltas with the real codec and error feedback (ErrorFeedback.compress). It
    uploads its block delta to its K-1 replicas and its table delta to the N-1 other workers, so its
@@ -19,7 +20,9 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
    daemon's merge function (merge_fn(), what Gossip.average applies); the table deltas of every
    accepted worker, all blocks, are merged the same way; no accepted update = that part stays. Every
    worker then starts the next round from the merged weights (BlockState.apply_merge);
-5. the virtual clock advances by the round's length; from-noise CE of the merged stack is measured.
+5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
+   at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
+   merged stack is measured.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
@@ -41,8 +44,8 @@ from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
-from swarmd.swarm import gossip
 from swarmd.swarm.delta import ErrorFeedback
+from swarmd.swarm.gossip import merge_deltas
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.state import BlockState
 
@@ -51,15 +54,17 @@ Merge = Callable[[dict[str, Tensors]], Tensors]
 
 
 def merge_fn(cfg: GossipConfig | None = None) -> Merge:
-    """The merge Gossip.average applies to the accepted deltas (own included), with the daemon's GossipConfig.
-
-    gossip.merge_deltas (the configured rule: robust by default) where gossip has it, else gossip.merge_mean.
-    """
-    rule = getattr(gossip, "merge_deltas", None)
-    if rule is None:
-        return gossip.merge_mean
+    """The merge Gossip.average applies to the accepted deltas (own included): gossip.merge_deltas under the
+    daemon's GossipConfig (default: the robust rule, norm clip + coordinate-wise trimmed mean)."""
     gossip_cfg = cfg or GossipConfig()
-    return lambda deltas: rule(deltas, gossip_cfg)
+    return lambda deltas: merge_deltas(deltas, gossip_cfg)
+
+
+def merge_label(cfg: GossipConfig | None = None) -> str:
+    """What merge_fn(cfg) does, in words (benchmarks record it)."""
+    c = cfg or GossipConfig()
+    detail = f", clip {c.clip_factor:g}, trim {c.trim_fraction:g}" if c.merge == "robust" else ""
+    return f"gossip.merge_deltas ({c.merge}{detail})"
 
 
 @dataclass(frozen=True)
@@ -268,9 +273,7 @@ class Simulator:
             end = deadline if last is None else min(deadline, last)
         accepted = sorted(i for i in outputs if arrivals[i] <= end)
         self._merge(accepted, outputs)
-        self.policy.observe(
-            [arrivals[i] for i in live], max((arrivals[i] for i in accepted), default=None), float(ready)
-        )
+        self.policy.observe([arrivals[i] for i in accepted], n - len(accepted), end, float(ready))
         self.round += 1
         self.clock += end
         return RoundRecord(
@@ -299,15 +302,19 @@ class Simulator:
             w.state.apply_merge(block_means[w.block], emb_mean)
 
     # -- the run --------------------------------------------------------------------------------------
-    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> SimResult:
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None, until_s: float | None = None) -> SimResult:
+        """cfg.rounds rounds, or fewer: with until_s, stop after the round that reaches that simulated time."""
         result = SimResult(self.regime.name, self.policy.name, self.cfg.train.seed, self.measure())
         for r in range(1, self.cfg.rounds + 1):
             record = self.step()
-            if r % self.cfg.eval_every == 0 or r == self.cfg.rounds:
+            last = r == self.cfg.rounds or (until_s is not None and self.clock >= until_s)
+            if r % self.cfg.eval_every == 0 or last:
                 record.ce = self.measure()
             result.rounds.append(record)
             if on_round is not None:
                 on_round(record)
+            if last:
+                break
         return result
 
 
@@ -318,7 +325,8 @@ def simulate(
     data: ByteData,
     eval_data: ByteData,
     on_round: Callable[[RoundRecord], None] | None = None,
+    until_s: float | None = None,
 ) -> SimResult:
-    """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it."""
+    """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it (see Simulator.run)."""
     sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens))
-    return sim.run(on_round)
+    return sim.run(on_round, until_s)

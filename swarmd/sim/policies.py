@@ -2,24 +2,26 @@
 
 Each policy answers `deadline(ready_s)`: seconds after the round's start at which the swarm merges
 what has arrived (None = wait for every worker that did not drop out), given ready_s, the median
-time at which this round's workers have their delta ready. After the round it is told every
-arrival time it could have seen (`observe`): the non-dropped workers' arrivals, late ones included
-(a late delta still reaches its peers, after the merge), and the time of the last accepted one.
+time at which this round's workers have their delta ready. After the round it is told what a daemon
+can see (`observe`): the arrival times of the updates that came in time, how many of the expected
+ones had not arrived at the close (late or dropped alike), and the close.
 
 - lockstep: wait for every non-dropped worker;
 - fixed: the regime's fixed deadline (a multiple of the round's median compute time);
-- adaptive: the daemon's own swarmd.swarm.gossip.DeadlinePolicy with the daemon's GossipConfig
-  defaults, measured from ready_s the way a daemon measures from its own delta being ready;
-- quantile: a participation target: the q-quantile of the arrival times seen over the last rounds
-  (the first round waits for everyone).
-Pure Python over floats; imports nothing heavy at module level (the CLI reads POLICIES and
-DEFAULT_TARGET before torch loads); the adaptive policy loads the daemon's gossip module when built.
+- adaptive: the daemon's DeadlinePolicy (swarmd.swarm.gossip) with its EMA rule (target 0): the later
+  of 3 x EMA of the arrival lag after ready and 1.5 x EMA of the round length, within the daemon's
+  GossipConfig bounds [deadline_min_s, deadline_max_s] after ready;
+- quantile: the same DeadlinePolicy with a participation target: the arrival time of the target
+  fraction of the updates expected over the last rounds (missing ones count as later than all),
+  growing past the latest close while participation stays below the target.
+Both daemon rules are the daemon's own class, fed what Gossip.average feeds it, and measured from
+ready_s the way a daemon measures from its own delta being ready. Nothing heavy is imported at module
+level (the CLI reads POLICIES and DEFAULT_TARGET before torch loads).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from swarmd.errors import ConfigError
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from swarmd.swarm.peer_config import GossipConfig
 
 POLICIES = ("lockstep", "fixed", "adaptive", "quantile")
-DEFAULT_TARGET = 0.8  # the quantile policy's participation target (fraction of non-dropped arrivals)
+DEFAULT_TARGET = 0.8  # the quantile policy's participation target (fraction of the expected updates)
 
 
 class Policy(Protocol):
@@ -37,7 +39,7 @@ class Policy(Protocol):
 
     def deadline(self, ready_s: float) -> float | None: ...
 
-    def observe(self, arrivals_s: list[float], last_accepted_s: float | None, ready_s: float) -> None: ...
+    def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None: ...
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -55,7 +57,7 @@ class Lockstep:
     def deadline(self, ready_s: float) -> float | None:
         return None
 
-    def observe(self, arrivals_s: list[float], last_accepted_s: float | None, ready_s: float) -> None:
+    def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
         pass
 
 
@@ -68,49 +70,33 @@ class Fixed:
     def deadline(self, ready_s: float) -> float | None:
         return self.deadline_s
 
-    def observe(self, arrivals_s: list[float], last_accepted_s: float | None, ready_s: float) -> None:
+    def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
         pass
 
 
-class Adaptive:
-    """The daemon's DeadlinePolicy: deadline = ready + its deadline_s(ready); fed what Gossip.average feeds it."""
+class Daemon:
+    """The daemon's DeadlinePolicy: deadline = ready + its deadline_s(ready), fed as Gossip.average feeds it.
 
-    name = "adaptive"
+    :param target: its participation target (0: the EMA rule, the "adaptive" policy)
+    """
 
-    def __init__(self, cfg: GossipConfig | None = None):
+    def __init__(self, target: float = 0.0, cfg: GossipConfig | None = None):
         from swarmd.swarm.gossip import DeadlinePolicy
         from swarmd.swarm.peer_config import GossipConfig
 
-        self.policy = DeadlinePolicy(cfg or GossipConfig())
+        if not 0 <= target <= 1:
+            raise ConfigError(f"the participation target must be in [0, 1], got {target}")
+        self.name = "quantile" if target > 0 else "adaptive"
+        self.policy = DeadlinePolicy(cfg or GossipConfig(), target=target)
 
     def deadline(self, ready_s: float) -> float | None:
         return ready_s + self.policy.deadline_s(ready_s)
 
-    def observe(self, arrivals_s: list[float], last_accepted_s: float | None, ready_s: float) -> None:
-        if last_accepted_s is not None:  # Gossip.average observes only rounds that accepted something
-            self.policy.observe(max(0.0, last_accepted_s - ready_s), last_accepted_s)
-
-
-class Quantile:
-    """Participation target: the target-quantile of the arrival times of the last `window` rounds."""
-
-    name = "quantile"
-
-    def __init__(self, target: float = DEFAULT_TARGET, window: int = 5):
-        if not 0 < target <= 1:
-            raise ConfigError(f"the participation target must be in (0, 1], got {target}")
-        if window < 1:
-            raise ConfigError(f"the arrival window must be >= 1 round, got {window}")
-        self.target = target
-        self.rounds: deque[list[float]] = deque(maxlen=window)
-
-    def deadline(self, ready_s: float) -> float | None:
-        seen = [a for r in self.rounds for a in r]
-        return quantile(seen, self.target) if seen else None
-
-    def observe(self, arrivals_s: list[float], last_accepted_s: float | None, ready_s: float) -> None:
-        if arrivals_s:
-            self.rounds.append(list(arrivals_s))
+    def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
+        if arrived_s:  # Gossip.average feeds the EMA only rounds that accepted something
+            last = max(arrived_s)
+            self.policy.observe(max(0.0, last - ready_s), last)
+        self.policy.observe_arrivals(arrived_s, missing, closed_s)
 
 
 def make_policy(name: str, regime: Regime, steps: int, target: float = DEFAULT_TARGET) -> Policy:
@@ -123,9 +109,11 @@ def make_policy(name: str, regime: Regime, steps: int, target: float = DEFAULT_T
             raise ConfigError(f"regime {regime.name} has no fixed deadline (it is lockstep)")
         return Fixed(deadline)
     if name == "adaptive":
-        return Adaptive()
+        return Daemon(0.0)
     if name == "quantile":
-        return Quantile(target)
+        if not 0 < target <= 1:
+            raise ConfigError(f"the participation target must be in (0, 1], got {target}")
+        return Daemon(target)
     raise ConfigError(f"unknown deadline policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 

@@ -99,7 +99,7 @@ PRESETS: dict[str, Regime] = {
         _preset(_WAN, "wan-mid", 2.5, "the same WAN, a middle deadline"),
         _preset(_WAN, "wan-loose", 3.9, "the same WAN, a loose deadline"),
         _preset(_EDGE, "edge-mid", 3.1, "edge devices: slower, thinner links, more dropout"),
-        _preset(_BAD_EDGE, "bad-edge", 0.5, "a deadline shorter than most rounds' compute"),
+        _preset(_BAD_EDGE, "bad-edge", 0.2, "a deadline far shorter than a round's compute and upload"),
         _preset(_BAD_EDGE, "bad-edge-loose", 2.7, "the same bad edge, a looser deadline"),
     )
 }

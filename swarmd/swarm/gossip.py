@@ -9,7 +9,10 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
   - block deltas go to same-block peers, embedding deltas to peers of every block;
   - deltas are validated (swarmd.swarm.delta.decode), and must carry our round and base hash, else they
     are rejected (counted, logged) and cost the round only that peer's contribution;
-  - the collection ends when every expected peer answered, or at an adaptive deadline: the later
+  - the collection ends when every expected peer answered, or at the deadline of a participation
+    target (DeadlinePolicy: the arrival time of the target fraction of the deltas expected over the
+    last rounds, measured by the simulator in swarmd.sim); before any round was observed, at an adaptive
+    deadline: the later
     of (own delta ready + factor x EMA of the arrival lag) and (round start + 1.5 x EMA of the
     round length until the last arrival), never before ready + deadline_min_s nor after
     ready + deadline_max_s. The second term makes the fastest peer of a round wait for the
@@ -38,7 +41,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -176,25 +179,73 @@ def reference(me: PeerRecord, others: list[PeerRecord], key=lambda r: r.base_has
     return me
 
 
+PARTICIPATION_TARGET = 0.0  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
+
+
 class DeadlinePolicy:
-    """Adaptive collection deadline (see the module doc); max_s until something was measured.
+    """Collection deadline (see the module doc); max_s until something was measured.
+
+    Two rules. Participation target (target > 0, the default): once rounds were observed with
+    observe_arrivals, the deadline is the arrival time (after round open) of the ceil(target x n)-th
+    of the n deltas expected over the last `window` rounds, a delta that had not arrived by its round's
+    close counting as later than every arrival; when that one is such a missing delta the deadline
+    grows to growth x the latest close seen. The simulator (swarmd.sim, benchmarks/async_sim.py)
+    measured this rule against lockstep, fixed deadlines and the EMA rule under WAN regimes. EMA rule
+    (target 0, and until arrivals were observed): the later of factor x EMA of the arrival lag after
+    own delta was ready and round_factor x EMA of the round length.
 
     :param round_factor: slack on the measured round length (open -> last arrival), 1.5 = +50 %
+    :param target: fraction of the expected deltas to wait for (0 = the EMA rule only)
+    :param window: rounds of arrival times the target rule looks at
+    :param growth: how much the deadline grows past the latest close while participation is below target
     """
 
-    def __init__(self, cfg: GossipConfig, alpha: float = 0.3, round_factor: float = 1.5):
+    def __init__(
+        self,
+        cfg: GossipConfig,
+        alpha: float = 0.3,
+        round_factor: float = 1.5,
+        target: float = PARTICIPATION_TARGET,
+        window: int = 5,
+        growth: float = 1.5,
+    ):
+        if not 0 <= target <= 1 or window < 1 or growth < 1:
+            raise ValueError("need 0 <= target <= 1, window >= 1 and growth >= 1")
         self.cfg, self.alpha, self.round_factor = cfg, alpha, round_factor
+        self.target, self.growth = target, growth
         self.ema: float | None = None  # arrival lag after own delta was ready, seconds
         self.round_ema: float | None = None  # round start -> last accepted arrival, seconds
+        self.rounds: deque[tuple[list[float], int, float]] = deque(maxlen=window)  # (arrivals, missing, close)
+
+    def target_after_open_s(self) -> float | None:
+        """The target rule's deadline after round open (None: the EMA rule applies)."""
+        if self.target <= 0 or not self.rounds:
+            return None
+        arrived = sorted(a for r in self.rounds for a in r[0])
+        n = len(arrived) + sum(r[1] for r in self.rounds)
+        k = max(1, math.ceil(self.target * n - 1e-9))  # wait for the k-th of the n expected deltas
+        if k <= len(arrived):
+            return arrived[k - 1]
+        return self.growth * max(r[2] for r in self.rounds)
 
     def deadline_s(self, ready_after_open_s: float = 0.0) -> float:
         """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round."""
-        if self.ema is None:
+        target = self.target_after_open_s()
+        if target is not None:
+            wait = target - ready_after_open_s
+        elif self.ema is None:
             return self.cfg.deadline_max_s
-        wait = self.cfg.deadline_factor * self.ema
-        if self.round_ema is not None:
-            wait = max(wait, self.round_factor * self.round_ema - ready_after_open_s)
+        else:
+            wait = self.cfg.deadline_factor * self.ema
+            if self.round_ema is not None:
+                wait = max(wait, self.round_factor * self.round_ema - ready_after_open_s)
         return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, wait))
+
+    def observe_arrivals(self, arrived_s: list[float], missing: int, closed_s: float) -> None:
+        """One round for the target rule: arrival times (seconds after round open) of the deltas that came
+        in time, how many expected deltas had not arrived at the close, and the close (after open)."""
+        if arrived_s or missing:
+            self.rounds.append((list(arrived_s), int(missing), float(closed_s)))
 
     def observe(self, lag_s: float, round_s: float | None = None) -> None:
         self.ema = lag_s if self.ema is None else (1 - self.alpha) * self.ema + self.alpha * lag_s
@@ -248,6 +299,7 @@ class _Round:
     opened_at: float = field(default_factory=time.monotonic)
     ready_at: float = 0.0
     last_arrival: float = 0.0
+    arrivals: list[float] = field(default_factory=list)  # seconds after open of each accepted delta
     rejected: int = 0
 
 
@@ -579,6 +631,7 @@ class Gossip:
             raise
         rs.inbox[kind][h.peer_id] = tensors
         rs.last_arrival = time.monotonic()
+        rs.arrivals.append(rs.last_arrival - rs.opened_at)
         rs.arrived.set()
         return h.peer_id
 
@@ -693,6 +746,10 @@ class Gossip:
         accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
         if accepted[BLOCK] or accepted[EMB]:
             self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
+        expected_n = len(expected[BLOCK]) + len(expected[EMB])
+        self.deadline.observe_arrivals(
+            rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
+        )
         live_block, _ = await asyncio.to_thread(self.state.current)
         premerge = max(
             (

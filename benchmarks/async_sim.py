@@ -1,0 +1,323 @@
+"""Asynchronous network simulator sweep (issue 11): the litepaper's Tables 4/5 at CPU scale, and deadline policies.
+
+Runs swarmd.sim (real BlockTrainer steps, real int8 codec + error feedback, the daemon's deadline policy and
+merge; only the network and the clock simulated) on every regime preset with its own policy (its fixed
+deadline, or lockstep), then the deadline policies on the WAN network (lockstep, adaptive, quantile; the
+fixed ones are the wan-tight/mid/loose rows), each policy run until lockstep's simulated wall time. Writes
+benchmarks/results/async.json (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png
+and async_policies.png, and its section of benchmarks/results/ISSUE11_async.md. Model: the project's default
+ModelConfig/TrainConfig (architecture and objective options untouched) shrunk to d=64, L_b=1, seq 64,
+batch 16 for the 30-minute budget on 2 shared cores; one torch thread.
+
+    python benchmarks/async_sim.py                       # the full sweep (~15-25 min on the 2-core machine)
+    python benchmarks/async_sim.py --rounds 2 --steps 2  # a smoke run
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks.common import SHARED_DATA, add_data_dir, command_line, machine, replace_section, write_json
+from swarmd.core.config import ModelConfig
+from swarmd.core.data import ByteData, load_bytes
+from swarmd.protocol import Codec
+from swarmd.sim.engine import SimConfig, SimResult, merge_label, simulate
+from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
+from swarmd.sim.regimes import PRESETS, WAN_REGIMES
+from swarmd.swarm.peer_config import GossipConfig, peer_train_config
+
+CE_TOLERANCE = 0.02  # the issue's target: lockstep's final CE within this ...
+TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall time
+
+
+def parse(argv: list[str] | None):
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_dir(
+        p,
+        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA, else the shared wikitext-2)",
+        fallback=SHARED_DATA,
+    )
+    p.add_argument("--rounds", type=int, default=12, help="rounds of every regime row")
+    p.add_argument("--steps", type=int, default=20, help="H: local steps per round")
+    p.add_argument("--workers", type=int, default=3, help="K: virtual workers per block")
+    p.add_argument("--blocks", type=int, default=ModelConfig.blocks)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers-per-block", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--train-bytes", type=int, default=4_000_000, help="first bytes of train.txt used")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--targets",
+        default=f"0.7,{DEFAULT_TARGET}",
+        help="participation targets of the quantile policy, comma-separated (one WAN run each)",
+    )
+    p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 3 x --rounds)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
+    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE11_async.md"))
+    return p.parse_args(argv)
+
+
+def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, until_s=None):
+    """One run; policy_name "quantile-T" is the quantile policy with participation target T."""
+    regime = PRESETS[regime_name]
+    kind, _, target = policy_name.partition("-")
+    policy = make_policy(kind, regime, cfg.steps_per_round, float(target or DEFAULT_TARGET))
+    start = time.perf_counter()
+    result = simulate(cfg, regime, policy, data, held_out, until_s=until_s)
+    took = time.perf_counter() - start
+    print(
+        f"{regime_name:15s} {policy_name:9s} ce {result.ce_start:.4f} -> {result.ce:.4f}  participation "
+        f"{result.participation:.3f}  sim {result.sim_wall_s:8.1f}s  {result.wire_bytes / 1e6:7.2f} MB  "
+        f"rounds {len(result.rounds):2d}  ({took:.0f}s real)",
+        flush=True,
+    )
+    return result, took
+
+
+def time_to(result: SimResult, ce: float) -> float | None:
+    """First simulated time at which the measured CE is at most ce (None: never)."""
+    return next((t for t, c in result.curve() if c <= ce), None)
+
+
+def regime_table() -> list[str]:
+    rows = [
+        "| regime | compute s/step (median, σ) | one-way latency s (median, σ) | upload kB/s (median, σ) | dropout | "
+        "deadline (x H·compute median) | what it stands for |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in PRESETS.values():
+        deadline = "none (lockstep)" if r.deadline is None else f"{r.deadline:g}"
+        rows.append(
+            f"| {r.name} | {r.compute_s.median:g}, {r.compute_s.sigma:g} "
+            f"| {r.latency_s.median:g}, {r.latency_s.sigma:g} | {r.bandwidth_Bps.median / 1e3:g}, "
+            f"{r.bandwidth_Bps.sigma:g} | {r.dropout:g} | {deadline} | {r.about} |"
+        )
+    return rows
+
+
+def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed (pip install '.[bench]'): no plots", flush=True)
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = out["regimes"]
+    names = [r["name"] for r in rows]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    for ax, key, label in zip(
+        axes,
+        ("ce", "participation", "sim_wall_s", "wire_bytes"),
+        ("final from-noise CE (nats/byte)", "participation", "simulated wall time (s)", "bytes moved (MB)"),
+    ):
+        values = [r[key] / 1e6 if key == "wire_bytes" else r[key] for r in rows]
+        ax.bar(range(len(rows)), values, color="tab:blue")
+        ax.set_xticks(range(len(rows)), names, rotation=45, ha="right")
+        ax.set_title(label)
+        if key == "ce":
+            ax.axhline(out["ce_start"], color="grey", ls=":", label="initial CE")
+            ax.set_ylim(min(values) - 0.2, out["ce_start"] + 0.1)
+            ax.legend(loc="lower right")
+    fig.suptitle(f"regimes, {out['rounds']} rounds x H={out['steps']}, B={out['blocks']} x K={out['workers']} workers")
+    fig.tight_layout()
+    fig.savefig(regimes_png, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lock = out["target"]
+    for run in out["policy_curves"]:
+        t, ce = zip(*run["curve"])
+        ax.plot(t, ce, marker=".", label=f"{run['policy']} ({run['label']})")
+    ax.axhline(lock["lockstep_ce"] + CE_TOLERANCE, color="grey", ls=":", label=f"lockstep final CE + {CE_TOLERANCE}")
+    ax.axvline(TIME_FRACTION * lock["lockstep_wall_s"], color="grey", ls="--", label=f"{TIME_FRACTION} x lockstep time")
+    ax.set_xlabel("simulated wall time (s)")
+    ax.set_ylabel("from-noise CE (nats/byte)")
+    ax.set_ylim(lock["lockstep_ce"] - 0.1, lock["lockstep_ce"] + 0.8)
+    ax.set_title("deadline policies on the WAN network")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(policies_png, dpi=110)
+    plt.close(fig)
+    return [str(regimes_png), str(policies_png)]
+
+
+def markdown(out: dict, cmd: str) -> list[str]:
+    lines = [f"Command: `{cmd}` ({out['machine']}; {out['real_s'] / 60:.1f} min of real time, one torch thread).", ""]
+    lines += [
+        f"Model: B={out['blocks']}, L_b={out['layers_per_block']}, d={out['d_model']}, seq {out['seq_len']}, batch "
+        f"{out['batch_size']} (every other ModelConfig/TrainConfig option at the project default), K={out['workers']} "
+        f"workers per block, H={out['steps']} local steps, codec {out['codec']}, merge `{out['merge']}`, seed "
+        f"{out['seed']}; initial from-noise CE {out['ce_start']:.4f}.",
+        "",
+        "| regime | policy | final CE | Δ vs lockstep | participation | simulated wall s | MB moved |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base = next(r["ce"] for r in out["regimes"] if r["name"] == "lockstep")
+    for r in out["regimes"]:
+        lines.append(
+            f"| {r['name']} | {r['policy']} | {r['ce']:.4f} | {r['ce'] - base:+.4f} | {r['participation']:.2f} | "
+            f"{r['sim_wall_s']:.1f} | {r['wire_bytes'] / 1e6:.2f} |"
+        )
+    t = out["target"]
+    lines += [
+        "",
+        f"Deadline policies on the WAN network (wan-* rows share it; lockstep's final CE {t['lockstep_ce']:.4f} at "
+        f"{t['lockstep_wall_s']:.1f} s; target: CE <= {t['lockstep_ce'] + CE_TOLERANCE:.4f} by "
+        f"{TIME_FRACTION * t['lockstep_wall_s']:.1f} s):",
+        "",
+        "| policy | regime | rounds | final CE | participation | simulated wall s "
+        "| first time CE <= target, s (x lockstep) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in out["policies"]:
+        reach = (
+            "never"
+            if r["time_to_target_s"] is None
+            else (f"{r['time_to_target_s']:.1f} ({r['time_to_target_s'] / t['lockstep_wall_s']:.2f}x)")
+        )
+        lines.append(
+            f"| {r['policy']} | {r['regime']} | {r['rounds']} | {r['ce']:.4f} | {r['participation']:.2f} | "
+            f"{r['sim_wall_s']:.1f} | {reach} |"
+        )
+    winners = ", ".join(t["winners"]) or "none"
+    lines += ["", f"Policies meeting the target: {winners}."]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    torch.set_num_threads(1)
+    data_dir = Path(args.data_dir)
+    model = replace(
+        ModelConfig(),
+        blocks=args.blocks,
+        d_model=args.d_model,
+        hidden=4 * args.d_model,
+        layers_per_block=args.layers_per_block,
+        seq_len=args.seq_len,
+    )
+    cfg = SimConfig(
+        model,
+        peer_train_config(args.steps, batch_size=args.batch_size, seed=args.seed),
+        workers=args.workers,
+        rounds=args.rounds,
+        steps_per_round=args.steps,
+        codec=GossipConfig().codec,
+        eval_tokens=args.eval_tokens,
+    )
+    data = ByteData(load_bytes(data_dir / "train.txt")[: args.train_bytes], model.seq_len)
+    held_out = ByteData(load_bytes(data_dir / "eval.txt"), model.seq_len)
+    start = time.perf_counter()
+    results: dict[tuple[str, str], SimResult] = {}
+    real: dict[tuple[str, str], float] = {}
+    for name, regime in PRESETS.items():
+        policy = regime_policy(regime)
+        results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
+    # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
+    wan = WAN_REGIMES[1]
+    policy_cfg = replace(cfg, rounds=args.max_policy_rounds or 3 * args.rounds)
+    lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
+    results[wan, "lockstep"] = lock
+    quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
+    for policy in ("adaptive", *quantiles):
+        results[wan, policy], real[wan, policy] = run_one(
+            policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
+        )
+    target_ce = lock.ce + CE_TOLERANCE
+    regimes = [
+        {
+            "name": name,
+            "policy": policy,
+            "ce": r.ce,
+            "participation": r.participation,
+            "sim_wall_s": r.sim_wall_s,
+            "wire_bytes": r.wire_bytes,
+            "real_s": real[name, policy],
+        }
+        for (name, policy), r in results.items()
+        if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
+    ]
+    policies, curves = [], []
+    for regime in WAN_REGIMES:
+        for policy in ("lockstep", "fixed", "adaptive", *quantiles):
+            r = results[regime, policy] if policy == "fixed" else results[wan, policy]
+            reach = time_to(r, target_ce)
+            policies.append(
+                {
+                    "policy": policy,
+                    "regime": regime,
+                    "ce": r.ce,
+                    "participation": r.participation,
+                    "sim_wall_s": r.sim_wall_s,
+                    "rounds": len(r.rounds),
+                    "time_to_target_s": reach,
+                    "meets_target": reach is not None and reach <= TIME_FRACTION * lock.sim_wall_s,
+                    "shared_run": policy != "fixed",
+                }
+            )
+            if policy == "fixed" or regime == wan:
+                curves.append({"policy": policy, "label": regime if policy == "fixed" else "WAN", "curve": r.curve()})
+    winners = sorted(
+        {
+            f"{p['policy']}" + (f" ({p['regime']})" if p["policy"] == "fixed" else "")
+            for p in policies
+            if p["meets_target"]
+        }
+    )
+    out = {
+        "command": command_line("async_sim.py", argv),
+        "machine": machine(),
+        "real_s": time.perf_counter() - start,
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "workers": args.workers,
+        "blocks": model.blocks,
+        "d_model": model.d_model,
+        "layers_per_block": model.layers_per_block,
+        "seq_len": model.seq_len,
+        "batch_size": args.batch_size,
+        "codec": Codec(cfg.codec).value,
+        "merge": merge_label(),
+        "quantile_targets": [float(t) for t in args.targets.split(",")],
+        "model_config": model.to_dict(),
+        "train_config": cfg.train.to_dict(),
+        "ce_start": lock.ce_start,
+        "regime_specs": {name: r.to_dict() for name, r in PRESETS.items()},
+        "regimes": regimes,
+        "policies": policies,
+        "policy_curves": curves,
+        "target": {
+            "lockstep_ce": lock.ce,
+            "lockstep_wall_s": lock.sim_wall_s,
+            "ce_tolerance": CE_TOLERANCE,
+            "time_fraction": TIME_FRACTION,
+            "winners": winners,
+        },
+        "history": {f"{name}/{policy}": r.to_dict()["history"] for (name, policy), r in results.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out["plots"] = plots(out, args.out.with_name("async_regimes.png"), args.out.with_name("async_policies.png"))
+    write_json(args.out, out)
+    replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
+    print(
+        f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {', '.join(winners) or 'none'}"
+    )
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""DeadlinePolicy's participation-target rule (issue 11): the deadline the simulator found to beat lockstep on WAN."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarmd.swarm.gossip import DeadlinePolicy
+from swarmd.swarm.peer_config import GossipConfig
+
+CFG = GossipConfig(deadline_min_s=1.0, deadline_max_s=30.0)
+
+
+def test_target_rule_waits_for_the_target_fraction_of_expected_deltas():
+    policy = DeadlinePolicy(CFG, target=0.75)
+    assert policy.deadline_s() == 30.0  # nothing measured: the upper bound
+    policy.observe_arrivals([2.0, 3.0, 4.0, 10.0], missing=0, closed_s=10.0)
+    # 3 of 4 expected = the 3rd arrival, 4 s after open; own delta ready 1 s after open -> wait 3 s
+    assert policy.deadline_s(ready_after_open_s=1.0) == pytest.approx(3.0)
+    assert policy.deadline_s(ready_after_open_s=3.5) == 1.0  # never below deadline_min_s after ready
+
+
+def test_missing_deltas_count_as_later_than_every_arrival_and_the_deadline_grows():
+    policy = DeadlinePolicy(CFG, target=0.75, growth=1.5)
+    policy.observe_arrivals([2.0, 3.0], missing=2, closed_s=4.0)  # half arrived by the close at 4 s
+    assert policy.target_after_open_s() == pytest.approx(6.0)  # 1.5 x the close: participation was short
+    policy.observe_arrivals([2.0, 2.5, 3.0, 3.5], missing=0, closed_s=3.5)
+    # 8 expected over the window, 6 arrived: the 6th (= ceil(0.75 x 8)) is the last arrival, 3.5 s
+    assert policy.target_after_open_s() == pytest.approx(3.5)
+    assert policy.deadline_s(ready_after_open_s=0.5) == pytest.approx(3.0)
+
+
+def test_window_forgets_old_rounds_and_the_bounds_hold():
+    policy = DeadlinePolicy(CFG, target=0.5, window=2)
+    policy.observe_arrivals([100.0, 100.0], missing=0, closed_s=100.0)
+    assert policy.deadline_s() == 30.0  # clipped to deadline_max_s
+    policy.observe_arrivals([1.0, 1.0], missing=0, closed_s=1.0)
+    policy.observe_arrivals([2.0, 2.0], missing=0, closed_s=2.0)
+    assert policy.target_after_open_s() == pytest.approx(1.0)  # the 100 s round left the window
+    policy.observe_arrivals([], missing=0, closed_s=5.0)  # a round that expected nobody changes nothing
+    assert policy.target_after_open_s() == pytest.approx(1.0)
+
+
+def test_target_zero_keeps_the_ema_rule_and_bad_arguments_are_refused():
+    ema = DeadlinePolicy(CFG, target=0.0)
+    ema.observe_arrivals([5.0], missing=3, closed_s=5.0)  # ignored by the EMA rule
+    assert ema.target_after_open_s() is None
+    assert ema.deadline_s() == 30.0
+    ema.observe(2.0)
+    assert ema.deadline_s() == pytest.approx(6.0)  # factor 3 x EMA 2 s
+    for bad in ({"target": 1.5}, {"window": 0}, {"growth": 0.5}):
+        with pytest.raises(ValueError):
+            DeadlinePolicy(CFG, **bad)
