@@ -20,6 +20,7 @@ from cli import (
     generate,
     health,
     join,
+    keygen,
     model_info,
     run,
     score,
@@ -27,6 +28,8 @@ from cli import (
     status,
     train,
 )
+from cli import options as o
+from cli.common import cli_errors
 from swarmd import __version__
 
 app = typer.Typer(
@@ -49,14 +52,21 @@ def main(
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
     ] = False,
+    swarm_key: o.SwarmKeyOpt = None,
 ) -> None:
     """BlockTrain: train a DiffusionBlocks byte-level language model across a peer-to-peer swarm."""
+    if swarm_key is not None:  # every client this process opens (status, health, score, ...) proves it
+        from swarmd.transport.auth import load_swarm_key, use_swarm_key
+
+        with cli_errors():
+            use_swarm_key(load_swarm_key(swarm_key))
 
 
 app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("model-info")(model_info.info)
 app.add_typer(data.app, name="data")
+app.add_typer(keygen.app, name="keygen")
 app.command("run")(run.run)
 app.command("join")(join.join)
 app.command("status")(status.status)

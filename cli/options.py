@@ -214,6 +214,31 @@ MetricsPort = Annotated[
         show_default=False,
     ),
 ]
+SEC = "Security"
+SwarmKeyOpt = Annotated[
+    Path | None,
+    flag(
+        "--swarm-key",
+        "Private swarm: the key FILE every RPC must prove (make one with `blocktrain keygen swarm-key FILE`; "
+        "default: the file BLOCKTRAIN_SWARM_KEY names, else a public swarm).",
+        SEC,
+        show_default=False,
+    ),
+]
+IdentityOpt = Annotated[
+    Path | None,
+    flag(
+        "--identity",
+        "This peer's Ed25519 key FILE, created when missing (default: identity.key in --checkpoint-dir, else a new "
+        "identity per run).",
+        SEC,
+        show_default=False,
+    ),
+]
+TlsCert = Annotated[
+    Path | None, flag("--tls-cert", "Serve gRPC over TLS with this PEM certificate (pinned in the signed record).", SEC)
+]
+TlsKey = Annotated[Path | None, flag("--tls-key", "... and this PEM private key.", SEC)]
 TimeoutS = Annotated[
     float,
     flag(
@@ -363,6 +388,10 @@ class PeerOptions(OptionGroup):
     dht_port: DhtPort
     announce: Announce
     metrics_port: MetricsPort
+    swarm_key: SwarmKeyOpt
+    identity: IdentityOpt
+    tls_cert: TlsCert
+    tls_key: TlsKey
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -386,6 +415,9 @@ class PeerOptions(OptionGroup):
                 dht_port=self.dht_port,
                 announce=self.announce or "",
                 metrics_port=self.metrics_port,
+                swarm_key=str(self.swarm_key or ""),
+                tls_cert=str(self.tls_cert or ""),
+                tls_key=str(self.tls_key or ""),
             ),
             data_path=str(data_path),
             eval_path=str(eval_path) if eval_path else "",
@@ -393,6 +425,7 @@ class PeerOptions(OptionGroup):
             block=DAEMON.block if self.block == "auto" else int(self.block),
             device=self.device.value,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else "",
+            identity=str(self.identity or ""),
             peer_seed=self.peer_seed,
             max_rounds=self.rounds,
             min_peers=self.min_peers,

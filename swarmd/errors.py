@@ -12,6 +12,7 @@ SwarmdError to exit code 1 (2 for bad input) without a traceback. Nothing here i
       ConfigMismatch (FAILED_PRECONDITION): StaleRound, BaseMismatch
       ValidationError (INVALID_ARGUMENT): PeerRejected, SessionMissing
       PeerUnavailable (UNAVAILABLE): DeadlineExceeded, NotFound (WrongBlock), Busy (NotReady), PeerFailed
+      Unauthenticated (UNAUTHENTICATED): a private swarm refused a call without a valid proof of its key
 """
 
 
@@ -105,3 +106,10 @@ class PeerFailed(PeerUnavailable):
     """The peer failed the call itself (internal error, cancelled, unimplemented)."""
 
     status = "INTERNAL"
+
+
+class Unauthenticated(SwarmdError):
+    """A private swarm refused the call: it carried no valid proof of the swarm key (--swarm-key)."""
+
+    exit_code = 2
+    status = "UNAUTHENTICATED"

@@ -24,6 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -45,6 +46,8 @@ from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
 from swarmd.swarm.service import SwarmService
 from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient, SwarmServer, start_server
+from swarmd.transport.auth import default_swarm_key, load_swarm_key
+from swarmd.transport.tls import fingerprint, load_tls
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,12 @@ class Daemon:
         self.stopping = asyncio.Event()
         self._stop_thread = threading.Event()
         self.server = self.discovery = self.gossip = self.state = self.serving = None  # type: ignore[assignment]
-        self.client = PeerClient(max_payload_bytes=config.gossip.max_payload_bytes, meter=self.metrics)
+        net = config.net
+        self.swarm_key = load_swarm_key(net.swarm_key) if net.swarm_key else default_swarm_key()  # None: public
+        self.tls = load_tls(net.tls_cert, net.tls_key) if net.tls_cert else None  # (cert, key) PEM: serve TLS
+        self.client = PeerClient(
+            max_payload_bytes=config.gossip.max_payload_bytes, meter=self.metrics, swarm_key=self.swarm_key
+        )
         self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
         self.announced = ""  # HOST:PORT other peers dial (--announce, or the --listen / detected host), from start()
         self.service = SwarmService(self)
@@ -126,12 +134,19 @@ class Daemon:
         if not net.client_mode:
             host, _, port = net.listen.rpartition(":")
             self.server = await start_server(
-                self.service, host, int(port), max_payload_bytes=c.gossip.max_payload_bytes
+                self.service,
+                host,
+                int(port),
+                swarm_key=self.swarm_key,
+                tls=self.tls,
+                max_payload_bytes=c.gossip.max_payload_bytes,
             )
             self.announced = plan.grpc_address(self.server.port)
         me = PeerRecord(
             self.peer_id, self.address, block, 0, 0.0, self.cfg.config_hash(), "", net.client_mode, net.swarm_id
         )
+        if self.tls is not None and self.server is not None:  # the signed record pins our certificate
+            me = replace(me, tls_fingerprint=fingerprint(self.tls[0]))
         self.gossip = Gossip(
             self.state, self.client, c.gossip, me, self.metrics, identity=self.identity, lookup=self.records
         )
@@ -279,7 +294,17 @@ class Daemon:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
         self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
+        await self._pin_tls(found)
         return found
+
+    async def _pin_tls(self, records: list[PeerRecord]) -> None:
+        """Dial the peers whose signed record names a TLS certificate over TLS, pinned to that certificate."""
+        for r in records:
+            if r.tls_fingerprint and r.address and r.peer_id != self.peer_id:
+                try:
+                    await self.client.pin(r.address, r.tls_fingerprint)
+                except SwarmdError as exc:
+                    logger.warning("%s cannot pin the TLS certificate of %s: %s", self.gossip.tag, r.peer_id[-6:], exc)
 
     async def run_round(self) -> MergeReport | None:
         """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped)."""

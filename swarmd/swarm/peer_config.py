@@ -66,6 +66,10 @@ class NetConfig:
     announce: str = ""
     discovery: str = "hivemind"  # "hivemind" (real DHT) or "static" (initial_peers are host:port gRPC addresses)
     client_mode: bool = False  # no inbound connections: dial out for exchanges only (peers behind NAT)
+    # a private swarm's key FILE (swarmd.transport.auth): every RPC must prove it ("" = BLOCKTRAIN_SWARM_KEY, or public)
+    swarm_key: str = ""
+    tls_cert: str = ""  # PEM certificate of the gRPC server: serve TLS, its fingerprint goes in the signed record
+    tls_key: str = ""  # ... and its private key (both or neither)
     announce_period_s: float = 2.0  # re-announce this often (plus jitter)
     record_ttl_s: float = 15.0  # a DHT record expires this long after its last announce
     dht_start_timeout_s: float = 30.0  # give up starting / joining the DHT after this long
@@ -84,6 +88,8 @@ class NetConfig:
             raise ConfigError("need 0 < announce_period_s < record_ttl_s")
         if not 0 <= self.dht_port <= 65535:
             raise ConfigError(f"dht_port must be in [0, 65535], got {self.dht_port}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if self.announce:
             try:
                 announce_host, _ = split_host_port(self.announce)

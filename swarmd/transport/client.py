@@ -20,9 +20,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
+from swarmd.transport.auth import default_swarm_key, proof_metadata
 from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
+from swarmd.transport.tls import fetch_pinned_cert, pinned_credentials
+from swarmd.transport.tls import fingerprint as _fingerprint_of
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -114,7 +117,7 @@ class ForwardSession:
     async def _step(self, request: pb.ForwardRequest, timeout_s: float | None) -> pb.ForwardReply:
         if self._call is None:
             stub, fresh = self.client._stub(self.address)
-            self._call = stub.Forward(wait_for_ready=fresh)
+            self._call = stub.Forward(wait_for_ready=fresh, metadata=self.client._auth("Forward"))
         call = self._call
         try:
             async with asyncio.timeout(timeout_s if timeout_s is not None else self.step_timeout_s):
@@ -198,12 +201,16 @@ class PeerClient:
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
+        swarm_key: bytes | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         meter: ByteMeter | None = None,
         wait_for_ready: bool = False,
     ):
         self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
         self.wait_for_ready = wait_for_ready
+        # a private swarm's key: every call carries a fresh proof of it (swarmd.transport.auth)
+        self.swarm_key = swarm_key if swarm_key is not None else default_swarm_key()
+        self._pins: dict[str, bytes] = {}  # address -> the certificate (PEM) its signed record pins: dial TLS
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
         self._fresh: set[str] = set()
@@ -211,10 +218,30 @@ class PeerClient:
     def channel(self, address: str) -> grpc.aio.Channel:
         """The cached channel to address (dialled lazily on first use)."""
         if address not in self._channels:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            pinned = self._pins.get(address)
+            if pinned is not None:
+                creds, name = pinned_credentials(pinned)
+                channel = grpc.aio.secure_channel(address, creds, options=self._options + name)
+            else:
+                channel = grpc.aio.insecure_channel(address, options=self._options)
             self._channels[address] = (channel, pb_grpc.SwarmStub(channel))
             self._fresh.add(address)
         return self._channels[address][0]
+
+    async def pin(self, address: str, fingerprint: str) -> None:
+        """Dial address over TLS from now on, trusting only the certificate whose sha256 is `fingerprint`
+        (from the peer's signed record); the certificate is fetched and checked once.
+
+        :raises ValidationError: the peer presents another certificate; PeerUnavailable: no TLS answer
+        """
+        if address in self._pins and fingerprint == _fingerprint_of(self._pins[address]):
+            return
+        self._pins[address] = await fetch_pinned_cert(address, fingerprint)
+        await self.forget(address, keep_pin=True)
+
+    def _auth(self, method: str) -> tuple[tuple[str, str], ...] | None:
+        """Metadata proving the swarm key for one call of `method` (None in a public swarm)."""
+        return proof_metadata(self.swarm_key, f"/{SERVICE_NAME}/{method}")
 
     def _stub(self, address: str) -> tuple[pb_grpc.SwarmStub, bool]:
         self.channel(address)
@@ -229,8 +256,10 @@ class PeerClient:
             self._mark_used(address)  # the peer itself answered with this status
         return error_from_rpc(address, exc)
 
-    async def forget(self, address: str) -> None:
+    async def forget(self, address: str, keep_pin: bool = False) -> None:
         """Close and drop the channel to address (e.g. the peer left)."""
+        if not keep_pin:
+            self._pins.pop(address, None)
         entry = self._channels.pop(address, None)
         self._fresh.discard(address)
         if entry is not None:
@@ -243,7 +272,9 @@ class PeerClient:
     async def _unary(self, address: str, method: str, request, timeout_s: float):
         stub, fresh = self._stub(address)
         try:
-            reply = await getattr(stub, method)(request, timeout=timeout_s, wait_for_ready=fresh)
+            reply = await getattr(stub, method)(
+                request, timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth(method)
+            )
         except grpc.RpcError as exc:
             raise self._error(address, exc) from None
         self._mark_used(address)
@@ -272,7 +303,7 @@ class PeerClient:
     async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float = 60.0) -> Encoded:
         """Download a block or embedding state (framing checked; decode() it to validate)."""
         stub, fresh = self._stub(address)
-        call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh)
+        call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth("PullState"))
         enc = await self._read(address, call)
         if self.meter is not None:
             self.meter.add_received(enc.wire_bytes, enc.raw_bytes)
@@ -292,7 +323,9 @@ class PeerClient:
             for msg in to_messages(outgoing, chunk):
                 yield msg
 
-        call = stub.ExchangeDeltas(requests(), timeout=timeout_s, wait_for_ready=fresh)
+        call = stub.ExchangeDeltas(
+            requests(), timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth("ExchangeDeltas")
+        )
         reply = await self._read(address, call)
         if self.meter is not None:
             self.meter.add_sent(outgoing.wire_bytes, outgoing.raw_bytes)

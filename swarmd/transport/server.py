@@ -164,24 +164,32 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
+    swarm_key: bytes | None = None,
+    tls: tuple[bytes, bytes] | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> SwarmServer:
     """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
 
+    :param swarm_key: a private swarm's key: every call but health checks must prove it (swarmd.transport.auth)
+    :param tls: (certificate PEM, private key PEM): serve TLS only (swarmd.transport.tls); None = plaintext
+
     :param max_payload_bytes: largest delta/state payload accepted from a caller, in bytes
     :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
     :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
     :raises SwarmdError: the address cannot be bound
     """
-    server = grpc.aio.server(options=server_options(max_message_bytes))
+    from swarmd.transport.auth import server_interceptors
+    from swarmd.transport.tls import add_port
+
+    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=server_interceptors(swarm_key))
     pb_grpc.add_SwarmServicer_to_server(SwarmServicer(handler, max_payload_bytes, max_chunk_bytes), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     try:
-        bound = server.add_insecure_port(format_address(host, port))
+        bound = add_port(server, format_address(host, port), tls)
     except RuntimeError as exc:
         raise SwarmdError(f"cannot listen on {format_address(host, port)}: {_one_line(exc)}") from None
     if not bound:

@@ -30,6 +30,7 @@ DEFAULT_CLASS: dict[grpc.StatusCode, type[SwarmdError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.Busy,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: errors.PeerUnavailable,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
 }
 
 

@@ -1,0 +1,201 @@
+"""Swarm membership: the swarm key file, the proof of it every RPC carries, and the server's check.
+
+A private swarm shares one secret key (`blocktrain keygen swarm-key FILE`; --swarm-key FILE or
+BLOCKTRAIN_SWARM_KEY=FILE). Every call a PeerClient makes then carries, in metadata AUTH_HEADER, a fresh
+proof: "v1.<unix ms>.<nonce>.<HMAC-SHA256(key, v1|ms|nonce|method)>". The server's SwarmKeyInterceptor
+refuses any call on any service but grpc.health.v1 whose proof is missing, for another method, made with
+another key, outside +-WINDOW_S of its clock, or seen before (a nonce is remembered for the window), with
+UNAUTHENTICATED and a message that says what to pass. Without a key the swarm is public and nothing is
+checked. The key never travels; a proof is bound to one method and usable once.
+Pure Python + grpc; no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import grpc
+
+from swarmd.errors import ConfigError
+
+AUTH_HEADER = "x-blocktrain-swarm-proof"  # metadata key (lower case, as gRPC requires)
+ENV_VAR = "BLOCKTRAIN_SWARM_KEY"  # a swarm key FILE, used wherever no key is passed explicitly
+WINDOW_S = 60.0  # a proof is accepted this long either side of the server's clock
+MAX_NONCES = 200_000  # proofs remembered against replay (oldest forgotten first)
+KEY_BYTES = 32
+_PREFIX = "blocktrain-swarm-key-v1:"
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # answered without a proof
+
+
+def new_swarm_key() -> str:
+    """The text of a new swarm key file (one line)."""
+    return f"{_PREFIX}{secrets.token_hex(KEY_BYTES)}\n"
+
+
+def parse_swarm_key(text: str, source: str = "the swarm key") -> bytes:
+    """The key bytes of a swarm key file's text; ConfigError (one line) for anything else."""
+    body = text.strip()
+    if not body.startswith(_PREFIX):
+        raise ConfigError(f"{source} is not a swarm key file (make one with `blocktrain keygen swarm-key FILE`)")
+    try:
+        key = bytes.fromhex(body.removeprefix(_PREFIX))
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ConfigError(f"{source} is damaged: expected {2 * KEY_BYTES} hex digits after the prefix")
+    return key
+
+
+def load_swarm_key(path: str | os.PathLike) -> bytes:
+    """Read a swarm key file; ConfigError (one line) when it is missing, unreadable or not a key."""
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the swarm key {path}: {exc.strerror or exc}") from None
+    return parse_swarm_key(text, f"swarm key {path}")
+
+
+def write_swarm_key(path: str | os.PathLike) -> None:
+    """Create a new swarm key file (mode 0600); ConfigError if it exists already or cannot be written."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists already: a swarm key is never overwritten (remove it first)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(new_swarm_key())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+_default: bytes | None = None
+_default_set = False
+
+
+def use_swarm_key(key: bytes | None) -> None:
+    """Make `key` the swarm key of every PeerClient created later in this process without one (CLI commands)."""
+    global _default, _default_set
+    _default, _default_set = key, True
+
+
+def default_swarm_key() -> bytes | None:
+    """The process-wide swarm key: use_swarm_key's, else the file BLOCKTRAIN_SWARM_KEY names, else None."""
+    if _default_set:
+        return _default
+    path = os.environ.get(ENV_VAR, "")
+    return load_swarm_key(path) if path else None
+
+
+def _mac(key: bytes, stamp: str, nonce: str, method: str) -> str:
+    return hmac.new(key, f"v1|{stamp}|{nonce}|{method}".encode(), hashlib.sha256).hexdigest()
+
+
+def make_proof(key: bytes, method: str, now: float | None = None, nonce: str | None = None) -> str:
+    """The proof a call of `method` ("/swarmd.v1.Swarm/GetStatus") carries in AUTH_HEADER."""
+    stamp = str(int(1000 * (time.time() if now is None else now)))
+    nonce = nonce or secrets.token_hex(12)
+    return f"v1.{stamp}.{nonce}.{_mac(key, stamp, nonce, method)}"
+
+
+class ProofChecker:
+    """Checks proofs against one key: fresh (within window_s), for this method, made with the key, never seen."""
+
+    def __init__(self, key: bytes, window_s: float = WINDOW_S, max_nonces: int = MAX_NONCES):
+        self.key, self.window_s, self.max_nonces = key, window_s, max_nonces
+        self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> stamp (seconds), oldest first
+
+    def problem(self, method: str, proof: str | None, now: float | None = None) -> str:
+        """Why a call must be refused ("" when its proof is good; the proof is then used up)."""
+        if not proof:
+            return "no proof of the swarm key"
+        parts = proof.split(".")
+        if len(parts) != 4 or parts[0] != "v1" or not parts[1].isdigit() or not 8 <= len(parts[2]) <= 64:
+            return "a malformed proof of the swarm key"
+        _, stamp, nonce, mac = parts
+        now = time.time() if now is None else now
+        when = int(stamp) / 1000
+        if abs(now - when) > self.window_s:
+            return f"a proof made {now - when:+.0f} s from now (allowed: +-{self.window_s:.0f} s; check the clocks)"
+        if not hmac.compare_digest(mac, _mac(self.key, stamp, nonce, method)):
+            return "a proof made with another swarm key"
+        if nonce in self._seen:
+            return "a replayed proof"
+        self._seen[nonce] = when
+        horizon = now - 2 * self.window_s
+        while self._seen and (len(self._seen) > self.max_nonces or next(iter(self._seen.values())) < horizon):
+            self._seen.popitem(last=False)
+        return ""
+
+
+def refusal(reason: str) -> str:
+    return (
+        f"this swarm is private and the call carried {reason}: "
+        f"pass --swarm-key FILE (or set {ENV_VAR}=FILE) with the swarm's key"
+    )
+
+
+class SwarmKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call but health checks without a valid proof of the swarm key (UNAUTHENTICATED)."""
+
+    def __init__(self, key: bytes, window_s: float = WINDOW_S):
+        self.checker = ProofChecker(key, window_s)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method.startswith(OPEN_SERVICES):
+            return await continuation(handler_call_details)
+        proof = next((v for k, v in handler_call_details.invocation_metadata or () if k == AUTH_HEADER), None)
+        if isinstance(proof, bytes):
+            proof = proof.decode("ascii", "replace")
+        reason = self.checker.problem(method, proof)
+        handler = await continuation(handler_call_details)
+        if not reason or handler is None:
+            return handler
+        return _refusing(handler, refusal(reason))
+
+
+def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that aborts with UNAUTHENTICATED before reading anything."""
+
+    async def abort(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def abort_stream(request, context):  # a streaming answer is an async generator in grpc.aio
+        if hasattr(request, "__aiter__"):  # let the caller's first message in (bounded by the gRPC message
+            with contextlib.suppress(Exception):  # limit): aborting under a caller still writing reads as INTERNAL
+                async with asyncio.timeout(1.0):
+                    async for _ in request:
+                        break
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # never reached
+
+    args = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(abort, **args)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(abort_stream, **args)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(abort, **args)
+    return grpc.stream_stream_rpc_method_handler(abort_stream, **args)
+
+
+def server_interceptors(key: bytes | None) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors a server of a swarm with this key runs (none for a public swarm)."""
+    return [SwarmKeyInterceptor(key)] if key is not None else []
+
+
+def proof_metadata(key: bytes | None, method: str) -> tuple[tuple[str, str], ...] | None:
+    """Call metadata carrying a fresh proof for `method` (None without a key: a public swarm)."""
+    if key is None:
+        return None
+    return ((AUTH_HEADER, make_proof(key, method)),)
