@@ -103,8 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--trajectory-prob",
         type=float,
-        default=1.0,
-        help="1 (default here): train every block on the sampler's own trajectory; 0: the documented noisy targets",
+        default=TrainConfig.trajectory_prob,
+        help="1 (default): train every block on the sampler's own trajectory; 0: the documented noisy targets",
     )
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--trajectory-source", choices=("snapshot", "live"), default="snapshot")

@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--trajectory-prob",
         type=float,
-        default=0.0,
+        default=TrainConfig.trajectory_prob,
         help="train on the sampler's own trajectory (swarm and single-process alike)",
     )
     common.add_outputs(p, "swarm")

@@ -53,6 +53,19 @@ Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model)
 SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M)]
 SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M)]
 SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M)]
+# the block's mechanics (issue 8): defaults = the measured best; `--context-input scaled_unit --z-in-init default
+# --noise-embedding default --pred-input none --pred-output none --freeze-z-in none --trajectory-prob 0` = documented
+ContextInput = Annotated[
+    str | None, flag("--context-input", "Context bytes enter as own_table (the block's own table) or scaled_unit.", M)
+]
+ZInInit = Annotated[str | None, flag("--z-in-init", "Noise-path init W_z: zero or default.", M)]
+NoiseEmbedding = Annotated[str | None, flag("--noise-embedding", "Noise-level embedding: off, default, zero_init.", M)]
+PredInput = Annotated[
+    str | None, flag("--pred-input", "feature: a block reads the previous step's hidden state; none.", M)
+]
+PredOutput = Annotated[
+    str | None, flag("--pred-output", "add: a block corrects the previous step's estimate; none.", M)
+]
 
 # -- optimiser (TrainOptions) ------------------------------------------------------------------------
 BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T)]
@@ -63,6 +76,9 @@ TrajectoryProb = Annotated[
     flag(
         "--trajectory-prob", "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).", T
     ),
+]
+FreezeZIn = Annotated[
+    str | None, flag("--freeze-z-in", "block0: block 0's noise path stays zero (it only sees noise); none.", T)
 ]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
@@ -317,6 +333,11 @@ class ModelOptions(OptionGroup):
     seq_len: SeqLen
     sigma_lo: SigmaLo
     sigma_hi: SigmaHi
+    context_input: ContextInput
+    z_in_init: ZInInit
+    noise_embedding: NoiseEmbedding
+    pred_input: PredInput
+    pred_output: PredOutput
 
     def config(self, base: ModelConfig = MODEL) -> ModelConfig:
         """`base` with the options given (None = keep); --hidden defaults to 4 x --d-model."""
@@ -338,6 +359,7 @@ class TrainOptions(OptionGroup):
     lr: LR
     seed: Seed
     trajectory_prob: TrajectoryProb
+    freeze_z_in: FreezeZIn
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

@@ -139,7 +139,8 @@ def test_model_config_round_trips_through_a_plain_dict():
     assert json.loads(json.dumps(data)) == data  # plain JSON types only
     assert ModelConfig.from_dict(data) == cfg
     assert ModelConfig.from_dict(json.loads(json.dumps(data))) == cfg
-    assert ModelConfig.from_dict({}) == ModelConfig()  # missing keys take the defaults
+    assert ModelConfig.from_dict({"blocks": 5}) == ModelConfig.documented(blocks=5)  # missing keys: the defaults,
+    assert ModelConfig.from_dict({}).pred_input == "none"  # and a config from before issue 8 reads as documented
     with pytest.raises(ValueError, match=r"unknown model config keys: \['depth'\]"):
         ModelConfig.from_dict({**data, "depth": 3})
     with pytest.raises(ValueError, match="blocks must be >= 1"):
@@ -168,7 +169,7 @@ def test_config_hash_is_stable():
 
 
 def test_config_hash_changes_with_every_field():
-    base = ModelConfig()
+    base = ModelConfig.documented()
     changed = {
         "blocks": 4,
         "layers_per_block": 3,

@@ -43,7 +43,11 @@ def test_short_training_lowers_from_noise_ce_well_below_uniform(text_data):
 
 
 def test_trajectory_training_uses_frozen_predecessors_only():
-    """Trajectory inputs need the earlier blocks; their weights never change during the step."""
+    """Trajectory inputs need the earlier blocks; their weights never change during the step.
+
+    Before any predecessor is given a block trains on the documented noisy targets (a swarm round
+    without its predecessors); a set missing one the trajectory passes through is an error.
+    """
     from swarmd.core.train import BlockTrainer, init_block, init_embedding
 
     mcfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=4, hidden=64, seq_len=16)
@@ -51,7 +55,9 @@ def test_trajectory_training_uses_frozen_predecessors_only():
     x = torch.randint(0, 256, (4, 16))
     y = torch.randint(0, 256, (4, 16))
     trainer = BlockTrainer(mcfg, tcfg, 2)
-    with pytest.raises(ValueError, match="needs blocks"):
+    assert math.isfinite(trainer.step(x, y)["ce"])  # no predecessors yet: noisy targets
+    trainer.set_others({0: init_block(mcfg, 0)}, table=init_embedding(mcfg))
+    with pytest.raises(ValueError, match=r"needs blocks \[1\]"):
         trainer.step(x, y)
     others = {b: init_block(mcfg, b) for b in range(2)}
     before = {b: [p.detach().clone() for p in blk.parameters()] for b, blk in others.items()}

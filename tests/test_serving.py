@@ -80,9 +80,13 @@ class InProcessClient:
         return Stream()
 
 
-# The issue-8 objective: each sampler step hands the next one a message besides z (feature + z_hat).
+# The issue-8 objective: each sampler step hands the next one a message besides z (feature + z_hat);
+# PLAIN_CFG: the documented block, z only.
 MSG_CFG = replace(
     CFG, context_input="own_table", z_in_init="zero", noise_embedding="off", pred_input="feature", pred_output="add"
+)
+PLAIN_CFG = ModelConfig.documented(
+    **{k: getattr(CFG, k) for k in ("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len")}
 )
 
 
@@ -121,9 +125,9 @@ def request(block_index=0, n=1, t=4, **kw):
     return req
 
 
-@pytest.mark.parametrize("cfg", [CFG, MSG_CFG], ids=["documented", "message"])
+@pytest.mark.parametrize("cfg", [PLAIN_CFG, MSG_CFG], ids=["documented", "message"])
 def test_swarm_path_equals_local_scoring_and_generation(cfg):
-    blocks, emb = tiny_model() if cfg is CFG else message_model()
+    blocks, emb = tiny_model(cfg) if cfg is PLAIN_CFG else message_model()
     local = LocalSweeper(cfg, blocks, emb)
     remote, _client = remote_for(make_servings(blocks, emb, cfg=cfg), cfg)
     x, y = text_windows()
@@ -141,7 +145,7 @@ def test_message_path_differs_from_no_message_and_survives_eviction_and_failover
     local = LocalSweeper(MSG_CFG, blocks, emb)
     x, y = text_windows(MSG_CFG)
     with_msg = asyncio.run(score_windows(local, x, y, seed=3))["ce"]
-    no_msg = asyncio.run(score_windows(LocalSweeper(CFG, tiny_model()[0], tiny_model()[1]), x, y, seed=3))["ce"]
+    no_msg = asyncio.run(score_windows(LocalSweeper(PLAIN_CFG, *tiny_model(PLAIN_CFG)), x, y, seed=3))["ce"]
     assert with_msg != pytest.approx(no_msg, abs=1e-4)
     want = asyncio.run(generate_bytes(local, b"ab", 8, 1.0, seed=5))
     servings = make_servings(blocks, emb, replicas=2, cfg=MSG_CFG, max_sessions=1)
@@ -181,9 +185,9 @@ def test_message_is_required_exactly_where_the_config_passes_one():
     for bad in (req(1, None), req(0, good), req(1, good[..., :-1].contiguous()), req(1, good.half())):
         with pytest.raises(ValidationError):
             asyncio.run(s.forward(bad))
-    plain = make_servings(*tiny_model(), cfg=CFG)["peer-1-0"]
+    plain = make_servings(*tiny_model(PLAIN_CFG), cfg=PLAIN_CFG)["peer-1-0"]
     with pytest.raises(ValidationError, match="passes no message"):
-        asyncio.run(plain.forward(_with_hash(req(1, good), CFG)))
+        asyncio.run(plain.forward(_with_hash(req(1, good), PLAIN_CFG)))
 
 
 def _with_hash(r, cfg):

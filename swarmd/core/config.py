@@ -32,23 +32,25 @@ class ModelConfig:
     noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
     logit_scale: float = 1.0  # fixed multiplier on the logits <z_hat, e_hat_k> (1 = documented, no temperature)
     vocab: int = 256  # bytes
-    # issue 8 mechanics (defaults = the documented block; see benchmarks/results/ISSUE8.md)
+    # issue 8 mechanics. The defaults are the block that measured best (benchmarks/results/ISSUE8.md);
+    # DOCUMENTED below names the documented DiffusionBlocks block, still selectable field by field.
     # scaled_unit: sqrt(d) e_hat[x] (documented) | own_table: the block's own learned byte table, init N(0, 0.02^2)
-    context_input: str = "scaled_unit"
-    # default (nn.Linear init) | zero: W_z and its bias start at 0 (still trained unless frozen)
-    z_in_init: str = "default"
+    context_input: str = "own_table"
+    # default (nn.Linear init, documented) | zero: W_z and its bias start at 0 (still trained unless frozen)
+    z_in_init: str = "zero"
     # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
-    noise_embedding: str = "default"
+    noise_embedding: str = "off"
     # none (documented) | feature: block reads the previous sampler step's final hidden state through a
     # zero-initialised d x d projection
-    pred_input: str = "none"
+    pred_input: str = "feature"
     # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate,
     # not c_skip z; init_block starts F's last linear at 0 in blocks > 0)
-    pred_output: str = "none"
+    pred_output: str = "add"
 
-    # fields added after the first release: left out of config_hash while at their default, so
-    # the hash (the identity peers exchange) of a config that does not use them is unchanged
-    _HASH_OPTIONAL: ClassVar[dict[str, str]] = {
+    # the documented block's values of the fields added after the first release. A field at this value
+    # is left out of config_hash (so a documented config keeps the hash it always had), and a config
+    # written before the field existed (old checkpoint, old peer's GetConfig) reads as this value.
+    DOCUMENTED: ClassVar[dict[str, str]] = {
         "context_input": "scaled_unit",
         "z_in_init": "default",
         "noise_embedding": "default",
@@ -97,12 +99,17 @@ class ModelConfig:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown model config keys: {sorted(unknown)}")
-        return cls(**data)
+        return cls(**(cls.DOCUMENTED | data))
+
+    @classmethod
+    def documented(cls, **overrides) -> ModelConfig:
+        """The documented DiffusionBlocks block (the defaults before issue 8), with `overrides`."""
+        return cls(**(cls.DOCUMENTED | overrides))
 
     def config_hash(self) -> str:
         """Short stable hash of the architecture; peers with equal hashes can swap blocks."""
         body = {
-            k: v for k, v in self.to_dict().items() if not (k in self._HASH_OPTIONAL and v == self._HASH_OPTIONAL[k])
+            k: v for k, v in self.to_dict().items() if not (k in self.DOCUMENTED and v == self.DOCUMENTED[k])
         }
         blob = json.dumps(body, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -120,7 +127,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # global grad-norm clip
     seed: int = 0  # data and noise seed
-    trajectory_prob: float = 0.0  # chance a training batch uses the sampler's own trajectory (see README)
+    trajectory_prob: float = 1.0  # chance a training batch uses the sampler's own trajectory (see README; 0 documented)
     trajectory_steps: int = 0  # sampler steps the trajectory inputs follow (0 = one per block, as at eval)
     # lognormal (documented) | loguniform (in the widened interval) | sampler (the block's sampler sigmas)
     sigma_sampling: str = "lognormal"
@@ -128,7 +135,7 @@ class TrainConfig:
     table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
     # none | block0: block 0's noise path W_z is zeroed and never trained (under trajectory training its z is
     # pure noise)
-    freeze_z_in: str = "none"
+    freeze_z_in: str = "block0"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

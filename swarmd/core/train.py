@@ -136,8 +136,10 @@ def trajectory_inputs(
 class BlockTrainer:
     """Trains one block plus a private copy of the byte table; nothing else gets a gradient.
 
-    :param others: the other blocks (index -> module), run frozen and forward only, needed only
-        when train_cfg.trajectory_prob > 0. They are never handed to the optimiser.
+    Trajectory training (train_cfg.trajectory_prob > 0, the default) runs the earlier blocks, given
+    by set_others() (frozen, forward only, never handed to the optimiser). Until set_others() has
+    given any, a later block trains on the documented noisy targets (as a swarm round without its
+    predecessors does); a set that lacks a block the trajectory needs is an error.
     """
 
     def __init__(
@@ -217,6 +219,8 @@ class BlockTrainer:
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
             return None, None
         steps = self._trajectory_steps(k)
+        if not self.others and any(b != self.block_index for b, _ in steps):
+            return None, None  # no predecessors given (yet): the documented noisy targets
         missing = sorted({b for b, _ in steps} - set(self.others) - {self.block_index})
         if missing:
             raise ValueError(f"trajectory training of block {self.block_index} needs blocks {missing}")

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from swarmd.core.config import ModelConfig
+from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.protocol import Codec
 from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
@@ -82,7 +82,7 @@ class LocalSwarm:
         seed: int = 0,
         deadline_max_s: float = 30.0,
         swarm_id: str = "demo",
-        trajectory_prob: float = 0.0,
+        trajectory_prob: float = TrainConfig.trajectory_prob,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
