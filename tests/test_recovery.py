@@ -28,6 +28,8 @@ from swarmd.core import checkpoint as ck
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError
 from swarmd.swarm import daemon as daemon_mod
+from swarmd.swarm.discovery import PeerRecord
+from swarmd.swarm.gossip import diverged_majority
 from swarmd.swarm.launch import LocalSwarm
 from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient
@@ -248,3 +250,20 @@ def test_kill_9_leaves_no_orphan_dht_process_or_p2pd(one_daemon, victim):
         while any(c.endswith("p2pd") for c in _group(pgid)) and time.monotonic() < deadline:
             time.sleep(0.1)  # polling for p2pd to end, with a deadline
         assert not any(c.endswith("p2pd") for c in _group(pgid)), _group(pgid)
+
+
+# -- re-sync after a partition ----------------------------------------------------------------------
+def _rec(peer: str, round: int, base: str, address: str = "h:1") -> PeerRecord:
+    return PeerRecord(peer, address, 0, round, 1.0, "cfg", base, False, "s", "e")
+
+
+def test_a_peer_that_ran_ahead_alone_rejoins_the_majority_it_split_from():
+    me = _rec("c", 50, "mine")
+    majority = [_rec("a", 38, "theirs"), _rec("b", 38, "theirs")]
+    history = {r: f"mine{r}" for r in range(35, 51)}
+    assert diverged_majority(me, majority, history) == majority[1]  # highest-ranked of the group
+    assert diverged_majority(me, majority, {**history, 38: "theirs"}) is None  # only lagging on our trajectory
+    assert diverged_majority(me, [majority[0], _rec("b", 38, "other")], history) is None  # no majority
+    two_groups = [*majority, _rec("d", 40, "x"), _rec("e", 40, "x")]
+    assert diverged_majority(me, two_groups, history) is None  # 2 of 5 is not more than half
+    assert diverged_majority(me, [_rec("a", 38, "theirs", ""), _rec("b", 38, "theirs", "")], history) is None

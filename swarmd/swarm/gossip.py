@@ -151,6 +151,32 @@ def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRe
     return [r for r in latest.values() if counts[(r.round, key(r))] >= need]
 
 
+HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majority from a diverged one
+
+
+def diverged_majority(
+    me: PeerRecord, others: list[PeerRecord], own_history: dict[int, str], key=lambda r: r.base_hash
+) -> PeerRecord | None:
+    """A state more than half of `[me] + others` hold (at least 2 peers), that is not one we held at its round:
+    the majority we split from, whose highest-ranked dialable peer we adopt even at a lower round.
+
+    A peer that trained alone through a partition may be rounds ahead of the majority it rejoins;
+    reference() (highest round first) would keep it on its own state forever. A majority whose
+    (round, weights) we did hold at that round (own_history: round -> our base hash) is only behind
+    us on our own trajectory (DHT records lag a round or two): None then.
+    """
+    latest = {r.peer_id: r for r in others if r.peer_id != me.peer_id}
+    groups = Counter((r.round, key(r)) for r in latest.values())
+    for (round, weights), n in groups.most_common():
+        if n < 2 or 2 * n <= len(latest) + 1:
+            return None
+        if (round, weights) == (me.round, key(me)) or own_history.get(round) == weights:
+            return None
+        dialable = [r for r in latest.values() if (r.round, key(r)) == (round, weights) and r.address]
+        return max(dialable, key=rank) if dialable else None
+    return None
+
+
 def rank(record: PeerRecord) -> tuple:
     """Who is the reference when weights differ: highest round, then server mode, then peer id."""
     return (record.round, not record.client_mode, record.peer_id)
@@ -330,6 +356,7 @@ class Gossip:
         self.state, self.transport, self.cfg, self.me, self.metrics = state, transport, cfg, me, metrics
         self.identity, self.lookup = identity, lookup
         self.known: dict[str, PeerRecord] = {}  # peer id -> newest valid signed record seen (sync, average, lookup)
+        self.history: dict[str, dict[int, str]] = {"block": {}, "embedding": {}}  # part -> round -> our base hash
         self._refreshed = 0.0  # monotonic time of the last lookup made for an unknown sender
         self.deadline = DeadlinePolicy(cfg)
         self.ef = {BLOCK: ErrorFeedback(), EMB: ErrorFeedback()}
@@ -422,7 +449,21 @@ class Gossip:
             (PayloadKind.EMBEDDING_STATE, others),
         ):
             weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+            history = self.history[kind.part]
+            history[me.round] = weights(me)
+            for old in sorted(history)[:-HISTORY_ROUNDS]:
+                del history[old]
             ref = reference(me, agreeing(pool, weights), weights)
+            majority = diverged_majority(me, pool, history, weights) if ref.peer_id == me.peer_id else None
+            if majority is not None:  # we trained apart (a partition) and are ahead: join the majority
+                logger.warning(
+                    "%s the %s of the majority (round %d) differs from ours (round %d): rejoining it",
+                    self.tag,
+                    kind.part,
+                    majority.round,
+                    me.round,
+                )
+                ref = majority
             expect: tuple[str, int] | None = (weights(ref), ref.round)
             if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
                 split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
@@ -430,7 +471,9 @@ class Gossip:
                     continue
                 ref, expect = split, None  # the signed deltas said where it is; its state must hash as it signs
             try:
-                await self.pull(ref, kind, expect, round_limit=me.round + self.cfg.max_round_jump)
+                await self.pull(
+                    ref, kind, expect, round_limit=me.round + self.cfg.max_round_jump, back=majority is not None
+                )
                 pulled.append(kind.part)
             except SwarmdError as exc:
                 logger.warning("%s re-sync of the %s from %s failed: %s", self.tag, kind.part, ref.peer_id[-6:], exc)
@@ -458,7 +501,12 @@ class Gossip:
         return None
 
     async def pull(
-        self, peer: PeerRecord, kind: PayloadKind, expect: tuple[str, int] | None = None, round_limit: int | None = None
+        self,
+        peer: PeerRecord,
+        kind: PayloadKind,
+        expect: tuple[str, int] | None = None,
+        round_limit: int | None = None,
+        back: bool = False,
     ) -> None:
         """Download a peer's block or embedding state (signed, validated) and adopt it with its round.
 
@@ -466,6 +514,7 @@ class Gossip:
         :param expect: (weights hash, round) the quorum's signed records announce: the state must hash to it
             and carry that round (None: it must hash to what its own signed header says)
         :param round_limit: the round counter never moves past this (default: cfg.max_round_jump ahead)
+        :param back: the round counter may move back to the state's (rejoining a majority we ran ahead of)
         :raises ValidationError: unsigned, not from `peer`, or not the announced weights; StaleRound: the
             peer has moved to another round since its record
         """
@@ -486,7 +535,7 @@ class Gossip:
             raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
         block, emb = (tensors, None) if kind.is_block else (None, tensors)
         limit = round_limit if round_limit is not None else self.state.round + self.cfg.max_round_jump
-        new_round = max(self.state.round, min(want_round, limit))
+        new_round = min(want_round, limit) if back else max(self.state.round, min(want_round, limit))
         if new_round < want_round:
             logger.warning("%s round counter capped at %d (the swarm says %d)", self.tag, new_round, want_round)
         await asyncio.to_thread(self.state.adopt, block, emb, new_round)
