@@ -50,3 +50,15 @@ def test_target_zero_keeps_the_ema_rule_and_bad_arguments_are_refused():
     for bad in ({"target": 1.5}, {"window": 0}, {"growth": 0.5}):
         with pytest.raises(ValueError):
             DeadlinePolicy(CFG, **bad)
+
+
+def test_a_round_whose_target_needs_every_delta_waits_like_the_ema_rule():
+    policy = DeadlinePolicy(CFG, target=0.8)
+    policy.observe(2.0, round_s=6.0)
+    policy.observe_arrivals([2.0, 3.0, 4.0, 5.0, 6.0], missing=0, closed_s=6.0)
+    assert policy.target_after_open_s(expected=6) == pytest.approx(
+        5.0
+    )  # the 4th of the 5 seen (6 expected now: one may be left out)
+    assert policy.target_after_open_s(expected=4) is None  # ceil(0.8 x 4) = 4: every delta is needed
+    assert policy.deadline_s(1.0, expected=4) == pytest.approx(8.0)  # the EMA rule: 1.5 x 6 - 1
+    assert policy.deadline_s(1.0, expected=6) == pytest.approx(4.0)

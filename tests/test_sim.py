@@ -137,14 +137,14 @@ def test_policies_and_regimes():
     q = make_policy("quantile", PRESETS["wan-mid"], 20, target=0.5)
     assert isinstance(q, Daemon) and q.policy.target == 0.5
     max_s = q.policy.cfg.deadline_max_s
-    assert q.deadline(1.0) == pytest.approx(1.0 + max_s)  # nothing seen yet: the daemon's upper bound
+    assert q.deadline(1.0, 9) == pytest.approx(1.0 + max_s)  # nothing seen yet: the daemon's upper bound
     q.observe([3.0, 4.0, 5.0, 6.0], 0, 6.0, 1.0)
-    assert q.deadline(1.0) == pytest.approx(4.0)  # the 2nd of 4 arrivals
+    assert q.deadline(1.0, 9) == pytest.approx(4.0)  # the 2nd of 4 arrivals
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(float(np.quantile([1, 2, 3, 4], 0.25)))
-    assert Fixed(3.0).deadline(1.0) == 3.0
+    assert Fixed(3.0).deadline(1.0, 9) == 3.0
     adaptive = make_policy("adaptive", PRESETS["wan-mid"], 20)
     assert isinstance(adaptive, Daemon) and adaptive.policy.target == 0
-    assert adaptive.deadline(2.0) == pytest.approx(2.0 + max_s)  # nothing measured yet
+    assert adaptive.deadline(2.0, 9) == pytest.approx(2.0 + max_s)  # nothing measured yet
 
 
 runner = CliRunner()

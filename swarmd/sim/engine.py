@@ -252,7 +252,7 @@ class Simulator:
         draw = RoundDraw.sample(self.regime, self.rng, n, H)
         live = [i for i in range(n) if not draw.dropped[i]]
         ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
-        deadline = self.policy.deadline(ready)
+        deadline = self.policy.deadline(float(ready), n)
         arrivals: dict[int, float] = {}
         outputs: dict[int, tuple[Tensors, Tensors]] = {}
         ces, sent = [], 0

@@ -1,10 +1,10 @@
 """Deadline policies the simulator compares: when does a round stop waiting for updates?
 
-Each policy answers `deadline(ready_s)`: seconds after the round's start at which the swarm merges
-what has arrived (None = wait for every worker that did not drop out), given ready_s, the median
-time at which this round's workers have their delta ready. After the round it is told what a daemon
-can see (`observe`): the arrival times of the updates that came in time, how many of the expected
-ones had not arrived at the close (late or dropped alike), and the close.
+Each policy answers `deadline(ready_s, expected)`: seconds after the round's start at which the swarm
+merges what has arrived (None = wait for every worker that did not drop out), given ready_s, the median
+time at which this round's workers have their delta ready, and the number of updates expected. After
+the round it is told what a daemon can see (`observe`): the arrival times of the updates that came in
+time, how many of the expected ones had not arrived at the close (late or dropped alike), and the close.
 
 - lockstep: wait for every non-dropped worker;
 - fixed: the regime's fixed deadline (a multiple of the round's median compute time);
@@ -37,7 +37,7 @@ DEFAULT_TARGET = 0.8  # the quantile policy's participation target (fraction of 
 class Policy(Protocol):
     name: str
 
-    def deadline(self, ready_s: float) -> float | None: ...
+    def deadline(self, ready_s: float, expected: int) -> float | None: ...
 
     def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None: ...
 
@@ -54,7 +54,7 @@ def quantile(values: list[float], q: float) -> float:
 class Lockstep:
     name = "lockstep"
 
-    def deadline(self, ready_s: float) -> float | None:
+    def deadline(self, ready_s: float, expected: int) -> float | None:
         return None
 
     def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
@@ -67,7 +67,7 @@ class Fixed:
     def __init__(self, deadline_s: float):
         self.deadline_s = deadline_s
 
-    def deadline(self, ready_s: float) -> float | None:
+    def deadline(self, ready_s: float, expected: int) -> float | None:
         return self.deadline_s
 
     def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
@@ -89,8 +89,8 @@ class Daemon:
         self.name = "quantile" if target > 0 else "adaptive"
         self.policy = DeadlinePolicy(cfg or GossipConfig(), target=target)
 
-    def deadline(self, ready_s: float) -> float | None:
-        return ready_s + self.policy.deadline_s(ready_s)
+    def deadline(self, ready_s: float, expected: int) -> float | None:
+        return ready_s + self.policy.deadline_s(ready_s, expected)
 
     def observe(self, arrived_s: list[float], missing: int, closed_s: float, ready_s: float) -> None:
         if arrived_s:  # Gossip.average feeds the EMA only rounds that accepted something

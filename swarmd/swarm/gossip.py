@@ -217,8 +217,9 @@ class DeadlinePolicy:
     close counting as later than every arrival; when that one is such a missing delta the deadline
     grows to growth x the latest close seen. The simulator (swarmd.sim, benchmarks/async_sim.py)
     measured this rule against lockstep, fixed deadlines and the EMA rule under WAN regimes. EMA rule
-    (target 0, and until arrivals were observed): the later of factor x EMA of the arrival lag after
-    own delta was ready and round_factor x EMA of the round length.
+    (target 0, until arrivals were observed, and in a round whose target needs every expected delta,
+    i.e. fewer than 1 / (1 - target) of them): the later of factor x EMA of the arrival lag after own
+    delta was ready and round_factor x EMA of the round length.
 
     :param round_factor: slack on the measured round length (open -> last arrival), 1.5 = +50 %
     :param target: fraction of the expected deltas to wait for (0 = the EMA rule only)
@@ -243,9 +244,15 @@ class DeadlinePolicy:
         self.round_ema: float | None = None  # round start -> last accepted arrival, seconds
         self.rounds: deque[tuple[list[float], int, float]] = deque(maxlen=window)  # (arrivals, missing, close)
 
-    def target_after_open_s(self) -> float | None:
-        """The target rule's deadline after round open (None: the EMA rule applies)."""
+    def target_after_open_s(self, expected: int | None = None) -> float | None:
+        """The target rule's deadline after round open (None: the EMA rule applies).
+
+        :param expected: deltas this round expects; when the target needs every one of them (a small swarm:
+            ceil(target x expected) == expected) the EMA rule applies, which waits for the slowest
+        """
         if self.target <= 0 or not self.rounds:
+            return None
+        if expected is not None and math.ceil(self.target * expected - 1e-9) >= expected:
             return None
         arrived = sorted(a for r in self.rounds for a in r[0])
         n = len(arrived) + sum(r[1] for r in self.rounds)
@@ -254,9 +261,10 @@ class DeadlinePolicy:
             return arrived[k - 1]
         return self.growth * max(r[2] for r in self.rounds)
 
-    def deadline_s(self, ready_after_open_s: float = 0.0) -> float:
-        """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round."""
-        target = self.target_after_open_s()
+    def deadline_s(self, ready_after_open_s: float = 0.0, expected: int | None = None) -> float:
+        """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round,
+        expected = how many deltas it expects (see target_after_open_s)."""
+        target = self.target_after_open_s(expected)
         if target is not None:
             wait = target - ready_after_open_s
         elif self.ema is None:
@@ -763,7 +771,7 @@ class Gossip:
             EMB: {r.peer_id for r in peers},
         }
         me = self.record()
-        deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at)
+        deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at, len(expected[BLOCK]) + len(expected[EMB]))
         deadline = rs.ready_at + deadline_s
         tasks = [
             asyncio.create_task(self._dial(rs, p, kind, deadline))
