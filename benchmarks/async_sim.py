@@ -59,10 +59,10 @@ def parse(argv: list[str] | None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--targets",
-        default=f"0.7,{DEFAULT_TARGET}",
+        default=f"{DEFAULT_TARGET}",
         help="participation targets of the quantile policy, comma-separated (one WAN run each)",
     )
-    p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 3 x --rounds)")
+    p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE11_async.md"))
     return p.parse_args(argv)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
     # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
     wan = WAN_REGIMES[1]
-    policy_cfg = replace(cfg, rounds=args.max_policy_rounds or 3 * args.rounds)
+    policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
     lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
     results[wan, "lockstep"] = lock
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]

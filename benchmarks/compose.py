@@ -17,6 +17,7 @@ PARTS = [
     ("Quality at realistic budgets: block-0 fix, messages between blocks (issue 8, open)", "ISSUE8.md"),
     ("A swarm across hosts: network namespaces, user-space delay (issue 10)", "ISSUE10_netns.md"),
     ("Bad input: exit codes, messages and seconds to the message (issue 10)", "ISSUE10_bad_input.md"),
+    ("Asynchronous network simulator: Tables 4/5 at CPU scale, deadline policies (issue 11)", "ISSUE11_async.md"),
     ("Public-swarm trust: the cost of identities, signatures and the swarm key (issue 9)", "ISSUE9_trust_cost.md"),
 ]
 HEADER = """# BlockTrain benchmarks
