@@ -130,7 +130,7 @@ def _round_delta(attack: str | None, merge: str = "robust") -> tuple[dict[str, t
     from swarm_utils import memory_round, memory_swarm
 
     async def scenario():
-        peers, _, board = memory_swarm([0, 0, 0, 0], codec="int8", merge=merge)
+        peers, _, board = memory_swarm([0, 0, 0, 0], codec="int8", merge=merge, deadline_max_s=60.0)
         before = {k: v.clone() for k, v in peers[0].state.base_block.items()}
         if attack is not None:
             bad = peers[3].state
@@ -165,3 +165,30 @@ def test_a_byzantine_peer_in_a_round_of_four_barely_moves_the_honest_replicas():
     # nearly orthogonal honest delta here: bounded as above, and no worse than the mean in the unit tests)
     plain = _round_delta("sign_flip", merge="mean")[0]
     assert dist(_round_delta("sign_flip")[0], clean) < dist(plain, _round_delta(None, merge="mean")[0])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_peer_whose_training_diverged_sends_a_zero_delta_and_goes_back_to_its_base():
+    import asyncio
+
+    from swarm_utils import memory_round, memory_swarm
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0], codec="int8", deadline_max_s=60.0)
+        sick = peers[2].state
+        base = {k: v.clone() for k, v in sick.base_block.items()}
+        healthy_deltas = sick.deltas
+
+        def deltas():
+            block, emb = healthy_deltas()
+            return {k: torch.full_like(v, math.nan) for k, v in block.items()}, emb
+
+        sick.deltas = deltas  # type: ignore[method-assign]
+        reports = await memory_round(peers, board)
+        return peers, reports, base
+
+    peers, reports, base = asyncio.run(scenario())
+    assert all(r.rejected == 0 for r in reports)  # a zero delta is a valid one: nothing non-finite was sent
+    assert len({p.state.block_hash for p in peers}) == 1  # and all three still merge the same set
+    assert all(bool(torch.isfinite(v).all()) for p in peers for v in p.state.base_block.values())
+    assert any(not torch.equal(peers[0].state.base_block[k], base[k]) for k in base)  # the others' progress merged

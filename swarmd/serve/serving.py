@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 MAX_SESSION_ID = 128  # characters
 MAX_ROWS = 256  # sequences per request
+SIGMA_SLACK = 16.0  # sigma must lie in [sigma_lo / this, sigma_hi * this] (sampler steps use [sigma_lo, sigma_hi])
+Z_LIMIT_PER_SIGMA = 64.0  # |z| <= this x (sigma_hi + 1): ~10x the largest honest |z| (x0 + sigma x a gaussian)
+MESSAGE_LIMIT = 1e4  # |message| <= this
+DEFAULT_CACHE_BYTES = 512 << 20  # KV caches of all sessions and sampler steps together
 
 
 @dataclass
@@ -76,6 +80,7 @@ class ServingStats:
     batches: int = 0
     max_batch_requests: int = 0  # most requests ever run as one batch
     evicted_sessions: int = 0
+    evicted_caches: int = 0  # (session, step) caches dropped to stay within max_cache_bytes
     compute_s: float = 0.0
 
 
@@ -87,6 +92,8 @@ class BlockServing:
     :param device: torch device of the inference copy of the block
     :param max_sessions: cached sessions kept; the least recently used one is dropped beyond this
     :param max_batch_rows: most sequences run in one batch
+    :param max_cache_bytes: KV caches of all sessions and steps together; the least recently used
+        (session, step) cache is dropped beyond it (its next request gets SessionMissing and re-sends)
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class BlockServing:
         max_sessions: int = 64,
         max_batch_rows: int = 256,
         peer_id: str = "",
+        max_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         if not 0 <= block_index < cfg.blocks:
             raise ValueError(f"block_index {block_index} outside [0, {cfg.blocks})")
@@ -106,6 +114,9 @@ class BlockServing:
         self.stats = ServingStats()
         self._snapshot: _Snapshot | None = None
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.max_cache_bytes = max_cache_bytes
+        self.cache_bytes = 0  # bytes of every cached KV tensor (all sessions and steps)
+        self._cache_lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (session, step) -> bytes, LRU first
         self._lock = threading.Lock()  # guards _sessions between the loop thread and the worker
         self._pending: list[_Job] = []
         self._worker: asyncio.Task | None = None
@@ -148,7 +159,7 @@ class BlockServing:
         self._check_header(request)
         if request.end_session:
             with self._lock:
-                self._sessions.pop(request.session_id, None)
+                self._drop_session(request.session_id)
             return pb.ForwardReply(peer_id=self.peer_id)
         x, z, message = self._check_tensors(request)
         if self._snapshot is None:
@@ -173,10 +184,11 @@ class BlockServing:
 
     def _check_tensors(self, r: pb.ForwardRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         cfg = self.cfg
-        if not (math.isfinite(r.sigma) and r.sigma > 0):
-            raise ValidationError(f"sigma must be finite and > 0, got {r.sigma}")
-        if not r.final and not (math.isfinite(r.sigma_next) and r.sigma_next >= 0):
-            raise ValidationError(f"sigma_next must be finite and >= 0, got {r.sigma_next}")
+        lo, hi = cfg.sigma_lo / SIGMA_SLACK, cfg.sigma_hi * SIGMA_SLACK
+        if not (math.isfinite(r.sigma) and lo <= r.sigma <= hi):
+            raise ValidationError(f"sigma must be finite and in [{lo:g}, {hi:g}], got {r.sigma}")
+        if not r.final and not (math.isfinite(r.sigma_next) and 0 <= r.sigma_next <= hi):
+            raise ValidationError(f"sigma_next must be finite and in [0, {hi:g}], got {r.sigma_next}")
         if r.step_index < 0 or r.start_position < 0:
             raise ValidationError("step_index and start_position must be >= 0")
         if not r.use_cache and r.start_position != 0:
@@ -195,7 +207,13 @@ class BlockServing:
         limit = n * t * cfg.d_model * 4 + 1024
         x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
         z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
-        return x, z, self._check_message(r, n, t)
+        _check_range("z", z, Z_LIMIT_PER_SIGMA * (cfg.sigma_hi + 1))
+        if bool((x >= cfg.vocab).any()):
+            raise ValidationError(f"context holds a byte >= the vocabulary size {cfg.vocab}")
+        message = self._check_message(r, n, t)
+        if message is not None:
+            _check_range("message", message, MESSAGE_LIMIT)
+        return x, z, message
 
     def _check_message(self, r: pb.ForwardRequest, n: int, t: int) -> torch.Tensor | None:
         """The previous step's message: required iff the config passes one and this is not step 0."""
@@ -278,11 +296,13 @@ class BlockServing:
             session = self._sessions.get(r.session_id)
             if r.start_position == 0:
                 if session is None or r.step_index in session.caches:  # new session, or a restart (re-window, re-send)
+                    self._drop_session(r.session_id)
                     session = _Session(current)
                 self._sessions[r.session_id] = session
                 self._sessions.move_to_end(r.session_id)
                 while len(self._sessions) > self.max_sessions:
-                    dropped, _ = self._sessions.popitem(last=False)
+                    dropped = next(iter(self._sessions))
+                    self._drop_session(dropped)
                     self.stats.evicted_sessions += 1
                     logger.info(
                         "block %d: evicted session %s (LRU, %d kept)", self.block_index, dropped, self.max_sessions
@@ -296,7 +316,23 @@ class BlockServing:
                     f"{r.start_position}: re-send the prefix from position 0"
                 )
             self._sessions.move_to_end(r.session_id)
+            self._cache_lru.move_to_end((r.session_id, r.step_index))
             return session.snapshot, held[1], r.start_position
+
+    def _drop_session(self, session_id: str) -> None:
+        """Forget a session and its caches (call under self._lock)."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            for step in list(session.caches):
+                self._drop_cache(session_id, step)
+            del self._sessions[session_id]
+
+    def _drop_cache(self, session_id: str, step: int) -> None:
+        """Forget one (session, step) cache and its bytes (call under self._lock)."""
+        self.cache_bytes -= self._cache_lru.pop((session_id, step), 0)
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.caches.pop(step, None)
 
     @torch.no_grad()
     def _run_group(
@@ -331,6 +367,13 @@ class BlockServing:
         offset = 0
         for (job, _, _), n in zip(members, rows):
             mine = slice(offset, offset + n)
+            if not (
+                bool(torch.isfinite(out[mine]).all())
+                and (message_out is None or torch.isfinite(message_out[mine]).all())
+            ):
+                offset += n  # never answer (or cache) non-finite values: the request's inputs are out of range
+                results.append((job, ValidationError("the request's inputs give non-finite outputs (out of range)")))
+                continue
             if cache is not None:
                 split = [{kv: layer_cache[kv][mine] for kv in ("k", "v")} for layer_cache in cache]
                 self._store(job.request, snap, past + x.shape[1], split)
@@ -347,7 +390,24 @@ class BlockServing:
             session = self._sessions.get(r.session_id)
             if session is None or session.snapshot is not snap:  # evicted meanwhile (or restarted)
                 return
+            size = sum(t.numel() * t.element_size() for layer in cache for t in layer.values())
+            self._drop_cache(r.session_id, r.step_index)
+            if size > self.max_cache_bytes:
+                return  # larger than the whole budget: not cached (the next request re-sends from position 0)
             session.caches[r.step_index] = (positions, cache)
+            self._cache_lru[(r.session_id, r.step_index)] = size
+            self.cache_bytes += size
+            while self.cache_bytes > self.max_cache_bytes:
+                sid, step = next(iter(self._cache_lru))
+                self._drop_cache(sid, step)
+                self.stats.evicted_caches += 1
+
+
+def _check_range(name: str, t: torch.Tensor, limit: float) -> None:
+    """ValidationError unless every value of t lies in [-limit, limit] (from_proto already refused non-finite)."""
+    peak = float(t.abs().max()) if t.numel() else 0.0
+    if peak > limit:
+        raise ValidationError(f"{name} holds values beyond +-{limit:g} (got {peak:.3g})")
 
 
 def _chunks(members: list, max_rows: int):

@@ -88,6 +88,7 @@ class Daemon:
         self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
         self.announced = ""  # HOST:PORT other peers dial (--announce, or the --listen / detected host), from start()
         self.service = SwarmService(self)
+        self.client.payload_limit = self.service.payload_limit  # replies admitted up to the size our config implies
         self.checkpoint_failures = 0  # consecutive failed checkpoint writes (0 after a good one)
 
     @property
@@ -140,6 +141,7 @@ class Daemon:
                 swarm_key=self.swarm_key,
                 tls=self.tls,
                 max_payload_bytes=c.gossip.max_payload_bytes,
+                **self.service.server_limits(),
             )
             self.announced = plan.grpc_address(self.server.port)
         me = PeerRecord(
@@ -150,7 +152,9 @@ class Daemon:
         self.gossip = Gossip(
             self.state, self.client, c.gossip, me, self.metrics, identity=self.identity, lookup=self.records
         )
-        self.serving = BlockServing(self.cfg, block, c.device, peer_id=self.peer_id)
+        self.serving = BlockServing(
+            self.cfg, block, c.device, peer_id=self.peer_id, max_cache_bytes=c.net.serve_cache_bytes
+        )
         self._update_serving()
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
         resume = (self.state.round,) if resumed else ()

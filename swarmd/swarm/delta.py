@@ -47,6 +47,20 @@ def shapes_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in tensors.items()}
 
 
+def payload_size_bound(shapes: dict[str, tuple[int, ...]], codec: Codec, zstd: bool = True) -> int:
+    """Largest payload encode() can produce for tensors of these shapes with codec (zstd's worst case included).
+
+    The receiver admits a stream only up to this (plus PAYLOAD_SLACK): the exact size its config implies.
+    """
+    n = sum(_spec_nbytes(codec, tuple(s)) for s in shapes.values())
+    if zstd:  # ZSTD_COMPRESSBOUND, plus the frame header
+        n += (n >> 8) + (((128 << 10) - n) >> 11 if n < (128 << 10) else 0) + 32
+    return n
+
+
+PAYLOAD_SLACK = 1024  # bytes admitted beyond payload_size_bound
+
+
 def _rows(shape: tuple[int, ...]) -> int:
     """Number of int8 scale rows of a tensor: its first dimension if it has 2+ dims, else 1."""
     return int(shape[0]) if len(shape) >= 2 else 1

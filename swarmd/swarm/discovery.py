@@ -24,6 +24,7 @@ import functools
 import glob
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from swarmd.errors import PeerUnavailable, SwarmdError
 from swarmd.swarm.addresses import check_peer_addresses, free_port, is_multiaddr, multiaddr
-from swarmd.swarm.trust import dht_record_problem, verified
+from swarmd.swarm.trust import dht_record_problem, is_valid, verified
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +93,16 @@ class PeerRecord:
             rec = cls(**value)
             if not all(isinstance(getattr(rec, k), int) and not isinstance(getattr(rec, k), bool) for k in _INTS):
                 raise ValueError("wrong field types")
+            numbers = (rec.samples_per_s, rec.expires)
+            if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in numbers):
+                raise ValueError("samples_per_s and expires must be finite numbers")
+            if rec.samples_per_s < 0:
+                raise ValueError("negative samples_per_s")
             rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
             if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not isinstance(rec.client_mode, bool):
                 raise ValueError("wrong field types")
             return rec
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             logger.debug("ignoring malformed peer record %r: %s", value, exc)
             return None
 
@@ -196,8 +202,13 @@ class StaticDiscovery:
                 continue
             if self.swarm_id and st.swarm_id != self.swarm_id:
                 continue
-            records.append(record_from_status(st, address))
-        return sorted({r.peer_id: r for r in verified(records)}.values(), key=lambda r: r.peer_id)
+            rec = record_from_status(st, address)
+            if st.signed_record and not is_valid(rec):
+                logger.debug("static peer %s sent a record that is not signed by the peer it names", address)
+                continue
+            records.append(rec)  # a status without a signed record (an inference-only peer) is kept unsigned:
+        # gossip and re-sync use signed records only (Gossip._remember), the survey and inference may use it
+        return sorted({r.peer_id: r for r in records}.values(), key=lambda r: r.peer_id)
 
     def multiaddrs(self) -> list[str]:
         return []

@@ -59,7 +59,7 @@ from swarmd.errors import (
     WrongBlock,
 )
 from swarmd.protocol import Codec, PayloadKind
-from swarmd.swarm.delta import ErrorFeedback, decode, encode
+from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
@@ -411,6 +411,18 @@ class Gossip:
         train = self.state.train_cfg
         lr = train.lr * (1.0 if kind.is_block else max(1.0, train.table_lr_scale))
         return delta_norm_bound(self.cfg.steps_per_round, lr, numel, self.cfg.max_delta_factor)
+
+    def payload_limit(self, header: pb.PayloadHeader) -> int:
+        """Bytes a payload with this header may have: the exact size our shapes imply for its kind and codec
+        (zstd's worst case and PAYLOAD_SLACK included); 0 for a kind or codec we do not know (refused)."""
+        kind = _kind(header.kind)
+        try:
+            codec = Codec.from_pb(header.codec)
+        except ValueError:
+            return 0
+        if kind is None:
+            return 0
+        return payload_size_bound(self._expected_shapes(kind), codec, bool(header.zstd)) + PAYLOAD_SLACK
 
     def _check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind) -> None:
         norm, bound = delta_norm(tensors), self.norm_bound(kind)

@@ -75,6 +75,12 @@ class NetConfig:
     dht_start_timeout_s: float = 30.0  # give up starting / joining the DHT after this long
     # serve Prometheus metrics on this port of the --listen host (None = off, 0 = pick a free one)
     metrics_port: int | None = None
+    # what one caller can hold on our gRPC server (swarmd.transport.limits); excess is RESOURCE_EXHAUSTED at once
+    max_streams: int = 64  # ExchangeDeltas + PullState streams served at once, all callers (0 = no cap)
+    max_streams_per_peer: int = 32  # ... from one caller host (0 = no cap)
+    forward_rate: float = 2000.0  # Forward requests per second per caller host, sustained (0 = no limit)
+    forward_burst: float = 4000.0  # ... with bursts up to this many
+    serve_cache_bytes: int = 512 << 20  # KV caches of all Forward sessions and sampler steps together (LRU)
 
     def __post_init__(self) -> None:
         if not self.swarm_id or any(c in self.swarm_id for c in " /"):
@@ -98,6 +104,10 @@ class NetConfig:
             if is_unspecified(announce_host):
                 raise ConfigError(f"announce must be an address other hosts can dial, not {announce_host}")
         check_peer_addresses(self.initial_peers)
+        if min(self.max_streams, self.max_streams_per_peer, self.forward_rate, self.forward_burst) < 0:
+            raise ConfigError("max_streams, max_streams_per_peer, forward_rate and forward_burst must be >= 0")
+        if self.serve_cache_bytes < 0:
+            raise ConfigError(f"serve_cache_bytes must be >= 0, got {self.serve_cache_bytes}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
 

@@ -9,7 +9,7 @@ through the peer as anything with an async `forward(request)`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from swarmd.errors import NotReady, SwarmdError
 from swarmd.protocol import PeerState, swarm_config
@@ -18,6 +18,7 @@ from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.state import BlockState
 from swarmd.transport.framing import Encoded
+from swarmd.transport.limits import RateLimiter, StreamLimiter
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -115,6 +116,21 @@ class SwarmService:
         if self.peer.serving is None:
             raise SwarmdError("this peer does not serve inference")
         return await self.peer.serving.forward(request)
+
+    def payload_limit(self, header: pb.PayloadHeader) -> int:
+        """Largest payload admitted for this header: the exact size under our config (gossip.payload_limit);
+        the config's max_payload_bytes while the peer is still starting (its RPCs answer NotReady then)."""
+        gossip = self.peer.gossip
+        return gossip.payload_limit(header) if gossip is not None else self.peer.config.gossip.max_payload_bytes
+
+    def server_limits(self) -> dict[str, Any]:
+        """start_server's keyword arguments that bound what callers can hold (config: NetConfig limits)."""
+        net = self.peer.config.net
+        return dict(
+            payload_limit=self.payload_limit,
+            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer),
+            forward_rate=RateLimiter(net.forward_rate, net.forward_burst),
+        )
 
     def _gossip(self) -> Gossip:
         if self.peer.gossip is None:

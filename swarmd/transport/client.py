@@ -21,7 +21,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
 from swarmd.transport.auth import default_swarm_key, proof_metadata
-from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.transport.framing import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_CHUNK_BYTES,
+    Encoded,
+    PayloadLimit,
+    read_payload,
+    to_messages,
+)
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
 from swarmd.transport.tls import fetch_pinned_cert, pinned_credentials
@@ -193,6 +200,8 @@ class PeerClient:
         cause (the retry policy still retries UNAVAILABLE a few times, within about a second)
     :param meter: gets the wire bytes of every payload exchange() and pull_state() move (and the
         fp32 size their headers declare); the client keeps no counters of its own
+    :param payload_limit: the largest payload admitted for a header (the exact size its kind has under
+        our config); settable later (`client.payload_limit = ...`), None = max_payload_bytes only
     :note: create and use it on one asyncio loop; close() it before the loop ends.
     """
 
@@ -205,8 +214,10 @@ class PeerClient:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         meter: ByteMeter | None = None,
         wait_for_ready: bool = False,
+        payload_limit: PayloadLimit | None = None,
     ):
         self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
+        self.payload_limit = payload_limit
         self.wait_for_ready = wait_for_ready
         # a private swarm's key: every call carries a fresh proof of it (swarmd.transport.auth)
         self.swarm_key = swarm_key if swarm_key is not None else default_swarm_key()
@@ -335,7 +346,7 @@ class PeerClient:
     async def _read(self, address: str, call) -> Encoded:
         """Read one payload from a response stream; cancel the call on any failure."""
         try:
-            enc = await read_payload(_responses(call), self.max_payload_bytes, self.max_chunk_bytes)
+            enc = await read_payload(_responses(call), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit)
         except grpc.RpcError as exc:
             raise self._error(address, exc) from None
         except ValidationError as exc:

@@ -10,7 +10,7 @@ Pure: protobuf and hashlib only; no torch, no grpc.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from swarmd.errors import PeerRejected, ValidationError
@@ -18,6 +18,9 @@ from swarmd.v1 import swarm_pb2 as pb
 
 MAX_CHUNK_BYTES = 1 << 20  # default chunk size on the wire; well below gRPC's 4 MiB default limit
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 30  # refuse payloads (and decoded blobs) larger than this
+
+# the largest payload admitted for a header (0: refuse): the receiver's exact size for that kind and config
+PayloadLimit = Callable[[pb.PayloadHeader], int]
 
 
 @dataclass
@@ -59,12 +62,15 @@ async def read_payload(
     messages: AsyncIterator[pb.Payload],
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    limit: PayloadLimit | None = None,
 ) -> Encoded:
     """Read one payload (header, chunks, end) from a message stream and check its framing.
 
     Stops right after the end message, so the stream can carry more afterwards. Checks: header
-    first, declared size within max_payload_bytes (before anything is buffered), each chunk at
-    most max_chunk_bytes, chunks adding up to exactly payload_bytes, sha256 of the bytes.
+    first, declared size within max_payload_bytes and within limit(header) when a limit is given
+    (the size this kind of payload can have under the receiver's config; both before anything is
+    buffered), each chunk at most max_chunk_bytes, chunks adding up to exactly payload_bytes,
+    sha256 of the bytes.
     :raises PeerRejected: the peer sent a reject; ValidationError: any framing violation
     """
     it = aiter(messages)
@@ -80,6 +86,8 @@ async def read_payload(
     size = header.payload_bytes
     if size > max_payload_bytes:
         raise ValidationError(f"payload of {size} bytes exceeds the limit of {max_payload_bytes}")
+    if limit is not None and size > (admitted := limit(header)):
+        raise ValidationError(f"payload of {size} bytes exceeds the {admitted} bytes this kind of payload can have")
     chunks: list[bytes] = []
     got, hasher = 0, hashlib.sha256()
     async for msg in it:

@@ -4,12 +4,18 @@ Owns the grpc.aio server: swarmd.v1.Swarm (delegating every RPC to a SwarmHandle
 implements), grpc.health.v1 (SERVING while up) and server reflection, so grpcurl and
 grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes (through
 swarmd.transport.status, the class name travelling in trailing metadata); no torch
-math and no gossip policy here. Runs on the caller's asyncio loop and starts no threads itself.
+math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits): payload
+streams at once (in total and per caller host; the one over is refused with RESOURCE_EXHAUSTED at
+once), a payload admitted only up to the size its kind has under the daemon's config
+(payload_limit) and within payload_timeout_s, Forward requests per second per caller host; a
+request that is not a valid protobuf message is INVALID_ARGUMENT. Runs on the caller's asyncio
+loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -20,8 +26,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.errors import SwarmdError, ValidationError
-from swarmd.transport.framing import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, Encoded, read_payload, to_messages
+from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
+from swarmd.transport.framing import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_CHUNK_BYTES,
+    Encoded,
+    PayloadLimit,
+    read_payload,
+    to_messages,
+)
+from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host
 from swarmd.transport.status import status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
@@ -30,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
 MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
+PAYLOAD_TIMEOUT_S = 30.0  # a caller's whole payload must arrive within this (a stalled stream frees its slot)
 
 
 class SwarmHandler(Protocol):
@@ -64,10 +79,19 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         handler: SwarmHandler,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
+        *,
+        payload_limit: PayloadLimit | None = None,
+        streams: StreamLimiter | None = None,
+        forward_rate: RateLimiter | None = None,
+        payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
     ):
         self.handler = handler
         self.max_payload_bytes = max_payload_bytes
         self.max_chunk_bytes = max_chunk_bytes
+        self.payload_limit = payload_limit
+        self.streams = streams if streams is not None else StreamLimiter()
+        self.forward_rate = forward_rate if forward_rate is not None else RateLimiter()
+        self.payload_timeout_s = payload_timeout_s
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> NoReturn:
         code = status_code_for(exc)
@@ -85,16 +109,32 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         except Exception as exc:
             await self._abort(context, method, exc)
 
+    async def _parsed(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> None:
+        """Abort with INVALID_ARGUMENT when the request was not a valid protobuf message."""
+        if isinstance(request, Undecodable):
+            await self._abort(context, method, request.exception())
+
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
+        await self._parsed(context, "GetStatus", request)
         return await self._answer(context, "GetStatus", self.handler.status)
 
     async def GetConfig(self, request: pb.ConfigRequest, context) -> pb.SwarmConfig:
+        await self._parsed(context, "GetConfig", request)
         return await self._answer(context, "GetConfig", self.handler.swarm_config)
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
-        enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
-        for msg in to_messages(enc, self.max_chunk_bytes):
-            yield msg
+        await self._parsed(context, "PullState", request)
+        caller = caller_host(context.peer())
+        try:
+            self.streams.acquire(caller)
+        except SwarmdError as exc:
+            await self._abort(context, "PullState", exc)
+        try:
+            enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
+            for msg in to_messages(enc, self.max_chunk_bytes):
+                yield msg
+        finally:
+            self.streams.release(caller)
 
     async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload]:
         """Read the caller's payload, let the handler answer, stream the answer back.
@@ -102,24 +142,113 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
         Payload(reject=reason), which the caller's read_payload turns into PeerRejected.
         """
+        caller = caller_host(context.peer())
         try:
-            incoming = await read_payload(request_iterator, self.max_payload_bytes, self.max_chunk_bytes)
+            self.streams.acquire(caller)
+        except SwarmdError as exc:
+            await _read_one(request_iterator)  # grpc aio answers INTERNAL to a bidi abort before any read
+            await self._abort(context, "ExchangeDeltas", exc)
+        try:
+            try:
+                incoming = await asyncio.wait_for(
+                    read_payload(
+                        _checked(request_iterator), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit
+                    ),
+                    self.payload_timeout_s,
+                )
+            except TimeoutError:
+                raise DeadlineExceeded(f"the payload did not arrive within {self.payload_timeout_s:g} s") from None
             reply = await self.handler.exchange(incoming)
         except ValidationError as exc:
+            self.streams.release(caller)
             logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), _one_line(exc))
             yield pb.Payload(reject=_one_line(exc))
             return
-        except Exception as exc:
+        except BaseException as exc:
+            self.streams.release(caller)
+            if not isinstance(exc, Exception):
+                raise  # cancelled: the caller went away
             await self._abort(context, "ExchangeDeltas", exc)
             return
-        for msg in to_messages(reply, self.max_chunk_bytes):
-            yield msg
+        try:
+            for msg in to_messages(reply, self.max_chunk_bytes):
+                yield msg
+        finally:
+            self.streams.release(caller)
 
     async def Forward(self, request_iterator, context) -> AsyncIterator[pb.ForwardReply]:
         """One reply per request, in order, on one long-lived stream (a sampling session)."""
-        async for request in request_iterator:
+        caller = caller_host(context.peer())
+        requests = aiter(_checked(request_iterator))
+        while True:
+            try:
+                request = await anext(requests)
+                self.forward_rate.take(caller)
+            except StopAsyncIteration:
+                return
+            except SwarmdError as exc:
+                await self._abort(context, "Forward", exc)
             reply = await self._answer(context, "Forward", partial(self.handler.forward, request))
             yield reply if reply is not None else pb.ForwardReply()  # e.g. end_session: an empty reply
+
+
+async def _read_one(requests: AsyncIterator[Any], timeout_s: float = 1.0) -> None:
+    """Read (and drop) the first message of a request stream, waiting at most timeout_s."""
+    try:
+        await asyncio.wait_for(anext(aiter(requests), None), timeout_s)
+    except Exception:  # whatever the caller sent (or not), the call is refused next
+        pass
+
+
+class Undecodable:
+    """What a request that is not a valid protobuf message becomes (the servicer answers INVALID_ARGUMENT)."""
+
+    def __init__(self, type_name: str, error: Exception):
+        self.type_name, self.error = type_name, error
+
+    def exception(self) -> ValidationError:
+        return ValidationError(f"request is not a valid {self.type_name}: {_one_line(self.error)}")
+
+
+def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    """cls.FromString that returns an Undecodable instead of raising (grpc would answer UNKNOWN/INTERNAL)."""
+    name = cls.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as exc:  # google.protobuf.message.DecodeError, or a RuntimeWarning-ish parse failure
+            return Undecodable(name, exc)
+
+    return parse
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream that raises the ValidationError of the first undecodable message."""
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.exception()
+        yield request
+
+
+def _add_servicer(servicer: SwarmServicer, server: grpc.aio.Server) -> None:
+    """pb_grpc.add_SwarmServicer_to_server, with requests parsed leniently (undecodable -> INVALID_ARGUMENT)."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Swarm"].methods:
+        request_cls, reply_cls = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[method.name] = kinds[(method.client_streaming, method.server_streaming)](
+            getattr(servicer, method.name),
+            request_deserializer=_lenient(request_cls),
+            response_serializer=reply_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def format_address(host: str, port: int) -> str:
@@ -169,6 +298,10 @@ async def start_server(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    payload_limit: PayloadLimit | None = None,
+    streams: StreamLimiter | None = None,
+    forward_rate: RateLimiter | None = None,
+    payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
 ) -> SwarmServer:
     """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
 
@@ -178,13 +311,26 @@ async def start_server(
     :param max_payload_bytes: largest delta/state payload accepted from a caller, in bytes
     :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
     :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
+    :param payload_limit: the largest payload admitted for a header (the exact size under the daemon's config)
+    :param streams: caps on payload streams at once (default: StreamLimiter())
+    :param forward_rate: Forward requests per second per caller host (default: RateLimiter())
+    :param payload_timeout_s: a caller's payload must have arrived this long after its stream opened
     :raises SwarmdError: the address cannot be bound
     """
     from swarmd.transport.auth import server_interceptors
     from swarmd.transport.tls import add_port
 
     server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=server_interceptors(swarm_key))
-    pb_grpc.add_SwarmServicer_to_server(SwarmServicer(handler, max_payload_bytes, max_chunk_bytes), server)
+    servicer = SwarmServicer(
+        handler,
+        max_payload_bytes,
+        max_chunk_bytes,
+        payload_limit=payload_limit,
+        streams=streams,
+        forward_rate=forward_rate,
+        payload_timeout_s=payload_timeout_s,
+    )
+    _add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)

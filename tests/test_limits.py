@@ -1,0 +1,299 @@
+"""Bounded resources (issue 9 item 5): stream caps, exact payload admission, payload deadline, Forward rate,
+undecodable requests, Forward KV-cache byte bound and range checks. Servers are real gRPC on 127.0.0.1:0."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import grpc
+import pytest
+import torch
+
+from swarmd.errors import Busy, SessionMissing, ValidationError
+from swarmd.serve.serving import BlockServing
+from swarmd.swarm.delta import encode
+from swarmd.transport import PeerClient, start_server
+from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host
+from swarmd.v1 import swarm_pb2 as pb
+from swarmd.v1 import swarm_pb2_grpc as pb_grpc
+from swarmd.wire import to_proto
+from tests.test_inference import CFG, tiny_model
+from tests.test_transport import META, FakeHandler, delta
+
+
+# -- pure limiters ---------------------------------------------------------------------------------------------
+def test_caller_host_keys_by_host_not_port():
+    assert caller_host("ipv4:127.0.0.1:5555") == "127.0.0.1"
+    assert caller_host("ipv6:[::1]:5555") == "::1"
+    assert caller_host("unix:/tmp/x") == "unix:/tmp/x"
+
+
+def test_stream_limiter_caps_total_and_per_caller_and_releases():
+    lim = StreamLimiter(max_total=3, max_per_caller=2)
+    lim.acquire("a")
+    lim.acquire("a")
+    with pytest.raises(Busy, match="per caller"):
+        lim.acquire("a")
+    lim.acquire("b")
+    with pytest.raises(Busy, match="limit 3"):
+        lim.acquire("c")
+    lim.release("a")
+    lim.acquire("c")
+    assert lim.total == 3 and lim.refused == 2 and lim.by_caller == {"a": 1, "b": 1, "c": 1}
+    for caller in ("a", "b", "c"):
+        lim.release(caller)
+    assert lim.total == 0 and lim.by_caller == {}
+
+
+def test_rate_limiter_is_a_token_bucket_per_caller():
+    now = [0.0]
+    lim = RateLimiter(rate=2.0, burst=3.0, clock=lambda: now[0])
+    for _ in range(3):
+        lim.take("a")
+    with pytest.raises(Busy, match="rate"):
+        lim.take("a")
+    lim.take("b")  # another caller has its own bucket
+    now[0] = 1.0  # two tokens back
+    lim.take("a")
+    lim.take("a")
+    with pytest.raises(Busy):
+        lim.take("a")
+    RateLimiter(rate=0).take("x")  # 0 = unlimited
+
+
+# -- a real server -----------------------------------------------------------------------------------------------
+def _payload():
+    return encode(delta(1), "int8", **META, peer_id="peer-a")
+
+
+def test_a_stream_declaring_more_than_the_config_implies_is_refused_at_once():
+    async def go():
+        handler = FakeHandler()
+        server = await start_server(handler, payload_limit=lambda header: 20_000)
+        channel = grpc.aio.insecure_channel(server.address)
+        try:
+            stub = pb_grpc.SwarmStub(channel)
+            header = _payload().header
+            header.payload_bytes = 500 << 20  # 500 MiB declared; nothing of it is ever sent
+
+            async def requests():
+                yield pb.Payload(header=header)
+                await asyncio.Event().wait()  # keep the stream open, like the attacker
+
+            started = time.monotonic()
+            call = stub.ExchangeDeltas(requests(), timeout=10)
+            first = await call.read()
+            elapsed = time.monotonic() - started
+            call.cancel()
+            return first, elapsed, handler.entered.is_set()
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    first, elapsed, entered = asyncio.run(go())
+    assert first.WhichOneof("part") == "reject" and "20000" in first.reject
+    assert elapsed < 2.0 and not entered
+
+
+def test_the_stream_over_the_cap_is_refused_with_resource_exhausted_and_slots_come_back():
+    async def go():
+        handler = FakeHandler()
+        handler.hang = True
+        entered = 0
+        all_in = asyncio.Event()
+        hang_exchange = handler.exchange
+
+        async def counting(incoming):
+            nonlocal entered
+            entered += 1
+            if entered == 3:
+                all_in.set()
+            return await hang_exchange(incoming)
+
+        handler.exchange = counting  # type: ignore[method-assign]
+        server = await start_server(handler, streams=StreamLimiter(max_total=3, max_per_caller=3))
+        client = PeerClient()
+        try:
+            held = [asyncio.create_task(client.exchange(server.address, _payload(), 30.0)) for _ in range(3)]
+            await asyncio.wait_for(all_in.wait(), 10)
+            started = time.monotonic()
+            with pytest.raises(Busy):
+                await client.exchange(server.address, _payload(), 10.0)
+            refused_s = time.monotonic() - started
+            with pytest.raises(Busy):
+                await client.pull_state(server.address, pb.PullStateRequest(**{**_pull(), "kind": 3}), 10.0)
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            handler.hang = False
+            deadline = time.monotonic() + 10
+            while True:  # the server sees the cancellations shortly after: slots come back
+                try:
+                    reply = await client.exchange(server.address, _payload(), 10.0)
+                    break
+                except Busy:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+            return refused_s, reply
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    refused_s, reply = asyncio.run(go())
+    assert refused_s < 2.0 and reply.header.peer_id == "peer-b"
+
+
+def _pull() -> dict:
+    return dict(swarm_id=META["swarm_id"], config_hash=META["config_hash"], block_index=0)
+
+
+def test_a_stalled_payload_is_dropped_after_the_payload_timeout():
+    async def go():
+        server = await start_server(FakeHandler(), payload_timeout_s=0.5)
+        channel = grpc.aio.insecure_channel(server.address)
+        try:
+
+            async def requests():
+                yield pb.Payload(header=_payload().header)  # then nothing
+                await asyncio.Event().wait()
+
+            call = pb_grpc.SwarmStub(channel).ExchangeDeltas(requests(), timeout=10)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as err:
+                await call.read()
+            return err.value.code(), time.monotonic() - started
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    code, elapsed = asyncio.run(go())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and elapsed < 3.0
+
+
+def test_undecodable_requests_are_invalid_argument():
+    async def go():
+        server = await start_server(FakeHandler())
+        channel = grpc.aio.insecure_channel(server.address)
+        garbage = b"\xff\xff\xff\x01garbage"
+        try:
+            codes = {}
+            for method, kind in (("GetStatus", "unary_unary"), ("GetConfig", "unary_unary")):
+                with pytest.raises(grpc.RpcError) as err:
+                    await getattr(channel, kind)(f"/swarmd.v1.Swarm/{method}")(garbage, timeout=5)
+                codes[method] = err.value.code()
+            with pytest.raises(grpc.RpcError) as err:
+                async for _ in channel.unary_stream("/swarmd.v1.Swarm/PullState")(garbage, timeout=5):
+                    pass
+            codes["PullState"] = err.value.code()
+
+            async def one():
+                yield garbage
+
+            with pytest.raises(grpc.RpcError) as err:
+                async for _ in channel.stream_stream("/swarmd.v1.Swarm/Forward")(one(), timeout=5):
+                    pass
+            codes["Forward"] = err.value.code()
+            replies = [r async for r in channel.stream_stream("/swarmd.v1.Swarm/ExchangeDeltas")(one(), timeout=5)]
+            return codes, pb.Payload.FromString(replies[0])
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    codes, reply = asyncio.run(go())
+    assert set(codes.values()) == {grpc.StatusCode.INVALID_ARGUMENT}, codes
+    assert reply.WhichOneof("part") == "reject" and "not a valid swarmd.v1.Payload" in reply.reject
+
+
+def test_forward_requests_over_the_rate_are_resource_exhausted():
+    def ok() -> pb.ForwardRequest:
+        return pb.ForwardRequest(config_hash=META["config_hash"], z=to_proto(torch.zeros(2)))
+
+    async def go():
+        server = await start_server(FakeHandler(), forward_rate=RateLimiter(rate=0.01, burst=2))
+        client = PeerClient()
+        try:
+            session = client.forward_session(server.address)
+            await session.step(ok(), 5)
+            await session.step(ok(), 5)
+            with pytest.raises(Busy, match="rate"):
+                await session.step(ok(), 5)
+            await session.close()
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    asyncio.run(go())
+
+
+# -- Forward: KV-cache bytes and ranges ------------------------------------------------------------------------
+def _request(step: int, start: int = 0, t: int = 4, **kw) -> pb.ForwardRequest:
+    req = pb.ForwardRequest(
+        block_index=0,
+        config_hash=CFG.config_hash(),
+        sigma=CFG.sigma_hi,
+        sigma_next=CFG.sigma_lo,
+        session_id="s",
+        use_cache=True,
+        step_index=step,
+        start_position=start,
+        **kw,
+    )
+    req.context.CopyFrom(to_proto(torch.zeros(1, t, dtype=torch.uint8)))
+    req.z.CopyFrom(to_proto(torch.randn(1, t, CFG.d_model)))
+    if CFG.message_dim and step > 0:  # a config whose steps pass a message takes one from step 1 on
+        req.message.CopyFrom(to_proto(torch.zeros(1, t, CFG.message_dim)))
+    return req
+
+
+def _serving(**kw) -> BlockServing:
+    blocks, emb = tiny_model()
+    s = BlockServing(CFG, 0, **kw)
+    s.update_weights(blocks[0].state_dict(), emb.table)
+    return s
+
+
+def test_one_session_with_many_step_indexes_stays_within_the_cache_bytes():
+    probe = _serving()
+    asyncio.run(probe.forward(_request(0)))
+    per_step = probe.cache_bytes
+    assert per_step > 0
+    s = _serving(max_cache_bytes=5 * per_step)
+
+    async def go():
+        for step in range(60):  # the issue's attack: one session, many distinct step_index values
+            await s.forward(_request(step))
+            assert s.cache_bytes <= 5 * per_step
+        await s.forward(_request(59, start=4, t=1))  # the most recent step is still cached
+        with pytest.raises(SessionMissing):  # the oldest was evicted: the caller re-sends from position 0
+            await s.forward(_request(0, start=4, t=1))
+
+    asyncio.run(go())
+    assert s.stats.evicted_caches >= 55 and len(s.session_info("s").cached_positions) <= 5
+    asyncio.run(
+        s.forward(pb.ForwardRequest(block_index=0, config_hash=CFG.config_hash(), session_id="s", end_session=True))
+    )
+    assert s.cache_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "field, value, pattern",
+    [
+        ("sigma", 1e30, "sigma"),
+        ("sigma", 1e-30, "sigma"),
+        ("sigma_next", 1e30, "sigma_next"),
+        ("z", 1e30, "z holds values"),
+        ("z", math.inf, "NaN or infinite"),
+    ],
+)
+def test_out_of_range_forward_inputs_are_validation_errors(field, value, pattern):
+    s = _serving()
+    req = _request(0)
+    if field == "z":
+        req.z.CopyFrom(to_proto(torch.full((1, 4, CFG.d_model), value)))
+    else:
+        setattr(req, field, value)
+    with pytest.raises(ValidationError, match=pattern):
+        asyncio.run(s.forward(req))
+    assert s.cache_bytes == 0
