@@ -49,15 +49,25 @@ def parse_args(argv=None):
     p.add_argument(
         "--trajectory-prob",
         type=float,
-        default=TrainConfig.trajectory_prob,
-        help="train on the sampler's own trajectory (swarm and single-process alike)",
+        default=None,
+        help="train on the sampler's own trajectory (swarm and single-process alike; default: the config's)",
+    )
+    p.add_argument(
+        "--documented",
+        action="store_true",
+        help="the documented DiffusionBlocks block and noisy targets (ModelConfig.documented(), trajectory 0, "
+        "block 0's noise path trained) instead of the default block",
     )
     common.add_outputs(p, "swarm")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.trajectory_prob is None:
+        a.trajectory_prob = 0.0 if a.documented else TrainConfig.trajectory_prob
+    a.freeze_z_in = "none" if a.documented else TrainConfig.freeze_z_in
+    return a
 
 
 def model_config(a) -> ModelConfig:
-    return ModelConfig(
+    return (ModelConfig.documented if a.documented else ModelConfig)(
         blocks=a.blocks,
         layers_per_block=a.layers_per_block,
         d_model=a.d_model,
@@ -69,7 +79,9 @@ def model_config(a) -> ModelConfig:
 
 def train_config(a) -> TrainConfig:
     # exactly what `blocktrain run` and LocalSwarm build
-    return peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=0, trajectory_prob=a.trajectory_prob)
+    return peer_train_config(
+        a.steps, batch_size=a.batch_size, lr=a.lr, seed=0, trajectory_prob=a.trajectory_prob, freeze_z_in=a.freeze_z_in
+    )
 
 
 def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
@@ -85,6 +97,7 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
         lr=a.lr,
         seed=0,
         trajectory_prob=a.trajectory_prob,
+        freeze_z_in=a.freeze_z_in,
     ) as swarm:
         start = time.monotonic()
         try:
@@ -195,8 +208,9 @@ TRAJECTORY_NOTE = (
 def write_md(a, out: dict) -> None:
     cfg = out["config"]
     lines = [
-        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback)"
-        + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ""),
+        "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback), "
+        + ("the documented block" if a.documented else "the default block (issue 8)")
+        + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ", noisy targets"),
         "",
         f"Command: `{out['command']}`",
         "",
@@ -243,7 +257,7 @@ def write_md(a, out: dict) -> None:
     ]
     if a.trajectory_prob:
         lines += [TRAJECTORY_NOTE, ""]
-    common.replace_section(a.md, "swarm.py" + (" trajectory" if a.trajectory_prob else ""), lines)
+    common.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ class PeerProc:
 class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
+    :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
     """
 
     def __init__(
@@ -83,13 +84,19 @@ class LocalSwarm:
         deadline_max_s: float = 30.0,
         swarm_id: str = "demo",
         trajectory_prob: float = TrainConfig.trajectory_prob,
+        freeze_z_in: str = TrainConfig.freeze_z_in,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
         # absolute: the children run in the checkout root, not in the caller's directory
         self.model, self.data, self.workdir = model, Path(data).resolve(), Path(workdir).resolve()
         train = peer_train_config(
-            steps_per_round, batch_size=batch_size, lr=lr, seed=seed, trajectory_prob=trajectory_prob
+            steps_per_round,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            trajectory_prob=trajectory_prob,
+            freeze_z_in=freeze_z_in,
         )
         self.config = DaemonConfig(
             model=model,
