@@ -276,3 +276,75 @@ def test_two_daemons_of_a_private_tls_swarm_merge_and_a_stranger_is_refused(tmp_
     reports, refused, hashes = asyncio.run(scenario())
     assert all(r.accepted_block for r in reports) and hashes[0] == hashes[1]
     assert isinstance(refused, Unauthenticated)
+
+
+@pytest.mark.swarm
+def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_records(tmp_path):
+    """Two keyed TLS daemons on a real DHT; a stranger's DHT node (no validator, no key) stores an unsigned record
+    and a record signed by another key, both claiming block 0 at round 1,000,000: never stored by the honest
+    nodes, never read, never adopted. `blocktrain status` (survey) reaches both peers over pinned TLS."""
+    from dataclasses import replace
+
+    import hivemind
+    from hivemind.utils import get_dht_time
+    from swarm_utils import daemon_config, running, wait_until
+
+    from swarmd.swarm.discovery import PeerRecord, block_key
+    from swarmd.swarm.identity import Identity
+    from swarmd.swarm.survey import survey_discovered
+    from swarmd.swarm.trust import sign_record
+
+    key_path = tmp_path / "swarm.key"
+    write_swarm_key(key_path)
+
+    def keyed(cfg, i):
+        cert, pem_key = make_self_signed()
+        (tmp_path / f"c{i}.pem").write_bytes(cert)
+        (tmp_path / f"k{i}.pem").write_bytes(pem_key)
+        tls = dict(tls_cert=str(tmp_path / f"c{i}.pem"), tls_key=str(tmp_path / f"k{i}.pem"))
+        return replace(cfg, net=replace(cfg.net, swarm_key=str(key_path), **tls))
+
+    reports: list[list] = []
+
+    async def scenario():
+        first = keyed(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2), 0)
+        async with running(first, reports=reports) as (d0,):
+            multiaddrs = tuple(d0.discovery.multiaddrs())
+            stranger = hivemind.DHT(initial_peers=list(multiaddrs), start=True)
+            try:
+                liar, other = Identity.generate(), Identity.generate()
+                claim = PeerRecord(
+                    liar.peer_id, "127.0.0.1:1", 0, 1_000_000, 1e6, first.model.config_hash(), "x", False, "test"
+                )
+                signed_by_other = sign_record(replace(claim, peer_id=other.peer_id), other, 30)
+                forged = replace(signed_by_other, peer_id=liar.peer_id)  # another key's signature
+                for value in (claim, forged):
+                    stranger.store(block_key("test", 0), value.to_value(), get_dht_time() + 30, subkey=liar.peer_id)
+                second = keyed(
+                    daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=2), 1
+                )
+                async with running(second, reports=reports) as (d1,):
+                    daemons = [d0, d1]
+
+                    async def both_announced():
+                        return len(await d1.discovery.find_all()) == 2
+
+                    await wait_until(both_announced, timeout_s=30, poll_s=0.5, what="both peers' records")
+                    seen = [r.peer_id for r in await d1.records()]
+                    client = PeerClient(swarm_key=load_swarm_key(key_path))
+                    try:  # what `blocktrain status` shows: both peers' status, over TLS pinned from their records
+                        view = await survey_discovered(d1.discovery, client)
+                    finally:
+                        await client.close()
+                    await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+            finally:
+                stranger.shutdown()
+        return daemons, seen, liar.peer_id, view
+
+    (d0, d1), seen, liar_id, view = asyncio.run(scenario())
+    assert liar_id not in seen
+    assert [d.state.round for d in (d0, d1)] == [2, 2] and d0.state.block_hash == d1.state.block_hash
+    assert all(r.accepted_block for log in reports for r in log)
+    assert d0.gossip.me.tls_fingerprint and d1.gossip.me.tls_fingerprint
+    assert sorted(p["peer_id"] for p in view["peers"]) == sorted(d.peer_id for d in (d0, d1))
+    assert all(p["state"] not in ("unreachable", "unknown") for p in view["peers"]), view["peers"]

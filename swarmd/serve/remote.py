@@ -103,6 +103,7 @@ class BlockRouter:
                 continue
             if getattr(rec, "config_hash", "") not in ("", self.config_hash):
                 continue
+            await pin_tls(self.client, rec)
             if rec.address in known:
                 known[rec.address].record = rec
             else:
@@ -369,8 +370,21 @@ async def swarm_model_config(
     if not records:
         where = f" {swarm_id!r}" if swarm_id else ""
         raise PeerUnavailable(f"no serving peers found in swarm{where}: is the address right and the swarm running?")
+    for r in records:
+        await pin_tls(client, r)
     model, _ = await ask_model_config(client, [r.address for r in records], swarm_id, timeout_s)
     return model, records
+
+
+async def pin_tls(client, record) -> None:
+    """A peer whose (signed, verified by discovery) record names a TLS certificate is dialled over TLS pinned
+    to it (PeerClient.pin); one that cannot be pinned is logged and its calls fail like an unreachable peer's."""
+    fingerprint = getattr(record, "tls_fingerprint", "")
+    if fingerprint and record.address and hasattr(client, "pin"):
+        try:
+            await client.pin(record.address, fingerprint)
+        except SwarmdError as exc:
+            logger.warning("cannot pin the TLS certificate of %s: %s", record.address, exc)
 
 
 async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:

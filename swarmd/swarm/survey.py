@@ -18,6 +18,7 @@ from swarmd.errors import PeerUnavailable
 from swarmd.protocol import ask_model_config, peer_state_name
 from swarmd.swarm.discovery import Discovery, PeerRecord, connect_discovery, is_multiaddr
 from swarmd.swarm.sketch import sketch_distance
+from swarmd.swarm.trust import pin_tls
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -143,6 +144,7 @@ async def survey_swarm(swarm: list[str], swarm_id: str, timeout_s: float = 5.0, 
 async def survey_discovered(discovery: Discovery, client: PeerClient, timeout_s: float = 5.0) -> dict:
     """One survey through an open discovery and client (survey_swarm; the dashboard keeps both open between polls)."""
     records = await discovery.find_all()
+    await pin_tls(client, records)  # peers serving TLS: dial them pinned to the certificate their record names
     results = await asyncio.gather(
         *(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True
     )
@@ -172,7 +174,9 @@ async def fetch_swarm_config(
     try:
         if all(is_multiaddr(p) for p in peers):
             discovery = await connect_discovery(peers, swarm_id, None, start_timeout_s)
-            addresses = [r.address for r in await discovery.find_all() if r.address]
+            records = await discovery.find_all()
+            await pin_tls(client, records)
+            addresses = [r.address for r in records if r.address]
             if not addresses:
                 raise PeerUnavailable(
                     f"no peer of swarm {swarm_id!r} is announced in the DHT reached through {peers[0]}; "

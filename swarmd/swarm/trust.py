@@ -192,3 +192,15 @@ def verify_payload(enc: Encoded) -> None:
         raise ValidationError(f"unsigned payload from {h.peer_id[-6:] or '?'}")
     if not verify(h.peer_id, payload_bytes(h, enc.sha256()), h.signature):
         raise ValidationError(f"payload signature does not match its sender {h.peer_id[-6:] or '?'} or its bytes")
+
+
+async def pin_tls(client: Any, records: list[Any], skip: str = "") -> None:
+    """Make `client` (a PeerClient) dial every peer whose valid signed record names a TLS certificate over TLS,
+    pinned to that certificate; a peer whose certificate cannot be fetched or does not match is logged and
+    left unpinned (calls to it then fail). :param skip: a peer id not to pin (our own)."""
+    for r in records:
+        if getattr(r, "tls_fingerprint", "") and r.address and r.peer_id != skip and is_valid(r):
+            try:
+                await client.pin(r.address, r.tls_fingerprint)
+            except Exception as exc:  # PeerUnavailable, ValidationError: one line, the call to it fails later
+                logger.warning("cannot pin the TLS certificate of %s at %s: %s", r.peer_id[-6:], r.address, exc)

@@ -33,6 +33,7 @@ MAX_NONCES = 200_000  # proofs remembered against replay (oldest forgotten first
 KEY_BYTES = 32
 _PREFIX = "blocktrain-swarm-key-v1:"
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # answered without a proof
+DRAIN_MESSAGES, DRAIN_S = 64, 2.0  # a refused stream's messages read and dropped before the refusal
 
 
 def new_swarm_key() -> str:
@@ -171,11 +172,16 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def abort_stream(request, context):  # a streaming answer is an async generator in grpc.aio
-        if hasattr(request, "__aiter__"):  # let the caller's first message in (bounded by the gRPC message
-            with contextlib.suppress(Exception):  # limit): aborting under a caller still writing reads as INTERNAL
-                async with asyncio.timeout(1.0):
+        if hasattr(request, "__aiter__"):
+            # aborting while the caller still writes its stream reaches it as INTERNAL ("Internal error from
+            # Core"), not UNAUTHENTICATED: drain (and drop) what it sends, at most DRAIN_MESSAGES or DRAIN_S
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(DRAIN_S):
+                    n = 0
                     async for _ in request:
-                        break
+                        n += 1
+                        if n >= DRAIN_MESSAGES:
+                            break
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # never reached
 
