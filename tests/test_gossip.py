@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,10 +19,11 @@ from swarmd.protocol import PayloadKind
 from swarmd.swarm.delta import ErrorFeedback, encode
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
+from swarmd.swarm.identity import Identity
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.sketch import count_sketch, sketch_distance
 from swarmd.swarm.state import relative_distance, weights_hash
-from swarmd.swarm.trust import sign_record
+from swarmd.swarm.trust import sign_payload, sign_record
 from swarmd.transport.framing import Encoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,6 +158,9 @@ def test_lossy_codecs_still_give_identical_replicas(codec):
     assert a.metrics.raw_bytes_sent > 0 and a.metrics.bytes_sent < a.metrics.raw_bytes_sent
 
 
+INTRUDER = Identity.generate(bytes([99]) * 32)  # signs its deltas and holds a signed record: the schema is what fails
+
+
 def _tampered(g, kind=BLOCK, **override) -> Encoded:
     rs = g.current
     hdr = dict(
@@ -165,14 +170,14 @@ def _tampered(g, kind=BLOCK, **override) -> Encoded:
         block_index=g.me.block_index if kind == BLOCK else -1,
         round=rs.round,
         base_hash=rs.hashes[kind],
-        peer_id="intruder",
+        peer_id=INTRUDER.peer_id,
     )
     tensors = {
         k: torch.zeros(v) for k, v in (g.state.block_shapes() if kind == BLOCK else g.state.emb_shapes()).items()
     }
     shapes_override = override.pop("tensors", None)
     hdr.update(override)
-    return encode(shapes_override or tensors, "fp32", **hdr)
+    return sign_payload(encode(shapes_override or tensors, "fp32", **hdr), INTRUDER)
 
 
 def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
@@ -181,6 +186,7 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         (g,) = peers
         await g.open_round()
         await g.publish()
+        g._remember([sign_record(replace(g.record(), peer_id=INTRUDER.peer_id, address="mem:x"), INTRUDER, 300)])
         before = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
         good_shapes = g.state.block_shapes()
         bad = [
@@ -205,7 +211,8 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         nan.header.zstd = False
         nan.payload = bytes(nan.payload[:-4]) + bytes.fromhex("0000c07f")  # last float := NaN
         nan.header.payload_bytes = len(nan.payload)
-        bad.append(nan)
+        nan._sha256 = ""
+        bad.append(sign_payload(nan, INTRUDER))
         errors = []
         for enc in bad:
             try:
@@ -292,8 +299,6 @@ def test_replicas_on_different_bases_converge_even_with_stale_records():
         a, b = peers
         bumped = {k: v + 0.01 for k, v in a.state.base_block.items()}
         a.state.adopt(bumped, None)  # a's block diverged, but the (lagging) DHT says b holds a's hash
-        from dataclasses import replace
-
         stale = {  # b signed a record naming a's hash (the DHT still holds it)
             a.me.peer_id: a.record(),
             b.me.peer_id: sign_record(replace(a.record(), peer_id=b.me.peer_id, address=b.me.address), b.identity, 300),

@@ -708,9 +708,10 @@ class Gossip:
         """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
         h = incoming.header
         self.metrics.add_received(incoming.wire_bytes, incoming.raw_bytes)
-        self.bans.succeed(h.peer_id)  # it is alive
         kind = _kind(h.kind)
         try:
+            verify_payload(incoming)  # signed by the peer it names, before we wait for or look at anything else
+            self.bans.succeed(h.peer_id)  # it is alive
             if kind not in (BLOCK, EMB):
                 raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
             if kind == BLOCK and h.block_index != self.me.block_index:
