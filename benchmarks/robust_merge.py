@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--trim-fraction", type=float, default=GossipConfig.trim_fraction)
+    p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/robust_merge.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_robust_merge.md"))
     return p.parse_args(argv)
@@ -58,7 +60,7 @@ def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy) -> 
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     sim_cfg = SimConfig(cfg, train, workers=workers, rounds=a.rounds, steps_per_round=a.steps, eval_every=a.rounds)
     regime = regime_named("lockstep")
-    inner = merge_fn(GossipConfig(merge=merge))
+    inner = merge_fn(GossipConfig(merge=merge, trim_fraction=a.trim_fraction, clip_factor=a.clip_factor))
     merge_s: list[float] = []
 
     def timed(deltas):

@@ -7,7 +7,7 @@ the payload header and chunk stream (framing.read_payload), payload decoding (de
 raw tensors (wire.bytes_to_tensor / from_proto / zstd_decompress), undecodable protobuf requests
 (transport.server's lenient parser), DHT records (discovery.PeerRecord.from_value) and Forward request
 validation (serving.BlockServing). The default suite runs ~150 examples per property (derandomized: the
-same examples every run, a few seconds in all); `-m slow` runs 4,000 each.
+same examples every run, a few seconds in all); `-m slow` runs 2,000 each.
 """
 
 from __future__ import annotations
@@ -32,11 +32,26 @@ from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import DTYPES, bytes_to_tensor, from_proto, zstd_compress, zstd_decompress
 from tests.test_inference import CFG, tiny_model
 
-FAST, SLOW = 150, 4000
+FAST, SLOW = 150, 2000
 EXAMPLES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, id="slow", marks=pytest.mark.slow)]
 META = dict(swarm_id="s", config_hash="c", kind="block_delta", block_index=0)
 SHAPES = {"w": (6, 5), "b": (5,)}
 LIMIT = 1 << 16  # every decoder below runs with this byte limit
+
+
+_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_loop():
+    """One event loop for the whole module (asyncio.run per example costs more than the decoders)."""
+    _LOOP.append(asyncio.new_event_loop())
+    yield
+    _LOOP.pop().close()
+
+
+def arun(coro):
+    return _LOOP[0].run_until_complete(coro)
 
 
 def run(examples: int, strategy, check) -> None:
@@ -86,7 +101,7 @@ async def _stream(msgs):
 def test_read_payload_on_arbitrary_message_streams(examples):
     def check(msgs):
         try:
-            enc = asyncio.run(read_payload(_stream(msgs), max_payload_bytes=LIMIT, max_chunk_bytes=256))
+            enc = arun(read_payload(_stream(msgs), max_payload_bytes=LIMIT, max_chunk_bytes=256))
         except SwarmdError:
             return
         assert len(enc.payload) == enc.header.payload_bytes <= LIMIT
@@ -106,9 +121,7 @@ def test_read_payload_of_a_valid_payload_cut_and_spliced(examples):
         cut, insert, extra = args
         msgs = base[:cut] + extra + base[cut + insert :]
         try:
-            enc = asyncio.run(
-                read_payload(_stream(msgs), max_payload_bytes=LIMIT, max_chunk_bytes=64, limit=lambda h: 4096)
-            )
+            enc = arun(read_payload(_stream(msgs), max_payload_bytes=LIMIT, max_chunk_bytes=64, limit=lambda h: 4096))
         except SwarmdError:
             return
         assert len(enc.payload) == enc.header.payload_bytes <= 4096
@@ -343,7 +356,7 @@ def test_forward_end_to_end_never_answers_non_finite_values(examples):
     def check(f):
         req = _build({**f, "n": max(f["n"], 1), "t": max(min(f["t"], 8), 1), "shape": None, "start_position": 0})
         try:
-            reply = asyncio.run(s.forward(req))
+            reply = arun(s.forward(req))
         except SwarmdError as exc:
             assert exc.status in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND")
             return

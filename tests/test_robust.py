@@ -48,6 +48,7 @@ ATTACKS = {
 
 def test_trim_count_degrades_to_the_mean_for_one_or_two_peers():
     assert [trim_count(n, 0.2) for n in range(1, 11)] == [0, 0, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert [trim_count(n, 0.1) for n in range(1, 13)] == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2]  # the default
     assert all(trim_count(n, 0.0) == 0 for n in range(1, 10))
     assert all(trim_count(n, 0.5) <= (n - 1) // 2 for n in range(1, 20))
 

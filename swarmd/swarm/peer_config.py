@@ -31,7 +31,7 @@ class GossipConfig:
     # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean; "mean" = plain mean
     merge: str = "robust"
     clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
-    trim_fraction: float = 0.2  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
+    trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
 

@@ -8,7 +8,7 @@ and the absolute bound beyond which a decoded delta is rejected instead of merge
      (or x1e36) delta from one of two peers is cut to clip_factor x the honest one's norm;
   2. coordinate-wise trimmed mean: per coordinate, the `trim` largest and `trim` smallest values are
      dropped and the rest averaged, trim = min((n - 1) // 2, ceil(trim_fraction x n)): 0 for one or two
-     peers (the mean of the clipped deltas), 1 for three to five (three: the median) at the default 0.2.
+     peers (the mean of the clipped deltas), 1 for three to ten (three: the median) at the default 0.1.
      This is what removes a sign-flipped or noise delta that has an honest norm.
 With trim 0 and nothing clipped the result is merge_mean's, bit for bit (same peer-id summation order).
 Deterministic: peers are taken in sorted peer-id order, norms are summed in float64 in tensor order, and
@@ -62,7 +62,7 @@ def delta_norm_bound(steps: int, lr: float, numel: int, factor: float) -> float:
 
 
 def robust_merge(
-    deltas: Deltas, clip_factor: float = 2.0, trim_fraction: float = 0.2
+    deltas: Deltas, clip_factor: float = 2.0, trim_fraction: float = 0.1
 ) -> tuple[dict[str, torch.Tensor], MergeStats]:
     """Clipped, coordinate-wise trimmed mean of the deltas (see the module doc); returns (merged, stats).
 
