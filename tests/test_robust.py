@@ -196,3 +196,14 @@ def test_a_peer_whose_training_diverged_sends_a_zero_delta_and_goes_back_to_its_
     assert len({p.state.block_hash for p in peers}) == 1  # and all three still merge the same set
     assert all(bool(torch.isfinite(v).all()) for p in peers for v in p.state.base_block.values())
     assert any(not torch.equal(peers[0].state.base_block[k], base[k]) for k in base)  # the others' progress merged
+
+
+def test_the_sorting_network_gives_torch_sort_values_exactly():
+    from swarmd.swarm.robust import SORT_NETWORK_MAX, _sorted_rows
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3, 4, 7, SORT_NETWORK_MAX, SORT_NETWORK_MAX + 1):
+        rows = [torch.randn(257, generator=g) for _ in range(n)]
+        rows[0][:5] = rows[-1][:5]  # ties
+        ref = torch.stack(rows).sort(dim=0).values
+        assert all(torch.equal(a, b) for a, b in zip(ref, _sorted_rows(rows))), n
