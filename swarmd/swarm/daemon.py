@@ -51,6 +51,7 @@ from swarmd.transport.tls import fingerprint, load_tls
 
 logger = logging.getLogger(__name__)
 
+STOP_GRACE_S = 2.0  # a stopping daemon lets the round in progress finish this long, then abandons it
 CHECKPOINT_FAILURES_UNHEALTHY = 3  # consecutive failed checkpoint writes that turn gRPC health NOT_SERVING
 IDENTITY_FILE = "peer.key"  # the libp2p private key in a checkpoint dir (written by hivemind, mode 0400)
 
@@ -216,9 +217,19 @@ class Daemon:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._announce_loop())
                 await self.wait_for_peers()
-                tg.create_task(self._round_loop())
+                rounds = tg.create_task(self._round_loop())
+                tg.create_task(self._cancel_on_stop(rounds))
         finally:
             await self.shutdown()
+
+    async def _cancel_on_stop(self, rounds: asyncio.Task) -> None:
+        """After stop(), give the round STOP_GRACE_S to finish, then cancel it (an exchange or pull waiting on a
+        slow peer must not keep a stopping daemon alive); the final checkpoint still holds a consistent state."""
+        await self.stopping.wait()
+        done, _ = await asyncio.wait({rounds}, timeout=STOP_GRACE_S)
+        if not done:
+            logger.info("%s stopping: the round in progress is abandoned", self.gossip.tag)
+            rounds.cancel()
 
     def stop(self) -> None:
         """Ask serve() to finish (safe from a signal handler on the loop)."""
