@@ -24,10 +24,12 @@ from cli.main import app
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.swarm.delta import encode
 from swarmd.swarm.gossip import BLOCK
+from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import REJECT_REASONS, Metrics
 from swarmd.swarm.peer_config import NetConfig
 from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
 from swarmd.swarm.runner import run_foreground
+from swarmd.swarm.trust import sign_payload, sign_record
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -162,7 +164,9 @@ def test_gossip_counts_rejected_payloads_by_reason():
         await g.publish()
         rs = g.current
         zeros = {k: torch.zeros(v) for k, v in g.state.block_shapes().items()}
-        hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0, peer_id="intruder")
+        intruder = Identity.generate(bytes([99]) * 32)  # signs, and holds a signed record: the reasons below count
+        g._remember([sign_record(replace(g.record(), peer_id=intruder.peer_id, address="mem:x"), intruder, 300)])
+        hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0, peer_id=intruder.peer_id)
         bad = [
             encode(zeros, "fp32", round=7, base_hash=rs.hashes[BLOCK], **hdr),  # far ahead: stale_round
             encode(zeros, "fp32", round=rs.round, base_hash="other", **hdr),  # answered, but base_mismatch
@@ -172,7 +176,7 @@ def test_gossip_counts_rejected_payloads_by_reason():
         ]
         for enc in bad:
             try:
-                await g.handle_exchange(enc)
+                await g.handle_exchange(sign_payload(enc, intruder))
             except SwarmdError:
                 pass
         await g.average([])
