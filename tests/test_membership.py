@@ -336,7 +336,7 @@ def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_record
                         view = await survey_discovered(d1.discovery, client)
                     finally:
                         await client.close()
-                    await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+                    await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 180)
             finally:
                 stranger.shutdown()
         return daemons, seen, liar.peer_id, view
