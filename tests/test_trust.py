@@ -258,3 +258,60 @@ def test_resync_caps_the_round_jump_and_checks_the_pulled_state_against_the_reco
     assert "block" in pulled and capped == 100 and adopted_hash == b_hash
     assert len(errors) == 2 and "records announce" in errors[0] and "hashes to" in errors[1]
     assert final_hash == adopted_hash  # nothing was adopted from the liar
+
+
+def test_a_sybil_of_ten_made_up_peers_without_signed_records_has_no_effect():
+    async def scenario():
+        (a,), _, board = memory_swarm([0], codec="fp32")
+        sybils, forger = [Identity.generate() for _ in range(10)], Identity.generate()
+        for i, s in enumerate(sybils):  # records claiming block 0 at round 1,000,000: unsigned, or forged
+            fake = _record(s, round=1_000_000, base_hash="evil", swarm_id="test", config_hash=a.me.config_hash)
+            forged = replace(sign_record(replace(fake, peer_id=forger.peer_id), forger, 60), peer_id=s.peer_id)
+            board[s.peer_id] = fake if i % 2 else forged
+        before = (a.state.round, a.state.block_hash)
+        pulled = await a.sync(list(board.values()))
+        await a.open_round()
+        a._remember(list(board.values()))
+        await a.publish()
+        h = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
+        zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}
+        hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
+        refused = 0
+        for s in sybils:  # each delta is validly signed by its made-up peer, which has no valid record
+            try:
+                await a.handle_exchange(sign_payload(encode(zeros, "fp32", peer_id=s.peer_id, **hdr, **h), s))
+            except SwarmdError:
+                refused += 1
+        report = await a.average(list(board.values()))
+        return before, pulled, refused, report
+
+    before, pulled, refused, report = asyncio.run(scenario())
+    assert pulled == [] and refused == 10
+    assert report.expected_block == [] and report.accepted_block == [] and report.accepted_emb == []
+    assert before[0] == 0
+
+
+def test_a_lone_signed_stranger_in_a_block_is_not_adopted_against_the_swarms_round():
+    """The only other peer of our block is a stranger with its own valid signed record at round 1,000,000; the
+    other blocks' peers announce round 1: no adoption. A real lone block peer at the swarm's round is adopted."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 1, 1], codec="fp32")
+        await memory_round(peers, board)
+        a, liar = peers[:2]
+        evil = {k: v + 1.0 for k, v in liar.state.base_block.items()}
+        liar.state.adopt(evil, None, 1_000_000)
+        board[liar.me.peer_id] = liar.record()
+        evil_hash = liar.state.block_hash
+        refused = await a.sync(list(board.values()))
+        hash_after, round_after = a.state.block_hash, a.state.round
+        # now a legitimate case: the block-0 partner trained a round more, and so did blocks 1's peers
+        liar.state.adopt({k: v - 1.0 for k, v in evil.items()}, None, 1)
+        board[liar.me.peer_id] = liar.record()
+        await memory_round(peers, board, skip={0})
+        adopted = await a.sync(list(board.values()))
+        return refused, hash_after, round_after, evil_hash, adopted, a, liar
+
+    refused, hash_after, round_after, evil_hash, adopted, a, partner = asyncio.run(scenario())
+    assert "block" not in refused and hash_after != evil_hash and round_after == 1
+    assert "block" in adopted and a.state.block_hash == partner.state.block_hash and a.state.round == 2

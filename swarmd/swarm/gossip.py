@@ -177,6 +177,17 @@ def diverged_majority(
     return None
 
 
+def round_backed(round: int, others: list[PeerRecord]) -> bool:
+    """Whether a quorum of all the other signed records (every block) announces `round`.
+
+    Every block advances one round per averaging round, so the swarm shares its round counter: a lone
+    record of a block (the only other peer there, so agreeing() alone would let it through) whose round
+    the rest of the swarm does not announce is not a re-sync target.
+    """
+    latest = {r.peer_id: r for r in others}
+    return sum(r.round == round for r in latest.values()) >= quorum(len(latest))
+
+
 def rank(record: PeerRecord) -> tuple:
     """Who is the reference when weights differ: highest round, then server mode, then peer id."""
     return (record.round, not record.client_mode, record.peer_id)
@@ -484,6 +495,15 @@ class Gossip:
                     me.round,
                 )
                 ref = majority
+            elif ref.peer_id != me.peer_id and not round_backed(ref.round, others):
+                logger.warning(
+                    "%s not adopting the %s of %s: too few of the swarm's signed records announce its round %d",
+                    self.tag,
+                    kind.part,
+                    ref.peer_id[-6:],
+                    ref.round,
+                )
+                ref = me
             expect: tuple[str, int] | None = (weights(ref), ref.round)
             if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
                 split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
