@@ -30,7 +30,13 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     peer id) among the records at the highest round seen; a peer whose base hash differs from its
     reference adopts the reference's state by PullState. The embedding works the same over all
     peers. Joiners go through the same rule before their first step, so nobody sends a delta
-    computed from weights the swarm does not share.
+    computed from weights the swarm does not share;
+  - trust (issue 9, swarmd.swarm.trust): only records signed by the peers they name count; every
+    payload this peer sends is signed, every payload it receives is verified before it is decoded,
+    and a delta counts only from a peer whose signed record is for our block and its round (or the
+    one before); a re-sync target must be announced by a quorum of the signed records (agreeing(),
+    round_backed()), the pulled state must hash to what they announce, and the round counter moves
+    at most cfg.max_round_jump per re-sync.
 Talks to a Transport protocol (PeerClient, or an in-memory one in tests) and a Discovery; no grpc
 or hivemind imports. Every merge is a pure function of the accepted deltas (merge_deltas).
 """
