@@ -19,6 +19,7 @@ PARTS = [
     ("Bad input: exit codes, messages and seconds to the message (issue 10)", "ISSUE10_bad_input.md"),
     ("Asynchronous network simulator: Tables 4/5 at CPU scale, deadline policies (issue 11)", "ISSUE11_async.md"),
     ("Public-swarm trust: the cost of identities, signatures and the swarm key (issue 9)", "ISSUE9_trust_cost.md"),
+    ("Public-swarm trust: robust merge with honest peers, one attacker's reach (issue 9)", "ISSUE9_robust_merge.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 
