@@ -352,6 +352,16 @@ def _parent_bound_dht() -> type:
 
 
 CALL_POLL_S = 0.5  # a pending DHT call checks this often whether the DHT process is still there
+
+
+def _visible_maddrs(dht: Any) -> list[str]:
+    """The DHT's visible multiaddrs ([] for a client-mode node, which has none)."""
+    try:
+        return [str(m) for m in dht.get_visible_maddrs()]
+    except ValueError:
+        return []
+
+
 RECENT_PEERS = 16  # multiaddrs of peers last seen, kept to re-bootstrap from after a partition
 REBOOTSTRAP_TIMEOUT_S = 10.0  # bound on one re-bootstrap attempt (connect + ping + neighbour lookup)
 
@@ -506,6 +516,7 @@ class HivemindDiscovery:
         self.dht = dht
         self.peer_id = dht.peer_id.to_base58()
         self.initial_peers = [str(m) for m in initial_peers]
+        self._maddrs = _visible_maddrs(dht)
         self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_PEERS)  # multiaddrs last seen
         self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
         self._closing = threading.Event()  # set by shutdown(): pending calls give up
@@ -588,7 +599,9 @@ class HivemindDiscovery:
         return await self._get(None)
 
     def multiaddrs(self) -> list[str]:
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        """The multiaddrs others dial (read once at start: GetStatus runs this on the event loop, and a DHT
+        call there would block it for good once the DHT process is gone, e.g. during a SIGTERM)."""
+        return list(self._maddrs)
 
     async def keep_connected(self) -> int:
         """Remember the peers we are connected to; with no DHT neighbour left (a partition, every peer we knew
