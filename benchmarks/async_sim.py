@@ -15,9 +15,10 @@ batch 16 for the 30-minute budget on 2 shared cores; one torch thread.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,7 +29,7 @@ from benchmarks.common import SHARED_DATA, add_data_dir, command_line, machine, 
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.protocol import Codec
-from swarmd.sim.engine import SimConfig, SimResult, merge_label, simulate
+from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_label, simulate
 from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
 from swarmd.sim.regimes import PRESETS, WAN_REGIMES
 from swarmd.swarm.peer_config import GossipConfig, peer_train_config
@@ -62,6 +63,12 @@ def parse(argv: list[str] | None):
         default=f"{DEFAULT_TARGET}",
         help="participation targets of the quantile policy, comma-separated (one WAN run each)",
     )
+    p.add_argument(
+        "--add-targets",
+        default="",
+        help="only run the quantile policy at these extra targets and add them to the existing --out JSON "
+        "(its other runs are reused: a seed reproduces them bit for bit)",
+    )
     p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE11_async.md"))
@@ -83,6 +90,14 @@ def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, 
         flush=True,
     )
     return result, took
+
+
+def from_history(key: str, seed: int, ce_start: float, history: list[dict]) -> SimResult:
+    """A stored run (the JSON's history["regime/policy"]) as a SimResult."""
+    regime, policy = key.split("/")
+    names = {f.name for f in fields(RoundRecord)}
+    rounds = [RoundRecord(**{k: v for k, v in r.items() if k in names}) for r in history]
+    return SimResult(regime, policy, seed, ce_start, rounds)
 
 
 def time_to(result: SimResult, ce: float) -> float | None:
@@ -155,7 +170,8 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
 
 
 def markdown(out: dict, cmd: str) -> list[str]:
-    lines = [f"Command: `{cmd}` ({out['machine']}; {out['real_s'] / 60:.1f} min of real time, one torch thread).", ""]
+    took = "; ".join(f"`{c}`: {t / 60:.1f} min" for c, t in out["real_s_parts"])
+    lines = [f"Commands and real time ({out['machine']}, one torch thread): {took}.", ""]
     lines += [
         f"Model: B={out['blocks']}, L_b={out['layers_per_block']}, d={out['d_model']}, seq {out['seq_len']}, batch "
         f"{out['batch_size']} (every other ModelConfig/TrainConfig option at the project default), K={out['workers']} "
@@ -229,19 +245,38 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     results: dict[tuple[str, str], SimResult] = {}
     real: dict[tuple[str, str], float] = {}
-    for name, regime in PRESETS.items():
-        policy = regime_policy(regime)
-        results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
-    # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
     wan = WAN_REGIMES[1]
     policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
-    lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
-    results[wan, "lockstep"] = lock
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
-    for policy in ("adaptive", *quantiles):
-        results[wan, policy], real[wan, policy] = run_one(
-            policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
-        )
+    command, earlier_s = command_line("async_sim.py", argv), 0.0
+    parts: list = []
+    if args.add_targets:  # reuse the stored runs, add quantile targets
+        prev = json.loads(args.out.read_text())
+        for key, history in prev["history"].items():
+            results[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
+        real = {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}  # type: ignore[misc]
+        real.update({(r["name"], r["policy"]): r["real_s"] for r in prev["regimes"]})
+        quantiles = [p for p in dict.fromkeys(r["policy"] for r in prev["policies"]) if p.startswith("quantile-")]
+        parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]])
+        command, earlier_s = f"{prev['command']} && {command}", prev["real_s"]
+        lock = results[wan, "lockstep"]
+        for t in args.add_targets.split(","):
+            policy = f"quantile-{float(t):g}"
+            results[wan, policy], real[wan, policy] = run_one(
+                policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
+            )
+            quantiles.append(policy)
+    else:
+        for name, regime in PRESETS.items():
+            policy = regime_policy(regime)
+            results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
+        # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
+        lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
+        results[wan, "lockstep"] = lock
+        for policy in ("adaptive", *quantiles):
+            results[wan, policy], real[wan, policy] = run_one(
+                policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
+            )
     target_ce = lock.ce + CE_TOLERANCE
     regimes = [
         {
@@ -251,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
             "participation": r.participation,
             "sim_wall_s": r.sim_wall_s,
             "wire_bytes": r.wire_bytes,
-            "real_s": real[name, policy],
+            "real_s": real.get((name, policy)),
         }
         for (name, policy), r in results.items()
         if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
@@ -284,9 +319,11 @@ def main(argv: list[str] | None = None) -> dict:
     reached = [p for p in policies if p["time_to_target_s"] is not None and p["policy"] != "lockstep"]
     fastest = min(reached, key=lambda p: p["time_to_target_s"], default=None)
     out = {
-        "command": command_line("async_sim.py", argv),
+        "command": command,
         "machine": machine(),
-        "real_s": time.perf_counter() - start,
+        "real_s": earlier_s + time.perf_counter() - start,
+        "real_s_parts": [*parts, [command_line("async_sim.py", argv), time.perf_counter() - start]],
+        "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
         "rounds": args.rounds,
         "steps": args.steps,
@@ -298,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "codec": Codec(cfg.codec).value,
         "merge": merge_label(),
-        "quantile_targets": [float(t) for t in args.targets.split(",")],
+        "quantile_targets": [float(q.split("-")[1]) for q in quantiles],
         "model_config": model.to_dict(),
         "train_config": cfg.train.to_dict(),
         "ce_start": lock.ce_start,
