@@ -267,3 +267,55 @@ def test_a_peer_that_ran_ahead_alone_rejoins_the_majority_it_split_from():
     two_groups = [*majority, _rec("d", 40, "x"), _rec("e", 40, "x")]
     assert diverged_majority(me, two_groups, history) is None  # 2 of 5 is not more than half
     assert diverged_majority(me, [_rec("a", 38, "theirs", ""), _rec("b", 38, "theirs", "")], history) is None
+
+
+def _history_since(p, since: float) -> list[dict]:
+    """A peer's checkpointed round history after the wall-clock time `since`."""
+    try:
+        body = json.loads((p.checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [h for h in body.get("history", []) if body["started_wall"] + h["at_s"] > since]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="open: after the heal the three replicas can sit at three different rounds, and the re-sync quorum "
+    "(a majority of the other signed records at one (round, hash)) then names no target for anyone; "
+    "benchmarks/adversary.py reports the same row",
+    strict=False,
+)
+def test_a_partition_of_30_s_heals_within_a_minute(text_data, tmp_path):
+    from tests.netns_utils import NetnsLab, NetnsSwarm, NetnsUnavailable, _ip, unavailable
+
+    if unavailable():
+        pytest.skip(unavailable() or "")
+    try:
+        lab = NetnsLab(3).create()
+    except NetnsUnavailable as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc}")
+    try:
+        swarm = NetnsSwarm(
+            lab,
+            tiny_model(1),
+            text_data / "train.txt",
+            tmp_path,
+            rounds=0,
+            steps_per_round=3,
+            batch_size=4,
+            deadline_max_s=10.0,
+            swarm_id="partition",
+        )
+        with swarm:
+            swarm.start(timeout_s=180)
+            swarm.wait_rounds(3, timeout_s=180)
+            _ip("-n", lab.bridge, "link", "set", "h2", "down")  # host 2 is cut off
+            time.sleep(30)  # the partition itself: 30 s of link down (the scenario, not a wait on a condition)
+            _ip("-n", lab.bridge, "link", "set", "h2", "up")
+            healed, deadline = time.time(), time.monotonic() + 60
+            full = lambda p: any(h["expected"] == 4 and h["accepted"] == 4 for h in _history_since(p, healed))
+            while not all(full(p) for p in swarm.peers) and time.monotonic() < deadline:
+                time.sleep(0.5)  # polling the peers' checkpointed round history, with a deadline
+            assert all(full(p) for p in swarm.peers), [swarm.tail(p) for p in swarm.peers]
+    finally:
+        lab.destroy()
