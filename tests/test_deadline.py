@@ -62,3 +62,10 @@ def test_a_round_whose_target_needs_every_delta_waits_like_the_ema_rule():
     assert policy.target_after_open_s(expected=4) is None  # ceil(0.8 x 4) = 4: every delta is needed
     assert policy.deadline_s(1.0, expected=4) == pytest.approx(8.0)  # the EMA rule: 1.5 x 6 - 1
     assert policy.deadline_s(1.0, expected=6) == pytest.approx(4.0)
+
+
+def test_the_daemon_uses_the_participation_target_by_default():
+    from swarmd.swarm.gossip import PARTICIPATION_TARGET
+
+    assert PARTICIPATION_TARGET == 0.8  # the simulator's pick over the EMA rule (benchmarks/async_sim.py)
+    assert DeadlinePolicy(GossipConfig()).target == PARTICIPATION_TARGET

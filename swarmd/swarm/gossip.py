@@ -222,7 +222,7 @@ def reference(me: PeerRecord, others: list[PeerRecord], key=lambda r: r.base_has
     return me
 
 
-PARTICIPATION_TARGET = 0.0  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
+PARTICIPATION_TARGET = 0.8  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
 
 
 class DeadlinePolicy:
