@@ -108,9 +108,7 @@ class ModelConfig:
 
     def config_hash(self) -> str:
         """Short stable hash of the architecture; peers with equal hashes can swap blocks."""
-        body = {
-            k: v for k, v in self.to_dict().items() if not (k in self.DOCUMENTED and v == self.DOCUMENTED[k])
-        }
+        body = {k: v for k, v in self.to_dict().items() if not (k in self.DOCUMENTED and v == self.DOCUMENTED[k])}
         blob = json.dumps(body, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
