@@ -29,7 +29,7 @@ from benchmarks.common import SHARED_DATA, add_data_dir, command_line, machine, 
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.protocol import Codec
-from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_label, simulate
+from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_fn, merge_label, simulate
 from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
 from swarmd.sim.regimes import PRESETS, WAN_REGIMES
 from swarmd.swarm.peer_config import GossipConfig, peer_train_config
@@ -64,6 +64,13 @@ def parse(argv: list[str] | None):
         help="participation targets of the quantile policy, comma-separated (one WAN run each)",
     )
     p.add_argument(
+        "--trim-fraction",
+        type=float,
+        default=None,
+        help="the robust merge's trim fraction (default: the daemon's GossipConfig; --add-targets: the stored run's)",
+    )
+    p.add_argument("--report-only", action="store_true", help="rewrite the plots and markdown of --out, run nothing")
+    p.add_argument(
         "--add-targets",
         default="",
         help="only run the quantile policy at these extra targets and add them to the existing --out JSON "
@@ -75,13 +82,16 @@ def parse(argv: list[str] | None):
     return p.parse_args(argv)
 
 
+GOSSIP = GossipConfig()  # the merge rule every run uses (main may change its trim fraction)
+
+
 def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, until_s=None):
     """One run; policy_name "quantile-T" is the quantile policy with participation target T."""
     regime = PRESETS[regime_name]
     kind, _, target = policy_name.partition("-")
     policy = make_policy(kind, regime, cfg.steps_per_round, float(target or DEFAULT_TARGET))
     start = time.perf_counter()
-    result = simulate(cfg, regime, policy, data, held_out, until_s=until_s)
+    result = simulate(cfg, regime, policy, data, held_out, until_s=until_s, merge=merge_fn(GOSSIP))
     took = time.perf_counter() - start
     print(
         f"{regime_name:15s} {policy_name:9s} ce {result.ce_start:.4f} -> {result.ce:.4f}  participation "
@@ -142,10 +152,17 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
         ax.bar(range(len(rows)), values, color="tab:blue")
         ax.set_xticks(range(len(rows)), names, rotation=45, ha="right")
         ax.set_title(label)
-        if key == "ce":
-            ax.axhline(out["ce_start"], color="grey", ls=":", label="initial CE")
-            ax.set_ylim(min(values) - 0.2, out["ce_start"] + 0.1)
-            ax.legend(loc="lower right")
+        if key == "ce":  # zoomed on the learners; a bar that did not learn is cut and labelled
+            learned = [v for v in values if v < out["ce_start"] - 0.5] or values
+            top = max(learned) + 0.05
+            ax.set_ylim(min(learned) - 0.05, top)
+            for i, v in enumerate(values):
+                if v > top:
+                    ax.text(
+                        i, top - 0.01, f"{v:.2f}\n(initial\n{out['ce_start']:.2f})", ha="center", va="top", fontsize=7
+                    )
+                else:
+                    ax.text(i, v + 0.002, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
     fig.suptitle(f"regimes, {out['rounds']} rounds x H={out['steps']}, B={out['blocks']} x K={out['workers']} workers")
     fig.tight_layout()
     fig.savefig(regimes_png, dpi=110)
@@ -155,7 +172,15 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
     lock = out["target"]
     for run in out["policy_curves"]:
         t, ce = zip(*run["curve"])
-        ax.plot(t, ce, marker=".", label=f"{run['policy']} ({run['label']})")
+        wide = run["policy"] == "lockstep"  # drawn wide and dashed: the adaptive curve may lie on it
+        ax.plot(
+            t,
+            ce,
+            marker=".",
+            lw=4 if wide else 1.5,
+            ls="--" if wide else "-",
+            label=f"{run['policy']} ({run['label']})",
+        )
     ax.axhline(lock["lockstep_ce"] + CE_TOLERANCE, color="grey", ls=":", label=f"lockstep final CE + {CE_TOLERANCE}")
     ax.axvline(TIME_FRACTION * lock["lockstep_wall_s"], color="grey", ls="--", label=f"{TIME_FRACTION} x lockstep time")
     ax.set_xlabel("simulated wall time (s)")
@@ -242,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     data = ByteData(load_bytes(data_dir / "train.txt")[: args.train_bytes], model.seq_len)
     held_out = ByteData(load_bytes(data_dir / "eval.txt"), model.seq_len)
+    global GOSSIP
     start = time.perf_counter()
     results: dict[tuple[str, str], SimResult] = {}
     real: dict[tuple[str, str], float] = {}
@@ -250,23 +276,30 @@ def main(argv: list[str] | None = None) -> dict:
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
     command, earlier_s = command_line("async_sim.py", argv), 0.0
     parts: list = []
-    if args.add_targets:  # reuse the stored runs, add quantile targets
+    if args.add_targets or args.report_only:  # reuse the stored runs (add quantile targets)
         prev = json.loads(args.out.read_text())
+        if args.trim_fraction is None and "trim_fraction" in prev:
+            args.trim_fraction = prev["trim_fraction"]
         for key, history in prev["history"].items():
             results[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
         real = {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}  # type: ignore[misc]
         real.update({(r["name"], r["policy"]): r["real_s"] for r in prev["regimes"]})
         quantiles = [p for p in dict.fromkeys(r["policy"] for r in prev["policies"]) if p.startswith("quantile-")]
         parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]])
-        command, earlier_s = f"{prev['command']} && {command}", prev["real_s"]
+        command = prev["command"] if args.report_only else f"{prev['command']} && {command}"
+        earlier_s = prev["real_s"]
         lock = results[wan, "lockstep"]
-        for t in args.add_targets.split(","):
+        if args.trim_fraction is not None:
+            GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
+        for t in filter(None, args.add_targets.split(",")):
             policy = f"quantile-{float(t):g}"
             results[wan, policy], real[wan, policy] = run_one(
                 policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
             )
             quantiles.append(policy)
     else:
+        if args.trim_fraction is not None:
+            GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
         for name, regime in PRESETS.items():
             policy = regime_policy(regime)
             results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
@@ -288,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
             "wire_bytes": r.wire_bytes,
             "real_s": real.get((name, policy)),
         }
-        for (name, policy), r in results.items()
+        for (name, policy), r in sorted(results.items(), key=lambda kv: list(PRESETS).index(kv[0][0]))
         if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
     ]
     policies, curves = [], []
@@ -321,8 +354,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "command": command,
         "machine": machine(),
-        "real_s": earlier_s + time.perf_counter() - start,
-        "real_s_parts": [*parts, [command_line("async_sim.py", argv), time.perf_counter() - start]],
+        "real_s": earlier_s + (0.0 if args.report_only else time.perf_counter() - start),
+        "real_s_parts": parts
+        if args.report_only
+        else [*parts, [command_line("async_sim.py", argv), time.perf_counter() - start]],
         "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
         "rounds": args.rounds,
@@ -334,7 +369,8 @@ def main(argv: list[str] | None = None) -> dict:
         "seq_len": model.seq_len,
         "batch_size": args.batch_size,
         "codec": Codec(cfg.codec).value,
-        "merge": merge_label(),
+        "merge": merge_label(GOSSIP),
+        "trim_fraction": GOSSIP.trim_fraction,
         "quantile_targets": [float(q.split("-")[1]) for q in quantiles],
         "model_config": model.to_dict(),
         "train_config": cfg.train.to_dict(),

@@ -326,7 +326,8 @@ def simulate(
     eval_data: ByteData,
     on_round: Callable[[RoundRecord], None] | None = None,
     until_s: float | None = None,
+    merge: Merge | None = None,
 ) -> SimResult:
     """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it (see Simulator.run)."""
-    sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens))
+    sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens), merge)
     return sim.run(on_round, until_s)
