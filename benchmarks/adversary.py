@@ -975,6 +975,10 @@ def write_md(path: Path, out: dict) -> None:
         f"{out['rounds']} rounds x H={out['steps_per_round']}, int8 deltas. CE: from-noise CE (nats/byte) of an "
         f"honest replica's final checkpoint; Byzantine rows must stay within {out['ce_tolerance']} nats of the "
         "clean run. The public-swarm rows share one run (attacks in sequence), so they share its CE.",
+        "The 3-replica clean run is the Byzantine runs' honest set alone: its distance to the 4-replica run is of the "
+        "order of the tolerance (one replica fewer averages fewer samples), so each Byzantine row also gives, in its "
+        "evidence, its CE against that run (the attacker's own effect). Rows whose defence is not in place, or whose "
+        "attack could not be carried out, say so and count as not survived.",
         "",
         "| fault | survived | CE | clean CE | CE - clean | data lost | evidence |",
         "|---|---|---:|---:|---:|---|---|",

@@ -20,6 +20,7 @@ PARTS = [
     ("Asynchronous network simulator: Tables 4/5 at CPU scale, deadline policies (issue 11)", "ISSUE11_async.md"),
     ("Public-swarm trust: the cost of identities, signatures and the swarm key (issue 9)", "ISSUE9_trust_cost.md"),
     ("Public-swarm trust: robust merge with honest peers, one attacker's reach (issue 9)", "ISSUE9_robust_merge.md"),
+    ("Public-swarm trust: the fault matrix against real daemons (issue 9)", "ISSUE9_adversary.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 
