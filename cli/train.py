@@ -85,7 +85,19 @@ def train(
                 trainer = train_e2e(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
                 save_e2e(out, cfg, trainer.model, tcfg, rounds=rounds, steps=trainer.step_count)
             else:
-                stack = train_blocktrain(cfg, tcfg, corpus, eval_xy, steps_per_round, rounds, dev, on_round, on_step)
+                # one process has every block as it is now: later blocks train against their live predecessors
+                stack = train_blocktrain(
+                    cfg,
+                    tcfg,
+                    corpus,
+                    eval_xy,
+                    steps_per_round,
+                    rounds,
+                    dev,
+                    on_round,
+                    on_step,
+                    trajectory_source="live",
+                )
                 save_model(
                     out,
                     cfg,
