@@ -73,7 +73,7 @@ def test_three_daemons_in_three_namespaces_find_each_other_and_train(lab, text_d
         swarm.start(timeout_s=180)
         for p, h in zip(swarm.peers, lab.hosts, strict=True):
             assert p.address == f"{h.address}:50051"  # the announced address, not 0.0.0.0
-            assert p.info["multiaddrs"] == [f"/ip4/{h.address}/tcp/{DHT_PORT}/p2p/{p.info['peer']}"]
+            assert p.info["multiaddrs"] == [f"/ip4/{h.address}/tcp/{DHT_PORT}/p2p/{p.info['dht peer']}"]
             assert p.info["join with"].startswith(f"blocktrain join /ip4/{h.address}/")
         swarm.wait_rounds(2, timeout_s=180)
         check_rounds(swarm, 2)
