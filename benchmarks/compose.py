@@ -14,7 +14,7 @@ PARTS = [
     ("Swarm: gossip, codecs, scale, fault tolerance (issue 3)", "ISSUE3_swarm.md"),
     ("Swarm transport: gRPC stream vs TCP, bytes per codec (issue 3)", "ISSUE3_transport.md"),
     ("Serving across the swarm (issue 4)", "ISSUE4.md"),
-    ("Quality at realistic budgets: block-0 fix, messages between blocks (issue 8, open)", "ISSUE8.md"),
+    ("Quality at realistic budgets: block-0 fix, messages between blocks (issue 8)", "ISSUE8.md"),
     ("A swarm across hosts: network namespaces, user-space delay (issue 10)", "ISSUE10_netns.md"),
     ("Bad input: exit codes, messages and seconds to the message (issue 10)", "ISSUE10_bad_input.md"),
     ("Asynchronous network simulator: Tables 4/5 at CPU scale, deadline policies (issue 11)", "ISSUE11_async.md"),
