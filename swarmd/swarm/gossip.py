@@ -157,6 +157,7 @@ def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRe
     return [r for r in latest.values() if counts[(r.round, key(r))] >= need]
 
 
+REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
 HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majority from a diverged one
 
 
@@ -574,6 +575,10 @@ class Gossip:
         h = enc.header
         self._check_signed(enc, peer.peer_id)
         want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
+        if back and expect is not None and want_round < int(h.round) <= want_round + REJOIN_AHEAD_ROUNDS:
+            # rejoining a majority: the member asked has merged on since its record (fast rounds, lagging
+            # records); its own signed, newer state on that trajectory is what the majority holds now
+            want_hash, want_round = h.base_hash, int(h.round)
         if h.base_hash != want_hash or int(h.round) != want_round:
             raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
         tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
