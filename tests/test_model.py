@@ -248,30 +248,38 @@ def test_pred_feature_path_starts_at_zero_and_is_carried_by_the_sampler():
     assert torch.allclose(logits, changed, atol=1e-5)
 
 
-def test_pred_feature_kv_cache_matches_full_sweep():
+def _incremental_sweep_equals_full(cfg, n: int, prefix: int, randomise_out: bool) -> None:
+    """LocalSweeper over random-message blocks: a cached sweep of a prefix then one position at a time equals
+    one full sweep (the message enters per position, like z, so the KV cache needs nothing new)."""
     import asyncio
 
     from swarmd.serve.inference import LocalSweeper
 
-    cfg = ModelConfig.documented(blocks=3, pred_input="feature", context_input="own_table", **TINY)
     torch.manual_seed(0)
-    blocks = [DenoisingBlock(cfg) for _ in range(3)]
+    blocks = [DenoisingBlock(cfg) for _ in range(cfg.blocks)]
     with torch.no_grad():
         for b in blocks:
             b.pred_in.weight.normal_(0, 0.3)
+            if randomise_out:
+                b.out.weight.normal_(0, 0.3)
     sweeper = LocalSweeper(cfg, blocks, ByteEmbedding(cfg))
-    x = torch.randint(0, 256, (1, 10))
-    z = start_noise(cfg, (1, 10, 32), torch.Generator().manual_seed(2))
+    x = torch.randint(0, 256, (1, n))
+    z = start_noise(cfg, (1, n, 32), torch.Generator().manual_seed(2))
 
     async def run():
         full = await sweeper.sweep("full", x, z, 0, False)
-        parts = [await sweeper.sweep("inc", x[:, :4], z[:, :4], 0, True)]
-        for t in range(4, 10):
+        parts = [await sweeper.sweep("inc", x[:, :prefix], z[:, :prefix], 0, True)]
+        for t in range(prefix, n):
             parts.append(await sweeper.sweep("inc", x[:, t : t + 1], z[:, t : t + 1], t, True))
         return full, torch.cat(parts, dim=1)
 
     full, inc = asyncio.run(run())
     assert torch.allclose(full, inc, atol=1e-4)
+
+
+def test_pred_feature_kv_cache_matches_full_sweep():
+    cfg = ModelConfig.documented(blocks=3, pred_input="feature", context_input="own_table", **TINY)
+    _incremental_sweep_equals_full(cfg, n=10, prefix=4, randomise_out=False)
 
 
 def test_pred_feature_training_no_gradient_across_blocks():
@@ -365,27 +373,5 @@ def test_pred_output_add_starts_at_the_predecessor_estimate():
 
 
 def test_pred_output_add_kv_cache_matches_full_sweep():
-    import asyncio
-
-    from swarmd.serve.inference import LocalSweeper
-
     cfg = ModelConfig.documented(blocks=3, pred_input="feature", pred_output="add", context_input="own_table", **TINY)
-    torch.manual_seed(0)
-    blocks = [DenoisingBlock(cfg) for _ in range(3)]
-    with torch.no_grad():
-        for b in blocks:
-            b.pred_in.weight.normal_(0, 0.3)
-            b.out.weight.normal_(0, 0.3)
-    sweeper = LocalSweeper(cfg, blocks, ByteEmbedding(cfg))
-    x = torch.randint(0, 256, (1, 9))
-    z = start_noise(cfg, (1, 9, 32), torch.Generator().manual_seed(2))
-
-    async def run():
-        full = await sweeper.sweep("full", x, z, 0, False)
-        parts = [await sweeper.sweep("inc", x[:, :3], z[:, :3], 0, True)]
-        for t in range(3, 9):
-            parts.append(await sweeper.sweep("inc", x[:, t : t + 1], z[:, t : t + 1], t, True))
-        return full, torch.cat(parts, dim=1)
-
-    full, inc = asyncio.run(run())
-    assert torch.allclose(full, inc, atol=1e-4)
+    _incremental_sweep_equals_full(cfg, n=9, prefix=3, randomise_out=True)
