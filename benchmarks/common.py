@@ -66,6 +66,17 @@ def add_schedule(p: argparse.ArgumentParser, rounds: int, steps: int, steps_help
     p.add_argument("--steps", type=int, default=steps, help=steps_help)
 
 
+def add_swarm_config(p: argparse.ArgumentParser) -> None:
+    """The small swarm config of benchmarks/swarm.py (B, d, seq, 8 rounds x H=25, batch, lr, eval bytes)."""
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=64)
+    add_schedule(p, rounds=8, steps=25, steps_help="local steps per round (H)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-tokens", type=int, default=8192)
+
+
 def add_outputs(p: argparse.ArgumentParser, name: str) -> None:
     """--out (benchmarks/results/<name>.json) and --md (the ISSUE3_swarm.md fragment): a LocalSwarm script's records."""
     p.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{name}.json"))

@@ -40,14 +40,8 @@ from swarmd.swarm.robust import robust_merge
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
-    p.add_argument("--blocks", type=int, default=3)
+    common.add_swarm_config(p)
     p.add_argument("--replicas", type=int, nargs="+", default=[2, 4], help="K: replicas per block")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=64)
-    common.add_schedule(p, rounds=8, steps=25, steps_help="local steps per round (H)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--trim-fraction", type=float, default=GossipConfig.trim_fraction)
     p.add_argument("--merges", nargs="+", default=["mean", "robust"], choices=["mean", "robust"])

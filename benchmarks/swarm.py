@@ -37,14 +37,8 @@ from swarmd.swarm.peer_config import peer_train_config
 def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--peers", type=int, default=6)
-    p.add_argument("--blocks", type=int, default=3)
+    common.add_swarm_config(p)
     p.add_argument("--layers-per-block", type=int, default=1)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=64)
-    common.add_schedule(p, rounds=8, steps=25, steps_help="local steps per round (H)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
     p.add_argument(
         "--trajectory-prob",
