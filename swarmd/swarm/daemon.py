@@ -45,6 +45,7 @@ from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pu
 from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
 from swarmd.swarm.service import SwarmService
 from swarmd.swarm.state import BlockState
+from swarmd.swarm.trust import pin_tls
 from swarmd.transport import PeerClient, SwarmServer, start_server
 from swarmd.transport.auth import default_swarm_key, load_swarm_key
 from swarmd.transport.tls import fingerprint, load_tls
@@ -309,17 +310,8 @@ class Daemon:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
         self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
-        await self._pin_tls(found)
+        await pin_tls(self.client, found, skip=self.peer_id)
         return found
-
-    async def _pin_tls(self, records: list[PeerRecord]) -> None:
-        """Dial the peers whose signed record names a TLS certificate over TLS, pinned to that certificate."""
-        for r in records:
-            if r.tls_fingerprint and r.address and r.peer_id != self.peer_id:
-                try:
-                    await self.client.pin(r.address, r.tls_fingerprint)
-                except SwarmdError as exc:
-                    logger.warning("%s cannot pin the TLS certificate of %s: %s", self.gossip.tag, r.peer_id[-6:], exc)
 
     async def run_round(self) -> MergeReport | None:
         """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped)."""

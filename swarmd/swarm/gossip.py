@@ -706,15 +706,19 @@ class Gossip:
         except Exception as exc:  # a failed lookup only means the delta is judged on what we knew
             logger.debug("%s lookup for an unknown sender failed: %s", self.tag, exc)
 
-    def _accept(self, rs: _Round, enc: Encoded, kind: PayloadKind) -> str:
-        """Validate a delta against round, base and schema and stash it; returns the sender id."""
+    def _accept(self, rs: _Round, enc: Encoded, kind: PayloadKind, verified: bool = False) -> str:
+        """Validate a delta against round, base and schema and stash it; returns the sender id.
+
+        :param verified: the caller already checked the payload's signature (verify_payload)
+        """
         h = enc.header
         try:
             if rs.closed:
                 raise StaleRound(f"round {rs.round} is already closed")
             if h.peer_id == self.me.peer_id or not h.peer_id:
                 raise ValidationError("delta without a (foreign) peer id")
-            verify_payload(enc)  # before anything beyond the header is looked at
+            if not verified:
+                verify_payload(enc)  # before anything beyond the header is looked at
             if problem := self._sender_problem(h, kind):
                 raise ValidationError(problem)
             if h.round != rs.round:
@@ -773,7 +777,7 @@ class Gossip:
             raise NotReady(f"own delta of round {rs.round} not ready in time") from None
         await self._refresh_known(h, kind)
         try:
-            self._accept(rs, incoming, kind)
+            self._accept(rs, incoming, kind, verified=True)  # handle_exchange verified it first
         except BaseMismatch:
             pass  # still answer: the caller sees the mismatch too and both apply the re-sync rule
         reply = rs.outgoing[kind]
