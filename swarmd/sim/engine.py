@@ -198,7 +198,7 @@ class Simulator:
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
         """Worker 0 of every block: after a merge all replicas of a block hold the same weights."""
-        return [w for w in self.workers if w.id.endswith("w0")]
+        return self.workers[:: self.cfg.workers]  # built block-major: worker k of block b is b * workers + k
 
     def measure(self) -> float:
         heads = self.heads()

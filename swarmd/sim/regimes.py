@@ -36,12 +36,6 @@ class Dist:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return self.median * np.exp(self.sigma * rng.standard_normal(n))
 
-    def quantile(self, q: float) -> float:
-        """The q-quantile (documentation tables)."""
-        from statistics import NormalDist
-
-        return self.median * math.exp(self.sigma * NormalDist().inv_cdf(q)) if self.sigma else self.median
-
 
 @dataclass(frozen=True)
 class Regime:
