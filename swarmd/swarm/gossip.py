@@ -70,7 +70,7 @@ from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.robust import delta_norm, delta_norm_bound, robust_merge
+from swarmd.swarm.robust import delta_norm, delta_norm_bound, mean_in_order, robust_merge
 from swarmd.swarm.state import BlockState, relative_distance, weights_hash
 from swarmd.swarm.trust import is_valid, sign_payload, sign_record, verify_payload
 from swarmd.transport.framing import Encoded
@@ -110,13 +110,7 @@ def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Te
     ids = sorted(deltas)
     if not ids:
         raise ValueError("merge_mean needs at least one delta (own delta included)")
-    out = {}
-    for name, first in deltas[ids[0]].items():
-        acc = torch.zeros_like(first, dtype=torch.float32)
-        for pid in ids:
-            acc += deltas[pid][name].float()
-        out[name] = acc / len(ids)
-    return out
+    return {name: mean_in_order([deltas[pid][name].float() for pid in ids]) for name in deltas[ids[0]]}
 
 
 def merge_deltas(deltas: dict[str, dict[str, torch.Tensor]], cfg: GossipConfig) -> dict[str, torch.Tensor]:

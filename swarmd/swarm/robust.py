@@ -83,6 +83,14 @@ def _sorted_rows(rows: list[torch.Tensor]) -> list[torch.Tensor]:
 SORT_NETWORK_MAX = 32  # rows sorted with min / max; more: torch.sort
 
 
+def mean_in_order(rows: list[torch.Tensor]) -> torch.Tensor:
+    """fp32 mean of rows summed in the order given (a fixed order gives every replica the same bits)."""
+    acc = torch.zeros_like(rows[0], dtype=torch.float32)
+    for x in rows:
+        acc += x
+    return acc / len(rows)
+
+
 def robust_merge(
     deltas: Deltas, clip_factor: float = 2.0, trim_fraction: float = 0.1
 ) -> tuple[dict[str, torch.Tensor], MergeStats]:
@@ -115,11 +123,8 @@ def robust_merge(
             if scale != 1.0:
                 x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) * scale if scale == 0.0 else x * scale
             rows.append(x)
-        if k == 0:
-            acc = torch.zeros_like(rows[0], dtype=torch.float32)
-            for x in rows:  # sorted peer-id order: merge_mean's bits when nothing was clipped
-                acc += x
-            out[name] = acc / n
+        if k == 0:  # sorted peer-id order: merge_mean's bits when nothing was clipped
+            out[name] = mean_in_order(rows)
             continue
         ordered = _sorted_rows(rows)
         acc = ordered[k].clone()
