@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
-from swarmd.swarm.launch import LocalSwarm, PeerProc
+from swarmd.swarm.launch import LocalSwarm, PeerProc, process_group, wait_group_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 # one block: every peer is a replica of every other; no sampler-step messages (a Forward step is one request)
@@ -661,7 +661,7 @@ def process_rows(a) -> list[Row]:
                 except subprocess.TimeoutExpired:
                     pass
                 took = time.monotonic() - started
-                left = _wait_group_gone(pgid, 10)
+                left = wait_group_gone(pgid, 10)
                 sw.kill(1, signal.SIGKILL)  # whatever is left (nothing, when it survived)
                 rows.append(
                     Row(
@@ -677,7 +677,7 @@ def process_rows(a) -> list[Row]:
             pgid = p.process.pid
             os.kill(pgid, signal.SIGKILL)
             p.process.wait(timeout=30)
-            left = _wait_group_gone(pgid, 10)
+            left = wait_group_gone(pgid, 10)
             rows.append(
                 Row(
                     "kill -9 of a daemon's main process: no orphan DHT process or p2pd",
@@ -689,15 +689,15 @@ def process_rows(a) -> list[Row]:
             wait_rounds(sw, [1], 2)
             dht = [
                 int(x.split()[0])
-                for x in _group(p.process.pid)
+                for x in process_group(p.process.pid)
                 if x.split()[0] != str(p.process.pid) and x.split()[1] == "python"
             ]
             if dht:
                 os.kill(dht[0], signal.SIGKILL)
                 deadline = time.monotonic() + 10
-                while any(x.endswith("p2pd") for x in _group(p.process.pid)) and time.monotonic() < deadline:
+                while any(x.endswith("p2pd") for x in process_group(p.process.pid)) and time.monotonic() < deadline:
                     time.sleep(0.1)  # polling for p2pd to end, with a deadline
-                p2pd_left = [x for x in _group(p.process.pid) if x.endswith("p2pd")]
+                p2pd_left = [x for x in process_group(p.process.pid) if x.endswith("p2pd")]
                 rows.append(
                     Row(
                         "kill -9 of a daemon's DHT process alone: its p2pd ends",
@@ -756,19 +756,6 @@ def process_rows(a) -> list[Row]:
         )
     )
     return rows
-
-
-def _group(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,stat=,comm="], capture_output=True, text=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return [f"{f[0]} {f[3]}" for f in rows if len(f) >= 4 and f[1] == str(pgid) and "Z" not in f[2]]
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while (left := _group(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling the process table, with a deadline
-    return left
 
 
 def readonly_row(a) -> Row:

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from swarmd.errors import CheckpointError
 from swarmd.swarm import daemon as daemon_mod
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.gossip import diverged_majority
-from swarmd.swarm.launch import LocalSwarm
+from swarmd.swarm.launch import LocalSwarm, process_group, wait_group_gone
 from swarmd.swarm.state import BlockState
 from swarmd.transport import PeerClient
 from tests.swarm_utils import batches, daemon_config, running, tiny_model, tiny_train, write_corpus
@@ -190,20 +189,6 @@ async def _failing_writes(cfg, monkeypatch, caplog) -> None:
 
 
 # -- processes (slow) -------------------------------------------------------------------------------
-def _group(pgid: int) -> list[str]:
-    """`pid comm` of every live process in a process group (zombies left out)."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,stat=,comm="], capture_output=True, text=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return [f"{f[0]} {f[3]}" for f in rows if f[1] == str(pgid) and "Z" not in f[2]]
-
-
-def _wait_gone(pgid: int, timeout_s: float) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while (left := _group(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling the process table, with a deadline
-    return left
-
-
 @pytest.fixture
 def one_daemon(tmp_path):
     data = write_corpus(tmp_path)
@@ -215,7 +200,7 @@ def one_daemon(tmp_path):
         while len(p.rounds_seen) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)  # polling its printed round lines, with a deadline
         assert len(p.rounds_seen) >= 2, swarm.tail(p)
-        comms = [c.split()[1] for c in _group(p.process.pid)]
+        comms = [c.split()[1] for c in process_group(p.process.pid)]
         assert "p2pd" in comms and comms.count("python") == 2, comms  # daemon, its DHT process, p2pd
         yield swarm, p
 
@@ -228,7 +213,7 @@ def test_a_signal_to_the_process_group_ends_the_daemon_within_seconds(one_daemon
     os.killpg(p.process.pid, sig)
     p.process.wait(timeout=30)
     took = time.monotonic() - started
-    assert _wait_gone(p.process.pid, 5.0) == []
+    assert wait_group_gone(p.process.pid, 5.0) == []
     assert took < 10.0, f"exited after {took:.1f}s: {swarm.tail(p)}"
     assert p.process.returncode == 0 and "Traceback" not in p.log_path.read_text(errors="replace")
 
@@ -240,16 +225,16 @@ def test_kill_9_leaves_no_orphan_dht_process_or_p2pd(one_daemon, victim):
     DHT process alone (an OOM kill): its p2pd ends (parent-death signal)."""
     _, p = one_daemon
     pgid = p.process.pid
-    members = {c.split()[1]: int(c.split()[0]) for c in _group(pgid) if int(c.split()[0]) != pgid}
+    members = {c.split()[1]: int(c.split()[0]) for c in process_group(pgid) if int(c.split()[0]) != pgid}
     os.kill(pgid if victim == "daemon" else members["python"], signal.SIGKILL)
     if victim == "daemon":
         p.process.wait(timeout=10)
-        assert _wait_gone(pgid, 10.0) == []
+        assert wait_group_gone(pgid, 10.0) == []
     else:
         deadline = time.monotonic() + 10
-        while any(c.endswith("p2pd") for c in _group(pgid)) and time.monotonic() < deadline:
+        while any(c.endswith("p2pd") for c in process_group(pgid)) and time.monotonic() < deadline:
             time.sleep(0.1)  # polling for p2pd to end, with a deadline
-        assert not any(c.endswith("p2pd") for c in _group(pgid)), _group(pgid)
+        assert not any(c.endswith("p2pd") for c in process_group(pgid)), process_group(pgid)
 
 
 # -- re-sync after a partition ----------------------------------------------------------------------

@@ -283,3 +283,18 @@ class LocalSwarm:
             blocks.append(ck.load_block(holders[0].checkpoint_dir, self.model, b)[0])
         emb_dir = next(p.checkpoint_dir for p in self.peers if (p.checkpoint_dir / "config.json").is_file())
         return blocks, ck.load_embedding(emb_dir, self.model)
+
+
+def process_group(pgid: int) -> list[str]:
+    """`pid comm` of every live process in a process group (zombies left out): what a peer leaves behind."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,stat=,comm="], capture_output=True, text=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return [f"{f[0]} {f[3]}" for f in rows if len(f) >= 4 and f[1] == str(pgid) and "Z" not in f[2]]
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> list[str]:
+    """Poll until the process group is empty or timeout_s passes; returns what is left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := process_group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling the process table, with a deadline
+    return left
