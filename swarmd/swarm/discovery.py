@@ -251,6 +251,13 @@ def route_hivemind_logs() -> None:
 _SOCKET_PREFIX_LOCK = threading.Lock()
 
 
+def remove_sockets(prefix: str) -> None:
+    """Remove every unix socket whose path starts with prefix (what a p2pd of ours may leave behind)."""
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
 def _socket_tag() -> str:
     return f"blocktrain-{uuid.uuid4().hex[:10]}"
 
@@ -343,9 +350,8 @@ def _parent_bound_dht() -> type:
             if p2pd is not None and p2pd.returncode is None:
                 with contextlib.suppress(OSError):
                     os.kill(p2pd.pid, signal.SIGTERM)
-            for path in glob.glob(glob.escape(sockets) + "*") if "blocktrain-" in sockets else ():
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+            if "blocktrain-" in sockets:
+                remove_sockets(sockets)
             os._exit(0)
 
     return ParentBoundDHT
@@ -523,9 +529,7 @@ class HivemindDiscovery:
 
     def _remove_sockets(self) -> None:
         """Remove the unix sockets this instance's p2pd left behind (p2pd that dies by itself leaves them)."""
-        for path in glob.glob(glob.escape(self._sockets) + "*"):
-            with contextlib.suppress(OSError):
-                os.remove(path)
+        remove_sockets(self._sockets)
 
     @classmethod
     async def create(cls, *args, **kwargs) -> HivemindDiscovery:
