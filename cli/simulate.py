@@ -6,7 +6,7 @@ from cli import options as o
 from cli.common import check_data, cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from swarmd.errors import ConfigError
-from swarmd.sim.policies import DEFAULT_TARGET, POLICIES
+from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
 
 # small sizes by default so a run takes a minute on a CPU; the architecture options stay the project's defaults
 SIM_MODEL = o.ModelOptions.with_defaults(d_model=64, layers_per_block=1, seq_len=64)
@@ -38,8 +38,7 @@ def simulate(
     """
     with cli_errors():
         net = network.regime(regime)  # a bad regime name fails here, before torch loads
-        if policy is not None and policy not in POLICIES:
-            raise ConfigError(f"unknown deadline policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        chosen = make_policy(policy or regime_policy(net), net, steps_per_round, target_participation)  # before torch
         if workers < 1 or rounds < 1 or steps_per_round < 1 or eval_tokens < 1:
             raise ConfigError("--workers, --rounds, --steps-per-round and --eval-tokens must be >= 1")
         check_data(data)
@@ -48,7 +47,6 @@ def simulate(
 
         from swarmd.core.data import ByteData
         from swarmd.sim.engine import RoundRecord, SimConfig, simulate
-        from swarmd.sim.policies import make_policy, regime_policy
         from swarmd.swarm.peer_config import peer_train_config
 
         threads = torch.get_num_threads()
@@ -56,7 +54,6 @@ def simulate(
         sim_cfg = SimConfig(
             cfg, train.config(peer_train_config(steps_per_round)), workers, rounds, steps_per_round, codec, eval_tokens
         )
-        chosen = make_policy(policy or regime_policy(net), net, steps_per_round, target_participation)
         train_path, eval_path = resolve_train_eval(data, eval_data)
         corpus, held_out = ByteData.from_path(train_path, cfg.seq_len), ByteData.from_path(eval_path, cfg.seq_len)
 
