@@ -32,7 +32,6 @@ from swarmd.transport.framing import (
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
 from swarmd.transport.tls import fetch_pinned_cert, pinned_credentials
-from swarmd.transport.tls import fingerprint as _fingerprint_of
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
@@ -221,7 +220,8 @@ class PeerClient:
         self.wait_for_ready = wait_for_ready
         # a private swarm's key: every call carries a fresh proof of it (swarmd.transport.auth)
         self.swarm_key = swarm_key if swarm_key is not None else default_swarm_key()
-        self._pins: dict[str, bytes] = {}  # address -> the certificate (PEM) its signed record pins: dial TLS
+        # address -> (fingerprint, certificate PEM) its signed record pins: dial TLS
+        self._pins: dict[str, tuple[str, bytes]] = {}
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
         self._fresh: set[str] = set()
@@ -231,7 +231,7 @@ class PeerClient:
         if address not in self._channels:
             pinned = self._pins.get(address)
             if pinned is not None:
-                creds, name = pinned_credentials(pinned)
+                creds, name = pinned_credentials(pinned[1])
                 channel = grpc.aio.secure_channel(address, creds, options=self._options + name)
             else:
                 channel = grpc.aio.insecure_channel(address, options=self._options)
@@ -245,9 +245,9 @@ class PeerClient:
 
         :raises ValidationError: the peer presents another certificate; PeerUnavailable: no TLS answer
         """
-        if address in self._pins and fingerprint == _fingerprint_of(self._pins[address]):
+        if address in self._pins and fingerprint == self._pins[address][0]:
             return
-        self._pins[address] = await fetch_pinned_cert(address, fingerprint)
+        self._pins[address] = (fingerprint, await fetch_pinned_cert(address, fingerprint))
         await self.forget(address, keep_pin=True)
 
     def _auth(self, method: str) -> tuple[tuple[str, str], ...] | None:
