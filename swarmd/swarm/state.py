@@ -143,27 +143,26 @@ class BlockState:
         AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
         """
         with self.lock:
-            for base, delta, module in (
-                (self.base_block, block_delta, self.trainer.block),
-                (self.base_emb, emb_delta, self.trainer.emb),
-            ):
+            for base, delta in ((self.base_block, block_delta), (self.base_emb, emb_delta)):
                 if delta is not None:
                     for k in base:
                         base[k] = base[k] + delta[k]
-                params = module.state_dict()
-                for k, v in base.items():
-                    params[k].copy_(v.to(params[k].dtype))
+            self._base_to_live()
             self.round += 1
             self._rebase()
+
+    def _base_to_live(self) -> None:
+        """Copy the base weights into the trainer's live block and byte table (caller holds the lock)."""
+        for base, module in ((self.base_block, self.trainer.block), (self.base_emb, self.trainer.emb)):
+            params = module.state_dict()
+            for k, v in base.items():
+                params[k].copy_(v.to(params[k].dtype))
 
     @torch.no_grad()
     def rollback(self) -> None:
         """Live weights := base (this round's local steps undone); AdamW moments dropped if they are not finite."""
         with self.lock:
-            for base, module in ((self.base_block, self.trainer.block), (self.base_emb, self.trainer.emb)):
-                params = module.state_dict()
-                for k, v in base.items():
-                    params[k].copy_(v.to(params[k].dtype))
+            self._base_to_live()
             moments = [t for st in self.trainer.opt.state.values() for t in st.values() if torch.is_tensor(t)]
             if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in moments):
                 self.trainer.opt.state.clear()
