@@ -161,7 +161,7 @@ def test_lossy_codecs_still_give_identical_replicas(codec):
 INTRUDER = Identity.generate(bytes([99]) * 32)  # signs its deltas and holds a signed record: the schema is what fails
 
 
-def _tampered(g, kind=BLOCK, **override) -> Encoded:
+def _tampered(g, kind=BLOCK, signer: Identity = INTRUDER, **override) -> Encoded:
     rs = g.current
     hdr = dict(
         swarm_id=g.me.swarm_id,
@@ -170,14 +170,14 @@ def _tampered(g, kind=BLOCK, **override) -> Encoded:
         block_index=g.me.block_index if kind == BLOCK else -1,
         round=rs.round,
         base_hash=rs.hashes[kind],
-        peer_id=INTRUDER.peer_id,
+        peer_id=signer.peer_id,
     )
     tensors = {
         k: torch.zeros(v) for k, v in (g.state.block_shapes() if kind == BLOCK else g.state.emb_shapes()).items()
     }
     shapes_override = override.pop("tensors", None)
     hdr.update(override)
-    return sign_payload(encode(shapes_override or tensors, "fp32", **hdr), INTRUDER)
+    return sign_payload(encode(shapes_override or tensors, "fp32", **hdr), signer)
 
 
 def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
@@ -186,18 +186,20 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         (g,) = peers
         await g.open_round()
         await g.publish()
-        g._remember([sign_record(replace(g.record(), peer_id=INTRUDER.peer_id, address="mem:x"), INTRUDER, 300)])
+        # one signer per bad payload: a peer gets one delta per round and kind judged, each must fail on its own check
+        signers = [INTRUDER, *(Identity.generate(bytes([90 + i]) * 32) for i in range(6))]
+        g._remember([sign_record(replace(g.record(), peer_id=s.peer_id, address="mem:x"), s, 300) for s in signers])
         before = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
         good_shapes = g.state.block_shapes()
         bad = [
-            _tampered(g, config_hash="other"),
-            _tampered(g, swarm_id="other-swarm"),
-            _tampered(g, round=7),
-            _tampered(g, base_hash="not-our-base"),
-            _tampered(g, tensors={k: torch.zeros((*tuple(s), 1)) for k, s in good_shapes.items()}),
-            _tampered(g, kind=BLOCK, block_index=1),
+            _tampered(g, config_hash="other", signer=signers[0]),
+            _tampered(g, swarm_id="other-swarm", signer=signers[1]),
+            _tampered(g, round=7, signer=signers[2]),
+            _tampered(g, base_hash="not-our-base", signer=signers[3]),
+            _tampered(g, tensors={k: torch.zeros((*tuple(s), 1)) for k, s in good_shapes.items()}, signer=signers[4]),
+            _tampered(g, kind=BLOCK, block_index=1, signer=signers[5]),
         ]
-        nan = _tampered(g)
+        nan = _tampered(g, signer=signers[6])
         nan.payload = encode(
             {k: torch.zeros(s) for k, s in good_shapes.items()},
             "fp32",
@@ -212,7 +214,7 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         nan.payload = bytes(nan.payload[:-4]) + bytes.fromhex("0000c07f")  # last float := NaN
         nan.header.payload_bytes = len(nan.payload)
         nan._sha256 = ""
-        bad.append(sign_payload(nan, INTRUDER))
+        bad.append(sign_payload(nan, signers[6]))
         errors = []
         for enc in bad:
             try:

@@ -19,6 +19,7 @@ worker thread at a time for torch, grpc's own threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
@@ -318,6 +319,8 @@ class Daemon:
         g, H, started = self.gossip, self.config.gossip.steps_per_round, time.monotonic()
         if await g.sync(await self.records()):
             self._update_serving()
+            with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
+                await self.announce()
         await g.open_round()
         await self.load_predecessors()
         self.phase = PeerState.TRAINING

@@ -65,6 +65,7 @@ from swarmd.errors import (
     WrongBlock,
 )
 from swarmd.protocol import Codec, PayloadKind
+from swarmd.swarm import rejoin
 from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.identity import Identity
@@ -328,6 +329,10 @@ class MergeReport:
         return 1.0 if expected == 0 else got / expected
 
 
+class _Repeat(StaleRound):
+    """A second delta of the same peer, kind and round (a peer that re-syncs and retries within our round)."""
+
+
 @dataclass
 class _Round:
     round: int
@@ -347,6 +352,9 @@ class _Round:
     last_arrival: float = 0.0
     arrivals: list[float] = field(default_factory=list)  # seconds after open of each accepted delta
     rejected: int = 0
+    senders: dict[str, set[str]] = field(
+        default_factory=lambda: {BLOCK: set(), EMB: set()}
+    )  # peers whose (signed) delta of this round was judged: one each, accepted or not
 
 
 class Gossip:
@@ -387,6 +395,7 @@ class Gossip:
         self._opened = asyncio.Condition()
         self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
+        self.isolated = {BLOCK: 0, EMB: 0}  # rounds in a row without an accepted delta of that kind (rejoin)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _hdr(self, kind: PayloadKind, round: int) -> dict:
@@ -481,6 +490,9 @@ class Gossip:
             (PayloadKind.EMBEDDING_STATE, others),
         ):
             weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+            if kind.delta in self.last_split:  # a round was merged since the last sync: were we isolated in it?
+                alone = not self.last_split[kind.delta][0] and bool(pool)
+                self.isolated[kind.delta] = self.isolated[kind.delta] + 1 if alone else 0
             history = self.history[kind.part]
             history[me.round] = weights(me)
             for old in sorted(history)[:-HISTORY_ROUNDS]:
@@ -509,6 +521,8 @@ class Gossip:
             if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
                 split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
                 if split is None:
+                    if self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS and await self._rejoin(kind, pool):
+                        pulled.append(kind.part)
                     continue
                 ref, expect = split, None  # the signed deltas said where it is; its state must hash as it signs
             try:
@@ -540,6 +554,68 @@ class Gossip:
         if len(other) > len(same) or (len(other) == len(same) and rank(best) > rank(me)):
             return best
         return None
+
+    async def _fresh_state(self, peer: PeerRecord, kind: PayloadKind) -> tuple[rejoin.Held, dict[str, torch.Tensor]]:
+        """A peer's current state, signed by it and hashing to the weights its own signed header names."""
+        request = pb.PullStateRequest(
+            swarm_id=self.me.swarm_id,
+            config_hash=self.me.config_hash,
+            kind=kind.to_pb(),
+            block_index=peer.block_index if kind.is_block else -1,
+        )
+        enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        self._check_signed(enc, peer.peer_id)
+        tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
+        if (got := await asyncio.to_thread(weights_hash, tensors)) != enc.header.base_hash:
+            raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
+        return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
+
+    async def _rejoin(self, kind: PayloadKind, pool: list[PeerRecord]) -> bool:
+        """An isolated peer asks the fresh signed states (swarmd.swarm.rejoin): adopt a fresh quorum's state, or
+        hold still and reconcile with the other members; returns whether a state was adopted."""
+        self.isolated[kind.delta] = 0  # one attempt per ISOLATED_ROUNDS isolated rounds
+        peers = sorted((r for r in pool if r.address and self._usable(r)), key=lambda r: r.peer_id)[: rejoin.MAX_PULLS]
+        need = quorum(len({r.peer_id for r in pool}))
+        prev: dict[str, tuple[int, str]] | None = None
+        settled: tuple = ()
+        for _ in range(rejoin.HOLD_TRIES):
+            answers = await asyncio.gather(*(self._fresh_state(r, kind) for r in peers), return_exceptions=True)
+            fresh = {h.peer_id: (h, t) for a in answers if not isinstance(a, BaseException) for h, t in (a,)}
+            round, block, emb = self.state.snapshot()
+            own_hash = self.state.block_hash if kind.is_block else self.state.emb_hash
+            mine = rejoin.Held(self.me.peer_id, round, own_hash, self.me.client_mode)
+            target = rejoin.fresh_majority(mine, [h for h, _ in fresh.values()], need)
+            if target is not None:
+                await self._adopt_fresh(kind, fresh[target.peer_id][1], target.round, "a quorum's fresh signed state")
+                return True
+            if any(h.key == mine.key for h, _ in fresh.values()):
+                return False  # others hold our weights: a group larger than ours would have been adopted above
+            members = {**fresh, mine.peer_id: (mine, block if kind.is_block else emb)}
+            if len(members) < 3:
+                return False  # fresh_majority decides between two; nothing to reconcile
+            now = {p: h.key for p, (h, _) in members.items()}
+            if prev is not None and rejoin.stable(prev, now, settled[1:]):
+                await self._adopt_fresh(kind, settled[0], settled[1], f"the reconciliation of {len(prev)} members")
+                return True
+            prev = now
+            states, rounds = {p: t for p, (_, t) in members.items()}, {p: h.round for p, (h, _) in members.items()}
+            settled = await asyncio.to_thread(rejoin.reconcile, states, rounds, self.cfg.trim_fraction)
+            logger.warning(
+                "%s isolated and no quorum of the %s among %d fresh states: holding still to reconcile",
+                self.tag,
+                kind.part,
+                len(members),
+            )
+            await asyncio.sleep(rejoin.HOLD_S)  # hold still: what we serve stays put while the others catch up
+        return False
+
+    async def _adopt_fresh(self, kind: PayloadKind, tensors: dict[str, torch.Tensor], round: int, what: str) -> None:
+        """Adopt a state the rejoin rule chose, the round counter moving back to it or at most max_round_jump ahead."""
+        new_round = min(round, self.state.round + self.cfg.max_round_jump)
+        block, emb = (tensors, None) if kind.is_block else (None, tensors)
+        await asyncio.to_thread(self.state.adopt, block, emb, new_round)
+        self.ef[kind.delta].reset()
+        logger.warning("%s rejoined: adopted the %s of %s (round %d)", self.tag, kind.part, what, new_round)
 
     async def pull(
         self,
@@ -713,6 +789,11 @@ class Gossip:
                 raise ValidationError("delta without a (foreign) peer id")
             if not verified:
                 verify_payload(enc)  # before anything beyond the header is looked at
+            if h.peer_id in rs.senders[kind]:  # a peer gets one delta per round and kind judged (decoded) at most
+                self.metrics.reject("stale_round")
+                logger.debug("%s refused another %s of round %d from %s", self.tag, kind, rs.round, h.peer_id[-6:])
+                raise _Repeat(f"a {kind} of round {rs.round} from {h.peer_id[-6:]} was already judged")
+            rs.senders[kind].add(h.peer_id)
             if problem := self._sender_problem(h, kind):
                 raise ValidationError(problem)
             if h.round != rs.round:
@@ -722,10 +803,15 @@ class Gossip:
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
             tensors = self._decode(enc, kind, self.me.block_index if kind == BLOCK else -1)
             self._check_norm(tensors, kind)
+        except _Repeat:
+            raise
         except SwarmdError as exc:
             rs.rejected += 1
             self.metrics.reject(reject_reason(exc))
             logger.warning("%s rejected a %s from %s: %s", self.tag, kind, (h.peer_id or "?")[-6:], exc)
+            if h.peer_id in rs.senders[kind]:  # judged: the round need not wait for this peer any longer
+                rs.failed[kind].add(h.peer_id)
+                rs.arrived.set()
             raise
         rs.inbox[kind][h.peer_id] = tensors
         rs.last_arrival = time.monotonic()
