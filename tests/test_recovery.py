@@ -237,6 +237,39 @@ def test_kill_9_leaves_no_orphan_dht_process_or_p2pd(one_daemon, victim):
         assert not any(c.endswith("p2pd") for c in process_group(pgid)), process_group(pgid)
 
 
+@pytest.mark.slow
+def test_a_dht_process_killed_alone_is_restarted_and_the_peer_finds_the_swarm_again(tmp_path):
+    """kill -9 of a daemon's DHT process alone (an OOM kill): the daemon notices within an announce period,
+    starts its DHT again (same identity and port), and merges with the other peer again."""
+    data = write_corpus(tmp_path)
+    swarm = LocalSwarm(2, tiny_model(1), data, tmp_path, rounds=0, steps_per_round=2, batch_size=4)
+    with swarm:
+        swarm.start(timeout_s=120)
+        deadline = time.monotonic() + 120
+        while any(len(p.rounds_seen) < 2 for p in swarm.peers) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the printed round lines, with a deadline
+        p = swarm.peers[1]
+        pgid = p.process.pid
+        dht = [int(c.split()[0]) for c in process_group(pgid) if int(c.split()[0]) != pgid and c.split()[1] == "python"]
+        assert len(dht) == 1, process_group(pgid)
+        os.kill(dht[0], signal.SIGKILL)
+        killed = time.time()
+        deadline = time.monotonic() + 90
+
+        def merged_again() -> bool:
+            hist = _history_since(p, killed)
+            return "restarted" in p.log_path.read_text(errors="replace") and any(
+                h["expected"] == 2 and h["accepted"] == 2 and h["at_s"] for h in hist
+            )
+
+        while not merged_again() and time.monotonic() < deadline:
+            time.sleep(0.5)  # polling the log and the checkpointed round history, with a deadline
+        comms = [c.split()[1] for c in process_group(pgid)]
+        assert merged_again(), swarm.tail(p, 8)
+        assert comms.count("python") == 2 and "p2pd" in comms, comms  # daemon, its new DHT process, p2pd
+        assert p.alive() and "Traceback" not in p.log_path.read_text(errors="replace")
+
+
 # -- re-sync after a partition ----------------------------------------------------------------------
 def _rec(peer: str, round: int, base: str, address: str = "h:1") -> PeerRecord:
     return PeerRecord(peer, address, 0, round, 1.0, "cfg", base, False, "s", "e")

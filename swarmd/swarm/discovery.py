@@ -495,6 +495,30 @@ class HivemindDiscovery:
     ):
 
         self.swarm_id = swarm_id
+        self._start_args = (host, start_timeout_s, client_mode, announce_host, identity_path)  # for restart()
+        self.dht = self._start_dht(
+            initial_peers, host, start_timeout_s, client_mode, port, announce_host, identity_path
+        )
+        self.peer_id = self.dht.peer_id.to_base58()
+        self.initial_peers = [str(m) for m in initial_peers]
+        self._maddrs = _visible_maddrs(self.dht)
+        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_PEERS)  # multiaddrs last seen
+        self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
+        self._closing = threading.Event()  # set by shutdown(): pending calls give up
+        self.restarts = 0  # DHT processes started again after the one before was gone (killed alone)
+
+    def _start_dht(
+        self,
+        initial_peers: list[str] | tuple[str, ...],
+        host: str,
+        start_timeout_s: float,
+        client_mode: bool,
+        port: int,
+        announce_host: str,
+        identity_path: str,
+    ) -> Any:
+        """Fork a DHT process (and its p2pd) bound to this process and wait until it is ready (SwarmdError with a
+        hint if it does not start)."""
         dht = None
         self._sockets = f"/tmp/hivemind-{_socket_tag()}-"  # this instance's p2pd unix sockets start so
         try:
@@ -507,7 +531,7 @@ class HivemindDiscovery:
                     announce_maddrs=[multiaddr(announce_host, port)] if announce_host and not client_mode else None,
                     identity_path=identity_path or None,
                     client_mode=client_mode,
-                    record_validators=[record_validator(swarm_id)],
+                    record_validators=[record_validator(self.swarm_id)],
                     start=True,
                     await_ready=False,
                 )
@@ -519,13 +543,31 @@ class HivemindDiscovery:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise SwarmdError(_start_error(exc, initial_peers, host, start_timeout_s, identity_path)) from None
-        self.dht = dht
-        self.peer_id = dht.peer_id.to_base58()
-        self.initial_peers = [str(m) for m in initial_peers]
-        self._maddrs = _visible_maddrs(dht)
-        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_PEERS)  # multiaddrs last seen
-        self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
-        self._closing = threading.Event()  # set by shutdown(): pending calls give up
+        return dht
+
+    def restart(self) -> None:
+        """Start the DHT process again after it died alone (an OOM kill, a crash; blocking): the same listen port
+        and identity (so the same DHT peer id and multiaddrs), bootstrapping from the initial and recent peers."""
+        host, start_timeout_s, client_mode, announce_host, identity_path = self._start_args
+        port = next((int(m.split("/tcp/")[1].split("/")[0]) for m in self._maddrs if "/tcp/" in m), 0)
+        own = f"/p2p/{self.peer_id}"
+        peers = [m for m in dict.fromkeys((*self.initial_peers, *reversed(self.recent))) if not m.endswith(own)]
+        with contextlib.suppress(Exception):
+            self.dht.shutdown()  # its process is gone: this only releases what the parent holds
+        self._remove_sockets()
+        for bootstrap, at in ((peers, port), ([], port), ([], 0)):  # nobody answers / the port is taken: start alone
+            try:
+                self.dht = self._start_dht(
+                    bootstrap, host, start_timeout_s, client_mode, at, announce_host, identity_path
+                )
+                break
+            except SwarmdError as exc:
+                logger.warning("DHT restart (%d bootstrap peers, port %d) failed: %s", len(bootstrap), at, exc)
+        else:
+            raise SwarmdError("the DHT process is gone and could not be started again")
+        self.peer_id = self.dht.peer_id.to_base58()
+        self._maddrs = _visible_maddrs(self.dht) or self._maddrs
+        self.restarts += 1
 
     def _remove_sockets(self) -> None:
         """Remove the unix sockets this instance's p2pd left behind (p2pd that dies by itself leaves them)."""
@@ -614,6 +656,10 @@ class HivemindDiscovery:
         Called by the daemon every announce period: a healed partition finds the swarm again within one
         period (plus the re-bootstrap), and the next round's sync adopts the majority's state.
         """
+        if not self.dht.is_alive() and not self._closing.is_set():  # the DHT process died alone: start it again
+            logger.warning("DHT %s: the DHT process is gone; restarting it", self.peer_id[-6:])
+            await asyncio.to_thread(self.restart)
+            logger.warning("DHT %s restarted (%d peers to bootstrap from)", self.peer_id[-6:], len(self.recent))
         size, maddrs = await self._call("neighbour lookup", lambda: self.dht.run_coroutine(_dht_neighbours, True))
         own = f"/p2p/{self.peer_id}"
         for m in maddrs:
