@@ -30,6 +30,7 @@ partition and tmpfs rows (reported as not run otherwise).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -65,6 +66,7 @@ class Row:
     ce: float | None = None
     ce_clean: float | None = None
     data_lost: str = "none"
+    command: str = ""  # the command line that produced this row (set by main)
 
     @property
     def ce_delta(self) -> float | None:
@@ -154,7 +156,7 @@ class AdversarySwarm(LocalSwarm):
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-def swarm(a, workdir: Path, peers: int = 4, **kw: Any) -> AdversarySwarm:
+def swarm(a, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> AdversarySwarm:
     return AdversarySwarm(
         peers,
         CFG,
@@ -167,6 +169,7 @@ def swarm(a, workdir: Path, peers: int = 4, **kw: Any) -> AdversarySwarm:
         lr=3e-3,
         deadline_max_s=a.deadline_max,
         trajectory_prob=0.0,
+        seed=seed,
         **kw,
     )
 
@@ -226,6 +229,19 @@ def wait_rounds(sw: AdversarySwarm, peers: list[int], rounds: int, timeout_s: fl
         time.sleep(0.2)  # polling the peers' printed round lines, with a deadline
 
 
+def _pids(pgid: int) -> set[str]:
+    return {x.split()[0] for x in process_group(pgid)}
+
+
+def _history(p: PeerProc) -> list[dict]:
+    """A peer's checkpointed round history, each entry with its wall-clock time."""
+    try:
+        b = json.loads((p.checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [dict(h, wall=b["started_wall"] + h["at_s"]) for h in b.get("history", [])]
+
+
 def rpc_code(exc: BaseException) -> str:
     text = str(exc)
     return text.split(": ", 2)[1] if text.count(": ") >= 2 else text[:80]
@@ -234,41 +250,107 @@ def rpc_code(exc: BaseException) -> str:
 # ----------------------------------------------------------------------------------------------
 # rows
 # ----------------------------------------------------------------------------------------------
-def clean_run(a, peers: int = 4, ce_ref: float | None = None) -> tuple[float | None, Row]:
+@dataclass
+class Run:
+    """One swarm run's outcome: an honest replica's final CE, whether the honest peers ended well, what was seen."""
+
+    ce: float | None
+    ok: bool
+    evidence: str
+    rejected: int = 0
+
+
+def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
     with tempfile.TemporaryDirectory(prefix="adv-clean-") as wd:
-        sw = swarm(a, Path(wd), peers=peers)
+        sw = swarm(a, Path(wd), peers=peers, seed=seed)
         with sw:
             sw.start(300)
             done = finish(sw, list(range(peers)), a.timeout)
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, list(range(peers)))
-    ok = done["exit"] == [0] * peers and ce is not None
-    return ce, Row(
-        f"clean run ({peers} honest replicas)",
-        ok,
-        f"exit codes {done['exit']}, rounds {done['rounds']}, replicas bit-identical {same}",
-        ce,
-        ce if ce_ref is None else ce_ref,
-    )
+    ok = done["exit"] == [0] * peers and ce is not None and same
+    print(f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}", file=sys.stderr, flush=True)
+    return Run(ce, ok, f"seed {seed}: exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}")
 
 
-def byzantine_row(a, mode: str, ce_clean: float | None, ce_clean3: float | None) -> Row:
+def byzantine_run(a, mode: str, seed: int = 0) -> Run:
     with tempfile.TemporaryDirectory(prefix=f"adv-byz-{mode}-") as wd:
-        sw = swarm(a, Path(wd), byzantine={3: mode})
+        sw = swarm(a, Path(wd), seed=seed, byzantine={3: mode})
         with sw:
             sw.start(300)
             done = finish(sw, [0, 1, 2], a.timeout)
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, [0, 1, 2])
         rejected = log_count(sw, [0, 1, 2], "rejected a")
-        log_count(sw, [0, 1, 2], "clip")
-    ok = done["exit"] == [0, 0, 0] and ce is not None and ce_clean is not None and abs(ce - ce_clean) <= CE_TOLERANCE
-    evidence = (
-        f"honest exit codes {done['exit']}, rounds {done['rounds']}, {rejected} rejections logged by the honest "
-        f"peers, honest replicas bit-identical {same}, tracebacks {done['tracebacks']}; CE - clean run of the 3 "
-        f"honest replicas alone: {_f(None if ce is None or ce_clean3 is None else ce - ce_clean3, '{:+.4f}')}"
+    ok = done["exit"] == [0, 0, 0] and ce is not None and same and not done["tracebacks"]
+    print(f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections", file=sys.stderr, flush=True)
+    return Run(
+        ce,
+        ok,
+        f"seed {seed}: honest exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}, "
+        f"tracebacks {done['tracebacks']}",
+        rejected,
     )
-    return Row(f"Byzantine same-block peer (1 of 4): {mode}", ok, evidence, ce, ce_clean)
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    return None if not xs or any(x is None for x in xs) else sum(xs) / len(xs)  # type: ignore[arg-type]
+
+
+def _diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
+    """Paired differences run - reference, seed by seed (None where a CE is missing)."""
+    return [None if runs[s].ce is None or ref[s].ce is None else runs[s].ce - ref[s].ce for s in sorted(runs)]
+
+
+def _spread(xs: list[float | None]) -> str:
+    vals = [x for x in xs if x is not None]
+    return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
+
+
+def byzantine_rows(a, seeds: list[int]) -> tuple[list[Row], dict[int, Run]]:
+    """Clean 4- and 3-replica runs and one run per attack, per seed; each attack against the honest clean run
+    (its 3 honest replicas alone, the same seed), mean over the seeds. Returns the rows and the 4-replica runs."""
+    clean4 = {s: clean_run(a, 4, s) for s in seeds}
+    clean3 = {s: clean_run(a, 3, s) for s in seeds}
+    repeat = clean_run(a, 3, seeds[0])  # the same seed again: the run-to-run noise floor
+    noise = None if repeat.ce is None or clean3[seeds[0]].ce is None else repeat.ce - clean3[seeds[0]].ce
+    c3 = _mean([r.ce for r in clean3.values()])
+    rows = [
+        Row(
+            f"clean run (4 honest replicas), {len(seeds)} seeds",
+            all(r.ok for r in clean4.values()),
+            f"CE per seed {[_f(r.ce) for r in clean4.values()]}; " + "; ".join(r.evidence for r in clean4.values()),
+            _mean([r.ce for r in clean4.values()]),
+            _mean([r.ce for r in clean4.values()]),
+        ),
+        Row(
+            f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(seeds)} seeds",
+            all(r.ok for r in clean3.values()) and repeat.ok,
+            f"CE per seed {[_f(r.ce) for r in clean3.values()]}; minus the 4-replica run of the same seed "
+            f"{_spread(_diffs(clean3, clean4))}; the same seed ({seeds[0]}) run again: {_f(noise, '{:+.4f}')} "
+            f"(run-to-run noise); " + "; ".join(r.evidence for r in clean3.values()),
+            c3,
+            c3,
+        ),
+    ]
+    for mode in BYZANTINE_MODES:
+        runs = {s: byzantine_run(a, mode, s) for s in seeds}
+        d3, d4 = _diffs(runs, clean3), _diffs(runs, clean4)
+        m3 = _mean(d3)
+        ok = all(r.ok for r in runs.values()) and m3 is not None and abs(m3) <= CE_TOLERANCE
+        rows.append(
+            Row(
+                f"Byzantine same-block peer (1 of 4): {mode}, {len(seeds)} seeds",
+                ok,
+                f"CE - honest clean run (3 replicas, same seed) per seed {_spread(d3)}, mean "
+                f"{_f(m3, '{:+.4f}')}; CE - 4-replica clean run per seed {_spread(d4)}, mean "
+                f"{_f(_mean(d4), '{:+.4f}')}; rejections logged by the honest peers per run "
+                f"{[r.rejected for r in runs.values()]}; " + "; ".join(r.evidence for r in runs.values()),
+                _mean([r.ce for r in runs.values()]),
+                c3,
+            )
+        )
+    return rows, clean4
 
 
 async def _stranger_deltas(sw: AdversarySwarm, honest: list[int], scale: float) -> list[str]:
@@ -364,12 +446,13 @@ def forge_records(spec: dict) -> str:
             spec["swarm_id"],
             "e" * 16,
         )
-        stored = [bool(dht.store(key, forged.to_value(), exp, subkey=forged.peer_id))]
+        stored, attacker = [bool(dht.store(key, forged.to_value(), exp, subkey=forged.peer_id))], "?"
         try:
             from swarmd.swarm.identity import Identity
             from swarmd.swarm.trust import sign_record
 
             me = Identity.generate()
+            attacker = me.peer_id
             own = sign_record(replace(forged, peer_id=me.peer_id), me, 120.0)
             stored.append(bool(dht.store(key, own.to_value(), exp, subkey=own.peer_id)))
         except ImportError:
@@ -381,7 +464,7 @@ def forge_records(spec: dict) -> str:
         dht.shutdown()
     return (
         f"DHT store accepted by some node: unsigned forged {stored[0]}, self-signed round 1e6 {stored[1]}, "
-        f"Sybil {sum(stored[2:])}/10"
+        f"Sybil {sum(stored[2:])}/10; self-signed attacker ...{attacker[-6:]}"
     )
 
 
@@ -495,6 +578,15 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, [0, 1, 2, 3])
         adopted = log_count(sw, [0, 1, 2, 3], "adopted the")
+        attacker = ev["forged"].rsplit("...", 1)[-1] if "self-signed attacker ..." in ev["forged"] else "?"
+        from_attacker = sum(
+            line.count("adopted") and line.count(attacker)
+            for i in range(4)
+            for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
+        )
+        sybil_lines = log_count(sw, [0, 1, 2, 3], "x" * 6)  # every Sybil id ends so: never dialled nor expected
+        rejected = log_count(sw, [0, 1, 2, 3], "rejected a")
+        part = [h["participation"] for s in sw.summaries() for h in s.get("history", []) if "participation" in h]
         big_round = any(r is not None and r >= 1_000_000 for r in done["rounds"])
         reached = ev["forged"].startswith("DHT store")  # the attacker's DHT came up and stored (else not exercised)
         hist = [h.get("expected", 0) for s in sw.summaries() for h in s.get("history", [])]
@@ -518,17 +610,20 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         ),
         Row(
             "forged DHT record claiming round 1,000,000 (unsigned, and self-signed by a fresh key)",
-            alive and not big_round and ok_ce and reached,
+            alive and not big_round and ok_ce and reached and from_attacker == 0,
             f"{ev['forged']}; honest final rounds {done['rounds']} "
-            f"(round lines before the attack: {round_before}), state adoptions logged {adopted}; {common_ev}",
+            f"(round lines before the attack: {round_before}), state adoptions logged {adopted}, of them from the "
+            f"attacker {from_attacker}; {common_ev}",
             ce,
             ce_clean,
         ),
         Row(
             "Sybil: 10 made-up peer ids without signed records",
-            alive and ok_ce and reached and max(hist, default=0) <= 6,
-            f"{ev['forged']}; most (peer, kind) deltas any honest peer expected in a round: "
-            f"{max(hist, default=0)} (3 other replicas x 2 kinds = 6)",
+            alive and ok_ce and reached and max(hist, default=0) <= 8 and sybil_lines == 0,
+            f"{ev['forged']}; honest log lines naming a Sybil id {sybil_lines}; most (peer, kind) deltas any honest "
+            f"peer expected in a round: {max(hist, default=0)} (3 other replicas x 2 kinds = 6, + 2 for the "
+            f"attacker's own self-signed record, a peer like any other in a public swarm); honest participation "
+            f"mean {_f(_mean(part))} over {len(part)} rounds; rejections logged {rejected}",
             ce,
             ce_clean,
         ),
@@ -693,16 +788,39 @@ def process_rows(a) -> list[Row]:
                 if x.split()[0] != str(p.process.pid) and x.split()[1] == "python"
             ]
             if dht:
+                old_p2pd = {x.split()[0] for x in process_group(p.process.pid) if x.endswith("p2pd")}
                 os.kill(dht[0], signal.SIGKILL)
-                deadline = time.monotonic() + 10
-                while any(x.endswith("p2pd") for x in process_group(p.process.pid)) and time.monotonic() < deadline:
-                    time.sleep(0.1)  # polling for p2pd to end, with a deadline
-                p2pd_left = [x for x in process_group(p.process.pid) if x.endswith("p2pd")]
+                killed, deadline = time.time(), time.monotonic() + 10
+                while old_p2pd & _pids(p.process.pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)  # polling for its p2pd to end, with a deadline
+                p2pd_left = sorted(old_p2pd & _pids(p.process.pid))
                 rows.append(
                     Row(
                         "kill -9 of a daemon's DHT process alone: its p2pd ends",
                         not p2pd_left,
-                        f"p2pd left 10 s later: {p2pd_left or 'none'}",
+                        f"the killed DHT process's p2pd left 10 s later: {p2pd_left or 'none'}",
+                    )
+                )
+                deadline = time.monotonic() + 90
+                back = None
+                while back is None and time.monotonic() < deadline:
+                    time.sleep(0.5)  # polling the peer's log and checkpointed round history, with a deadline
+                    log = p.log_path.read_text(errors="replace")
+                    full = [
+                        h
+                        for h in _history(p)
+                        if h["wall"] > killed and h["expected"] == 2 and h["accepted"] == 2 and "restarted" in log
+                    ]
+                    back = full[0]["wall"] - killed if full else None
+                comms = [x.split()[1] for x in process_group(p.process.pid)]
+                rows.append(
+                    Row(
+                        "kill -9 of a daemon's DHT process alone: the daemon starts its DHT again and rejoins",
+                        back is not None and p.alive() and comms.count("python") == 2 and "p2pd" in comms,
+                        f"DHT restart lines {log.count('restarted (')}; seconds from the kill until the peer merged "
+                        f"a round with both expected (peer, kind) deltas again: "
+                        f"{_f(back, '{:.1f}') if back is not None else 'not within 90 s'}; its process group "
+                        f"now {sorted(comms)}",
                     )
                 )
             sw.kill(1, signal.SIGKILL)
@@ -822,13 +940,6 @@ def partition_row(a) -> Row:
     if unavailable():
         return Row("partition 30 s then heal", False, f"not run: {unavailable()}")
 
-    def hist(p: PeerProc) -> list[dict]:
-        try:
-            b = json.loads((p.checkpoint_dir / "config.json").read_text())
-        except (OSError, ValueError):
-            return []
-        return [dict(h, wall=b["started_wall"] + h["at_s"]) for h in b.get("history", [])]
-
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="adv-part-") as wd:
         sw = NetnsSwarm(
             lab,
@@ -856,7 +967,7 @@ def partition_row(a) -> Row:
             while time.time() - healed < 120 and rejoined is None:
                 time.sleep(1)  # polling the peers' checkpointed round history
                 for i, p in enumerate(sw.peers):
-                    full = [h for h in hist(p) if h["wall"] > healed and h["expected"] == 4 and h["accepted"] == 4]
+                    full = [h for h in _history(p) if h["wall"] > healed and h["expected"] == 4 and h["accepted"] == 4]
                     first[i] = full[0]["wall"] - healed if full else None
                 if all(x is not None for x in first):
                     rejoined = max(first)  # type: ignore[type-var]
@@ -869,7 +980,9 @@ def partition_row(a) -> Row:
         f"merged a round with all 4 expected (peer, kind) deltas: {first} -> "
         f"{f'rejoined in {rejoined:.1f} s' if rejoined is not None else 'not within 120 s'}; "
         f"re-bootstrap lines {sum(x.count('re-bootstrapp') for x in logs)}, rejoin lines "
-        f"{sum(x.count('rejoining it') for x in logs)}, state adoptions {sum(x.count('adopted the') for x in logs)}",
+        f"{sum(x.count('rejoining it') for x in logs)}, rejoins from fresh signed states "
+        f"{sum(x.count('rejoined: adopted') for x in logs)}, state adoptions "
+        f"{sum(x.count('adopted the') for x in logs)}",
     )
 
 
@@ -885,6 +998,14 @@ def parse_args(argv=None):
     p.add_argument("--readonly-s", type=float, default=15.0)
     p.add_argument(
         "--only", default="", help="comma-separated row groups: clean,byzantine,public,key,process,readonly,partition"
+    )
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
+    p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
+    p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of --out that this run does not produce (each row names the command that made it)",
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/adversary.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_adversary.md"))
@@ -907,21 +1028,23 @@ def main(argv=None) -> None:
     started = time.monotonic()
     rows: list[Row] = []
     ce_clean = None
-    if groups & {"clean", "byzantine", "public", "key"}:
-        ce_clean, row = clean_run(a)
-        rows.append(row)
-        print(json.dumps(asdict(row)), flush=True)
 
     def add(new: list[Row]) -> None:
         for r in new:
             rows.append(r)
             print(json.dumps(asdict(r) | {"ce_delta": r.ce_delta}), flush=True)
 
-    if "byzantine" in groups:
-        ce_clean3, row3 = clean_run(a, peers=3, ce_ref=ce_clean)
-        add([row3])
-        for mode in BYZANTINE_MODES:
-            add([byzantine_row(a, mode, ce_clean, ce_clean3)])
+    seeds = [int(x) for x in a.seeds.split(",")]
+    if "byzantine" in groups:  # a longer run than the other rows: the CE must resolve the 0.02-nat tolerance
+        ab = argparse.Namespace(**{**vars(a), "rounds": a.byz_rounds or a.rounds, "steps": a.byz_steps or a.steps})
+        byz, clean4 = byzantine_rows(ab, seeds)
+        add(byz)
+        if (ab.rounds, ab.steps) == (a.rounds, a.steps):
+            ce_clean = clean4[seeds[0]].ce
+    if groups & {"clean", "public", "key"} and (ce_clean is None or "clean" in groups):
+        run = clean_run(a, 4, seeds[0])
+        ce_clean = run.ce
+        add([Row(f"clean run (4 honest replicas), seed {seeds[0]}", run.ok, run.evidence, run.ce, run.ce)])
     if "public" in groups:
         add(public_rows(a, ce_clean))
     if "key" in groups:
@@ -932,14 +1055,24 @@ def main(argv=None) -> None:
         add([readonly_row(a)])
     if "process" in groups:
         add(process_rows(a))
+    command = common.command_line("adversary.py", argv)
+    for r in rows:
+        r.command = command
+    kept, byz = [], {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
+    if a.merge and a.out.exists():  # rows of earlier commands that this one did not produce
+        names, before = {r.name for r in rows}, json.loads(a.out.read_text())
+        kept = [r for r in before["rows"] if r["name"] not in names]
+        if "byzantine" not in groups:
+            byz = before.get("byzantine", byz)
     out = {
         "command": common.command_line("adversary.py", argv),
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
+        "byzantine": byz,
         "ce_tolerance": CE_TOLERANCE,
         "seconds": round(time.monotonic() - started, 1),
-        "rows": [asdict(r) | {"ce_delta": r.ce_delta} for r in rows],
+        "rows": kept + [asdict(r) | {"ce_delta": r.ce_delta} for r in rows],
         "machine": common.machine(),
     }
     common.write_json(a.out, out)
@@ -952,32 +1085,40 @@ def _f(x: float | None, fmt: str = "{:.4f}") -> str:
 
 def write_md(path: Path, out: dict) -> None:
     rows = out["rows"]
+    byz = out.get("byzantine", {})
+    commands = list(dict.fromkeys(r.get("command") or out["command"] for r in rows))
     lines = [
         "### Fault matrix: a real swarm under attack and breakage (`benchmarks/adversary.py`)",
         "",
-        f"Command: `{out['command']}` ({out['seconds']:.0f} s on this machine)",
+        f"Last command: `{out['command']}` ({out['seconds']:.0f} s on this machine); every row names the command "
+        "that produced it (column c, commands listed below the table).",
         "",
         f"Real daemon processes (`python -m swarmd` via LocalSwarm; the partition row: three network namespaces), "
         f"real hivemind DHT, tiny model (one block, d={out['config']['d_model']}, seq {out['config']['seq_len']}), "
-        f"{out['rounds']} rounds x H={out['steps_per_round']}, int8 deltas. CE: from-noise CE (nats/byte) of an "
-        f"honest replica's final checkpoint; Byzantine rows must stay within {out['ce_tolerance']} nats of the "
-        "clean run. The public-swarm rows share one run (attacks in sequence), so they share its CE.",
-        "The 3-replica clean run is the Byzantine runs' honest set alone: its distance to the 4-replica run is of the "
-        "order of the tolerance (one replica fewer averages fewer samples), so each Byzantine row also gives, in its "
-        "evidence, its CE against that run (the attacker's own effect). Rows whose defence is not in place, or whose "
-        "attack could not be carried out, say so and count as not survived.",
+        f"{out['rounds']} rounds x H={out['steps_per_round']} (Byzantine rows: {byz.get('rounds', '?')} rounds x "
+        f"H={byz.get('steps_per_round', '?')}, seeds {byz.get('seeds', '?')}), int8 deltas. CE: from-noise CE "
+        "(nats/byte) of an honest replica's final checkpoint. The public-swarm rows share one run (attacks in "
+        "sequence), so they share its CE.",
+        f"Byzantine rows: 3 honest replicas + 1 attacker; the clean CE is the honest clean run (the same 3 replicas "
+        f"alone, same seed), CE - clean the mean over the seeds of the paired differences, which must stay within "
+        f"{out['ce_tolerance']} nats; the evidence gives each seed's difference, the difference to the 4-replica "
+        "clean run, and the 3-replica clean rows give the run-to-run noise (the same seed run twice). Rows whose "
+        "defence is not in place, or whose attack could not be carried out, say so and count as not survived.",
         "",
-        "| fault | survived | CE | clean CE | CE - clean | data lost | evidence |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| fault | survived | CE | clean CE | CE - clean | data lost | c | evidence |",
+        "|---|---|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
         evidence = r["evidence"].replace("|", "/")
+        c = commands.index(r.get("command") or out["command"]) + 1
         lines.append(
             f"| {r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
-            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r['data_lost']} | {evidence} |"
+            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r['data_lost']} | {c} | {evidence} |"
         )
     survived = sum(r["survived"] for r in rows)
-    lines += ["", f"{survived} of {len(rows)} rows survived. Machine: {out['machine']}.", ""]
+    lines += ["", f"{survived} of {len(rows)} rows survived. Machine: {out['machine']}.", "", "Commands:", ""]
+    lines += [f"{i}. `{c}`" for i, c in enumerate(commands, 1)]
+    lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
 
