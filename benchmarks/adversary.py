@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -419,20 +420,24 @@ def forge_records(spec: dict) -> str:
     import hivemind
     from hivemind.utils import get_dht_time
 
-    from swarmd.swarm.discovery import PeerRecord, block_key
+    from swarmd.swarm.discovery import PeerRecord, _dht_rebootstrap, block_key
 
     maddrs = spec["maddrs"]
     dht = None
-    failure = ""
-    for _ in range(3):  # p2pd's bootstrap dial can time out on a loaded machine
-        try:
-            dht = hivemind.DHT(initial_peers=maddrs, start=True, client_mode=True, startup_timeout=60)
-            break
-        except Exception as exc:  # the attacker could not reach the DHT: say so
-            failure = f"attacker DHT did not start ({type(exc).__name__}: {str(exc)[-120:]}); live peers {len(maddrs)}"
-    if dht is None:
-        return failure
+    try:  # alone first: p2pd's own bootstrap gives up early on a loaded machine ("failed to connect to bootstrap
+        # peers"); then dial and ping the swarm's nodes from inside the DHT process, as a re-bootstrap does
+        dht = hivemind.DHT(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True, startup_timeout=60)
+    except Exception as exc:
+        return f"attacker DHT did not start ({type(exc).__name__}: {str(exc)[-120:]})"
     try:
+        answered = 0
+        for _ in range(10):
+            answered = dht.run_coroutine(functools.partial(_dht_rebootstrap, maddrs))
+            if answered:
+                break
+            time.sleep(2)  # the swarm's nodes did not answer the dial yet: try again, 10 times at most
+        if not answered:
+            return f"attacker DHT could not reach any of the {len(maddrs)} swarm nodes"
         key, exp = block_key(spec["swarm_id"], 0), get_dht_time() + 120
         forged = PeerRecord(
             spec["victim"],
