@@ -308,7 +308,7 @@ def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_record
     reports: list[list] = []
 
     async def scenario():
-        first = keyed(daemon_config(tmp_path, 0, seed=0, max_rounds=2, min_peers=2), 0)
+        first = keyed(daemon_config(tmp_path, 0, seed=0, min_peers=2), 0)
         async with running(first, reports=reports) as (d0,):
             multiaddrs = tuple(d0.discovery.multiaddrs())
             stranger = hivemind.DHT(initial_peers=list(multiaddrs), start=True)
@@ -321,9 +321,7 @@ def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_record
                 forged = replace(signed_by_other, peer_id=liar.peer_id)  # another key's signature
                 for value in (claim, forged):
                     stranger.store(block_key("test", 0), value.to_value(), get_dht_time() + 30, subkey=liar.peer_id)
-                second = keyed(
-                    daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, max_rounds=2, min_peers=2), 1
-                )
+                second = keyed(daemon_config(tmp_path, 0, seed=1, initial_peers=multiaddrs, min_peers=2), 1)
                 async with running(second, reports=reports) as (d1,):
                     daemons = [d0, d1]
 
@@ -333,18 +331,44 @@ def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_record
                     await wait_until(both_announced, timeout_s=30, poll_s=0.5, what="both peers' records")
                     seen = [r.peer_id for r in await d1.records()]
                     client = PeerClient(swarm_key=load_swarm_key(key_path))
+                    views: list[dict] = []
+
+                    async def surveyed() -> bool:  # one DHT lookup can miss a record under load: ask again
+                        views.append(await survey_discovered(d1.discovery, client))
+                        return len(views[-1]["peers"]) == 2
+
                     try:  # what `blocktrain status` shows: both peers' status, over TLS pinned from their records
-                        view = await survey_discovered(d1.discovery, client)
+                        await wait_until(surveyed, timeout_s=30, poll_s=0.5, what="a survey that lists both peers")
+                    except TimeoutError:
+                        pass  # the assertions below show what the last survey saw
                     finally:
                         await client.close()
-                    await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 180)
+                    view = views[-1]
+                    # train until both replicas hold one state at one round >= 2 (a round's merge can miss on a
+                    # loaded machine: the next round's re-sync heals it), with a deadline; then stop
+                    serving = [asyncio.create_task(d.serve()) for d in daemons]
+                    converged: list = []
+
+                    def same_state() -> bool:
+                        (r0, h0), (r1, h1) = [(d.state.round, d.state.block_hash) for d in daemons]
+                        if r0 >= 2 and (r0, h0) == (r1, h1) and any(r.accepted_block for log in reports for r in log):
+                            converged.append((r0, h0))
+                        return bool(converged)
+
+                    try:
+                        await wait_until(same_state, timeout_s=120, poll_s=0.05, what="one state at one round >= 2")
+                    finally:
+                        for d in daemons:
+                            d.stop()
+                        await asyncio.wait_for(asyncio.gather(*serving, return_exceptions=True), 60)
             finally:
                 stranger.shutdown()
-        return daemons, seen, liar.peer_id, view
+        return daemons, seen, liar.peer_id, view, converged
 
-    (d0, d1), seen, liar_id, view = asyncio.run(scenario())
+    (d0, d1), seen, liar_id, view, converged = asyncio.run(scenario())
     assert liar_id not in seen
-    assert [d.state.round for d in (d0, d1)] == [2, 2] and d0.state.block_hash == d1.state.block_hash
+    assert converged and converged[0][0] >= 2  # both replicas held one state at one round (checked while running)
+    assert all(r.round < 1_000 for log in reports for r in log)  # the forged round 1,000,000 was never adopted
     assert any(r.accepted_block for log in reports for r in log)  # deltas crossed keyed TLS (load may cost one)
     assert d0.gossip.me.tls_fingerprint and d1.gossip.me.tls_fingerprint
     assert sorted(p["peer_id"] for p in view["peers"]) == sorted(d.peer_id for d in (d0, d1))
