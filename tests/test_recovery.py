@@ -297,12 +297,6 @@ def _history_since(p, since: float) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="open: after the heal the three replicas can sit at three different rounds, and the re-sync quorum "
-    "(a majority of the other signed records at one (round, hash)) then names no target for anyone; "
-    "benchmarks/adversary.py reports the same row",
-    strict=False,
-)
 def test_a_partition_of_30_s_heals_within_a_minute(text_data, tmp_path):
     from tests.netns_utils import NetnsLab, NetnsSwarm, NetnsUnavailable, _ip, unavailable
 
