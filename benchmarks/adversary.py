@@ -426,7 +426,9 @@ def forge_records(spec: dict) -> str:
     dht = None
     try:  # alone first: p2pd's own bootstrap gives up early on a loaded machine ("failed to connect to bootstrap
         # peers"); then dial and ping the swarm's nodes from inside the DHT process, as a re-bootstrap does
-        dht = hivemind.DHT(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True, startup_timeout=60)
+        dht = hivemind.DHT(  # patient RPCs: hivemind's 3 s ping timeout is too short on a loaded machine
+            initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True, startup_timeout=60, wait_timeout=30
+        )
     except Exception as exc:
         return f"attacker DHT did not start ({type(exc).__name__}: {str(exc)[-120:]})"
     try:

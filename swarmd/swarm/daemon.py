@@ -238,6 +238,8 @@ class Daemon:
         self.phase = PeerState.STOPPING
         self._stop_thread.set()
         self.stopping.set()
+        if isinstance(self.discovery, HivemindDiscovery):  # a DHT process ended by the same signal stays ended
+            self.discovery.may_restart = False
 
     async def shutdown(self) -> None:
         self.phase = PeerState.STOPPING

@@ -506,6 +506,8 @@ class HivemindDiscovery:
         self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
         self._closing = threading.Event()  # set by shutdown(): pending calls give up
         self.restarts = 0  # DHT processes started again after the one before was gone (killed alone)
+        self.may_restart = True  # False once the daemon is stopping (SIGTERM to the group ends the DHT first)
+        self._found_dead = False  # the last neighbour check found the DHT process gone
 
     def _start_dht(
         self,
@@ -548,6 +550,8 @@ class HivemindDiscovery:
     def restart(self) -> None:
         """Start the DHT process again after it died alone (an OOM kill, a crash; blocking): the same listen port
         and identity (so the same DHT peer id and multiaddrs), bootstrapping from the initial and recent peers."""
+        if not self.may_restart or self._closing.is_set():
+            raise PeerUnavailable("the DHT process is gone and the daemon is stopping")
         host, start_timeout_s, client_mode, announce_host, identity_path = self._start_args
         port = next((int(m.split("/tcp/")[1].split("/")[0]) for m in self._maddrs if "/tcp/" in m), 0)
         own = f"/p2p/{self.peer_id}"
@@ -568,6 +572,9 @@ class HivemindDiscovery:
         self.peer_id = self.dht.peer_id.to_base58()
         self._maddrs = _visible_maddrs(self.dht) or self._maddrs
         self.restarts += 1
+        if not self.may_restart or self._closing.is_set():  # the daemon began stopping meanwhile
+            self.dht.shutdown()
+            self._remove_sockets()
 
     def _remove_sockets(self) -> None:
         """Remove the unix sockets this instance's p2pd left behind (p2pd that dies by itself leaves them)."""
@@ -656,9 +663,13 @@ class HivemindDiscovery:
         Called by the daemon every announce period: a healed partition finds the swarm again within one
         period (plus the re-bootstrap), and the next round's sync adopts the majority's state.
         """
-        if not self.dht.is_alive() and not self._closing.is_set():  # the DHT process died alone: start it again
+        if not self.dht.is_alive() and self.may_restart and not self._closing.is_set():  # died alone: start again
+            if not self._found_dead:  # once more on the next check: a signal to the whole group may be ending us
+                self._found_dead = True
+                raise PeerUnavailable("the DHT process is gone; restarting it on the next check")
             logger.warning("DHT %s: the DHT process is gone; restarting it", self.peer_id[-6:])
             await asyncio.to_thread(self.restart)
+            self._found_dead = False
             logger.warning("DHT %s restarted (%d peers to bootstrap from)", self.peer_id[-6:], len(self.recent))
         size, maddrs = await self._call("neighbour lookup", lambda: self.dht.run_coroutine(_dht_neighbours, True))
         own = f"/p2p/{self.peer_id}"
