@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -300,7 +301,11 @@ def _mean(xs: list[float | None]) -> float | None:
 
 def _diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
     """Paired differences run - reference, seed by seed (None where a CE is missing)."""
-    return [None if runs[s].ce is None or ref[s].ce is None else runs[s].ce - ref[s].ce for s in sorted(runs)]
+    return [
+        None if runs[s].ce is None or ref[s].ce is None else runs[s].ce - ref[s].ce  # type: ignore[operator]
+        for s in sorted(runs)
+        if s in ref
+    ]
 
 
 def _spread(xs: list[float | None]) -> str:
@@ -308,25 +313,58 @@ def _spread(xs: list[float | None]) -> str:
     return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
 
 
-def byzantine_rows(a, seeds: list[int]) -> tuple[list[Row], dict[int, Run]]:
+_CLEAN_LINE = re.compile(r"clean run, (\d+) replicas, seed (\d+): CE (\S+), (.*)$")
+_BYZ_LINE = re.compile(r"byzantine (\S+), seed (\d+): CE (\S+), (.*), (\d+) rejections$")
+
+
+def runs_from_log(path: Path) -> dict[tuple, list[Run]]:
+    """The per-run lines a Byzantine command printed to stderr (clean_run, byzantine_run), by ("clean", peers,
+    seed) or ("byzantine", mode, seed), in order: the rows of a command that was stopped before its end."""
+    out: dict[tuple, list[Run]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if m := _CLEAN_LINE.match(line):
+            key, rejected = ("clean", int(m[1]), int(m[2])), 0
+        elif m := _BYZ_LINE.match(line):
+            key, rejected = ("byzantine", m[1], int(m[2])), int(m[5])
+        else:
+            continue
+        ce = None if m[3] == "-" else float(m[3])
+        done = m[4]
+        ok = ce is not None and "'tracebacks': 0" in done and re.search(r"'exit': \[(0, )*0\]", done) is not None
+        out.setdefault(key, []).append(Run(ce, ok, f"seed {m[2]} (from the log): {done}", rejected))
+    return out
+
+
+def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = None) -> tuple[list[Row], dict[int, Run]]:
     """Clean 4- and 3-replica runs and one run per attack, per seed; each attack against the honest clean run
-    (its 3 honest replicas alone, the same seed), mean over the seeds. Returns the rows and the 4-replica runs."""
-    clean4 = {s: clean_run(a, 4, s) for s in seeds}
-    clean3 = {s: clean_run(a, 3, s) for s in seeds}
-    repeat = clean_run(a, 3, seeds[0])  # the same seed again: the run-to-run noise floor
-    noise = None if repeat.ce is None or clean3[seeds[0]].ce is None else repeat.ce - clean3[seeds[0]].ce
+    (its 3 honest replicas alone, the same seed), mean over the seeds. Returns the rows and the 4-replica runs.
+
+    :param log: runs_from_log of a command that was stopped: its runs instead of new ones (missing ones: left out)
+    """
+
+    def run(key: tuple) -> Run | None:
+        if log is None:
+            return clean_run(a, key[1], key[2]) if key[0] == "clean" else byzantine_run(a, key[1], key[2])
+        return log[key].pop(0) if log.get(key) else None
+
+    clean4 = {s: r for s in seeds if (r := run(("clean", 4, s))) is not None}
+    clean3 = {s: r for s in seeds if (r := run(("clean", 3, s))) is not None}
+    repeat = run(("clean", 3, seeds[0]))  # the same seed again: the run-to-run noise floor
+    noise = (
+        None if repeat is None or repeat.ce is None or clean3[seeds[0]].ce is None else repeat.ce - clean3[seeds[0]].ce
+    )
     c3 = _mean([r.ce for r in clean3.values()])
     rows = [
         Row(
-            f"clean run (4 honest replicas), {len(seeds)} seeds",
+            f"clean run (4 honest replicas), {len(clean4)} seeds",
             all(r.ok for r in clean4.values()),
             f"CE per seed {[_f(r.ce) for r in clean4.values()]}; " + "; ".join(r.evidence for r in clean4.values()),
             _mean([r.ce for r in clean4.values()]),
             _mean([r.ce for r in clean4.values()]),
         ),
         Row(
-            f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(seeds)} seeds",
-            all(r.ok for r in clean3.values()) and repeat.ok,
+            f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(clean3)} seeds",
+            all(r.ok for r in clean3.values()) and repeat is not None and repeat.ok,
             f"CE per seed {[_f(r.ce) for r in clean3.values()]}; minus the 4-replica run of the same seed "
             f"{_spread(_diffs(clean3, clean4))}; the same seed ({seeds[0]}) run again: {_f(noise, '{:+.4f}')} "
             f"(run-to-run noise); " + "; ".join(r.evidence for r in clean3.values()),
@@ -335,20 +373,24 @@ def byzantine_rows(a, seeds: list[int]) -> tuple[list[Row], dict[int, Run]]:
         ),
     ]
     for mode in BYZANTINE_MODES:
-        runs = {s: byzantine_run(a, mode, s) for s in seeds}
+        runs = {s: r for s in seeds if (r := run(("byzantine", mode, s))) is not None and s in clean3 and s in clean4}
+        name = f"Byzantine same-block peer (1 of 4): {mode}, {len(runs)} of {len(seeds)} seeds"
+        if not runs:
+            rows.append(Row(name, False, "not run: the command was stopped before this attack's runs"))
+            continue
         d3, d4 = _diffs(runs, clean3), _diffs(runs, clean4)
         m3 = _mean(d3)
         ok = all(r.ok for r in runs.values()) and m3 is not None and abs(m3) <= CE_TOLERANCE
         rows.append(
             Row(
-                f"Byzantine same-block peer (1 of 4): {mode}, {len(seeds)} seeds",
+                name,
                 ok,
                 f"CE - honest clean run (3 replicas, same seed) per seed {_spread(d3)}, mean "
                 f"{_f(m3, '{:+.4f}')}; CE - 4-replica clean run per seed {_spread(d4)}, mean "
                 f"{_f(_mean(d4), '{:+.4f}')}; rejections logged by the honest peers per run "
                 f"{[r.rejected for r in runs.values()]}; " + "; ".join(r.evidence for r in runs.values()),
                 _mean([r.ce for r in runs.values()]),
-                c3,
+                _mean([clean3[s].ce for s in runs]),
             )
         )
     return rows, clean4
@@ -1010,6 +1052,12 @@ def parse_args(argv=None):
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
     p.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early",
+    )
+    p.add_argument(
         "--merge",
         action="store_true",
         help="keep the rows of --out that this run does not produce (each row names the command that made it)",
@@ -1044,7 +1092,7 @@ def main(argv=None) -> None:
     seeds = [int(x) for x in a.seeds.split(",")]
     if "byzantine" in groups:  # a longer run than the other rows: the CE must resolve the 0.02-nat tolerance
         ab = argparse.Namespace(**{**vars(a), "rounds": a.byz_rounds or a.rounds, "steps": a.byz_steps or a.steps})
-        byz, clean4 = byzantine_rows(ab, seeds)
+        byz, clean4 = byzantine_rows(ab, seeds, runs_from_log(a.from_log) if a.from_log else None)
         add(byz)
         if (ab.rounds, ab.steps) == (a.rounds, a.steps):
             ce_clean = clean4[seeds[0]].ce
