@@ -1127,11 +1127,33 @@ def main(argv=None) -> None:
         "byzantine": byz,
         "ce_tolerance": CE_TOLERANCE,
         "seconds": round(time.monotonic() - started, 1),
-        "rows": kept + [asdict(r) | {"ce_delta": r.ce_delta} for r in rows],
+        "rows": sorted(kept + [asdict(r) | {"ce_delta": r.ce_delta} for r in rows], key=lambda r: _order(r["name"])),
         "machine": common.machine(),
     }
     common.write_json(a.out, out)
     write_md(a.md, out)
+
+
+ROW_ORDER = (  # the table's order, by how a row's name starts (rows of several commands merged)
+    "clean run (4",
+    "clean run (3",
+    "Byzantine",
+    "stranger sends",
+    "forged",
+    "Sybil",
+    "stranger without",
+    "partition",
+    "checkpoint dir",
+    "6 ExchangeDeltas",
+    "one Forward",
+    "SIGTERM",
+    "SIGINT",
+    "kill -9",
+)
+
+
+def _order(name: str) -> int:
+    return next((i for i, start in enumerate(ROW_ORDER) if name.startswith(start)), len(ROW_ORDER))
 
 
 def _f(x: float | None, fmt: str = "{:.4f}") -> str:
