@@ -369,10 +369,10 @@ class PeerClient:
 def _payload_stub(channel: grpc.aio.Channel) -> pb_grpc.SwarmStub:
     """The generated stub, with the Payload streams (de)serialized by framing (chunks without protobuf copies)."""
     stub = pb_grpc.SwarmStub(channel)
-    stub.ExchangeDeltas = channel.stream_stream(  # type: ignore[method-assign]
+    stub.ExchangeDeltas = channel.stream_stream(
         f"/{SERVICE_NAME}/ExchangeDeltas", request_serializer=serialize_message, response_deserializer=parse_message
     )
-    stub.PullState = channel.unary_stream(  # type: ignore[method-assign]
+    stub.PullState = channel.unary_stream(
         f"/{SERVICE_NAME}/PullState",
         request_serializer=pb.PullStateRequest.SerializeToString,
         response_deserializer=parse_message,

@@ -22,6 +22,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarmd.errors import PeerRejected, ValidationError
 from swarmd.v1 import swarm_pb2 as pb
@@ -150,7 +151,7 @@ def to_messages(enc: Encoded, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterato
 
 
 async def read_payload(
-    messages: AsyncIterator[pb.Payload | ChunkView],
+    messages: AsyncIterator[Any],  # pb.Payload or ChunkView (parse_message)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     limit: PayloadLimit | None = None,

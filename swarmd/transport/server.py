@@ -124,7 +124,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         await self._parsed(context, "GetConfig", request)
         return await self._answer(context, "GetConfig", self.handler.swarm_config)
 
-    async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
+    async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload | bytes]:
         await self._parsed(context, "PullState", request)
         caller = caller_host(context.peer())
         try:
@@ -138,7 +138,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         finally:
             self.streams.release(caller)
 
-    async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload]:
+    async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload | bytes]:
         """Read the caller's payload, let the handler answer, stream the answer back.
 
         A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
