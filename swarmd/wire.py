@@ -63,7 +63,7 @@ def bytes_to_tensor(
             f"tensor bytes {len(data)} do not match dtype {dtype} and shape {list(shape)} ({expected} expected)"
         )
     np_dtype = np.dtype(np.int16) if torch_dtype == torch.bfloat16 else torch.empty(0, dtype=torch_dtype).numpy().dtype
-    wire = np.frombuffer(bytes(data), dtype=np_dtype.newbyteorder("<")).reshape([int(s) for s in shape])
+    wire = np.frombuffer(data, dtype=np_dtype.newbyteorder("<")).reshape([int(s) for s in shape])
     arr = wire.astype(np_dtype.newbyteorder("="), copy=True)  # native order for torch
     t = torch.from_numpy(arr)
     if torch_dtype == torch.bfloat16:

@@ -26,8 +26,10 @@ from swarmd.transport.framing import (
     MAX_CHUNK_BYTES,
     Encoded,
     PayloadLimit,
+    parse_message,
     read_payload,
-    to_messages,
+    serialize_message,
+    wire_messages,
 )
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
@@ -235,7 +237,7 @@ class PeerClient:
                 channel = grpc.aio.secure_channel(address, creds, options=self._options + name)
             else:
                 channel = grpc.aio.insecure_channel(address, options=self._options)
-            self._channels[address] = (channel, pb_grpc.SwarmStub(channel))
+            self._channels[address] = (channel, _payload_stub(channel))
             self._fresh.add(address)
         return self._channels[address][0]
 
@@ -331,7 +333,7 @@ class PeerClient:
         chunk = self.max_chunk_bytes
 
         async def requests():
-            for msg in to_messages(outgoing, chunk):
+            for msg in wire_messages(outgoing, chunk):
                 yield msg
 
         call = stub.ExchangeDeltas(
@@ -362,6 +364,20 @@ class PeerClient:
     def forward_session(self, address: str, step_timeout_s: float = 30.0) -> ForwardSession:
         """A Forward stream to address; each step() waits at most step_timeout_s for its reply."""
         return ForwardSession(self, address, step_timeout_s)
+
+
+def _payload_stub(channel: grpc.aio.Channel) -> pb_grpc.SwarmStub:
+    """The generated stub, with the Payload streams (de)serialized by framing (chunks without protobuf copies)."""
+    stub = pb_grpc.SwarmStub(channel)
+    stub.ExchangeDeltas = channel.stream_stream(
+        f"/{SERVICE_NAME}/ExchangeDeltas", request_serializer=serialize_message, response_deserializer=parse_message
+    )
+    stub.PullState = channel.unary_stream(
+        f"/{SERVICE_NAME}/PullState",
+        request_serializer=pb.PullStateRequest.SerializeToString,
+        response_deserializer=parse_message,
+    )
+    return stub
 
 
 async def _responses(call):

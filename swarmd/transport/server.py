@@ -32,8 +32,10 @@ from swarmd.transport.framing import (
     MAX_CHUNK_BYTES,
     Encoded,
     PayloadLimit,
+    parse_message,
     read_payload,
-    to_messages,
+    serialize_message,
+    wire_messages,
 )
 from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host
 from swarmd.transport.status import status_code_for, trailing_metadata
@@ -122,7 +124,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         await self._parsed(context, "GetConfig", request)
         return await self._answer(context, "GetConfig", self.handler.swarm_config)
 
-    async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload]:
+    async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload | bytes]:
         await self._parsed(context, "PullState", request)
         caller = caller_host(context.peer())
         try:
@@ -131,12 +133,12 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             await self._abort(context, "PullState", exc)
         try:
             enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
-            for msg in to_messages(enc, self.max_chunk_bytes):
+            for msg in wire_messages(enc, self.max_chunk_bytes):
                 yield msg
         finally:
             self.streams.release(caller)
 
-    async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload]:
+    async def ExchangeDeltas(self, request_iterator, context) -> AsyncIterator[pb.Payload | bytes]:
         """Read the caller's payload, let the handler answer, stream the answer back.
 
         A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
@@ -171,7 +173,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             await self._abort(context, "ExchangeDeltas", exc)
             return
         try:
-            for msg in to_messages(reply, self.max_chunk_bytes):
+            for msg in wire_messages(reply, self.max_chunk_bytes):
                 yield msg
         finally:
             self.streams.release(caller)
@@ -211,12 +213,15 @@ class Undecodable:
 
 
 def _lenient(cls: Any) -> Callable[[bytes], Any]:
-    """cls.FromString that returns an Undecodable instead of raising (grpc would answer UNKNOWN/INTERNAL)."""
+    """cls.FromString that returns an Undecodable instead of raising (grpc would answer UNKNOWN/INTERNAL).
+
+    A Payload is parsed by framing.parse_message (chunks without a protobuf copy)."""
     name = cls.DESCRIPTOR.full_name
+    from_string = parse_message if cls is pb.Payload else cls.FromString
 
     def parse(data: bytes) -> Any:
         try:
-            return cls.FromString(data)
+            return from_string(data)
         except Exception as exc:  # google.protobuf.message.DecodeError, or a RuntimeWarning-ish parse failure
             return Undecodable(name, exc)
 
@@ -245,7 +250,7 @@ def _add_servicer(servicer: SwarmServicer, server: grpc.aio.Server) -> None:
         handlers[method.name] = kinds[(method.client_streaming, method.server_streaming)](
             getattr(servicer, method.name),
             request_deserializer=_lenient(request_cls),
-            response_serializer=reply_cls.SerializeToString,
+            response_serializer=serialize_message if reply_cls is pb.Payload else reply_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
