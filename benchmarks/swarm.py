@@ -20,7 +20,7 @@ the other's last results in --out.
 Writes --out (JSON) and --md (markdown fragments with tables and commands).
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
-    python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 2 4
+    python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 1 2 4
 """
 
 from __future__ import annotations
@@ -67,11 +67,19 @@ def parse_args(argv=None):
     p.add_argument(
         "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
     )
-    p.add_argument("--replicas", type=int, nargs="+", default=[2, 4], help="K: replicas per block (replica efficiency)")
+    p.add_argument("--replicas", type=int, nargs="*", default=[1, 2, 4], help="K: replicas per block")
     p.add_argument("--outers", nargs="+", default=["none", "nesterov"], choices=["none", "nesterov"])
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--single-mults", type=int, nargs="+", default=[1, 2, 4], help="single-replica runs: x rounds")
+    p.add_argument(
+        "--single-mults", type=int, nargs="*", default=[1, 2, 4], help="single-replica runs: x rounds (none: --keep's)"
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="replica efficiency in pieces: reuse the single-replica runs in --out (same schedule) and keep its other "
+        "rows (a row of the same replicas and outer is replaced)",
+    )
     p.add_argument("--replica-md", type=Path, default=Path("benchmarks/results/ISSUE12_replicas.md"))
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
@@ -180,8 +188,9 @@ def main(argv=None) -> None:
             )
         )
     if a.only != "codecs":
+        previous = out.get("replica_efficiency", {}) if a.keep else {}
         out["replica_efficiency"] = {}
-        for partial in run_replicas(a, cfg, train_path, eval_xy, argv):
+        for partial in run_replicas(a, cfg, train_path, eval_xy, argv, previous):
             out["replica_efficiency"] = partial
             common.write_json(a.out, out)  # after every run: a long sweep keeps what it measured
         write_replica_md(a, out["replica_efficiency"])
@@ -239,10 +248,10 @@ def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
     return out
 
 
-def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> Iterator[dict]:
+def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous: dict) -> Iterator[dict]:
     """Replica efficiency: single-replica swarms at each of a.single_mults x the rounds, then B x K daemons per
-    K and outer optimizer (with nesterov among a.outers also one replica per block with it: its quality
-    against plain averaging at 1 replica). Yields the section after every run (the last one is complete)."""
+    K in a.replicas and outer optimizer in a.outers (K=1 with nesterov: its quality against plain averaging
+    at 1 replica). Yields the section after every run (the last one is complete)."""
     B, steps = cfg.blocks, a.rounds * a.steps
     section: dict = {
         "command": common.command_line("swarm.py", argv),
@@ -263,6 +272,15 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> Iterat
         keys = ("participation", "wall_s", "round_seconds_median", "wire_bytes_per_round_per_peer", "rejected")
         return {"ce": r["swarm_ce"], **{k: r[k] for k in keys}}
 
+    same = {k: previous.get(k) for k in ("rounds", "steps_per_round", "blocks")} == {
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "blocks": B,
+    }
+    if same:  # --keep: the earlier runs of this schedule stay, this command's replace those it repeats
+        section["single"] = [s for s in previous.get("single", []) if s["mult"] not in a.single_mults]
+        section["rows"] = previous.get("rows", [])
+        section["command"] = previous.get("command", "") + "; " + section["command"]
     for mult in a.single_mults:
         r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=B, rounds=a.rounds * mult, outer="none")
         section["single"].append({"mult": mult, "rounds": a.rounds * mult, "steps": steps * mult, **summary(r)})
@@ -270,18 +288,22 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> Iterat
             f"single replica x{mult} ({steps * mult} steps): ce {r['swarm_ce']:.4f} in {r['wall_s']:.0f}s", flush=True
         )
         yield section
+    section["single"].sort(key=lambda s: s["mult"])
     points = [(s["steps"], s["ce"]) for s in section["single"]]
-    runs = [(K, o) for K in a.replicas for o in a.outers]
-    if "nesterov" in a.outers:
-        runs.insert(0, (1, "nesterov"))
+    runs = [(K, o) for K in a.replicas for o in a.outers if (K, o) != (1, "none")]  # (1, none): the single runs
     for K, outer in runs:
         extra = {"outer_lr": a.outer_lr, "outer_momentum": a.outer_momentum} if outer != "none" else {}
         r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=B * K, outer=outer, **extra)
         row = {"replicas": K, "daemons": B * K, "outer": outer, "steps_per_replica": steps, **summary(r)}
-        if len(points) >= 2:
-            equiv, extrapolated = steps_to_reach(r["swarm_ce"], points)
-            row.update(single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (K * steps))
-        section["rows"].append(row)
+        if outer != "none":
+            row.update(outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+        section["rows"] = [x for x in section["rows"] if (x["replicas"], x["outer"]) != (K, outer)] + [row]
+        for x in section["rows"]:  # against every single-replica run there is now
+            if len(points) >= 2:
+                equiv, extrapolated = steps_to_reach(x["ce"], points)
+                x.update(
+                    single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (x["replicas"] * steps)
+                )
         print(
             f"{K} replicas, outer {outer}: ce {r['swarm_ce']:.4f} efficiency {row.get('efficiency', float('nan')):.3f}"
             f"{' (extrapolated)' if row.get('extrapolated') else ''} in {r['wall_s']:.0f}s",
