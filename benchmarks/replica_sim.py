@@ -64,9 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
+    p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/replica_sim.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_replicas.md"))
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    a.argv = argv
+    return a
 
 
 def model_config(a) -> ModelConfig:
@@ -88,6 +91,7 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy) -> dict
     curve = [(0, result.ce_start)] + [(r.round * a.steps, r.ce) for r in result.rounds if r.ce is not None]
     return {
         **v,
+        "command": common.command_line("replica_sim.py", a.argv),
         "label": label(v),
         "seed": seed,
         "rounds": rounds,
@@ -126,12 +130,12 @@ def main(argv=None) -> None:
     cfg = model_config(a)
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
-    variants = [parse_variant(t) for t in a.variants]
+    variants = [] if a.report else [parse_variant(t) for t in a.variants]
     out: dict = {"command": common.command_line("replica_sim.py", argv), "single": {}, "rows": []}
     if a.out.exists():  # keep earlier rows of other commands (the sweep is run in pieces)
         out["single"] = json.loads(a.out.read_text()).get("single", {})
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
-    for seed in a.seeds:
+    for seed in [] if a.report else a.seeds:
         key = f"seed{seed}_r{a.rounds}_H{a.steps}"
         if not a.no_single and key not in out["single"]:
             runs = []
@@ -160,22 +164,29 @@ def write_md(a, out: dict) -> None:
     lines = [
         "### Replica efficiency in the simulator (issue 12): outer optimizer and lr scaling sweeps",
         "",
-        f"Command(s): `{out['command']}` (rows accumulate over runs; each row names its seed). "
+        "Rows accumulate over the commands listed below the table (each row names its seed). "
         f"Model and schedule of benchmarks/swarm.py (B={a.blocks}, d={a.d_model}, seq {a.seq_len}, batch "
         f"{a.batch_size}, lr {a.lr}, H={a.steps}), lockstep network, int8 + error feedback, robust merge.",
         "",
         "Single-replica reference (final from-noise CE at 1x / 2x / 4x the rounds, separate runs): "
         + "; ".join(f"{k}: " + " / ".join(f"{r['ce']:.4f}" for r in runs) for k, runs in out["single"].items()),
         "",
-        "| variant | seed | steps/replica | CE | single-replica steps to that CE | efficiency |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| variant | seed | steps/replica | CE | CE curve (every 2 rounds) | single-replica steps to that CE "
+        "| efficiency |",
+        "|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in out["rows"]:
         if "efficiency" in r:
+            curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
             lines.append(
-                f"| {r['label']} | {r['seed']} | {r['steps_per_replica']} | {r['ce']:.4f} "
+                f"| {r['label']} | {r['seed']} | {r['steps_per_replica']} | {r['ce']:.4f} | {curve} "
                 f"| {r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''} | {r['efficiency']:.3f} |"
             )
+        else:
+            curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
+            lines.append(f"| {r['label']} | {r['seed']} | {r['steps_per_replica']} | {r['ce']:.4f} | {curve} | - | - |")
+    commands = sorted({r.get("command", out["command"]) for r in out["rows"]})
+    lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
     common.replace_section(a.md, "replica_sim.py", [*lines, ""])
 
 
