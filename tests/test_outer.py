@@ -163,3 +163,22 @@ def test_simulator_applies_the_daemons_outer_step(text_data):
             assert (w.state.outer is None) == (outer == "none")
         assert all(len(h) == 1 for h in hashes.values())  # replicas bit-identical
     assert runs["none"].workers[0].state.block_hash != runs["nesterov"].workers[0].state.block_hash
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--outer", "adam"], "outer must be 'none' or 'nesterov'"),
+        (["--outer", "nesterov", "--outer-momentum", "1"], "0 <= outer_momentum < 1"),
+        (["--outer-lr", "0"], "outer_lr > 0"),
+    ],
+)
+def test_outer_flags_reach_the_gossip_config(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    (tmp_path / "text.txt").write_bytes(b"some text " * 50)
+    result = CliRunner().invoke(app, ["run", "--data", str(tmp_path / "text.txt"), *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
