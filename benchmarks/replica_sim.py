@@ -166,25 +166,26 @@ def write_md(a, out: dict) -> None:
         "",
         "Rows accumulate over the commands listed below the table (each row names its seed). "
         f"Model and schedule of benchmarks/swarm.py (B={a.blocks}, d={a.d_model}, seq {a.seq_len}, batch "
-        f"{a.batch_size}, lr {a.lr}, H={a.steps}), lockstep network, int8 + error feedback, robust merge.",
+        f"{a.batch_size}, lr {a.lr}; H as in the table), lockstep network, int8 + error feedback, robust merge.",
         "",
         "Single-replica reference (final from-noise CE at 1x / 2x / 4x the rounds, separate runs): "
         + "; ".join(f"{k}: " + " / ".join(f"{r['ce']:.4f}" for r in runs) for k, runs in out["single"].items()),
         "",
-        "| variant | seed | steps/replica | CE | CE curve (every 2 rounds) | single-replica steps to that CE "
+        "| variant | seed | H | steps/replica | CE | CE curve (measured rounds) | single-replica steps to that CE "
         "| efficiency |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in out["rows"]:
+        head = f"| {r['label']} | {r['seed']} | {r['steps_per_replica'] // r['rounds']} | {r['steps_per_replica']}"
         if "efficiency" in r:
             curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
             lines.append(
-                f"| {r['label']} | {r['seed']} | {r['steps_per_replica']} | {r['ce']:.4f} | {curve} "
+                f"{head} | {r['ce']:.4f} | {curve} "
                 f"| {r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''} | {r['efficiency']:.3f} |"
             )
         else:
             curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
-            lines.append(f"| {r['label']} | {r['seed']} | {r['steps_per_replica']} | {r['ce']:.4f} | {curve} | - | - |")
+            lines.append(f"{head} | {r['ce']:.4f} | {curve} | - | - |")
     commands = sorted({r.get("command", out["command"]) for r in out["rows"]})
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
     common.replace_section(a.md, "replica_sim.py", [*lines, ""])
