@@ -22,6 +22,7 @@ PARTS = [
     ("Public-swarm trust: robust merge with honest peers, one attacker's reach (issue 9)", "ISSUE9_robust_merge.md"),
     ("Public-swarm trust: the fault matrix against real daemons (issue 9)", "ISSUE9_adversary.md"),
     ("Averaging one tensor: hivemind's averager vs our butterfly all-reduce (issue 12)", "ISSUE12_averaging.md"),
+    ("Replicas that pay: outer optimizer and replica efficiency (issue 12)", "ISSUE12_replicas.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 

@@ -9,9 +9,18 @@ steps (rounds x steps), one replica per block. Reports swarm_ce, single_ce, rati
 wire and raw bytes, wire bytes per round per peer relative to the raw fp32 delta size, and the
 replicas' pre-merge distance per round (post-merge they are identical).
 
-Writes --out (JSON) and --md (markdown fragment with table and command).
+Replica efficiency (issue 12, key `replica_efficiency`; --replicas, --outers): LocalSwarms of B x K
+daemons for each K in --replicas and each outer optimizer in --outers (none = plain averaging,
+nesterov = swarmd.swarm.outer with --outer-lr / --outer-momentum), next to single-replica LocalSwarms
+(B daemons, one per block, plain averaging) at 1x, 2x and 4x the rounds, each its own run. The
+efficiency of a swarm run is (single-replica steps to reach its CE, interpolated in log-steps between
+those three runs) / (K x steps per replica). `--only codecs|replicas` runs one of the two parts and keeps
+the other's last results in --out.
+
+Writes --out (JSON) and --md (markdown fragments with tables and commands).
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
+    python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 1 2 4
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -26,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from benchmarks.replica_sim import steps_to_reach
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
@@ -53,6 +64,23 @@ def parse_args(argv=None):
         "block 0's noise path trained) instead of the default block",
     )
     common.add_outputs(p, "swarm")
+    p.add_argument(
+        "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
+    )
+    p.add_argument("--replicas", type=int, nargs="*", default=[1, 2, 4], help="K: replicas per block")
+    p.add_argument("--outers", nargs="+", default=["none", "nesterov"], choices=["none", "nesterov"])
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument(
+        "--single-mults", type=int, nargs="*", default=[1, 2, 4], help="single-replica runs: x rounds (none: --keep's)"
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="replica efficiency in pieces: reuse the single-replica runs in --out (same schedule) and keep its other "
+        "rows (a row of the same replicas and outer is replaced)",
+    )
+    p.add_argument("--replica-md", type=Path, default=Path("benchmarks/results/ISSUE12_replicas.md"))
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
         a.trajectory_prob = 0.0 if a.documented else TrainConfig.trajectory_prob
@@ -78,13 +106,24 @@ def train_config(a) -> TrainConfig:
     )
 
 
-def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dict:
+def run_swarm(
+    a,
+    cfg: ModelConfig,
+    codec: str,
+    train_path: Path,
+    eval_xy,
+    peers: int | None = None,
+    rounds: int | None = None,
+    **kw,
+) -> dict:
+    """One LocalSwarm run (a.peers daemons, a.rounds rounds unless given; kw: more LocalSwarm options, e.g. outer)."""
+    peers, rounds = peers or a.peers, rounds or a.rounds
     with common.temporary_swarm(
         f"swarm-bench-{codec}-",
-        a.peers,
+        peers,
         cfg,
         train_path,
-        rounds=a.rounds,
+        rounds=rounds,
         steps_per_round=a.steps,
         codec=codec,
         batch_size=a.batch_size,
@@ -92,6 +131,7 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
         seed=0,
         trajectory_prob=a.trajectory_prob,
         freeze_z_in=a.freeze_z_in,
+        **kw,
     ) as swarm:
         start = time.monotonic()
         try:
@@ -107,9 +147,9 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
         blocks, emb = swarm.assemble()
         ce = from_noise_ce(blocks, emb, *eval_xy, cfg)["ce"]
         sums = swarm.summaries()
-    rounds = [h for s in sums for h in s.get("history", [])]
+    history = [h for s in sums for h in s.get("history", [])]
     per_round = {}
-    for h in rounds:
+    for h in history:
         per_round.setdefault(h["round"], []).append(h)
     wire, raw = sum(s["bytes_sent"] for s in sums), sum(s["raw_bytes_sent"] for s in sums)
     return {
@@ -119,14 +159,14 @@ def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy) -> dic
         "wire_bytes": wire,
         "raw_bytes": raw,
         "wire_over_raw": wire / raw if raw else float("nan"),
-        "wire_bytes_per_round_per_peer": wire / a.rounds / a.peers,
+        "wire_bytes_per_round_per_peer": wire / rounds / peers,
         "rounds": min(s["round"] for s in sums),
         "rejected": sum(s.get("rejected", 0) for s in sums),
         "wall_s": wall,
         "premerge_distance_by_round": {
             int(r): max(h["premerge_distance"] for h in hs) for r, hs in sorted(per_round.items())
         },
-        "round_seconds_median": sorted(h["seconds"] for h in rounds)[len(rounds) // 2] if rounds else None,
+        "round_seconds_median": sorted(h["seconds"] for h in history)[len(history) // 2] if history else None,
     }
 
 
@@ -134,10 +174,33 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
     cfg = model_config(a)
-    tcfg = train_config(a)
     train_path, eval_path = a.data_dir / "train.txt", a.data_dir / "eval.txt"
-    data = ByteData.from_path(train_path, cfg.seq_len)
     eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(a.eval_tokens)
+    out = json.loads(a.out.read_text()) if a.only and a.out.exists() else {}  # --only: keep the other part
+    if a.only != "replicas":
+        out.update(run_codecs(a, cfg, train_path, eval_xy, argv))
+        common.write_json(a.out, out)
+        write_md(a, out)
+        print(
+            json.dumps(
+                {k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")},
+                indent=2,
+            )
+        )
+    if a.only != "codecs":
+        previous = out.get("replica_efficiency", {}) if a.keep else {}
+        out["replica_efficiency"] = {}
+        for partial in run_replicas(a, cfg, train_path, eval_xy, argv, previous):
+            out["replica_efficiency"] = partial
+            common.write_json(a.out, out)  # after every run: a long sweep keeps what it measured
+        write_replica_md(a, out["replica_efficiency"])
+        print(json.dumps(out["replica_efficiency"]["rows"], indent=2))
+
+
+def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
+    """The codec comparison: the single-process run, then one swarm of a.peers daemons per codec."""
+    tcfg = train_config(a)
+    data = ByteData.from_path(train_path, cfg.seq_len)
     block_params = count_params(DenoisingBlock(cfg))
     emb_params = count_params(ByteEmbedding(cfg))
 
@@ -149,7 +212,7 @@ def main(argv=None) -> None:
 
     results = {}
     for codec in a.codecs:
-        r = run_swarm(a, cfg, codec, train_path, eval_xy)
+        r = run_swarm(a, cfg, codec, train_path, eval_xy, outer="none")
         r["ratio"] = r["swarm_ce"] / single_ce
         results[codec] = r
         print(
@@ -182,14 +245,108 @@ def main(argv=None) -> None:
     }
     if "fp32" in results and "int8" in results:
         out["int8_ce_loss_vs_fp32"] = results["int8"]["swarm_ce"] - results["fp32"]["swarm_ce"]
-    common.write_json(a.out, out)
-    write_md(a, out)
-    print(
-        json.dumps(
-            {k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")},
-            indent=2,
+    return out
+
+
+def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous: dict) -> Iterator[dict]:
+    """Replica efficiency: single-replica swarms at each of a.single_mults x the rounds, then B x K daemons per
+    K in a.replicas and outer optimizer in a.outers (K=1 with nesterov: its quality against plain averaging
+    at 1 replica). Yields the section after every run (the last one is complete)."""
+    B, steps = cfg.blocks, a.rounds * a.steps
+    section: dict = {
+        "command": common.command_line("swarm.py", argv),
+        "codec": "int8",
+        "blocks": B,
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "steps_per_replica": steps,
+        "outer_lr": a.outer_lr,
+        "outer_momentum": a.outer_momentum,
+        "train": train_config(a).to_dict(),
+        "machine": f"{common.machine()}, torch {torch.__version__}",
+        "single": [],
+        "rows": [],
+    }
+
+    def summary(r: dict) -> dict:
+        keys = ("participation", "wall_s", "round_seconds_median", "wire_bytes_per_round_per_peer", "rejected")
+        return {"ce": r["swarm_ce"], **{k: r[k] for k in keys}}
+
+    same = {k: previous.get(k) for k in ("rounds", "steps_per_round", "blocks")} == {
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "blocks": B,
+    }
+    if same:  # --keep: the earlier runs of this schedule stay, this command's replace those it repeats
+        section["single"] = [s for s in previous.get("single", []) if s["mult"] not in a.single_mults]
+        section["rows"] = previous.get("rows", [])
+        section["command"] = previous.get("command", "") + "; " + section["command"]
+    for mult in a.single_mults:
+        r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=B, rounds=a.rounds * mult, outer="none")
+        section["single"].append({"mult": mult, "rounds": a.rounds * mult, "steps": steps * mult, **summary(r)})
+        print(
+            f"single replica x{mult} ({steps * mult} steps): ce {r['swarm_ce']:.4f} in {r['wall_s']:.0f}s", flush=True
         )
-    )
+        yield section
+    section["single"].sort(key=lambda s: s["mult"])
+    points = [(s["steps"], s["ce"]) for s in section["single"]]
+    runs = [(K, o) for K in a.replicas for o in a.outers if (K, o) != (1, "none")]  # (1, none): the single runs
+    for K, outer in runs:
+        extra = {"outer_lr": a.outer_lr, "outer_momentum": a.outer_momentum} if outer != "none" else {}
+        r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=B * K, outer=outer, **extra)
+        row = {"replicas": K, "daemons": B * K, "outer": outer, "steps_per_replica": steps, **summary(r)}
+        if outer != "none":
+            row.update(outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+        section["rows"] = [x for x in section["rows"] if (x["replicas"], x["outer"]) != (K, outer)] + [row]
+        for x in section["rows"]:  # against every single-replica run there is now
+            if len(points) >= 2:
+                equiv, extrapolated = steps_to_reach(x["ce"], points)
+                x.update(
+                    single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (x["replicas"] * steps)
+                )
+        print(
+            f"{K} replicas, outer {outer}: ce {r['swarm_ce']:.4f} efficiency {row.get('efficiency', float('nan')):.3f}"
+            f"{' (extrapolated)' if row.get('extrapolated') else ''} in {r['wall_s']:.0f}s",
+            flush=True,
+        )
+        yield section
+
+
+def write_replica_md(a, sec: dict) -> None:
+    single = ", ".join(f"{s['steps']} steps: {s['ce']:.4f}" for s in sec["single"])
+    lines = [
+        f"### Replica efficiency with real daemons (B={sec['blocks']} x K replicas, loopback)",
+        "",
+        f"Command: `{sec['command']}`",
+        "",
+        f"Config: benchmarks/swarm.py's model and schedule ({sec['rounds']} rounds x H={sec['steps_per_round']} = "
+        f"{sec['steps_per_replica']} steps per replica, batch {sec['train']['batch_size']}, lr {sec['train']['lr']} "
+        f"constant after a {sec['train']['warmup_steps']}-step warmup), int8 deltas, robust merge. Outer optimizer "
+        f"nesterov: lr {sec['outer_lr']:g}, momentum {sec['outer_momentum']:g}. Machine: {sec['machine']} (shared).",
+        "",
+        f"Single replica per block ({sec['blocks']} daemons, plain averaging, separate runs): {single} nats/byte.",
+        "",
+        "| replicas per block | daemons | outer | CE | single-replica steps to that CE | efficiency | participation "
+        "| median round s | wall s |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sec["rows"]:
+        equiv = (
+            f"{r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''}" if "efficiency" in r else "-"
+        )
+        eff = f"{r['efficiency']:.3f}" if "efficiency" in r else "-"
+        lines.append(
+            f"| {r['replicas']} | {r['daemons']} | {r['outer']} | {r['ce']:.4f} | {equiv} | {eff} "
+            f"| {r['participation']:.3f} | {r['round_seconds_median'] or 0:.2f} | {r['wall_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "Efficiency = (single-replica steps needed to reach the run's CE, interpolated in log-steps between the "
+        "single-replica runs, extrapolated on the nearest segment outside them) / (replicas x steps per replica): "
+        "1.0 means K replicas buy K times the steps.",
+        "",
+    ]
+    common.replace_section(a.replica_md, "swarm.py replicas", lines)
 
 
 TRAJECTORY_NOTE = (

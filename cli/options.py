@@ -187,6 +187,17 @@ EvalEvery = Annotated[
 MinPeers = Annotated[
     int, flag("--min-peers", "Wait before the first round until the swarm has this many peers (self included).", S)
 ]
+OuterOpt = Annotated[
+    str,
+    flag(
+        "--outer",
+        "Outer optimizer on each round's merged delta: nesterov (DiLoCo's Nesterov momentum) or none (plain "
+        "averaging). Every peer of a swarm must use the same outer settings.",
+        S,
+    ),
+]
+OuterLr = Annotated[float, flag("--outer-lr", "Learning rate of the outer optimizer (1 with momentum 0 = none).", S)]
+OuterMomentum = Annotated[float, flag("--outer-momentum", "Nesterov momentum of the outer optimizer, in [0, 1).", S)]
 
 # -- network ---------------------------------------------------------------------------------------
 Listen = Annotated[
@@ -389,6 +400,9 @@ class PeerOptions(OptionGroup):
         "dht_host": NET.dht_host,
         "dht_port": NET.dht_port,
         "metrics_port": NET.metrics_port,
+        "outer": GOSSIP.outer,
+        "outer_lr": GOSSIP.outer_lr,
+        "outer_momentum": GOSSIP.outer_momentum,
     }
     data: Data
     device: DeviceOpt
@@ -414,6 +428,9 @@ class PeerOptions(OptionGroup):
     identity: IdentityOpt
     tls_cert: TlsCert
     tls_key: TlsKey
+    outer: OuterOpt
+    outer_lr: OuterLr
+    outer_momentum: OuterMomentum
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -426,7 +443,14 @@ class PeerOptions(OptionGroup):
         return DaemonConfig(
             model=model,
             train=train.config(peer_train_config(steps)),
-            gossip=GossipConfig(steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max),
+            gossip=GossipConfig(
+                steps_per_round=steps,
+                codec=self.codec.value,
+                deadline_max_s=self.deadline_max,
+                outer=self.outer,
+                outer_lr=self.outer_lr,
+                outer_momentum=self.outer_momentum,
+            ),
             net=NetConfig(
                 swarm_id=self.swarm_id,
                 listen=self.listen,

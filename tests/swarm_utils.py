@@ -25,6 +25,7 @@ from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
 from swarmd.swarm.gossip import Gossip
 from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.outer import make_outer
 from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
 from swarmd.swarm.state import BlockState
 from swarmd.transport.framing import Encoded
@@ -111,7 +112,8 @@ def memory_swarm(
     out = []
     identities = peer_identities(len(blocks_of))
     for i, b in enumerate(blocks_of):
-        state = BlockState(BlockTrainer(cfg, tiny_train(), b, worker_seed=i))
+        outer = make_outer(gcfg.outer, gcfg.outer_lr, gcfg.outer_momentum)
+        state = BlockState(BlockTrainer(cfg, tiny_train(), b, worker_seed=i), outer)
         pid = identities[i].peer_id
         me = PeerRecord(
             pid,

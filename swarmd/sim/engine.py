@@ -19,7 +19,8 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
    accepted when it arrived by then. Per block, the accepted block deltas are merged with the
    daemon's merge function (merge_fn(), what Gossip.average applies); the table deltas of every
    accepted worker, all blocks, are merged the same way; no accepted update = that part stays. Every
-   worker then starts the next round from the merged weights (BlockState.apply_merge);
+   worker then starts the next round from the merged weights (BlockState.apply_merge, with the daemon's
+   outer optimizer when the GossipConfig given names one: swarmd.swarm.outer);
 5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
    at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
    merged stack is measured.
@@ -46,6 +47,7 @@ from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 from swarmd.swarm.delta import ErrorFeedback
 from swarmd.swarm.gossip import merge_deltas
+from swarmd.swarm.outer import make_outer
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.state import BlockState
 
@@ -165,7 +167,9 @@ class _Worker:
 class Simulator:
     """One simulated swarm: SimConfig's B x K workers on `data`, scored on `eval_xy`, under a regime and policy.
 
-    :param merge: the merge function (default merge_fn(): the daemon's)
+    :param merge: the merge function (default merge_fn(gossip): the daemon's)
+    :param gossip: the daemon config whose merge rule (when merge is not given) and outer optimizer
+        (outer, outer_lr, outer_momentum: each worker's BlockState gets its own, as each daemon does) apply
     """
 
     def __init__(
@@ -176,15 +180,19 @@ class Simulator:
         data: ByteData,
         eval_xy: tuple[torch.Tensor, torch.Tensor],
         merge: Merge | None = None,
+        gossip: GossipConfig | None = None,
     ):
         self.cfg, self.regime, self.policy, self.eval_xy = cfg, regime, policy, eval_xy
-        self.merge = merge or merge_fn()
+        self.merge = merge or merge_fn(gossip)
         m, t = cfg.model, cfg.train
+        g = gossip or GossipConfig()
         self.workers = [
             _Worker(
                 f"b{b}w{k}",
                 b,
-                BlockState(BlockTrainer(m, t, b, "cpu", worker_seed=k)),
+                BlockState(
+                    BlockTrainer(m, t, b, "cpu", worker_seed=k), make_outer(g.outer, g.outer_lr, g.outer_momentum)
+                ),
                 data.stream(seed_for("data", t.seed, b, k), t.batch_size),
                 {PayloadKind.BLOCK_DELTA: ErrorFeedback(), PayloadKind.EMBEDDING_DELTA: ErrorFeedback()},
             )
@@ -327,7 +335,8 @@ def simulate(
     on_round: Callable[[RoundRecord], None] | None = None,
     until_s: float | None = None,
     merge: Merge | None = None,
+    gossip: GossipConfig | None = None,
 ) -> SimResult:
     """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it (see Simulator.run)."""
-    sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens), merge)
+    sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens), merge, gossip)
     return sim.run(on_round, until_s)

@@ -41,6 +41,7 @@ from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscover
 from swarmd.swarm.gossip import Gossip, MergeReport
 from swarmd.swarm.identity import Identity, identity_path
 from swarmd.swarm.metrics import Metrics
+from swarmd.swarm.outer import make_outer
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
 from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
@@ -132,7 +133,8 @@ class Daemon:
         if block is None or block < 0:
             records = [r for r in await self.discovery.find_all() if r.config_hash == self.cfg.config_hash()]
             block = choose_block(records, self.cfg.blocks)
-        self.state = BlockState(BlockTrainer(self.cfg, c.train, block, c.device, worker_seed=peer_seed))
+        outer = make_outer(c.gossip.outer, c.gossip.outer_lr, c.gossip.outer_momentum)
+        self.state = BlockState(BlockTrainer(self.cfg, c.train, block, c.device, worker_seed=peer_seed), outer)
         if resumed:
             await asyncio.to_thread(self.state.restore, c.checkpoint_dir)
         if not net.client_mode:

@@ -70,6 +70,7 @@ from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, pay
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
+from swarmd.swarm.outer import split_momentum, with_momentum, with_momentum_shapes
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.robust import delta_norm, delta_norm_bound, mean_in_order, robust_merge
 from swarmd.swarm.state import BlockState, relative_distance, weights_hash
@@ -411,11 +412,17 @@ class Gossip:
     def _expected_shapes(self, kind: PayloadKind) -> dict[str, tuple[int, ...]]:
         return self.state.block_shapes() if kind.is_block else self.state.emb_shapes()
 
-    def _decode(self, enc: Encoded, kind: PayloadKind, block_index: int) -> dict[str, torch.Tensor]:
-        """decode() a payload of this swarm and model config, of our shapes, within the payload cap."""
+    def _decode(
+        self, enc: Encoded, kind: PayloadKind, block_index: int, outer: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """decode() a payload of this swarm and model config, of our shapes, within the payload cap.
+
+        :param outer: a state payload that also carries the outer optimizer's buffer (swarmd.swarm.outer)
+        """
+        shapes = self._expected_shapes(kind)
         return decode(
             enc,
-            self._expected_shapes(kind),
+            with_momentum_shapes(shapes) if outer else shapes,
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
             kind=kind,
@@ -443,10 +450,13 @@ class Gossip:
             return 0
         if kind is None:
             return 0
-        return payload_size_bound(self._expected_shapes(kind), codec, bool(header.zstd)) + PAYLOAD_SLACK
+        shapes = self._expected_shapes(kind)
+        if self.state.outer is not None and kind in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
+            shapes = with_momentum_shapes(shapes)  # a pulled state may carry the outer buffer
+        return payload_size_bound(shapes, codec, bool(header.zstd)) + PAYLOAD_SLACK
 
-    def _check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind) -> None:
-        norm, bound = delta_norm(tensors), self.norm_bound(kind)
+    def _check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind, scale: float = 1.0) -> None:
+        norm, bound = delta_norm(tensors), self.norm_bound(kind) * scale
         if not norm <= bound:
             raise ValidationError(
                 f"delta norm {norm:.3g} exceeds the bound of {bound:.3g} for {self.cfg.steps_per_round} steps"
@@ -635,11 +645,13 @@ class Gossip:
         :raises ValidationError: unsigned, not from `peer`, or not the announced weights; StaleRound: the
             peer has moved to another round since its record
         """
+        outer = self.state.outer is not None  # adopt the reference's outer buffer with its weights
         request = pb.PullStateRequest(
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
             kind=kind.to_pb(),
             block_index=peer.block_index if kind.is_block else -1,
+            outer_state=outer,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         h = enc.header
@@ -651,7 +663,9 @@ class Gossip:
             want_hash, want_round = h.base_hash, int(h.round)
         if h.base_hash != want_hash or int(h.round) != want_round:
             raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
-        tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
+        tensors, momentum = split_momentum(self._decode(enc, kind, self.me.block_index if kind.is_block else -1, outer))
+        if momentum is not None:  # not covered by the announced hash: bounded like the merges it sums
+            self._check_norm(momentum, kind.delta, 1.0 / (1.0 - self.cfg.outer_momentum))
         if (got := await asyncio.to_thread(weights_hash, tensors)) != want_hash:
             raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
         block, emb = (tensors, None) if kind.is_block else (None, tensors)
@@ -659,7 +673,8 @@ class Gossip:
         new_round = min(want_round, limit) if back else max(self.state.round, min(want_round, limit))
         if new_round < want_round:
             logger.warning("%s round counter capped at %d (the swarm says %d)", self.tag, new_round, want_round)
-        await asyncio.to_thread(self.state.adopt, block, emb, new_round)
+        part = "block" if kind.is_block else "emb"
+        await asyncio.to_thread(self.state.adopt, block, emb, new_round, {part: momentum} if momentum else None)
         self.ef[kind.delta].reset()
         logger.info("%s adopted the %s of %s (round %d)", self.tag, kind.part, peer.peer_id[-6:], enc.header.round)
 
@@ -691,8 +706,10 @@ class Gossip:
             raise ValidationError(f"unknown state kind {kind or request.kind!r}")
         if kind.is_block and request.block_index != self.me.block_index:
             raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
-        round, block, emb = self.state.snapshot()
+        round, block, emb, momentum = self.state.snapshot_outer()
         tensors, base_hash = (block, self.state.block_hash) if kind.is_block else (emb, self.state.emb_hash)
+        if request.outer_state and momentum is not None:  # the hash stays the weights' (what records announce)
+            tensors = with_momentum(tensors, momentum["block" if kind.is_block else "emb"])
         enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round)), self.identity)
         self.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
         return enc

@@ -85,6 +85,9 @@ class LocalSwarm:
         swarm_id: str = "demo",
         trajectory_prob: float = TrainConfig.trajectory_prob,
         freeze_z_in: str = TrainConfig.freeze_z_in,
+        outer: str = GossipConfig.outer,
+        outer_lr: float = GossipConfig.outer_lr,
+        outer_momentum: float = GossipConfig.outer_momentum,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -101,7 +104,14 @@ class LocalSwarm:
         self.config = DaemonConfig(
             model=model,
             train=train,
-            gossip=GossipConfig(steps_per_round=steps_per_round, codec=Codec(codec), deadline_max_s=deadline_max_s),
+            gossip=GossipConfig(
+                steps_per_round=steps_per_round,
+                codec=Codec(codec),
+                deadline_max_s=deadline_max_s,
+                outer=outer,
+                outer_lr=outer_lr,
+                outer_momentum=outer_momentum,
+            ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),
             stop_at_round=rounds,  # the swarm's round counter: a restarted peer stops with the rest

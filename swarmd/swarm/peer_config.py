@@ -34,6 +34,11 @@ class GossipConfig:
     trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
+    # outer optimizer on the merged delta (swarmd.swarm.outer): "nesterov" = DiLoCo's SGD with Nesterov momentum,
+    # "none" = plain averaging (base += merged)
+    outer: str = "none"
+    outer_lr: float = 0.7  # its learning rate (1.0 with momentum 0 is plain averaging)
+    outer_momentum: float = 0.9  # its Nesterov momentum, in [0, 1)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -52,6 +57,10 @@ class GossipConfig:
             raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
             raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
+        if self.outer not in ("none", "nesterov"):
+            raise ConfigError(f"outer must be 'none' or 'nesterov', got {self.outer!r}")
+        if not (0 < self.outer_lr < float("inf")) or not 0 <= self.outer_momentum < 1:
+            raise ConfigError("need outer_lr > 0 and 0 <= outer_momentum < 1")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from swarmd.core import checkpoint as ck
 from swarmd.core.model import DenoisingBlock
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError, ConfigMismatch
+from swarmd.swarm.outer import OuterOptimizer
 from swarmd.swarm.sketch import count_sketch, flatten
 
 logger = logging.getLogger(__name__)
@@ -60,11 +61,14 @@ class BlockState:
     one use_predecessors switches trajectory training back on with).
 
     :param round: averaging rounds completed (a resumed or joined peer starts from the saved one)
+    :param outer: the outer optimizer apply_merge runs on each merged delta (swarmd.swarm.outer; None = plain
+        averaging, base += merged)
     """
 
-    def __init__(self, trainer: BlockTrainer):
+    def __init__(self, trainer: BlockTrainer, outer: OuterOptimizer | None = None):
         self.cfg, self.train_cfg, self.block_index = trainer.model_cfg, trainer.train_cfg, trainer.block_index
         self.trainer = trainer
+        self.outer = outer
         self.lock = threading.Lock()
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
@@ -140,11 +144,14 @@ class BlockState:
     ) -> None:
         """base += delta for each part given (None: keep the base), live weights := new base; round += 1.
 
+        With an outer optimizer the delta added is its step on the merged delta (swarmd.swarm.outer).
         AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
         """
         with self.lock:
-            for base, delta in ((self.base_block, block_delta), (self.base_emb, emb_delta)):
+            for part, base, delta in (("block", self.base_block, block_delta), ("emb", self.base_emb, emb_delta)):
                 if delta is not None:
+                    if self.outer is not None:
+                        delta = self.outer.step(part, delta)
                     for k in base:
                         base[k] = base[k] + delta[k]
             self._base_to_live()
@@ -169,9 +176,17 @@ class BlockState:
 
     @torch.no_grad()
     def adopt(
-        self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None, round: int | None = None
+        self,
+        block: dict[str, torch.Tensor] | None,
+        emb: dict[str, torch.Tensor] | None,
+        round: int | None = None,
+        momentum: dict[str, dict[str, torch.Tensor]] | None = None,
     ) -> None:
-        """Replace base and live weights with a peer's state (join / re-sync); AdamW moments kept."""
+        """Replace base and live weights with a peer's state (join / re-sync); AdamW moments kept.
+
+        :param momentum: the peer's outer-optimizer buffers by part ("block", "emb"); an adopted part without
+            one gets a zero buffer (swarmd.swarm.outer's reset rule)
+        """
         with self.lock:
             for new, module in ((block, self.trainer.block), (emb, self.trainer.emb)):
                 if new is None:
@@ -183,7 +198,21 @@ class BlockState:
                     params[k].copy_(v.to(params[k].dtype))
             if round is not None:
                 self.round = int(round)
+            if self.outer is not None:
+                for part, new in (("block", block), ("emb", emb)):
+                    if new is not None:
+                        self.outer.load_part(part, (momentum or {}).get(part))
             self._rebase()
+
+    def snapshot_outer(
+        self,
+    ) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]] | None]:
+        """snapshot() plus copies of the outer optimizer's buffers by part (zeros before its first step), taken
+        together under the lock; None for the buffers without an outer optimizer (PullState sends them)."""
+        with self.lock:
+            bases = {"block": self.base_block, "emb": self.base_emb}
+            momentum = None if self.outer is None else {p: self.outer.part_tensors(p, b) for p, b in bases.items()}
+            return self.round, _clone(self.base_block), _clone(self.base_emb), momentum
 
     @torch.no_grad()
     def use_predecessors(self, blocks: dict[int, dict[str, torch.Tensor]] | None) -> None:
@@ -215,6 +244,8 @@ class BlockState:
                 raise CheckpointError(f"refusing to checkpoint non-finite weights (round {round}); the last one stays")
             step, samples = self.trainer.step_count, self.samples
             optim = ck.optimizer_tensors(self.trainer.opt)  # taken with the weights: one generation
+            if self.outer is not None:
+                optim.update(self.outer.state_tensors())  # outer.<part>.<name>: beside AdamW's state.<#>.<key>
         ck.save_peer_generation(
             d,
             self.cfg,
@@ -231,7 +262,8 @@ class BlockState:
         )
 
     def restore(self, directory: str | Path) -> dict:
-        """Resume from a peer checkpoint of this block: weights, round, AdamW state, step and sample counts.
+        """Resume from a peer checkpoint of this block: weights, round, AdamW and outer-optimizer state, step and
+        sample counts.
 
         Returns the checkpoint's config.json body. Raises ConfigMismatch for another model config, and
         CheckpointError before anything is loaded when a file of the generation is missing or corrupt;
@@ -253,6 +285,9 @@ class BlockState:
                 ck.load_optimizer(d, self.block_index, self.trainer.opt)
             except CheckpointError as exc:
                 logger.warning("optimizer state not restored: %s", exc)
+            if self.outer is not None:  # its buffers (none in the file: zero, the reset rule)
+                path = ck.optim_file(d, self.block_index)
+                self.outer.load_state_tensors(ck.load_tensors(path)[0] if path.is_file() else {})
             self.trainer.step_count = step
             self.samples = int(body.get("samples", 0))
         return body
