@@ -175,6 +175,14 @@ DeadlineMax = Annotated[
         "--deadline-max", "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", S
     ),
 ]
+Overlap = Annotated[
+    bool,
+    flag(
+        "--overlap/--no-overlap",
+        "Keep training while a round's deltas are exchanged and merged (the merge lands one round late, corrected).",
+        S,
+    ),
+]
 EvalEvery = Annotated[
     int,
     flag(
@@ -389,6 +397,7 @@ class PeerOptions(OptionGroup):
         "dht_host": NET.dht_host,
         "dht_port": NET.dht_port,
         "metrics_port": NET.metrics_port,
+        "overlap": GOSSIP.overlap,
     }
     data: Data
     device: DeviceOpt
@@ -414,6 +423,7 @@ class PeerOptions(OptionGroup):
     identity: IdentityOpt
     tls_cert: TlsCert
     tls_key: TlsKey
+    overlap: Overlap
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -426,7 +436,9 @@ class PeerOptions(OptionGroup):
         return DaemonConfig(
             model=model,
             train=train.config(peer_train_config(steps)),
-            gossip=GossipConfig(steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max),
+            gossip=GossipConfig(
+                steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max, overlap=self.overlap
+            ),
             net=NetConfig(
                 swarm_id=self.swarm_id,
                 listen=self.listen,

@@ -23,6 +23,14 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
 5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
    at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
    merged stack is measured.
+With overlap (SimConfig.overlap, the daemon's GossipConfig.overlap), every merge lands one full round late:
+round r's H steps are taken before round r-1's merge is applied (swarmd.swarm.delayed.land_merge, the daemon's
+own rule: base moves by the merge, the live weights keep the steps taken since the snapshot), then round r's
+deltas are snapshotted. That is the most a daemon ever trains on a stale base (it starts the next round's
+steps at the snapshot and snapshots again only once the merge landed), so it bounds the quality cost. The
+clock then counts max(compute, previous round's exchange) per round (the exchange hides behind the next
+round's steps), and the last exchange once at the end; CE is measured on the merged weights (base + the
+merge in flight), the model a swarm would serve once it lands.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
@@ -30,9 +38,11 @@ with the merged predecessor blocks of the round, as the daemon does. No grpc, no
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -40,10 +50,12 @@ import torch
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
+from swarmd.swarm.delayed import land_merge
 from swarmd.swarm.delta import ErrorFeedback
 from swarmd.swarm.gossip import merge_deltas
 from swarmd.swarm.peer_config import GossipConfig
@@ -51,6 +63,7 @@ from swarmd.swarm.state import BlockState
 
 Tensors = dict[str, torch.Tensor]
 Merge = Callable[[dict[str, Tensors]], Tensors]
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def merge_fn(cfg: GossipConfig | None = None) -> Merge:
@@ -78,6 +91,7 @@ class SimConfig:
     eval_tokens: int = 4096  # held-out bytes scored for from-noise CE
     eval_every: int = 1  # rounds between CE measurements (the last round is always measured)
     skip_late: bool = True  # skip the training of a worker that cannot make the deadline (see the module doc)
+    overlap: bool = False  # merges land one round late, the next round's steps taken meanwhile (see the module doc)
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
@@ -160,6 +174,7 @@ class _Worker:
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     ef: dict[PayloadKind, ErrorFeedback]
     upload_bytes: int = 0  # last round's upload (estimate for a skipped late worker's arrival)
+    exact: tuple[Tensors, Tensors] | None = None  # overlap: own (block, table) deltas of the merge in flight
 
 
 class Simulator:
@@ -194,6 +209,9 @@ class Simulator:
         self.rng = np.random.default_rng(seed_for("sim-network", t.seed))
         self.clock = 0.0
         self.round = 0
+        # overlap: the merge in flight (per-block merged block deltas, merged table delta) and its exchange seconds
+        self.pending: tuple[dict[int, Tensors | None], Tensors | None] | None = None
+        self.pending_comm_s = 0.0
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -203,11 +221,29 @@ class Simulator:
     def measure(self) -> float:
         heads = self.heads()
         x, y = self.eval_xy
-        return float(
-            from_noise_ce([w.state.trainer.block for w in heads], heads[0].state.trainer.emb, x, y, self.cfg.model)[
-                "ce"
-            ]
-        )
+        blocks, emb = [w.state.trainer.block for w in heads], heads[0].state.trainer.emb
+        if self.cfg.overlap:
+            blocks, emb = self._merged_view(heads)
+        return float(from_noise_ce(blocks, emb, x, y, self.cfg.model)["ce"])
+
+    def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
+        """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
+        block_means, emb_mean = self.pending or ({}, None)
+
+        def view(module: M, base: Tensors, delta: Tensors | None) -> M:
+            out = copy.deepcopy(module)
+            out.load_state_dict({k: base[k] + delta[k] if delta is not None else base[k] for k in base})
+            return out
+
+        blocks = [view(w.state.trainer.block, w.state.base_block, block_means.get(w.block)) for w in heads]
+        return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, emb_mean)
+
+    def _land(self, w: _Worker) -> None:
+        """Overlap: the merge in flight lands on w (late, with the correction), then w snapshots its next deltas."""
+        if self.pending is not None and w.exact is not None:
+            block_means, emb_mean = self.pending
+            land_merge(w.state, block_means[w.block], emb_mean, *w.exact)
+        w.exact = w.state.deltas()
 
     # -- one round ------------------------------------------------------------------------------------
     def _use_predecessors(self, w: _Worker) -> None:
@@ -223,7 +259,9 @@ class Simulator:
         """H real steps, then both deltas through the real codec: (train CE, upload bytes, decoded block, emb)."""
         self._use_predecessors(w)
         stats = w.state.train_steps(self.cfg.steps_per_round, w.batches)
-        block_delta, emb_delta = w.state.deltas()
+        if self.cfg.overlap:
+            self._land(w)  # snapshots w.exact
+        block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
         decoded, sent = {}, 0
         copies = {
@@ -272,14 +310,20 @@ class Simulator:
         else:
             end = deadline if last is None else min(deadline, last)
         accepted = sorted(i for i in outputs if arrivals[i] <= end)
+        seconds = end
+        if self.cfg.overlap:
+            for i in set(range(n)) - set(outputs):  # the workers that did not train land the merge in flight too
+                self._land(self.workers[i])
+            seconds = max(float(ready), self.pending_comm_s)  # this round's steps hid the last round's exchange
+            self.pending_comm_s = max(0.0, end - float(ready))
         self._merge(accepted, outputs)
         self.policy.observe([arrivals[i] for i in accepted], n - len(accepted), end, float(ready))
         self.round += 1
-        self.clock += end
+        self.clock += seconds
         return RoundRecord(
             self.round,
             self.clock,
-            end,
+            seconds,
             deadline,
             n,
             n - len(live),
@@ -298,8 +342,21 @@ class Simulator:
         for b in range(self.cfg.model.blocks):
             deltas = {self.workers[i].id: outputs[i][0] for i in accepted if self.workers[i].block == b}
             block_means[b] = self.merge(deltas) if deltas else None
+        if self.cfg.overlap:  # lands after the next round's steps (_land)
+            self.pending = (block_means, emb_mean)
+            return
         for w in self.workers:
             w.state.apply_merge(block_means[w.block], emb_mean)
+
+    def drain(self) -> float:
+        """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""
+        if self.pending is None:
+            return 0.0
+        for w in self.workers:
+            self._land(w)
+        self.pending, extra, self.pending_comm_s = None, self.pending_comm_s, 0.0
+        self.clock += extra
+        return extra
 
     # -- the run --------------------------------------------------------------------------------------
     def run(self, on_round: Callable[[RoundRecord], None] | None = None, until_s: float | None = None) -> SimResult:
@@ -308,6 +365,9 @@ class Simulator:
         for r in range(1, self.cfg.rounds + 1):
             record = self.step()
             last = r == self.cfg.rounds or (until_s is not None and self.clock >= until_s)
+            if last and self.cfg.overlap:  # the last merge lands: every worker ends on the merged weights
+                record.seconds += self.drain()
+                record.t_s = self.clock
             if r % self.cfg.eval_every == 0 or last:
                 record.ce = self.measure()
             result.rounds.append(record)

@@ -34,6 +34,9 @@ class GossipConfig:
     trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
+    # delayed averaging (swarmd.swarm.delayed): keep training while a round's deltas are exchanged and merged,
+    # landing the merge one round late with a correction for the steps taken meanwhile
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
