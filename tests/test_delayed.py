@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +233,23 @@ def test_a_stop_during_an_overlapped_exchange_exits_cleanly_and_resumes(tmp_path
     (round, block_hash), report, after = asyncio.run(second_run())
     assert (round, block_hash) == (a.state.round, a.state.block_hash)
     assert report is not None and report.round == round and after == round + 1
+
+
+def test_the_overlap_flag_reaches_the_daemon_config_and_its_json():
+    from dataclasses import fields
+
+    from typer.testing import CliRunner
+
+    from cli import options as o
+    from cli.main import app
+    from swarmd.core.config import ModelConfig
+    from swarmd.swarm.peer_config import DaemonConfig
+
+    assert "--overlap" in CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
+    train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
+    for overlap in (False, True):
+        peer = o.PeerOptions(**{**given, "overlap": overlap})
+        config = peer.config(ModelConfig(), train, [], Path(__file__), None)
+        assert config.gossip.overlap is overlap
+        assert DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict()))).gossip.overlap is overlap

@@ -11,7 +11,8 @@ the sockets in transport, the RPC handlers in service, the files in state's save
                max_rounds; then a final checkpoint and a clean shutdown;
   run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training, H
                local steps in the worker thread, gossip average, serving update, announce,
-               checkpoint, consensus distance, then on_round(report).
+               checkpoint, consensus distance, then on_round(report); with gossip.overlap the next round's
+               steps run while a round's exchange does (swarmd.swarm.overlap.OverlapRounds).
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """

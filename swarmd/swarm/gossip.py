@@ -24,6 +24,9 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     plain uniform mean) of the accepted decoded deltas, own decoded delta included, in peer-id
     order, so replicas that accepted the same set end bit-identical. The byte-table deltas get the
     same rule. A merge that is not finite is skipped (the base is kept). AdamW state is kept;
+  - overlap (cfg.overlap, delayed averaging): publish() also keeps the exact own deltas, training goes on
+    while the round is collected, and the merge lands late with swarmd.swarm.delayed.land_merge (the base
+    moves exactly as above, the live weights keep the steps taken since the snapshot);
   - nothing non-finite is sent: an own delta that is not finite (local training diverged) is
     replaced by a zero delta and the live weights go back to the base.
   - re-sync (sync): the reference of a block is its peer with the highest (round, server mode,

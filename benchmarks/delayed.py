@@ -1,0 +1,353 @@
+"""Delayed averaging (issue 12, "no pause for the network"): quality cost and time saved by --overlap.
+
+Two parts, each side by side in one run (overlap off and on, the same steps):
+
+1. quality, in the simulator (swarmd.sim: real BlockState training, int8 codec + error feedback, the daemon's
+   merge; the same land_merge rule the daemon applies, with every merge landing one FULL round late, the most
+   a daemon ever delays one): from-noise CE after every round for --seeds seeds, delayed vs not, on the
+   lockstep (one data centre) network, so only the delay differs; plus one run on the WAN regime with its
+   adaptive deadline, where the simulated clock shows the time the hidden exchange saves;
+2. time, with real daemons (`python -m swarmd` processes, LocalSwarm on loopback, tiny model, one block
+   with --daemons replicas): --repeats runs of each mode, alternated (off, on, off, on ...) so load drifts hit
+   both; per run the median merge-to-merge time of a peer (first round left out) and the wall time from the
+   first merge to the last of each peer (median over peers), and the from-noise CE of the trained model.
+   Ratios overlap / plain are quoted; absolute seconds depend on the machine's load.
+
+Writes benchmarks/results/delayed.json, delayed.png (CE curves) and benchmarks/results/ISSUE12_delayed.md.
+
+    python benchmarks/delayed.py --data-dir /work/shared/data/wikitext-2
+    python benchmarks/delayed.py --seeds 0 --sim-rounds 2 --steps 2 --daemon-rounds 3 --repeats 1   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks import common
+from swarmd.core.config import ModelConfig
+from swarmd.core.data import ByteData, load_bytes
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.sim.engine import SimConfig, SimResult, merge_label, simulate
+from swarmd.sim.policies import make_policy
+from swarmd.sim.regimes import regime_named
+from swarmd.swarm.peer_config import peer_train_config
+
+DAEMON_CFG = replace(common.TINY_CFG, blocks=1)  # one block, --daemons replicas: every round moves both deltas
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = common.parser(__doc__)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulator seeds (quality)")
+    p.add_argument("--sim-rounds", type=int, default=16)
+    p.add_argument("--steps", type=int, default=25, help="H of the simulator runs")
+    p.add_argument("--workers", type=int, default=2, help="K: simulated replicas per block")
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--train-bytes", type=int, default=4_000_000, help="first bytes of train.txt the simulator uses")
+    p.add_argument("--wan-regime", default="wan-mid", help="the regime of the simulated-time row ('' = none)")
+    p.add_argument("--daemons", type=int, nargs="+", default=[2, 3], help="real daemons (replicas of one block)")
+    p.add_argument("--daemon-rounds", type=int, default=12)
+    p.add_argument("--daemon-steps", type=int, default=10, help="H of the real daemons")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each mode with real daemons (alternated)")
+    p.add_argument("--skip-sim", action="store_true")
+    p.add_argument("--skip-daemons", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/delayed.json"))
+    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_delayed.md"))
+    p.add_argument("--png", type=Path, default=Path("benchmarks/results/delayed.png"))
+    p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
+    return p.parse_args(argv)
+
+
+# -- 1. quality in the simulator ------------------------------------------------------------------------
+def sim_config(a, overlap: bool, seed: int) -> SimConfig:
+    model = ModelConfig(
+        blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
+    )
+    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
+    return SimConfig(
+        model, train, workers=a.workers, rounds=a.sim_rounds, steps_per_round=a.steps, eval_tokens=a.eval_tokens,
+        overlap=overlap,
+    )  # fmt: skip
+
+
+def run_sim(a, data, held_out, overlap: bool, seed: int, regime_name: str = "lockstep") -> dict:
+    regime = regime_named(regime_name)
+    # lockstep: every update waited for; a WAN regime: the daemon's own deadline policy (participation target)
+    policy = make_policy("lockstep" if regime_name == "lockstep" else "quantile", regime, a.steps)
+    started = time.monotonic()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        result: SimResult = simulate(sim_config(a, overlap, seed), regime, policy, data, held_out)
+    row = {
+        "overlap": overlap,
+        "seed": seed,
+        "regime": regime.name,
+        "policy": policy.name,
+        "ce": result.ce,
+        "ce_start": result.ce_start,
+        "sim_wall_s": result.sim_wall_s,
+        "participation": result.participation,
+        "curve": [[r.round * a.steps, r.ce] for r in result.rounds if r.ce is not None],
+        "cpu_s": time.monotonic() - started,
+    }
+    print(
+        f"sim {regime.name} seed {seed} overlap {overlap}: ce {row['ce']:.4f} sim {row['sim_wall_s']:.1f}s "
+        f"({row['cpu_s']:.0f}s)",
+        flush=True,
+    )
+    return row
+
+
+def quality(a) -> dict:
+    torch.set_num_threads(1)
+    data = ByteData(load_bytes(a.data_dir / "train.txt")[: a.train_bytes], a.seq_len)
+    held_out = ByteData(load_bytes(a.data_dir / "eval.txt"), a.seq_len)
+    rows = [run_sim(a, data, held_out, overlap, seed) for seed in a.seeds for overlap in (False, True)]
+    gaps = {}
+    for seed in a.seeds:
+        plain, late = (next(r for r in rows if r["seed"] == seed and r["overlap"] == o) for o in (False, True))
+        gaps[seed] = late["ce"] - plain["ce"]
+    out = {"lockstep": rows, "ce_gap_by_seed": gaps, "ce_gap_mean": statistics.mean(gaps.values())}
+    if len(gaps) > 1:
+        out["ce_gap_stdev"] = statistics.stdev(gaps.values())
+    if a.wan_regime:
+        wan = [run_sim(a, data, held_out, overlap, a.seeds[0], a.wan_regime) for overlap in (False, True)]
+        out["wan"] = wan
+        out["wan_time_ratio"] = wan[1]["sim_wall_s"] / wan[0]["sim_wall_s"]
+    return out
+
+
+# -- 2. time with real daemons ------------------------------------------------------------------------
+def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
+    with common.temporary_swarm(
+        f"delayed-{n}-{int(overlap)}-",
+        n,
+        DAEMON_CFG,
+        a.data_dir / "train.txt",
+        rounds=a.daemon_rounds,
+        steps_per_round=a.daemon_steps,
+        codec="int8",
+        batch_size=8,
+        lr=3e-3,
+        deadline_max_s=30.0,
+        swarm_id="delayed",
+        overlap=overlap,
+    ) as swarm:
+        try:
+            swarm.start(timeout_s=600)
+            finished = swarm.wait(timeout_s=1200)
+        finally:
+            swarm.stop()
+        if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
+            raise SystemExit(f"overlap={overlap}: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}")
+        blocks, emb = swarm.assemble()
+        ce = float(from_noise_ce(blocks, emb, *eval_xy, DAEMON_CFG)["ce"])
+        sums = swarm.summaries()
+    hists = [sorted(s["history"], key=lambda h: h["round"]) for s in sums]
+    between = [y["at_s"] - x["at_s"] for h in hists for x, y in itertools.pairwise(h)]
+    row = {
+        "daemons": n,
+        "overlap": overlap,
+        "rounds_merged": [len(h) for h in hists],
+        "round_s_median": statistics.median(between),
+        "round_s_mean": statistics.mean(between),
+        "first_to_last_merge_s": statistics.median(h[-1]["at_s"] - h[0]["at_s"] for h in hists),
+        "exchange_s_median": statistics.median(x["seconds"] for h in hists for x in h),
+        "participation": statistics.mean(s["participation"] for s in sums),
+        "local_steps": [s.get("local_steps") for s in sums],
+        "ce": ce,
+    }
+    print(
+        f"{n} daemons overlap {overlap}: round {row['round_s_median']:.3f}s (median), first->last merge "
+        f"{row['first_to_last_merge_s']:.2f}s, exchange {row['exchange_s_median']:.3f}s, ce {ce:.4f}, "
+        f"participation {row['participation']:.2f}",
+        flush=True,
+    )
+    return row
+
+
+def timing(a) -> dict:
+    eval_xy = ByteData.from_path(a.data_dir / "eval.txt", DAEMON_CFG.seq_len).eval_windows(a.eval_tokens)
+    out: dict = {"runs": [], "ratios": {}}
+    for n in a.daemons:
+        runs = [run_daemons(a, n, overlap, eval_xy) for _ in range(a.repeats) for overlap in (False, True)]
+        by = {o: [r for r in runs if r["overlap"] == o] for o in (False, True)}
+
+        def med(key: str, o: bool) -> float:
+            return statistics.median(r[key] for r in by[o])  # noqa: B023 (used at once)
+
+        out["runs"] += runs
+        out["ratios"][str(n)] = {
+            "round_s_ratio": med("round_s_median", True) / med("round_s_median", False),
+            "wall_ratio": med("first_to_last_merge_s", True) / med("first_to_last_merge_s", False),
+            "ce_plain": med("ce", False),
+            "ce_overlap": med("ce", True),
+        }
+    return out
+
+
+# -- output --------------------------------------------------------------------------------------------
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = out["quality"]["lockstep"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for overlap, colour in ((False, "tab:blue"), (True, "tab:orange")):
+        mine = [r for r in rows if r["overlap"] == overlap]
+        for i, r in enumerate(mine):
+            xs, ys = zip(*r["curve"], strict=True)
+            label = ("merge one round late (--overlap)" if overlap else "merge at once") if i == 0 else None
+            ax.plot(xs, ys, color=colour, alpha=0.8, lw=1.2, label=label)
+    ax.set_xlabel("local steps per worker")
+    ax.set_ylabel("from-noise CE (nats/byte)")
+    ax.set_title(f"Delayed averaging in the simulator ({len(rows) // 2} seeds)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def markdown(out: dict) -> list[str]:
+    lines = ["<!-- delayed -->", "## No pause for the network: delayed averaging (`--overlap`)", ""]
+    lines += [
+        f"Command: `{out['command']}` (writes `benchmarks/results/delayed.json`, `delayed.png`; "
+        "`--render benchmarks/results/delayed.json` rewrites this fragment). Machine: "
+        f"{out['machine']}, shared with other jobs.",
+        "",
+        "With `--overlap` a peer snapshots its round-r delta, then keeps training while the deltas are encoded, "
+        "exchanged and merged; the merge lands late with a correction (`live += merged - own delta`, "
+        "`swarmd/swarm/delayed.py`), the base (what replicas hash, serve, checkpoint and re-sync on) moves "
+        "exactly as without overlap.",
+        "",
+    ]
+    q = out.get("quality")
+    if q:
+        s = q["settings"]
+        lines += [
+            "### Quality cost (simulator, every merge a full round late)",
+            "",
+            f"B={s['blocks']} blocks x K={s['workers']} replicas, d={s['d_model']}, L_b=1, seq {s['seq_len']}, "
+            f"batch {s['batch_size']}, lr {s['lr']}, H={s['steps']}, {s['rounds']} rounds "
+            f"({s['rounds'] * s['steps']} steps per worker), int8 deltas, merge {s['merge']}, "
+            f"lockstep network; from-noise CE on {s['eval_tokens']} held-out bytes. The simulator lands each "
+            "merge after the next round's H steps, the most a daemon ever delays one, so this bounds the cost.",
+            "",
+            "| seed | CE, merge at once | CE, one round late | late - at once |",
+            "|---:|---:|---:|---:|",
+        ]
+        for seed, gap in q["ce_gap_by_seed"].items():
+            plain, late = (
+                next(r for r in q["lockstep"] if str(r["seed"]) == str(seed) and r["overlap"] == o)
+                for o in (False, True)
+            )
+            lines.append(f"| {seed} | {plain['ce']:.4f} | {late['ce']:.4f} | {gap:+.4f} |")
+        spread = f" (stdev {q['ce_gap_stdev']:.4f})" if "ce_gap_stdev" in q else ""
+        lines += ["", f"Mean gap: {q['ce_gap_mean']:+.4f} nats/byte{spread}.", ""]
+        plain0 = [r for r in q["lockstep"] if not r["overlap"]]
+        late0 = [r for r in q["lockstep"] if r["overlap"]]
+        steps = [x for x, _ in plain0[0]["curve"]]
+        picks = sorted({steps[0], steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
+        lines += [
+            "CE over the budget (mean over seeds; the full curves are in `delayed.png` and the JSON):",
+            "",
+            "| steps per worker | " + " | ".join(str(x) for x in picks) + " |",
+            "|---|" + "---:|" * len(picks),
+        ]
+        for name, rows in (("merge at once", plain0), ("one round late", late0)):
+            means = [statistics.mean(dict(map(tuple, r["curve"]))[x] for r in rows) for x in picks]
+            lines.append(f"| {name} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+        lines.append("")
+        if "wan" in q:
+            plain, late = q["wan"]
+            lines += [
+                f"On the `{plain['regime']}` regime (the daemon's {plain['policy']} deadline, seed {plain['seed']}; "
+                "simulated clock): CE {plain['ce']:.4f} at once vs {late['ce']:.4f} late, simulated wall time "
+                f"{plain['sim_wall_s']:.1f} s vs {late['sim_wall_s']:.1f} s for the same rounds "
+                f"(ratio {q['wan_time_ratio']:.2f}), participation {plain['participation']:.2f} vs "
+                f"{late['participation']:.2f}.",
+                "",
+            ]
+    t = out.get("timing")
+    if t:
+        s = t["settings"]
+        lines += [
+            "### Time saved (real daemons)",
+            "",
+            f"N `python -m swarmd` processes (N = {', '.join(map(str, s['daemons']))}) on loopback (LocalSwarm, "
+            f"one block with N replicas, B=1, d=32, seq 32, batch 8, H={s['steps']}, {s['rounds']} rounds, int8), "
+            f"the modes alternated, {s['repeats']} runs of each. "
+            "Round = a peer's median merge-to-merge time (first round left out); "
+            "wall = first to last merge of a peer (median over peers); exchange = own delta ready -> merge.",
+            "",
+            "| run | N | overlap | round s (median) | first->last merge s | exchange s (median) | participation "
+            "| from-noise CE |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for i, r in enumerate(t["runs"]):
+            lines.append(
+                f"| {i + 1} | {r['daemons']} | {'on' if r['overlap'] else 'off'} | {r['round_s_median']:.3f} "
+                f"| {r['first_to_last_merge_s']:.2f} | {r['exchange_s_median']:.3f} | {r['participation']:.2f} "
+                f"| {r['ce']:.4f} |"
+            )
+        lines.append("")
+        for n, r in t["ratios"].items():
+            lines.append(
+                f"- N={n}, overlap / plain (medians over the runs): round time {r['round_s_ratio']:.2f}, wall time "
+                f"for the same rounds {r['wall_ratio']:.2f}; CE {r['ce_plain']:.4f} plain vs {r['ce_overlap']:.4f} "
+                "overlap (short runs: noisy)."
+            )
+        lines.append("")
+    lines += out.get("notes", [])
+    lines.append("<!-- /delayed -->")
+    return lines
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    if a.render is not None:
+        out = json.loads(a.render.read_text())
+    else:
+        out = {"command": common.command_line("delayed.py", argv), "machine": common.machine()}
+        if not a.skip_sim:
+            q = quality(a)
+            q["settings"] = {
+                k: getattr(a, k)
+                for k in ("blocks", "workers", "d_model", "seq_len", "batch_size", "lr", "steps", "eval_tokens")
+            }
+            q["settings"] |= {"rounds": a.sim_rounds, "merge": merge_label()}
+            out["quality"] = q
+        if not a.skip_daemons:
+            t = timing(a)
+            t["settings"] = {
+                "daemons": a.daemons, "rounds": a.daemon_rounds, "steps": a.daemon_steps, "repeats": a.repeats
+            }  # fmt: skip
+            out["timing"] = t
+        common.write_json(a.out, out)
+    if out.get("quality"):
+        plot(out, a.png)
+    a.md.parent.mkdir(parents=True, exist_ok=True)
+    a.md.write_text("\n".join(markdown(out)) + "\n")
+    print("\n".join(markdown(out)))
+
+
+if __name__ == "__main__":
+    main()
