@@ -49,7 +49,14 @@ DAEMON_CFG = replace(common.TINY_CFG, blocks=1)  # one block, --daemons replicas
 def parse_args(argv=None) -> argparse.Namespace:
     p = common.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulator seeds (quality)")
-    p.add_argument("--sim-rounds", type=int, default=16)
+    p.add_argument("--sim-rounds", type=int, default=12)
+    p.add_argument(
+        "--late-steps",
+        type=int,
+        nargs="+",
+        default=[5, 0],
+        help="overlap runs: the next round's steps taken before a merge lands (0 = all H, a full round late)",
+    )
     p.add_argument("--steps", type=int, default=25, help="H of the simulator runs")
     p.add_argument("--workers", type=int, default=2, help="K: simulated replicas per block")
     p.add_argument("--blocks", type=int, default=3)
@@ -70,31 +77,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_delayed.md"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/delayed.png"))
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
+    p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")
     return p.parse_args(argv)
 
 
 # -- 1. quality in the simulator ------------------------------------------------------------------------
-def sim_config(a, overlap: bool, seed: int) -> SimConfig:
+def sim_config(a, late: int | None, seed: int) -> SimConfig:
+    """The simulator's config; late = None: merges at once, else overlap with the merge landing after `late`
+    of the next round's steps (0 = all H: a full round late)."""
     model = ModelConfig(
         blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
     )
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     return SimConfig(
         model, train, workers=a.workers, rounds=a.sim_rounds, steps_per_round=a.steps, eval_tokens=a.eval_tokens,
-        overlap=overlap,
+        overlap=late is not None, overlap_steps=late or 0,
     )  # fmt: skip
 
 
-def run_sim(a, data, held_out, overlap: bool, seed: int, regime_name: str = "lockstep") -> dict:
+def mode(late: int | None, steps: int) -> str:
+    if late is None:
+        return "merge at once"
+    return f"late by {late or steps} steps" + (" (a full round)" if late in (0, steps) else "")
+
+
+def run_sim(a, data, held_out, late: int | None, seed: int, regime_name: str = "lockstep") -> dict:
     regime = regime_named(regime_name)
     # lockstep: every update waited for; a WAN regime: the daemon's own deadline policy (participation target)
     policy = make_policy("lockstep" if regime_name == "lockstep" else "quantile", regime, a.steps)
     started = time.monotonic()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        result: SimResult = simulate(sim_config(a, overlap, seed), regime, policy, data, held_out)
+        result: SimResult = simulate(sim_config(a, late, seed), regime, policy, data, held_out)
     row = {
-        "overlap": overlap,
+        "late": late,
+        "mode": mode(late, a.steps),
         "seed": seed,
         "regime": regime.name,
         "policy": policy.name,
@@ -106,7 +123,7 @@ def run_sim(a, data, held_out, overlap: bool, seed: int, regime_name: str = "loc
         "cpu_s": time.monotonic() - started,
     }
     print(
-        f"sim {regime.name} seed {seed} overlap {overlap}: ce {row['ce']:.4f} sim {row['sim_wall_s']:.1f}s "
+        f"sim {regime.name} seed {seed} {row['mode']}: ce {row['ce']:.4f} sim {row['sim_wall_s']:.1f}s "
         f"({row['cpu_s']:.0f}s)",
         flush=True,
     )
@@ -117,16 +134,21 @@ def quality(a) -> dict:
     torch.set_num_threads(1)
     data = ByteData(load_bytes(a.data_dir / "train.txt")[: a.train_bytes], a.seq_len)
     held_out = ByteData(load_bytes(a.data_dir / "eval.txt"), a.seq_len)
-    rows = [run_sim(a, data, held_out, overlap, seed) for seed in a.seeds for overlap in (False, True)]
-    gaps = {}
-    for seed in a.seeds:
-        plain, late = (next(r for r in rows if r["seed"] == seed and r["overlap"] == o) for o in (False, True))
-        gaps[seed] = late["ce"] - plain["ce"]
-    out = {"lockstep": rows, "ce_gap_by_seed": gaps, "ce_gap_mean": statistics.mean(gaps.values())}
-    if len(gaps) > 1:
-        out["ce_gap_stdev"] = statistics.stdev(gaps.values())
+    modes: list[int | None] = [None, *a.late_steps]
+    rows = [run_sim(a, data, held_out, late, seed) for seed in a.seeds for late in modes]
+    gaps: dict[str, dict[str, float]] = {}  # mode -> seed -> CE late - CE at once
+    for late in a.late_steps:
+        name = mode(late, a.steps)
+        gaps[name] = {}
+        for seed in a.seeds:
+            plain, delayed = (next(r for r in rows if r["seed"] == seed and r["late"] == m) for m in (None, late))
+            gaps[name][str(seed)] = delayed["ce"] - plain["ce"]
+    out: dict = {"lockstep": rows, "ce_gap": gaps}
+    out["ce_gap_mean"] = {name: statistics.mean(g.values()) for name, g in gaps.items()}
+    if len(a.seeds) > 1:
+        out["ce_gap_stdev"] = {name: statistics.stdev(g.values()) for name, g in gaps.items()}
     if a.wan_regime:
-        wan = [run_sim(a, data, held_out, overlap, a.seeds[0], a.wan_regime) for overlap in (False, True)]
+        wan = [run_sim(a, data, held_out, late, a.seeds[0], a.wan_regime) for late in (None, 0)]
         out["wan"] = wan
         out["wan_time_ratio"] = wan[1]["sim_wall_s"] / wan[0]["sim_wall_s"]
     return out
@@ -210,15 +232,14 @@ def plot(out: dict, path: Path) -> None:
 
     rows = out["quality"]["lockstep"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for overlap, colour in ((False, "tab:blue"), (True, "tab:orange")):
-        mine = [r for r in rows if r["overlap"] == overlap]
-        for i, r in enumerate(mine):
+    names = list(dict.fromkeys(r["mode"] for r in rows))
+    for name, colour in zip(names, ("tab:blue", "tab:green", "tab:orange", "tab:red"), strict=False):
+        for i, r in enumerate(r for r in rows if r["mode"] == name):
             xs, ys = zip(*r["curve"], strict=True)
-            label = ("merge one round late (--overlap)" if overlap else "merge at once") if i == 0 else None
-            ax.plot(xs, ys, color=colour, alpha=0.8, lw=1.2, label=label)
+            ax.plot(xs, ys, color=colour, alpha=0.8, lw=1.2, label=name if i == 0 else None)
     ax.set_xlabel("local steps per worker")
     ax.set_ylabel("from-noise CE (nats/byte)")
-    ax.set_title(f"Delayed averaging in the simulator ({len(rows) // 2} seeds)")
+    ax.set_title(f"Delayed averaging in the simulator ({len(rows) // len(names)} seeds)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -243,45 +264,52 @@ def markdown(out: dict) -> list[str]:
     if q:
         s = q["settings"]
         lines += [
-            "### Quality cost (simulator, every merge a full round late)",
+            "### Quality cost (simulator)",
             "",
             f"B={s['blocks']} blocks x K={s['workers']} replicas, d={s['d_model']}, L_b=1, seq {s['seq_len']}, "
             f"batch {s['batch_size']}, lr {s['lr']}, H={s['steps']}, {s['rounds']} rounds "
             f"({s['rounds'] * s['steps']} steps per worker), int8 deltas, merge {s['merge']}, "
-            f"lockstep network; from-noise CE on {s['eval_tokens']} held-out bytes. The simulator lands each "
-            "merge after the next round's H steps, the most a daemon ever delays one, so this bounds the cost.",
+            f"lockstep network; from-noise CE on {s['eval_tokens']} held-out bytes. With overlap each merge lands "
+            "after k of the next round's H steps (k = how long the exchange takes, in steps); k = H, a full round, "
+            "is the most a daemon ever delays one, so it bounds the cost.",
             "",
-            "| seed | CE, merge at once | CE, one round late | late - at once |",
-            "|---:|---:|---:|---:|",
         ]
-        for seed, gap in q["ce_gap_by_seed"].items():
-            plain, late = (
-                next(r for r in q["lockstep"] if str(r["seed"]) == str(seed) and r["overlap"] == o)
-                for o in (False, True)
-            )
-            lines.append(f"| {seed} | {plain['ce']:.4f} | {late['ce']:.4f} | {gap:+.4f} |")
-        spread = f" (stdev {q['ce_gap_stdev']:.4f})" if "ce_gap_stdev" in q else ""
-        lines += ["", f"Mean gap: {q['ce_gap_mean']:+.4f} nats/byte{spread}.", ""]
-        plain0 = [r for r in q["lockstep"] if not r["overlap"]]
-        late0 = [r for r in q["lockstep"] if r["overlap"]]
-        steps = [x for x, _ in plain0[0]["curve"]]
+        names = list(dict.fromkeys(r["mode"] for r in q["lockstep"]))
+        seeds = list(dict.fromkeys(r["seed"] for r in q["lockstep"]))
+        ce = {(r["mode"], r["seed"]): r["ce"] for r in q["lockstep"]}
+        lines += [
+            "| seed | " + " | ".join(f"CE, {n}" for n in names) + " | "
+            + " | ".join(f"{n} - at once" for n in names[1:]) + " |",
+            "|---:|" + "---:|" * (2 * len(names) - 1),
+        ]  # fmt: skip
+        for seed in seeds:
+            cells = [f"{ce[(n, seed)]:.4f}" for n in names]
+            cells += [f"{q['ce_gap'][n][str(seed)]:+.4f}" for n in names[1:]]
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for n in names[1:]:
+            spread = f" (stdev {q['ce_gap_stdev'][n]:.4f} over {len(seeds)} seeds)" if "ce_gap_stdev" in q else ""
+            lines.append(f"- {n}: mean gap {q['ce_gap_mean'][n]:+.4f} nats/byte{spread}.")
+        steps = [x for x, _ in q["lockstep"][0]["curve"]]
         picks = sorted({steps[0], steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
         lines += [
-            "CE over the budget (mean over seeds; the full curves are in `delayed.png` and the JSON):",
+            "",
+            "CE over the budget (mean over seeds; every curve is in `delayed.png` and the JSON):",
             "",
             "| steps per worker | " + " | ".join(str(x) for x in picks) + " |",
             "|---|" + "---:|" * len(picks),
         ]
-        for name, rows in (("merge at once", plain0), ("one round late", late0)):
+        for n in names:
+            rows = [r for r in q["lockstep"] if r["mode"] == n]
             means = [statistics.mean(dict(map(tuple, r["curve"]))[x] for r in rows) for x in picks]
-            lines.append(f"| {name} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+            lines.append(f"| {n} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
         lines.append("")
         if "wan" in q:
             plain, late = q["wan"]
             lines += [
                 f"On the `{plain['regime']}` regime (the daemon's {plain['policy']} deadline, seed {plain['seed']}; "
-                "simulated clock): CE {plain['ce']:.4f} at once vs {late['ce']:.4f} late, simulated wall time "
-                f"{plain['sim_wall_s']:.1f} s vs {late['sim_wall_s']:.1f} s for the same rounds "
+                f"simulated clock): CE {plain['ce']:.4f} at once vs {late['ce']:.4f} {late['mode']}, simulated "
+                f"wall time {plain['sim_wall_s']:.1f} s vs {late['sim_wall_s']:.1f} s for the same rounds "
                 f"(ratio {q['wan_time_ratio']:.2f}), participation {plain['participation']:.2f} vs "
                 f"{late['participation']:.2f}.",
                 "",
@@ -292,6 +320,7 @@ def markdown(out: dict) -> list[str]:
         lines += [
             "### Time saved (real daemons)",
             "",
+            *([f"Command: `{out['timing_command']}`.", ""] if "timing_command" in out else []),
             f"N `python -m swarmd` processes (N = {', '.join(map(str, s['daemons']))}) on loopback (LocalSwarm, "
             f"one block with N replicas, B=1, d=32, seq 32, batch 8, H={s['steps']}, {s['rounds']} rounds, int8), "
             f"the modes alternated, {s['repeats']} runs of each. "
@@ -335,7 +364,10 @@ def main(argv=None) -> None:
             }
             q["settings"] |= {"rounds": a.sim_rounds, "merge": merge_label()}
             out["quality"] = q
-        if not a.skip_daemons:
+        if a.timing_from is not None:
+            saved = json.loads(a.timing_from.read_text())
+            out["timing"], out["timing_command"] = saved["timing"], saved["command"]
+        elif not a.skip_daemons:
             t = timing(a)
             t["settings"] = {
                 "daemons": a.daemons, "rounds": a.daemon_rounds, "steps": a.daemon_steps, "repeats": a.repeats

@@ -160,6 +160,29 @@ def test_the_simulator_lands_merges_one_round_late_with_the_same_steps(corpus):
     assert late.rounds[-1].t_s == pytest.approx(sum(r.seconds for r in late.rounds))
 
 
+def test_a_lone_replica_loses_nothing_to_a_late_merge_and_partial_overlap_runs(corpus):
+    """One worker per block, lossless codec: its merge is its own delta, so landing it late (after 1 or all
+    of the next round's steps) is exact bookkeeping and the CE matches merging at once."""
+    cfg = SimConfig(
+        tiny_model(blocks=1), tiny_train(), workers=1, rounds=3, steps_per_round=2, codec="fp32", eval_tokens=256
+    )
+    net = custom_regime(0.1, 0.0, 0.05, 0.0, 100.0, 0.0, dropout=0.0, deadline=None)
+    ces = []
+    for overlap, steps in ((False, 0), (True, 0), (True, 1)):
+        with torch.random.fork_rng(devices=[]):
+            sim = Simulator(
+                replace(cfg, overlap=overlap, overlap_steps=steps),
+                net,
+                Lockstep(),
+                corpus[0],
+                corpus[1].eval_windows(256),
+            )
+            ces.append([r.ce for r in sim.run().rounds])
+    assert ces[1] == pytest.approx(ces[0], abs=1e-4) and ces[2] == pytest.approx(ces[0], abs=1e-4)
+    with pytest.raises(ValueError, match="overlap_steps"):
+        replace(cfg, overlap_steps=3)
+
+
 @pytest.mark.swarm
 def test_two_real_daemons_with_overlap_merge_every_round_and_stay_identical(tmp_path):
     configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", max_rounds=3, checkpoint=True) for i in range(2)]

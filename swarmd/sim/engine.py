@@ -23,14 +23,15 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
 5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
    at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
    merged stack is measured.
-With overlap (SimConfig.overlap, the daemon's GossipConfig.overlap), every merge lands one full round late:
-round r's H steps are taken before round r-1's merge is applied (swarmd.swarm.delayed.land_merge, the daemon's
-own rule: base moves by the merge, the live weights keep the steps taken since the snapshot), then round r's
-deltas are snapshotted. That is the most a daemon ever trains on a stale base (it starts the next round's
-steps at the snapshot and snapshots again only once the merge landed), so it bounds the quality cost. The
-clock then counts max(compute, previous round's exchange) per round (the exchange hides behind the next
-round's steps), and the last exchange once at the end; CE is measured on the merged weights (base + the
-merge in flight), the model a swarm would serve once it lands.
+With overlap (SimConfig.overlap, the daemon's GossipConfig.overlap), every merge lands late: round r-1's
+merge is applied after overlap_steps of round r's H steps (0 = all H: a full round late) with
+swarmd.swarm.delayed.land_merge, the daemon's own rule (base moves by the merge, the live weights keep the
+steps taken since the snapshot), then the rest of the H steps run and round r's deltas are snapshotted. A
+daemon's merge lands after as many steps as its exchange takes, at most H (it snapshots again only once the
+merge landed), so overlap_steps=0 bounds the quality cost (overlap_steps models how long the exchange
+takes; the clock does not depend on it). The clock counts max(compute, previous round's exchange) per
+round (the exchange hides behind the next round's steps), and the last exchange once at the end; CE is
+measured on the merged weights (base + the merge in flight), the model a swarm would serve once it lands.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
@@ -92,11 +93,14 @@ class SimConfig:
     eval_every: int = 1  # rounds between CE measurements (the last round is always measured)
     skip_late: bool = True  # skip the training of a worker that cannot make the deadline (see the module doc)
     overlap: bool = False  # merges land one round late, the next round's steps taken meanwhile (see the module doc)
+    overlap_steps: int = 0  # with overlap: the next round's steps taken before a merge lands (0 = all H)
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.overlap_steps <= self.steps_per_round:
+            raise ValueError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         object.__setattr__(self, "codec", Codec(self.codec))
 
 
@@ -239,11 +243,10 @@ class Simulator:
         return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, emb_mean)
 
     def _land(self, w: _Worker) -> None:
-        """Overlap: the merge in flight lands on w (late, with the correction), then w snapshots its next deltas."""
+        """Overlap: the merge in flight lands on w (late, with the correction for w's own delta in it)."""
         if self.pending is not None and w.exact is not None:
             block_means, emb_mean = self.pending
             land_merge(w.state, block_means[w.block], emb_mean, *w.exact)
-        w.exact = w.state.deltas()
 
     # -- one round ------------------------------------------------------------------------------------
     def _use_predecessors(self, w: _Worker) -> None:
@@ -258,9 +261,16 @@ class Simulator:
     def _train_and_encode(self, w: _Worker) -> tuple[float, int, Tensors, Tensors]:
         """H real steps, then both deltas through the real codec: (train CE, upload bytes, decoded block, emb)."""
         self._use_predecessors(w)
-        stats = w.state.train_steps(self.cfg.steps_per_round, w.batches)
-        if self.cfg.overlap:
-            self._land(w)  # snapshots w.exact
+        H = self.cfg.steps_per_round
+        if self.cfg.overlap:  # the merge in flight lands after overlap_steps of the H steps
+            k = self.cfg.overlap_steps or H
+            before = w.state.train_steps(k, w.batches)
+            self._land(w)
+            after = w.state.train_steps(H - k, w.batches) if k < H else {"ce": 0.0}
+            stats = {"ce": (k * before["ce"] + (H - k) * after["ce"]) / H}
+            w.exact = w.state.deltas()
+        else:
+            stats = w.state.train_steps(H, w.batches)
         block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
         decoded, sent = {}, 0
@@ -314,6 +324,7 @@ class Simulator:
         if self.cfg.overlap:
             for i in set(range(n)) - set(outputs):  # the workers that did not train land the merge in flight too
                 self._land(self.workers[i])
+                self.workers[i].exact = self.workers[i].state.deltas()
             seconds = max(float(ready), self.pending_comm_s)  # this round's steps hid the last round's exchange
             self.pending_comm_s = max(0.0, end - float(ready))
         self._merge(accepted, outputs)
@@ -354,6 +365,7 @@ class Simulator:
             return 0.0
         for w in self.workers:
             self._land(w)
+            w.exact = w.state.deltas()
         self.pending, extra, self.pending_comm_s = None, self.pending_comm_s, 0.0
         self.clock += extra
         return extra
