@@ -183,6 +183,10 @@ Overlap = Annotated[
         S,
     ),
 ]
+OverlapSteps = Annotated[
+    int,
+    flag("--overlap-steps", "With --overlap: at most this many steps before a merge lands (0 = the whole round).", S),
+]
 EvalEvery = Annotated[
     int,
     flag(
@@ -398,6 +402,7 @@ class PeerOptions(OptionGroup):
         "dht_port": NET.dht_port,
         "metrics_port": NET.metrics_port,
         "overlap": GOSSIP.overlap,
+        "overlap_steps": GOSSIP.overlap_steps,
     }
     data: Data
     device: DeviceOpt
@@ -424,6 +429,7 @@ class PeerOptions(OptionGroup):
     tls_cert: TlsCert
     tls_key: TlsKey
     overlap: Overlap
+    overlap_steps: OverlapSteps
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -437,7 +443,11 @@ class PeerOptions(OptionGroup):
             model=model,
             train=train.config(peer_train_config(steps)),
             gossip=GossipConfig(
-                steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max, overlap=self.overlap
+                steps_per_round=steps,
+                codec=self.codec.value,
+                deadline_max_s=self.deadline_max,
+                overlap=self.overlap,
+                overlap_steps=self.overlap_steps,
             ),
             net=NetConfig(
                 swarm_id=self.swarm_id,

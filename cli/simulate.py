@@ -31,6 +31,7 @@ def simulate(
     eval_tokens: o.EvalTokens = 4096,
     json_out: o.Json = False,
     overlap: o.Overlap = False,
+    overlap_steps: o.OverlapSteps = 0,
 ) -> None:
     """Simulate a swarm of B x K virtual workers under a network regime: real training, codec and merge, virtual clock.
 
@@ -60,7 +61,8 @@ def simulate(
             steps_per_round,
             codec,
             eval_tokens,
-            overlap=overlap,  # every merge lands one round late (delayed averaging)
+            overlap=overlap,  # every merge lands late (delayed averaging) ...
+            overlap_steps=overlap_steps,  # ... after this many of the next round's steps (0 = all)
         )
         train_path, eval_path = resolve_train_eval(data, eval_data)
         corpus, held_out = ByteData.from_path(train_path, cfg.seq_len), ByteData.from_path(eval_path, cfg.seq_len)

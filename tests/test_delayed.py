@@ -184,9 +184,10 @@ def test_a_lone_replica_loses_nothing_to_a_late_merge_and_partial_overlap_runs(c
 
 
 @pytest.mark.swarm
-def test_two_real_daemons_with_overlap_merge_every_round_and_stay_identical(tmp_path):
+@pytest.mark.parametrize("overlap_steps", [0, 1])
+def test_two_real_daemons_with_overlap_merge_every_round_and_stay_identical(tmp_path, overlap_steps):
     configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", max_rounds=3, checkpoint=True) for i in range(2)]
-    configs = [replace(c, gossip=replace(c.gossip, overlap=True)) for c in configs]
+    configs = [replace(c, gossip=replace(c.gossip, overlap=True, overlap_steps=overlap_steps)) for c in configs]
     reports: list[list] = []
 
     async def scenario():
@@ -271,8 +272,9 @@ def test_the_overlap_flag_reaches_the_daemon_config_and_its_json():
     assert "--overlap" in CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
     train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
-    for overlap in (False, True):
-        peer = o.PeerOptions(**{**given, "overlap": overlap})
+    for overlap, steps in ((False, 0), (True, 5)):
+        peer = o.PeerOptions(**{**given, "overlap": overlap, "overlap_steps": steps})
         config = peer.config(ModelConfig(), train, [], Path(__file__), None)
-        assert config.gossip.overlap is overlap
-        assert DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict()))).gossip.overlap is overlap
+        assert (config.gossip.overlap, config.gossip.overlap_steps) == (overlap, steps)
+        again = DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+        assert (again.gossip.overlap, again.gossip.overlap_steps) == (overlap, steps)

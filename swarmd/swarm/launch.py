@@ -66,7 +66,7 @@ class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
-    :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange)
+    :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     """
 
     def __init__(
@@ -87,6 +87,7 @@ class LocalSwarm:
         trajectory_prob: float = TrainConfig.trajectory_prob,
         freeze_z_in: str = TrainConfig.freeze_z_in,
         overlap: bool = GossipConfig.overlap,
+        overlap_steps: int = GossipConfig.overlap_steps,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -104,7 +105,11 @@ class LocalSwarm:
             model=model,
             train=train,
             gossip=GossipConfig(
-                steps_per_round=steps_per_round, codec=Codec(codec), deadline_max_s=deadline_max_s, overlap=overlap
+                steps_per_round=steps_per_round,
+                codec=Codec(codec),
+                deadline_max_s=deadline_max_s,
+                overlap=overlap,
+                overlap_steps=overlap_steps,
             ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),

@@ -15,9 +15,11 @@ deltas, deadlines and records are the ones of the plain loop: round r's delta is
 live - base_r at the snapshot; peers see a round open a little later (once the previous merge landed),
 which handle_exchange's bounded wait for our round already covers. A round's H steps never start
 before round r-1's snapshot and the snapshot of round r waits for round r-1's merge, so a merge lands
-at most H steps late. Checkpoints stay what they are (the merged base and its round, with AdamW state),
-written when a merge lands: a resumed peer restarts from the base, losing at most the steps taken since
-its last snapshot, as a peer stopped mid-training does. Serving and PullState read the merged base.
+at most H steps late; GossipConfig.overlap_steps = k caps that at k: after k steps training waits for
+the merge (a peer faster than the others would otherwise spend its whole wait for them on a stale base).
+Checkpoints stay what they are (the merged base and its round, with AdamW state), written when a merge
+lands: a resumed peer restarts from the base, losing at most the steps taken since its last snapshot, as
+a peer stopped mid-training does. Serving and PullState read the merged base.
 Stop: the training thread ends at its next step, the round in flight gets the daemon's grace to land
 (drain), then it is cancelled with the round loop; a merge already running in its thread finishes under
 the state's lock, so the final checkpoint is one generation either way.
@@ -38,6 +40,14 @@ if TYPE_CHECKING:
     from swarmd.swarm.daemon import Daemon
 
 logger = logging.getLogger(__name__)
+
+
+def combined(a: dict, b: dict) -> dict:
+    """Two train_steps results as one (samples and seconds added, CE weighted by samples)."""
+    n, seconds = a["samples"] + b["samples"], a["seconds"] + b["seconds"]
+    ces = [(s["ce"], s["samples"]) for s in (a, b) if s["samples"]]
+    ce = sum(c * k for c, k in ces) / n if ces else float("nan")
+    return {"ce": ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
 
 
 class OverlapRounds:
@@ -64,7 +74,9 @@ class OverlapRounds:
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps
-        training = asyncio.ensure_future(asyncio.to_thread(d.state.train_steps, H, d.batches, d._stop_thread))
+        # with a merge in flight, at most overlap_steps steps (0: all H) run before it lands, then the rest
+        first = min(H, d.config.gossip.overlap_steps or H) if self.pending is not None else H
+        training = asyncio.ensure_future(asyncio.to_thread(d.state.train_steps, first, d.batches, d._stop_thread))
         report = None
         try:
             if self.pending is not None:
@@ -73,6 +85,11 @@ class OverlapRounds:
                     d._update_serving()
                 await g.open_round()
             stats = await training
+            if first < H and not d.stopping.is_set():
+                training = asyncio.ensure_future(
+                    asyncio.to_thread(d.state.train_steps, H - first, d.batches, d._stop_thread)
+                )
+                stats = combined(stats, await training)
         finally:
             if not training.done():  # cancelled: the thread ends at its next step once stop() was called
                 training.cancel()
