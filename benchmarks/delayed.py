@@ -49,15 +49,15 @@ DAEMON_CFG = replace(common.TINY_CFG, blocks=1)  # one block, --daemons replicas
 def parse_args(argv=None) -> argparse.Namespace:
     p = common.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulator seeds (quality)")
-    p.add_argument("--sim-rounds", type=int, default=12)
+    p.add_argument("--sim-rounds", type=int, default=10)
     p.add_argument(
         "--late-steps",
         type=int,
         nargs="+",
-        default=[5, 0],
+        default=[4, 0],
         help="overlap runs: the next round's steps taken before a merge lands (0 = all H, a full round late)",
     )
-    p.add_argument("--steps", type=int, default=25, help="H of the simulator runs")
+    p.add_argument("--steps", type=int, default=20, help="H of the simulator runs")
     p.add_argument("--workers", type=int, default=2, help="K: simulated replicas per block")
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--d-model", type=int, default=64)
@@ -66,10 +66,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--train-bytes", type=int, default=4_000_000, help="first bytes of train.txt the simulator uses")
-    p.add_argument("--wan-regime", default="wan-mid", help="the regime of the simulated-time row ('' = none)")
-    p.add_argument("--daemons", type=int, nargs="+", default=[2, 3], help="real daemons (replicas of one block)")
+    p.add_argument("--wan-regime", default="", help="the regime of the simulated-time row ('' = none)")
+    p.add_argument("--daemons", type=int, nargs="+", default=[2], help="real daemons (replicas of one block)")
     p.add_argument("--daemon-rounds", type=int, default=12)
     p.add_argument("--daemon-steps", type=int, default=10, help="H of the real daemons")
+    p.add_argument(
+        "--daemon-late",
+        type=int,
+        nargs="+",
+        default=[0, 2],
+        help="overlap runs of the daemons: their --overlap-steps (0 = the whole round)",
+    )
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode with real daemons (alternated)")
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--skip-daemons", action="store_true")
@@ -78,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/delayed.png"))
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
     p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")
+    p.add_argument("--quality-from", type=Path, help="take the simulator part from this saved result JSON")
     return p.parse_args(argv)
 
 
@@ -155,9 +163,14 @@ def quality(a) -> dict:
 
 
 # -- 2. time with real daemons ------------------------------------------------------------------------
-def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
+def daemon_mode(late: int | None) -> str:
+    return "off" if late is None else "on" if not late else f"on, --overlap-steps {late}"
+
+
+def run_daemons(a, n: int, late: int | None, eval_xy) -> dict:
+    overlap = late is not None
     with common.temporary_swarm(
-        f"delayed-{n}-{int(overlap)}-",
+        f"delayed-{n}-{late}-",
         n,
         DAEMON_CFG,
         a.data_dir / "train.txt",
@@ -169,6 +182,7 @@ def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
         deadline_max_s=30.0,
         swarm_id="delayed",
         overlap=overlap,
+        overlap_steps=late or 0,
     ) as swarm:
         try:
             swarm.start(timeout_s=600)
@@ -176,7 +190,9 @@ def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
         finally:
             swarm.stop()
         if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
-            raise SystemExit(f"overlap={overlap}: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}")
+            raise SystemExit(
+                f"overlap {daemon_mode(late)}: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}"
+            )
         blocks, emb = swarm.assemble()
         ce = float(from_noise_ce(blocks, emb, *eval_xy, DAEMON_CFG)["ce"])
         sums = swarm.summaries()
@@ -185,6 +201,8 @@ def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
     row = {
         "daemons": n,
         "overlap": overlap,
+        "late": late,
+        "mode": daemon_mode(late),
         "rounds_merged": [len(h) for h in hists],
         "round_s_median": statistics.median(between),
         "round_s_mean": statistics.mean(between),
@@ -195,7 +213,7 @@ def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
         "ce": ce,
     }
     print(
-        f"{n} daemons overlap {overlap}: round {row['round_s_median']:.3f}s (median), first->last merge "
+        f"{n} daemons overlap {row['mode']}: round {row['round_s_median']:.3f}s (median), first->last merge "
         f"{row['first_to_last_merge_s']:.2f}s, exchange {row['exchange_s_median']:.3f}s, ce {ce:.4f}, "
         f"participation {row['participation']:.2f}",
         flush=True,
@@ -206,20 +224,26 @@ def run_daemons(a, n: int, overlap: bool, eval_xy) -> dict:
 def timing(a) -> dict:
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", DAEMON_CFG.seq_len).eval_windows(a.eval_tokens)
     out: dict = {"runs": [], "ratios": {}}
+    modes: list[int | None] = [None, *a.daemon_late]
     for n in a.daemons:
-        runs = [run_daemons(a, n, overlap, eval_xy) for _ in range(a.repeats) for overlap in (False, True)]
-        by = {o: [r for r in runs if r["overlap"] == o] for o in (False, True)}
+        runs = [run_daemons(a, n, late, eval_xy) for _ in range(a.repeats) for late in modes]
+        by = {daemon_mode(m): [r for r in runs if r["late"] == m] for m in modes}
 
-        def med(key: str, o: bool) -> float:
-            return statistics.median(r[key] for r in by[o])  # noqa: B023 (used at once)
+        def med(key: str, m: str) -> float:
+            return statistics.median(r[key] for r in by[m])  # noqa: B023 (used at once)
 
         out["runs"] += runs
         out["ratios"][str(n)] = {
-            "round_s_ratio": med("round_s_median", True) / med("round_s_median", False),
-            "wall_ratio": med("first_to_last_merge_s", True) / med("first_to_last_merge_s", False),
-            "ce_plain": med("ce", False),
-            "ce_overlap": med("ce", True),
+            m: {
+                "round_s_ratio": med("round_s_median", m) / med("round_s_median", "off"),
+                "wall_ratio": med("first_to_last_merge_s", m) / med("first_to_last_merge_s", "off"),
+                "ce": med("ce", m),
+                "ce_gap": med("ce", m) - med("ce", "off"),
+            }
+            for m in by
+            if m != "off"
         }
+        out["ce_off"] = {**out.get("ce_off", {}), str(n): med("ce", "off")}
     return out
 
 
@@ -333,17 +357,18 @@ def markdown(out: dict) -> list[str]:
         ]
         for i, r in enumerate(t["runs"]):
             lines.append(
-                f"| {i + 1} | {r['daemons']} | {'on' if r['overlap'] else 'off'} | {r['round_s_median']:.3f} "
+                f"| {i + 1} | {r['daemons']} | {r['mode']} | {r['round_s_median']:.3f} "
                 f"| {r['first_to_last_merge_s']:.2f} | {r['exchange_s_median']:.3f} | {r['participation']:.2f} "
                 f"| {r['ce']:.4f} |"
             )
         lines.append("")
-        for n, r in t["ratios"].items():
-            lines.append(
-                f"- N={n}, overlap / plain (medians over the runs): round time {r['round_s_ratio']:.2f}, wall time "
-                f"for the same rounds {r['wall_ratio']:.2f}; CE {r['ce_plain']:.4f} plain vs {r['ce_overlap']:.4f} "
-                "overlap (short runs: noisy)."
-            )
+        for n, per_mode in t["ratios"].items():
+            for m, r in per_mode.items():
+                lines.append(
+                    f"- N={n}, overlap {m} / off (medians over the runs): round time {r['round_s_ratio']:.2f}, wall "
+                    f"time for the same rounds {r['wall_ratio']:.2f}; CE {r['ce']:.4f} vs {t['ce_off'][n]:.4f} off "
+                    f"({r['ce_gap']:+.4f})."
+                )
         lines.append("")
     lines += out.get("notes", [])
     lines.append("<!-- /delayed -->")
@@ -356,7 +381,10 @@ def main(argv=None) -> None:
         out = json.loads(a.render.read_text())
     else:
         out = {"command": common.command_line("delayed.py", argv), "machine": common.machine()}
-        if not a.skip_sim:
+        if a.quality_from is not None:
+            saved = json.loads(a.quality_from.read_text())
+            out["quality"], out["command"] = saved["quality"], saved["command"]
+        elif not a.skip_sim:
             q = quality(a)
             q["settings"] = {
                 k: getattr(a, k)
