@@ -86,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
     p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")
     p.add_argument("--quality-from", type=Path, help="take the simulator part from this saved result JSON")
+    p.add_argument("--notes", type=Path, help="markdown lines to end the fragment with (kept in the JSON)")
     return p.parse_args(argv)
 
 
@@ -401,6 +402,8 @@ def main(argv=None) -> None:
                 "daemons": a.daemons, "rounds": a.daemon_rounds, "steps": a.daemon_steps, "repeats": a.repeats
             }  # fmt: skip
             out["timing"] = t
+        if a.notes is not None:
+            out["notes"] = a.notes.read_text().splitlines()
         common.write_json(a.out, out)
     if out.get("quality"):
         plot(out, a.png)
