@@ -144,7 +144,11 @@ def quality(a) -> dict:
     data = ByteData(load_bytes(a.data_dir / "train.txt")[: a.train_bytes], a.seq_len)
     held_out = ByteData(load_bytes(a.data_dir / "eval.txt"), a.seq_len)
     modes: list[int | None] = [None, *a.late_steps]
-    rows = [run_sim(a, data, held_out, late, seed) for seed in a.seeds for late in modes]
+    rows = []
+    for seed in a.seeds:
+        for late in modes:
+            rows.append(run_sim(a, data, held_out, late, seed))
+            common.write_json(a.out.with_suffix(".partial.json"), {"lockstep": rows})  # a stopped run keeps these
     gaps: dict[str, dict[str, float]] = {}  # mode -> seed -> CE late - CE at once
     for late in a.late_steps:
         name = mode(late, a.steps)
