@@ -23,6 +23,7 @@ PARTS = [
     ("Public-swarm trust: the fault matrix against real daemons (issue 9)", "ISSUE9_adversary.md"),
     ("Averaging one tensor: hivemind's averager vs our butterfly all-reduce (issue 12)", "ISSUE12_averaging.md"),
     ("Replicas that pay: outer optimizer and replica efficiency (issue 12)", "ISSUE12_replicas.md"),
+    ("No pause for the network: delayed averaging (issue 12)", "ISSUE12_delayed.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 

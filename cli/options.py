@@ -175,6 +175,18 @@ DeadlineMax = Annotated[
         "--deadline-max", "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", S
     ),
 ]
+Overlap = Annotated[
+    bool,
+    flag(
+        "--overlap/--no-overlap",
+        "Keep training while a round's deltas are exchanged and merged (the merge lands one round late, corrected).",
+        S,
+    ),
+]
+OverlapSteps = Annotated[
+    int,
+    flag("--overlap-steps", "With --overlap: at most this many steps before a merge lands (0 = the whole round).", S),
+]
 EvalEvery = Annotated[
     int,
     flag(
@@ -403,6 +415,8 @@ class PeerOptions(OptionGroup):
         "outer": GOSSIP.outer,
         "outer_lr": GOSSIP.outer_lr,
         "outer_momentum": GOSSIP.outer_momentum,
+        "overlap": GOSSIP.overlap,
+        "overlap_steps": GOSSIP.overlap_steps,
     }
     data: Data
     device: DeviceOpt
@@ -431,6 +445,8 @@ class PeerOptions(OptionGroup):
     outer: OuterOpt
     outer_lr: OuterLr
     outer_momentum: OuterMomentum
+    overlap: Overlap
+    overlap_steps: OverlapSteps
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -450,6 +466,8 @@ class PeerOptions(OptionGroup):
                 outer=self.outer,
                 outer_lr=self.outer_lr,
                 outer_momentum=self.outer_momentum,
+                overlap=self.overlap,
+                overlap_steps=self.overlap_steps,
             ),
             net=NetConfig(
                 swarm_id=self.swarm_id,

@@ -30,6 +30,8 @@ def simulate(
     eval_data: o.EvalData = None,
     eval_tokens: o.EvalTokens = 4096,
     json_out: o.Json = False,
+    overlap: o.Overlap = False,
+    overlap_steps: o.OverlapSteps = 0,
 ) -> None:
     """Simulate a swarm of B x K virtual workers under a network regime: real training, codec and merge, virtual clock.
 
@@ -52,7 +54,15 @@ def simulate(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # bit-identical reruns of a seed
         sim_cfg = SimConfig(
-            cfg, train.config(peer_train_config(steps_per_round)), workers, rounds, steps_per_round, codec, eval_tokens
+            cfg,
+            train.config(peer_train_config(steps_per_round)),
+            workers,
+            rounds,
+            steps_per_round,
+            codec,
+            eval_tokens,
+            overlap=overlap,  # every merge lands late (delayed averaging) ...
+            overlap_steps=overlap_steps,  # ... after this many of the next round's steps (0 = all)
         )
         train_path, eval_path = resolve_train_eval(data, eval_data)
         corpus, held_out = ByteData.from_path(train_path, cfg.seq_len), ByteData.from_path(eval_path, cfg.seq_len)

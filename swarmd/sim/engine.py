@@ -24,6 +24,15 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
 5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
    at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
    merged stack is measured.
+With overlap (SimConfig.overlap, the daemon's GossipConfig.overlap), every merge lands late: round r-1's
+merge is applied after overlap_steps of round r's H steps (0 = all H: a full round late) with
+swarmd.swarm.delayed.land_merge, the daemon's own rule (base moves by the merge, the live weights keep the
+steps taken since the snapshot), then the rest of the H steps run and round r's deltas are snapshotted. A
+daemon's merge lands after as many steps as its exchange takes, at most H (it snapshots again only once the
+merge landed), so overlap_steps=0 bounds the quality cost (overlap_steps models how long the exchange
+takes; the clock does not depend on it). The clock counts max(compute, previous round's exchange) per
+round (the exchange hides behind the next round's steps), and the last exchange once at the end; CE is
+measured on the merged weights (base + the merge in flight), the model a swarm would serve once it lands.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
@@ -31,9 +40,11 @@ with the merged predecessor blocks of the round, as the daemon does. No grpc, no
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -41,10 +52,12 @@ import torch
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
+from swarmd.swarm.delayed import land_merge
 from swarmd.swarm.delta import ErrorFeedback
 from swarmd.swarm.gossip import merge_deltas
 from swarmd.swarm.outer import make_outer
@@ -53,6 +66,7 @@ from swarmd.swarm.state import BlockState
 
 Tensors = dict[str, torch.Tensor]
 Merge = Callable[[dict[str, Tensors]], Tensors]
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def merge_fn(cfg: GossipConfig | None = None) -> Merge:
@@ -80,11 +94,15 @@ class SimConfig:
     eval_tokens: int = 4096  # held-out bytes scored for from-noise CE
     eval_every: int = 1  # rounds between CE measurements (the last round is always measured)
     skip_late: bool = True  # skip the training of a worker that cannot make the deadline (see the module doc)
+    overlap: bool = False  # merges land one round late, the next round's steps taken meanwhile (see the module doc)
+    overlap_steps: int = 0  # with overlap: the next round's steps taken before a merge lands (0 = all H)
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.overlap_steps <= self.steps_per_round:
+            raise ValueError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         object.__setattr__(self, "codec", Codec(self.codec))
 
 
@@ -162,6 +180,7 @@ class _Worker:
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     ef: dict[PayloadKind, ErrorFeedback]
     upload_bytes: int = 0  # last round's upload (estimate for a skipped late worker's arrival)
+    exact: tuple[Tensors, Tensors] | None = None  # overlap: own (block, table) deltas of the merge in flight
 
 
 class Simulator:
@@ -202,6 +221,9 @@ class Simulator:
         self.rng = np.random.default_rng(seed_for("sim-network", t.seed))
         self.clock = 0.0
         self.round = 0
+        # overlap: the merge in flight (per-block merged block deltas, merged table delta) and its exchange seconds
+        self.pending: tuple[dict[int, Tensors | None], Tensors | None] | None = None
+        self.pending_comm_s = 0.0
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -211,11 +233,28 @@ class Simulator:
     def measure(self) -> float:
         heads = self.heads()
         x, y = self.eval_xy
-        return float(
-            from_noise_ce([w.state.trainer.block for w in heads], heads[0].state.trainer.emb, x, y, self.cfg.model)[
-                "ce"
-            ]
-        )
+        blocks, emb = [w.state.trainer.block for w in heads], heads[0].state.trainer.emb
+        if self.cfg.overlap:
+            blocks, emb = self._merged_view(heads)
+        return float(from_noise_ce(blocks, emb, x, y, self.cfg.model)["ce"])
+
+    def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
+        """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
+        block_means, emb_mean = self.pending or ({}, None)
+
+        def view(module: M, base: Tensors, delta: Tensors | None) -> M:
+            out = copy.deepcopy(module)
+            out.load_state_dict({k: base[k] + delta[k] if delta is not None else base[k] for k in base})
+            return out
+
+        blocks = [view(w.state.trainer.block, w.state.base_block, block_means.get(w.block)) for w in heads]
+        return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, emb_mean)
+
+    def _land(self, w: _Worker) -> None:
+        """Overlap: the merge in flight lands on w (late, with the correction for w's own delta in it)."""
+        if self.pending is not None and w.exact is not None:
+            block_means, emb_mean = self.pending
+            land_merge(w.state, block_means[w.block], emb_mean, *w.exact)
 
     # -- one round ------------------------------------------------------------------------------------
     def _use_predecessors(self, w: _Worker) -> None:
@@ -230,8 +269,17 @@ class Simulator:
     def _train_and_encode(self, w: _Worker) -> tuple[float, int, Tensors, Tensors]:
         """H real steps, then both deltas through the real codec: (train CE, upload bytes, decoded block, emb)."""
         self._use_predecessors(w)
-        stats = w.state.train_steps(self.cfg.steps_per_round, w.batches)
-        block_delta, emb_delta = w.state.deltas()
+        H = self.cfg.steps_per_round
+        if self.cfg.overlap:  # the merge in flight lands after overlap_steps of the H steps
+            k = self.cfg.overlap_steps or H
+            before = w.state.train_steps(k, w.batches)
+            self._land(w)
+            after = w.state.train_steps(H - k, w.batches) if k < H else {"ce": 0.0}
+            stats = {"ce": (k * before["ce"] + (H - k) * after["ce"]) / H}
+            w.exact = w.state.deltas()
+        else:
+            stats = w.state.train_steps(H, w.batches)
+        block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
         decoded, sent = {}, 0
         copies = {
@@ -280,14 +328,21 @@ class Simulator:
         else:
             end = deadline if last is None else min(deadline, last)
         accepted = sorted(i for i in outputs if arrivals[i] <= end)
+        seconds = end
+        if self.cfg.overlap:
+            for i in set(range(n)) - set(outputs):  # the workers that did not train land the merge in flight too
+                self._land(self.workers[i])
+                self.workers[i].exact = self.workers[i].state.deltas()
+            seconds = max(float(ready), self.pending_comm_s)  # this round's steps hid the last round's exchange
+            self.pending_comm_s = max(0.0, end - float(ready))
         self._merge(accepted, outputs)
         self.policy.observe([arrivals[i] for i in accepted], n - len(accepted), end, float(ready))
         self.round += 1
-        self.clock += end
+        self.clock += seconds
         return RoundRecord(
             self.round,
             self.clock,
-            end,
+            seconds,
             deadline,
             n,
             n - len(live),
@@ -306,8 +361,22 @@ class Simulator:
         for b in range(self.cfg.model.blocks):
             deltas = {self.workers[i].id: outputs[i][0] for i in accepted if self.workers[i].block == b}
             block_means[b] = self.merge(deltas) if deltas else None
+        if self.cfg.overlap:  # lands after the next round's steps (_land)
+            self.pending = (block_means, emb_mean)
+            return
         for w in self.workers:
             w.state.apply_merge(block_means[w.block], emb_mean)
+
+    def drain(self) -> float:
+        """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""
+        if self.pending is None:
+            return 0.0
+        for w in self.workers:
+            self._land(w)
+            w.exact = w.state.deltas()
+        self.pending, extra, self.pending_comm_s = None, self.pending_comm_s, 0.0
+        self.clock += extra
+        return extra
 
     # -- the run --------------------------------------------------------------------------------------
     def run(self, on_round: Callable[[RoundRecord], None] | None = None, until_s: float | None = None) -> SimResult:
@@ -316,6 +385,9 @@ class Simulator:
         for r in range(1, self.cfg.rounds + 1):
             record = self.step()
             last = r == self.cfg.rounds or (until_s is not None and self.clock >= until_s)
+            if last and self.cfg.overlap:  # the last merge lands: every worker ends on the merged weights
+                record.seconds += self.drain()
+                record.t_s = self.clock
             if r % self.cfg.eval_every == 0 or last:
                 record.ce = self.measure()
             result.rounds.append(record)

@@ -11,7 +11,8 @@ the sockets in transport, the RPC handlers in service, the files in state's save
                max_rounds; then a final checkpoint and a clean shutdown;
   run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training, H
                local steps in the worker thread, gossip average, serving update, announce,
-               checkpoint, consensus distance, then on_round(report).
+               checkpoint, consensus distance, then on_round(report); with gossip.overlap the next round's
+               steps run while a round's exchange does (swarmd.swarm.overlap.OverlapRounds).
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """
@@ -42,6 +43,7 @@ from swarmd.swarm.gossip import Gossip, MergeReport
 from swarmd.swarm.identity import Identity, identity_path
 from swarmd.swarm.metrics import Metrics
 from swarmd.swarm.outer import make_outer
+from swarmd.swarm.overlap import OverlapRounds
 from swarmd.swarm.peer_config import DaemonConfig
 from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
 from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
@@ -94,6 +96,8 @@ class Daemon:
         self.service = SwarmService(self)
         self.client.payload_limit = self.service.payload_limit  # replies admitted up to the size our config implies
         self.checkpoint_failures = 0  # consecutive failed checkpoint writes (0 after a good one)
+        # gossip.overlap: rounds train while the previous round's exchange runs (swarmd.swarm.overlap)
+        self.overlap = OverlapRounds(self) if config.gossip.overlap else None
 
     @property
     def address(self) -> str:  # the announced HOST:PORT; "" in client mode
@@ -296,8 +300,16 @@ class Daemon:
         todo, stop_at = self.config.max_rounds, self.config.stop_at_round
         ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
         last = min(ends, default=0)
-        while not self.stopping.is_set() and not (last and self.state.round >= last):
-            await self.run_round()
+        overlap = self.overlap
+        started = overlap.rounds_started if overlap is not None else (lambda: self.state.round)
+        try:
+            while not self.stopping.is_set() and not (last and started() >= last):
+                await self.run_round()
+            if self.overlap is not None:
+                await self.overlap.drain()  # the last round's merge lands (within the stop grace when stopping)
+        finally:
+            if self.overlap is not None:
+                await self.overlap.cancel()
         self.stop()
 
     async def announce(self) -> None:
@@ -319,7 +331,12 @@ class Daemon:
         return found
 
     async def run_round(self) -> MergeReport | None:
-        """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped)."""
+        """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped).
+
+        With gossip.overlap, OverlapRounds.run_round: returns the report of the previous round, which lands meanwhile.
+        """
+        if self.overlap is not None:
+            return await self.overlap.run_round()
         g, H, started = self.gossip, self.config.gossip.steps_per_round, time.monotonic()
         if await g.sync(await self.records()):
             self._update_serving()
@@ -338,12 +355,20 @@ class Daemon:
         records = await self.records()  # one lookup serves the merge, the consensus and the CE of this round
         report = await g.average(records)
         self.phase = PeerState.TRAINING
+        await self.finish_round(report, records, started)
+        return report
+
+    async def finish_round(self, report: MergeReport, records: list[PeerRecord], started: float | None = None) -> None:
+        """After a merge: serving update, announce, round time (since `started`, if given), checkpoint, consensus
+        distance, held-out CE every eval_every rounds, on_round(report)."""
+        g = self.gossip
         self._update_serving()
         try:
             await self.announce()
         except SwarmdError as exc:  # the DHT is unreachable (timeout): the announce loop tries again
             logger.warning("%s announce failed: %s", g.tag, exc)
-        self.metrics.observe_round(time.monotonic() - started)
+        if started is not None:
+            self.metrics.observe_round(time.monotonic() - started)
         if self.config.checkpoint_dir:
             await self.save_checkpoint()
         await self._measure_consensus(records)
@@ -351,7 +376,6 @@ class Daemon:
             await self.measure_ce(records)
         if self.on_round is not None:
             self.on_round(report)
-        return report
 
     async def save_checkpoint(self) -> bool:
         """Atomically checkpoint the state with this peer's progress counters (in the worker thread).

@@ -24,6 +24,9 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     plain uniform mean) of the accepted decoded deltas, own decoded delta included, in peer-id
     order, so replicas that accepted the same set end bit-identical. The byte-table deltas get the
     same rule. A merge that is not finite is skipped (the base is kept). AdamW state is kept;
+  - overlap (cfg.overlap, delayed averaging): publish() also keeps the exact own deltas, training goes on
+    while the round is collected, and the merge lands late with swarmd.swarm.delayed.land_merge (the base
+    moves exactly as above, the live weights keep the steps taken since the snapshot);
   - nothing non-finite is sent: an own delta that is not finite (local training diverged) is
     replaced by a zero delta and the live weights go back to the base.
   - re-sync (sync): the reference of a block is its peer with the highest (round, server mode,
@@ -66,6 +69,7 @@ from swarmd.errors import (
 )
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.swarm import rejoin
+from swarmd.swarm.delayed import land_merge
 from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
 from swarmd.swarm.discovery import PeerRecord
 from swarmd.swarm.identity import Identity
@@ -356,6 +360,7 @@ class _Round:
     senders: dict[str, set[str]] = field(
         default_factory=lambda: {BLOCK: set(), EMB: set()}
     )  # peers whose (signed) delta of this round was judged: one each, accepted or not
+    exact: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # own deltas before the codec (overlap)
 
 
 class Gossip:
@@ -753,6 +758,7 @@ class Gossip:
             emb_delta = {k: torch.zeros_like(v) for k, v in emb_delta.items()}
             for ef in self.ef.values():
                 ef.reset()
+        rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.swarm.delayed)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
             enc, decoded = await asyncio.to_thread(
@@ -952,7 +958,10 @@ class Gossip:
         self.deadline.observe_arrivals(
             rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
         )
-        live_block, _ = await asyncio.to_thread(self.state.current)
+        if self.cfg.overlap:  # training went on since the snapshot: compare the weights we sent
+            live_block = {n: self.state.base_block[n] + d for n, d in rs.exact[BLOCK].items()}
+        else:
+            live_block, _ = await asyncio.to_thread(self.state.current)
         premerge = max(
             (
                 relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d})
@@ -966,7 +975,10 @@ class Gossip:
             merged[kind] = value if _finite(value) else None  # cannot happen with bounded finite inputs
             if merged[kind] is None:
                 logger.error("%s round %d: the %s merge is not finite; keeping the base", self.tag, rs.round, kind)
-        await asyncio.to_thread(self.state.apply_merge, merged[BLOCK], merged[EMB])
+        if self.cfg.overlap:  # the merge lands one round late: live keeps the steps taken since publish()
+            await asyncio.to_thread(land_merge, self.state, merged[BLOCK], merged[EMB], rs.exact[BLOCK], rs.exact[EMB])
+        else:
+            await asyncio.to_thread(self.state.apply_merge, merged[BLOCK], merged[EMB])
         seconds = time.monotonic() - rs.ready_at
         self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = MergeReport(

@@ -66,6 +66,7 @@ class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
+    :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     """
 
     def __init__(
@@ -88,6 +89,8 @@ class LocalSwarm:
         outer: str = GossipConfig.outer,
         outer_lr: float = GossipConfig.outer_lr,
         outer_momentum: float = GossipConfig.outer_momentum,
+        overlap: bool = GossipConfig.overlap,
+        overlap_steps: int = GossipConfig.overlap_steps,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -111,6 +114,8 @@ class LocalSwarm:
                 outer=outer,
                 outer_lr=outer_lr,
                 outer_momentum=outer_momentum,
+                overlap=overlap,
+                overlap_steps=overlap_steps,
             ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),

@@ -39,6 +39,10 @@ class GossipConfig:
     outer: str = "none"
     outer_lr: float = 0.7  # its learning rate (1.0 with momentum 0 is plain averaging)
     outer_momentum: float = 0.9  # its Nesterov momentum, in [0, 1)
+    # delayed averaging (swarmd.swarm.delayed): keep training while a round's deltas are exchanged and merged,
+    # landing the merge one round late with a correction for the steps taken meanwhile
+    overlap: bool = False
+    overlap_steps: int = 0  # ... taking at most this many of the next round's steps before the merge lands (0 = all H)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -55,6 +59,8 @@ class GossipConfig:
             raise ConfigError(f"max_round_jump must be >= 1, got {self.max_round_jump}")
         if self.merge not in ("robust", "mean"):
             raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
+        if not 0 <= self.overlap_steps <= self.steps_per_round:
+            raise ConfigError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
             raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
         if self.outer not in ("none", "nesterov"):

@@ -69,7 +69,7 @@ class BlockState:
         self.cfg, self.train_cfg, self.block_index = trainer.model_cfg, trainer.train_cfg, trainer.block_index
         self.trainer = trainer
         self.outer = outer
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # reentrant: swarmd.swarm.delayed.land_merge wraps apply_merge in it
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
         self._rebase()
