@@ -41,7 +41,7 @@ from benchmarks import common
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=0)
 SYSTEMS = ("hivemind", "butterfly", "butterfly-fp16", "all-to-all")
 KEYS = dict(zip(SYSTEMS, ("hivemind", "blocktrain", "blocktrain_fp16", "all_to_all")))  # row key prefixes
-PIPE_TIMEOUT_S = 300.0
+PIPE_TIMEOUT_S = 900.0  # a peer process starting under heavy load (torch import) can take minutes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -355,16 +355,16 @@ def main(argv: list[str] | None = None) -> dict:
             if row.get("hivemind_s") and row.get(f"{key}_s") is not None:
                 row[f"{key}_over_hivemind"] = row[f"{key}_s"] / row["hivemind_s"]
         rows.append(row)
-    result = {
-        "command": common.command_line("averaging_vs_hivemind.py", argv),
-        "numel": args.numel,
-        "repeats": args.repeats,
-        "rows": rows,
-        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "machine": common.machine(),
-    }
-    common.write_json(args.out, result)
-    args.md.write_text(markdown(result))
+        result = {  # written after every group size: a later failure leaves the sizes measured so far
+            "command": common.command_line("averaging_vs_hivemind.py", argv),
+            "numel": args.numel,
+            "repeats": args.repeats,
+            "rows": rows,
+            "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "machine": common.machine(),
+        }
+        common.write_json(args.out, result)
+        args.md.write_text(markdown(result))
     print(markdown(result))
     return result
 
