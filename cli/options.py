@@ -175,6 +175,19 @@ DeadlineMax = Annotated[
         "--deadline-max", "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", S
     ),
 ]
+GroupSize = Annotated[
+    int,
+    flag(
+        "--group-size",
+        "Average in groups of at most this many peers each round, a new grid of groups every round "
+        "(0 = every peer with every peer).",
+        S,
+    ),
+]
+GroupFullEvery = Annotated[
+    int,
+    flag("--group-full-every", "Every this many rounds, one round of all peers together (re-anchors; 0 = never).", S),
+]
 EvalEvery = Annotated[
     int,
     flag(
@@ -389,6 +402,8 @@ class PeerOptions(OptionGroup):
         "dht_host": NET.dht_host,
         "dht_port": NET.dht_port,
         "metrics_port": NET.metrics_port,
+        "group_size": GOSSIP.group_size,
+        "group_full_every": GOSSIP.group_full_every,
     }
     data: Data
     device: DeviceOpt
@@ -414,6 +429,8 @@ class PeerOptions(OptionGroup):
     identity: IdentityOpt
     tls_cert: TlsCert
     tls_key: TlsKey
+    group_size: GroupSize
+    group_full_every: GroupFullEvery
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -426,7 +443,13 @@ class PeerOptions(OptionGroup):
         return DaemonConfig(
             model=model,
             train=train.config(peer_train_config(steps)),
-            gossip=GossipConfig(steps_per_round=steps, codec=self.codec.value, deadline_max_s=self.deadline_max),
+            gossip=GossipConfig(
+                steps_per_round=steps,
+                codec=self.codec.value,
+                deadline_max_s=self.deadline_max,
+                group_size=self.group_size,
+                group_full_every=self.group_full_every,
+            ),
             net=NetConfig(
                 swarm_id=self.swarm_id,
                 listen=self.listen,

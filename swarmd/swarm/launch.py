@@ -66,6 +66,7 @@ class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
+    :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging)
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class LocalSwarm:
         swarm_id: str = "demo",
         trajectory_prob: float = TrainConfig.trajectory_prob,
         freeze_z_in: str = TrainConfig.freeze_z_in,
+        group_size: int = GossipConfig.group_size,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -101,7 +103,12 @@ class LocalSwarm:
         self.config = DaemonConfig(
             model=model,
             train=train,
-            gossip=GossipConfig(steps_per_round=steps_per_round, codec=Codec(codec), deadline_max_s=deadline_max_s),
+            gossip=GossipConfig(
+                steps_per_round=steps_per_round,
+                codec=Codec(codec),
+                deadline_max_s=deadline_max_s,
+                group_size=group_size,
+            ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),
             stop_at_round=rounds,  # the swarm's round counter: a restarted peer stops with the rest

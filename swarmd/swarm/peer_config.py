@@ -34,6 +34,9 @@ class GossipConfig:
     trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
+    # group averaging (swarmd.swarm.groups): each round peers average in groups of at most this many (0 = all-to-all)
+    group_size: int = 4
+    group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -52,6 +55,8 @@ class GossipConfig:
             raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
             raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
+        if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
+            raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
 
 
 @dataclass(frozen=True)
