@@ -236,3 +236,39 @@ def test_a_byzantine_member_is_bounded_in_its_group():
         relative_distance(before[id(g)], g.state.base_block) for g in peers if g.me.peer_id in group and g is not bad
     ]
     assert moved and max(moved) < 0.05  # a x1000 delta would move the block by far more
+
+
+# -- real daemons -----------------------------------------------------------------------------
+@pytest.mark.swarm
+@pytest.mark.slow
+def test_five_daemons_on_the_real_dht_average_in_groups(tmp_path):
+    """Five replicas of one block in groups of at most 2: every round each daemon merges with at most one other,
+    nobody is refused or re-synced, every record announces the one anchor, and the replicas stay close."""
+    from swarm_utils import daemon_config, running
+
+    reports: list[list] = []
+
+    def cfg(seed: int, peers: tuple[str, ...] = ()):
+        c = daemon_config(tmp_path, 0, seed=seed, initial_peers=peers, max_rounds=4, min_peers=5, codec="int8")
+        return replace(c, gossip=replace(c.gossip, group_size=2))
+
+    async def scenario():
+        async with running(cfg(0), reports=reports) as (d0,):
+            peers = tuple(d0.discovery.multiaddrs())
+            async with running(*(cfg(s, peers) for s in range(1, 5)), reports=reports) as rest:
+                daemons = [d0, *rest]
+                await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 240)
+        return daemons
+
+    daemons = asyncio.run(scenario())
+    assert [d.state.round for d in daemons] == [4] * 5
+    merged = [r for log in reports for r in log]
+    assert len(merged) == 20
+    assert all(len(r.expected_block) <= 1 and len(r.expected_emb) <= 1 for r in merged)  # groups of at most 2
+    assert sum(len(r.accepted_block) for r in merged) >= 10  # the groups did exchange
+    # no delta on another base, none from outside the group (a late one, stale_round, can happen on a busy machine)
+    assert all(d.metrics.rejected_by_reason.get(why, 0) == 0 for d in daemons for why in ("base_mismatch", "invalid"))
+    assert len({d.gossip.record().base_hash for d in daemons}) == 1  # one anchor, so the re-sync rule stays quiet
+    assert all(d.gossip.anchors[BLOCK].active for d in daemons)
+    premerge = max(r.premerge_distance for r in merged)
+    assert max(relative_distance(daemons[0].state.base_block, d.state.base_block) for d in daemons) < premerge

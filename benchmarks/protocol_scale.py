@@ -1,0 +1,116 @@
+"""Protocol at scale, simulated: group averaging among 1,000 and 10,000 virtual peers (swarmd.sim.protocol).
+
+No training: every virtual peer starts from the shared anchor plus a random delta of the real shapes (the
+tiny model's block and byte table, the ones benchmarks/scale.py's daemons train), replicas 1e-2 apart;
+then rounds of the daemon's grouping (swarmd.swarm.groups.assign), codec with error feedback and robust
+merge, on a virtual clock and dropout drawn from a swarmd.sim regime. Per size: bytes sent per peer per
+round (block + table payloads; all-to-all computed beside it), rounds until the consensus distance (max over
+peers of ||x - mean|| / ||mean||) falls below 1e-3, exchange seconds per round (virtual), and the DHT
+operations per peer per round (counted from the daemon's round: one lookup, one announce).
+
+    python benchmarks/protocol_scale.py --sizes 1000 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks import common
+from swarmd.sim.protocol import ProtocolConfig, simulate
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--regime", default="wan-mid")
+    p.add_argument("--merge", default="robust", choices=["robust", "mean"])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/protocol_scale.json"))
+    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_groups.md"))
+    return p.parse_args(argv)
+
+
+def row_of(out: dict) -> dict:
+    """The table row of one simulated size."""
+    cfg = out["config"]
+    exchange = [r["exchange_s"] for part in ("block", "table") for r in out[part]["rounds"][1:]]
+    return {
+        "peers": cfg["peers"],
+        "replicas_per_block": out["replicas_per_block"],
+        "grid_block": out["block"]["grid"],
+        "grid_table": out["table"]["grid"],
+        "bytes_per_peer_round": out["bytes_per_peer_round"],
+        "all_to_all_bytes_per_peer_round": out["all_to_all_bytes_per_peer_round"],
+        "rounds_to_1e-3": out["rounds_to_1e-3"],
+        "rounds_to_1e-3_block": out["block"]["rounds_to_1e-3"],
+        "rounds_to_1e-3_table": out["table"]["rounds_to_1e-3"],
+        "final_distance_block": out["block"]["rounds"][-1]["consensus_distance"],
+        "final_distance_table": out["table"]["rounds"][-1]["consensus_distance"],
+        "exchange_s_median": statistics.median(exchange) if exchange else 0.0,
+        "dht_ops_per_peer_round": out["dht_ops_per_peer_round"],
+        "records_per_lookup": out["records_per_lookup"],
+        "cpu_s": out["block"]["cpu_s"] + out["table"]["cpu_s"],
+    }
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    runs, rows = [], []
+    for n in a.sizes:
+        cfg = ProtocolConfig(peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge)
+        out = simulate(cfg, common.TINY_CFG)
+        runs.append(out)
+        rows.append(row_of(out))
+        print(json.dumps(rows[-1]), flush=True)
+    command = common.command_line("protocol_scale.py", argv)
+    common.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": common.machine()})
+    lines = [
+        "### Protocol at scale, simulated: group averaging among 1,000 and 10,000 virtual peers",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"swarmd.sim.protocol: no training; each virtual peer starts 1e-2 (relative) from the others with a "
+        f"random delta of the tiny model's real shapes (block and byte table of benchmarks/scale.py), then "
+        f"{a.rounds} rounds of the daemon's grid grouping (k = {a.group_size}), int8 codec with error feedback "
+        f"and {a.merge} merge; the virtual clock, latency, bandwidth and dropout of regime `{a.regime}`. "
+        "B = 3: one block's replicas are simulated (peers / 3), the byte table over every peer.",
+        "",
+        "| peers | grid (block / table) | bytes sent per peer per round | all-to-all would send | rounds to "
+        "consensus < 1e-3 (block / table) | distance after the last round (block / table) "
+        "| exchange s per round (virtual, median) | DHT ops per peer per round | records per lookup |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        grid = "x".join(map(str, r["grid_block"])) + " / " + "x".join(map(str, r["grid_table"]))
+        lines.append(
+            f"| {r['peers']:,} | {grid} | {r['bytes_per_peer_round']:,.0f} "
+            f"| {r['all_to_all_bytes_per_peer_round']:,.0f} "
+            f"| {r['rounds_to_1e-3_block']} / {r['rounds_to_1e-3_table']} "
+            f"| {r['final_distance_block']:.1e} / {r['final_distance_table']:.1e} "
+            f"| {r['exchange_s_median']:.2f} | {r['dht_ops_per_peer_round']} | {r['records_per_lookup']:,} |"
+        )
+    lines += [
+        "",
+        "Bytes per peer stay flat (a group has at most k members whatever the swarm size); the rounds to agree "
+        "grow with the grid's dimensions, log_k of the peers. The consensus distance is the worst peer's, "
+        "dropped peers included (they keep their state that round). DHT operations per peer per round are "
+        "constant (one lookup, one announce; a Kademlia lookup itself takes O(log N) hops), but a lookup "
+        "returns every record of the swarm (the grouping needs the membership), so its bytes grow with the "
+        "peers: the one cost here that is not flat.",
+        "",
+    ]
+    common.replace_section(a.md, "protocol_scale.py", lines)
+
+
+if __name__ == "__main__":
+    main()
