@@ -21,6 +21,7 @@ PARTS = [
     ("Public-swarm trust: the cost of identities, signatures and the swarm key (issue 9)", "ISSUE9_trust_cost.md"),
     ("Public-swarm trust: robust merge with honest peers, one attacker's reach (issue 9)", "ISSUE9_robust_merge.md"),
     ("Public-swarm trust: the fault matrix against real daemons (issue 9)", "ISSUE9_adversary.md"),
+    ("Group averaging: 3-24 daemons, 1,000 and 10,000 simulated peers (issue 12)", "ISSUE12_groups.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 

@@ -196,6 +196,23 @@ def test_group_rounds_with_int8_reach_consensus_within_a_few_rounds():
     assert after < 0.05 * before
 
 
+def test_a_full_round_re_anchors_every_replica_bit_identically():
+    async def scenario():
+        peers, _, board = memory_swarm([0] * 6, codec="int8", blocks=2, group_size=4, group_full_every=2)
+        _patient(peers)
+        reports = await _rounds(peers, board, 2)  # round 0: everybody; round 1: groups (anchored)
+        anchored = all(g.anchors[BLOCK].active for g in peers)
+        reports += await _rounds(peers, board, 1)  # round 2: everybody again, from the anchor
+        return peers, reports, anchored
+
+    peers, reports, anchored = asyncio.run(scenario())
+    assert anchored and [len(r.expected_block) for r in reports[0]] == [5] * 6
+    assert all(len(r.expected_block) < 5 for r in reports[1])
+    assert all(r.participation == 1.0 for r in reports[2])
+    assert len({g.state.block_hash for g in peers}) == 1 and len({g.state.emb_hash for g in peers}) == 1
+    assert not any(g.anchors[BLOCK].active or g.anchors[EMB].active for g in peers)
+
+
 def test_a_late_joiner_in_group_mode_pulls_the_anchor_and_joins_the_groups():
     async def scenario():
         peers, _, board = memory_swarm([0] * 7, codec="fp32", blocks=2, group_size=4)
@@ -205,10 +222,13 @@ def test_a_late_joiner_in_group_mode_pulls_the_anchor_and_joins_the_groups():
         anchor_hash = peers[0].anchors[BLOCK].hash
         board[joiner.me.peer_id] = joiner.record()
         pulled = await joiner.sync(list(board.values()))
-        return peers, joiner, anchor_hash, pulled
+        current = await joiner.fetch_block(peers[0].record())  # predecessors / CE: the merged block itself
+        return peers, joiner, anchor_hash, pulled, current
 
-    peers, joiner, anchor_hash, pulled = asyncio.run(scenario())
+    peers, joiner, anchor_hash, pulled, current = asyncio.run(scenario())
     assert "block" in pulled and joiner.state.block_hash == anchor_hash and joiner.state.round == peers[0].state.round
+    assert peers[0].state.block_hash != anchor_hash
+    assert all(torch.equal(current[k], peers[0].state.base_block[k]) for k in current)
 
 
 def test_a_byzantine_member_is_bounded_in_its_group():
@@ -272,3 +292,18 @@ def test_five_daemons_on_the_real_dht_average_in_groups(tmp_path):
     assert all(d.gossip.anchors[BLOCK].active for d in daemons)
     premerge = max(r.premerge_distance for r in merged)
     assert max(relative_distance(daemons[0].state.base_block, d.state.base_block) for d in daemons) < premerge
+
+
+def test_protocol_simulation_agrees_within_a_few_rounds_at_flat_bytes():
+    from swarmd.core.config import ModelConfig
+    from swarmd.sim.protocol import ProtocolConfig, simulate
+
+    model = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    small, large = (
+        simulate(ProtocolConfig(peers=n, blocks=2, rounds=6, regime="lockstep", merge="mean"), model) for n in (16, 64)
+    )
+    for out in (small, large):
+        assert out["rounds_to_1e-3"] is not None and out["rounds_to_1e-3"] <= 6
+        assert out["dht_ops_per_peer_round"] == 2
+    assert large["bytes_per_peer_round"] < 1.5 * small["bytes_per_peer_round"]  # k bounds the fan-out
+    assert large["all_to_all_bytes_per_peer_round"] > 3 * small["all_to_all_bytes_per_peer_round"]

@@ -604,6 +604,7 @@ class Gossip:
             config_hash=self.me.config_hash,
             kind=PayloadKind.BLOCK_STATE.to_pb(),
             block_index=peer.block_index,
+            current=True,  # its merged block, not the anchor a grouped peer announces
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self._check_signed(enc, peer.peer_id)
@@ -627,7 +628,7 @@ class Gossip:
             raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
         round, block, emb = self.state.snapshot()
         tensors, base_hash = (block, self.state.block_hash) if kind.is_block else (emb, self.state.emb_hash)
-        if (anchor := self.anchors[kind.delta]).active and anchor.tensors is not None:
+        if (anchor := self.anchors[kind.delta]).active and anchor.tensors is not None and not request.current:
             tensors, base_hash = anchor.tensors, anchor.hash  # what the records announce (group averaging)
         enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round)), self.identity)
         self.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
