@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.errors import SwarmdError
 
 
 def parse_args(argv=None):
@@ -37,11 +38,19 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12, 24])
     p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
     common.add_schedule(p, rounds=3, steps=5)
+    p.add_argument(
+        "--trajectory-prob",
+        type=float,
+        default=None,
+        help="TrainConfig.trajectory_prob of every daemon (default: the model's; 0 = no predecessor pulls, so the "
+        "bytes are the averaging's alone)",
+    )
     p.add_argument("--quality-daemons", type=int, default=12, help="0 = no quality comparison")
     p.add_argument("--quality-rounds", type=int, default=8)
     p.add_argument("--quality-steps", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=4096)
     common.add_outputs(p, "scale")
+    p.add_argument("--section", default="scale.py", help="name of the fragment's section (a second variant's own)")
     p.set_defaults(md=Path("benchmarks/results/ISSUE12_groups.md"))
     return p.parse_args(argv)
 
@@ -63,7 +72,21 @@ def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int):
         lr=3e-3,
         deadline_max_s=30.0,
         group_size=group_size,
+        **({} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}),
     )
+
+
+def retried(what: str, run, tries: int = 3) -> dict:
+    """run() again when the swarm fails to start or finish (a DHT bootstrap that times out on a loaded machine);
+    the result records how many attempts it took."""
+    for attempt in range(1, tries + 1):
+        try:
+            return {**run(), "attempts": attempt}
+        except (SwarmdError, SystemExit) as exc:
+            print(f"{what}: attempt {attempt} failed: {str(exc)[:300]}", flush=True)
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
 
 
 def run_size(a, n: int) -> dict:
@@ -171,7 +194,7 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     rows = []
     for n in a.sizes:
-        row = run_size(a, n)
+        row = retried(f"N={n}", lambda n=n: run_size(a, n))
         rows.append(row)
         print(json.dumps(row), flush=True)
     quality = []
@@ -180,7 +203,7 @@ def main(argv=None) -> None:
 
         eval_xy = ByteData.from_path(a.data_dir / "eval.txt", CFG.seq_len).eval_windows(a.eval_tokens)
         for k in (a.group_size, 0):
-            q = run_quality(a, a.quality_daemons, k, eval_xy)
+            q = retried(f"quality k={k}", lambda k=k: run_quality(a, a.quality_daemons, k, eval_xy))
             quality.append(q)
             print(json.dumps(q), flush=True)
     command = common.command_line("scale.py", argv)
@@ -208,7 +231,12 @@ def main(argv=None) -> None:
         "",
         f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, "
         f"group averaging with --group-size {a.group_size} (0 = all-to-all), every daemon a separate process "
-        f"on loopback, all on {out['machine']} (shared with other jobs).",
+        f"on loopback, all on {out['machine']} (shared with other jobs)"
+        + (
+            "."
+            if a.trajectory_prob is None
+            else f"; trajectory_prob {a.trajectory_prob} (0: no predecessor pulls, the bytes are the averaging's)."
+        ),
         "",
         "| daemons | bytes sent per peer per round | vs the first row | later rounds s (median) "
         "| discovery s after the last peer started | participation | all ready s | discovery s (max / median) "
@@ -244,7 +272,7 @@ def main(argv=None) -> None:
         if "quality_ce_groups_minus_all_to_all" in out:
             lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]
         lines.append("")
-    common.replace_section(a.md, "scale.py", lines)
+    common.replace_section(a.md, a.section, lines)
 
 
 if __name__ == "__main__":
