@@ -183,6 +183,7 @@ def test_group_rounds_stay_in_groups_never_resync_and_reach_consensus():
     assert _spread(peers) < 1e-6  # ... and two grid rounds (4 x 2) bring every replica to the one mean
 
 
+@pytest.mark.slow
 def test_group_rounds_with_int8_reach_consensus_within_a_few_rounds():
     async def scenario():
         peers, _, board = memory_swarm([0] * 8, codec="int8", blocks=2, group_size=4)
@@ -196,6 +197,7 @@ def test_group_rounds_with_int8_reach_consensus_within_a_few_rounds():
     assert after < 0.05 * before
 
 
+@pytest.mark.slow
 def test_a_full_round_re_anchors_every_replica_bit_identically():
     async def scenario():
         peers, _, board = memory_swarm([0] * 6, codec="int8", blocks=2, group_size=4, group_full_every=2)
@@ -213,6 +215,7 @@ def test_a_full_round_re_anchors_every_replica_bit_identically():
     assert not any(g.anchors[BLOCK].active or g.anchors[EMB].active for g in peers)
 
 
+@pytest.mark.slow
 def test_a_late_joiner_in_group_mode_pulls_the_anchor_and_joins_the_groups():
     async def scenario():
         peers, _, board = memory_swarm([0] * 7, codec="fp32", blocks=2, group_size=4)
@@ -231,6 +234,7 @@ def test_a_late_joiner_in_group_mode_pulls_the_anchor_and_joins_the_groups():
     assert all(torch.equal(current[k], peers[0].state.base_block[k]) for k in current)
 
 
+@pytest.mark.slow
 def test_a_byzantine_member_is_bounded_in_its_group():
     """One member sends a x1000 payload (within the norm bound's reach): the robust merge clips it for its group."""
 
@@ -300,10 +304,10 @@ def test_protocol_simulation_agrees_within_a_few_rounds_at_flat_bytes():
 
     model = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
     small, large = (
-        simulate(ProtocolConfig(peers=n, blocks=2, rounds=6, regime="lockstep", merge="mean"), model) for n in (16, 64)
+        simulate(ProtocolConfig(peers=n, blocks=2, rounds=5, regime="lockstep", merge="mean"), model) for n in (16, 48)
     )
     for out in (small, large):
-        assert out["rounds_to_1e-3"] is not None and out["rounds_to_1e-3"] <= 6
+        assert out["rounds_to_1e-3"] is not None and out["rounds_to_1e-3"] <= 5
         assert out["dht_ops_per_peer_round"] == 2
     assert large["bytes_per_peer_round"] < 1.5 * small["bytes_per_peer_round"]  # k bounds the fan-out
     assert large["all_to_all_bytes_per_peer_round"] > 3 * small["all_to_all_bytes_per_peer_round"]

@@ -23,7 +23,8 @@ Gossip.average applies when a round splits the swarm into groups (GossipConfig.g
     parameters. Replicas of a group end equal, and regrouping every round drives every replica to the one
     mean. Records and payloads announce the anchor's hash, so the re-sync rule (quorum of signed records)
     sees one state per part and never fires on group differences; a joiner pulls the anchor (what the
-    quorum announces, hash-checked) and catches up through its groups. A round that is one group again
+    quorum announces, hash-checked) and catches up through its groups, while predecessor and CE pulls ask
+    for a peer's own merged block (PullStateRequest.current). A round that is one group again
     (the swarm shrank, or every group_full_every-th round) merges the same way, sets the base to A + merged
     exactly (bit-identical replicas) and makes it the new anchor;
   - why not the alternatives (numbers in README "Group averaging"): a butterfly / reduce-scatter all-reduce
