@@ -308,6 +308,6 @@ def test_protocol_simulation_agrees_within_a_few_rounds_at_flat_bytes():
     )
     for out in (small, large):
         assert out["rounds_to_1e-3"] is not None and out["rounds_to_1e-3"] <= 5
-        assert out["dht_ops_per_peer_round"] == 2
+        assert out["dht_ops_per_peer_round"] == 4  # whatever the swarm size
     assert large["bytes_per_peer_round"] < 1.5 * small["bytes_per_peer_round"]  # k bounds the fan-out
     assert large["all_to_all_bytes_per_peer_round"] > 3 * small["all_to_all_bytes_per_peer_round"]

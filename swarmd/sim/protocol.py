@@ -15,9 +15,9 @@ round, with nothing trained in between (the rounds until agreement are the proto
      round's exchange time: a group is done when its slowest member's uploads arrived
      (latency + bytes sent / bandwidth); the round's time is the slowest group's.
 Reported per round: bytes sent per peer, consensus distance (max over peers of ||x - mean|| / ||mean||),
-exchange seconds; and the DHT operations a daemon makes per round (one announce, one lookup of the signed
-records: counted from what the daemon does, not simulated; a lookup returns every record of the swarm, so
-its bytes grow with the peers: records_per_lookup). All-to-all is computed for comparison (one round to
+exchange seconds; and the DHT operations a daemon makes per round (three lookups of the signed records and
+one announce: counted from what the daemon does, not simulated; a lookup returns every record of the swarm,
+so its bytes grow with the peers: records_per_lookup). All-to-all is computed for comparison (one round to
 agree, N - 1 payloads per peer). Plain torch and numpy: no grpc, no asyncio, no files.
 """
 
@@ -38,7 +38,9 @@ from swarmd.swarm.groups import Anchor, assign, grid_sides, offset_int8_levels
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.robust import robust_merge
 
-DHT_OPS_PER_ROUND = 2  # the daemon's run_round: one lookup of the signed records, one announce of its own
+# the daemon's run_round: three lookups of the signed records (re-sync, predecessors, averaging) and one announce;
+# besides, the announce loop re-announces every announce_period_s (2 s) whatever the swarm size
+DHT_OPS_PER_ROUND = 4
 
 
 @dataclass(frozen=True)
