@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--merge", default="robust", choices=["robust", "mean"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/protocol_scale.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_groups.md"))
+    p.add_argument("--section", default="protocol_scale.py", help="name of the fragment's section")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
     p.add_argument(
         "--levels-sweep",
@@ -141,6 +142,7 @@ def main(argv=None) -> None:
         rows = [row_of(out) for out in runs]
         cfg = runs[0]["config"]
         a.group_size, a.rounds, a.regime, a.merge = cfg["group_size"], cfg["rounds"], cfg["regime"], cfg["merge"]
+        a.sizes = [out["config"]["peers"] for out in runs]
     for n in [] if a.render else a.sizes:
         cfg = ProtocolConfig(peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge)
         out = simulate(cfg, common.TINY_CFG)
@@ -151,7 +153,7 @@ def main(argv=None) -> None:
         command = common.command_line("protocol_scale.py", argv)
     common.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": common.machine()})
     lines = [
-        "### Protocol at scale, simulated: group averaging among 1,000 and 10,000 virtual peers",
+        f"### Protocol at scale, simulated: group averaging among {', '.join(f'{n:,}' for n in a.sizes)} virtual peers",
         "",
         f"Command: `{command}`",
         "",
@@ -186,7 +188,7 @@ def main(argv=None) -> None:
         "peers: the one cost here that is not flat.",
         "",
     ]
-    common.replace_section(a.md, "protocol_scale.py", lines)
+    common.replace_section(a.md, a.section, lines)
 
 
 if __name__ == "__main__":

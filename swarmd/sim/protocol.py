@@ -33,7 +33,7 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.regimes import RoundDraw, regime_named
-from swarmd.swarm.delta import ErrorFeedback
+from swarmd.swarm.delta import INT8_RMS_LEVELS, ErrorFeedback
 from swarmd.swarm.groups import Anchor, assign, grid_sides, offset_int8_levels
 from swarmd.swarm.peer_config import GossipConfig
 from swarmd.swarm.robust import robust_merge
@@ -107,7 +107,8 @@ def simulate_part(anchor: dict[str, torch.Tensor], n: int, cfg: ProtocolConfig, 
     offsets = noise  # x_i - anchor, one row per peer (float32)
     held = Anchor()
     held.set(anchor, "anchor", 0)
-    levels = offset_int8_levels(held)
+    grouped = 0 < cfg.group_size < n  # one group of everybody: the plain delta's step, as the daemon sends it
+    levels = offset_int8_levels(held) if grouped else INT8_RMS_LEVELS
     efs = [ErrorFeedback() for _ in range(n)]
     codec = Codec(cfg.codec)
     index = {p: i for i, p in enumerate(ids)}
