@@ -50,6 +50,12 @@ def parse_args(argv=None):
     p.add_argument("--quality-steps", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=4096)
     common.add_outputs(p, "scale")
+    p.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="write the JSON and table from the result lines a run printed (a run stopped before its end)",
+    )
     p.add_argument("--section", default="scale.py", help="name of the fragment's section (a second variant's own)")
     p.set_defaults(md=Path("benchmarks/results/ISSUE12_groups.md"))
     return p.parse_args(argv)
@@ -210,16 +216,22 @@ COLUMNS_NOTE = (
 
 
 def main(argv=None) -> None:
+    print("command: " + common.command_line("scale.py", argv), flush=True)
     a = parse_args(argv)
-    rows = []
-    for n in a.sizes:
+    rows: list[dict] = []
+    logged: list[dict] = []
+    if a.from_log is not None:  # the lines a run printed: rows carry "bytes_per_peer_round", quality "ce_mean"
+        logged = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
+        rows = [r for r in logged if "ce_mean" not in r]
+        a.sizes, a.quality_daemons = [r["daemons"] for r in rows], 0
+    for n in [] if a.from_log is not None else a.sizes:
         try:
             row = retried(f"N={n}", lambda n=n: run_size(a, n))
         except (SwarmdError, SystemExit) as exc:  # reported as a failed row; the other sizes still run
             row = {"daemons": n, "group_size": a.group_size, "failed": str(exc)[:500]}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    quality = []
+    quality = [r for r in logged if "ce_mean" in r]
     if a.quality_daemons:
         from swarmd.core.data import ByteData
 
@@ -229,6 +241,9 @@ def main(argv=None) -> None:
             quality.append(q)
             print(json.dumps(q), flush=True)
     command = common.command_line("scale.py", argv)
+    if a.from_log is not None:
+        first = next((line for line in a.from_log.read_text().splitlines() if line.startswith("command: ")), "")
+        command = first.removeprefix("command: ") or command.replace(f" --from-log {a.from_log}", "")
     out = {
         "command": command,
         "config": CFG.to_dict(),
@@ -281,7 +296,8 @@ def main(argv=None) -> None:
     lines += ["", COLUMNS_NOTE, ""]
     if quality:
         lines += [
-            f"Quality, {a.quality_daemons} daemons, {a.quality_rounds} rounds x H={a.quality_steps}: from-noise CE "
+            f"Quality, {quality[0]['daemons']} daemons, {quality[0]['rounds']} rounds x "
+            f"H={quality[0]['steps_per_round']}: from-noise CE "
             f"(nats/byte, {a.eval_tokens} bytes of eval.txt) of the model each replica set assembles "
             "(replica j: block b from peer j x B + b).",
             "",
