@@ -37,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/protocol_scale.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_groups.md"))
     p.add_argument("--section", default="protocol_scale.py", help="name of the fragment's section")
+    p.add_argument("--from-log", type=Path, default=None, help="the table from the rows a stopped run printed")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
     p.add_argument(
         "--levels-sweep",
@@ -143,7 +144,12 @@ def main(argv=None) -> None:
         cfg = runs[0]["config"]
         a.group_size, a.rounds, a.regime, a.merge = cfg["group_size"], cfg["rounds"], cfg["regime"], cfg["merge"]
         a.sizes = [out["config"]["peers"] for out in runs]
-    for n in [] if a.render else a.sizes:
+    if a.from_log is not None:  # a run stopped before its end: the rows it printed, no per-round runs
+        rows = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
+        for r in rows:
+            r["dht_ops_per_peer_round"] = DHT_OPS_PER_ROUND  # a count of the daemon's calls, not a measurement
+        a.sizes = [r["peers"] for r in rows]
+    for n in [] if a.render or a.from_log is not None else a.sizes:
         cfg = ProtocolConfig(peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge)
         out = simulate(cfg, common.TINY_CFG)
         runs.append(out)
@@ -151,6 +157,11 @@ def main(argv=None) -> None:
         print(json.dumps(rows[-1]), flush=True)
     if not a.render:
         command = common.command_line("protocol_scale.py", argv)
+    if a.from_log is not None:
+        command = (
+            f"python benchmarks/protocol_scale.py --sizes 1000 10000 --rounds {a.rounds} (stopped after "
+            f"{', '.join(map(str, a.sizes))} peers; table from its printed rows)"
+        )
     common.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": common.machine()})
     lines = [
         f"### Protocol at scale, simulated: group averaging among {', '.join(f'{n:,}' for n in a.sizes)} virtual peers",
