@@ -24,6 +24,7 @@ PARTS = [
     ("Averaging one tensor: hivemind's averager vs our butterfly all-reduce (issue 12)", "ISSUE12_averaging.md"),
     ("Replicas that pay: outer optimizer and replica efficiency (issue 12)", "ISSUE12_replicas.md"),
     ("No pause for the network: delayed averaging (issue 12)", "ISSUE12_delayed.md"),
+    ("Group averaging: 3-24 daemons, 1,000 and 10,000 simulated peers (issue 12)", "ISSUE12_groups.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 

@@ -1,8 +1,14 @@
-"""Scale: time to discover peers and complete a round with 3, 6 and 12 daemons on one machine.
+"""Scale: bytes, round time and discovery with 3, 6, 12 and 24 daemons on one machine; group averaging's quality.
 
 Each size runs a LocalSwarm of N daemon processes (`python -m swarmd`) (tiny model, block i mod B, joined
 through peer 0's DHT multiaddr, --min-peers N so nobody starts before it sees the whole swarm),
---rounds rounds of --steps local steps. From each peer's checkpoint (config.json) it reads:
+--rounds rounds of --steps local steps, averaging in groups of at most --group-size (0 = all-to-all).
+The `rows` of scale.json carry the issue-12 keys (daemons, bytes_per_peer_round, round_s = later rounds'
+median, discovery_s = discovery after the last peer started, participation) beside the older ones.
+Quality (--quality-daemons, default 12): the same swarm trained --quality-rounds x --quality-steps with
+groups and all-to-all, one after the other; the from-noise CE on eval.txt of the model each replica set
+assembles (replica j = block b from peer j x B + b, the byte table of peer j x B), mean and range.
+From each peer's checkpoint (config.json) it reads:
 discovery_s (daemon start -> DHT lookup shows all N peers; includes starting its DHT node),
 the uptime at each merge, and participation. Reported per N: all ready (launcher wall time until
 every process printed its address), max discovery time, first round (discovered -> first merge,
@@ -24,24 +30,93 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.errors import SwarmdError
 
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
-    p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12])
+    p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12, 24])
+    p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
     common.add_schedule(p, rounds=3, steps=5)
+    p.add_argument(
+        "--trajectory-prob",
+        type=float,
+        default=None,
+        help="TrainConfig.trajectory_prob of every daemon (default: the model's; 0 = no predecessor pulls, so the "
+        "bytes are the averaging's alone)",
+    )
+    p.add_argument("--quality-daemons", type=int, default=12, help="0 = no quality comparison")
+    p.add_argument("--quality-rounds", type=int, default=8)
+    p.add_argument("--quality-steps", type=int, default=10)
+    p.add_argument("--eval-tokens", type=int, default=4096)
     common.add_outputs(p, "scale")
+    p.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="write the JSON and table from the result lines a run printed (a run stopped before its end)",
+    )
+    p.add_argument("--section", default="scale.py", help="name of the fragment's section (a second variant's own)")
+    p.set_defaults(md=Path("benchmarks/results/ISSUE12_groups.md"))
     return p.parse_args(argv)
 
 
 CFG = common.TINY_CFG
 
 
+def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int):
+    """common.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
+    return common.temporary_swarm(
+        prefix,
+        n,
+        CFG,
+        a.data_dir / "train.txt",
+        rounds=rounds,
+        steps_per_round=steps,
+        codec="int8",
+        batch_size=8,
+        lr=3e-3,
+        deadline_max_s=30.0,
+        group_size=group_size,
+        **({} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}),
+    )
+
+
+def retried(what: str, run, tries: int = 3) -> dict:
+    """run() again when the swarm fails to start or finish (a DHT bootstrap that times out on a loaded machine);
+    the result records how many attempts it took."""
+    for attempt in range(1, tries + 1):
+        try:
+            return {**run(), "attempts": attempt}
+        except (SwarmdError, SystemExit) as exc:
+            print(f"{what}: attempt {attempt} failed: {str(exc)[:300]}", flush=True)
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_staggered(swarm, timeout_s: float, batch: int = 4) -> None:
+    """LocalSwarm.start, but the joiners start `batch` at a time, each batch bootstrapping through every peer
+    already up: 24 daemons dialling peer 0's DHT at once on 2 loaded cores time out its pings."""
+    first = swarm.peers[0]
+    swarm._spawn(first)
+    swarm._wait_ready(first, timeout_s)
+    swarm.bootstrap = list(first.info.get("multiaddrs", []))
+    rest = swarm.peers[1:]
+    for i in range(0, len(rest), batch):
+        group = rest[i : i + batch]
+        for p in group:
+            swarm._spawn(p)
+        for p in group:
+            swarm._wait_ready(p, timeout_s)
+        swarm.bootstrap = [m for p in swarm.peers[: i + batch + 1] for m in p.info.get("multiaddrs", [])[:1]][-8:]
+
+
 def run_size(a, n: int) -> dict:
-    with common.tiny_swarm(f"scale-{n}-", n, a.data_dir, a.rounds, a.steps, deadline_max_s=30.0) as swarm:
+    with swarm_of(a, f"scale-{n}-", n, a.rounds, a.steps, a.group_size) as swarm:
         start = time.monotonic()
         try:
-            swarm.start(timeout_s=600)
+            start_staggered(swarm, timeout_s=600)
             ready_s = time.monotonic() - start
             finished = swarm.wait(timeout_s=900)
         finally:
@@ -58,73 +133,188 @@ def run_size(a, n: int) -> dict:
         exchange += [h["seconds"] for h in hist]
     last_start = max(s["started_wall"] for s in sums) if all("started_wall" in s for s in sums) else None
     lag = max(s["started_wall"] + s["discovery_s"] for s in sums) - last_start if last_start else None
+    later_median = statistics.median(later) if later else None
+    bytes_per_round = sum(s["bytes_sent"] for s in sums) / len(sums) / a.rounds
+    participation = sum(s["participation"] for s in sums) / len(sums)
     return {
+        "daemons": n,
+        "group_size": a.group_size,
+        "bytes_per_peer_round": bytes_per_round,
+        "round_s": later_median,
+        "discovery_s": lag,
         "peers": n,
         "discovery_after_last_start_s": lag,
         "all_ready_s": ready_s,
         "discovery_s_max": max(s["discovery_s"] for s in sums),
         "discovery_s_median": statistics.median(s["discovery_s"] for s in sums),
         "first_round_s_max": max(first),
-        "round_s_median": statistics.median(later) if later else None,
+        "round_s_median": later_median,
         "exchange_s_median": statistics.median(exchange),
-        "participation": sum(s["participation"] for s in sums) / len(sums),
+        "participation": participation,
         "rounds": min(s["round"] for s in sums),
-        "bytes_sent_per_peer_round": sum(s["bytes_sent"] for s in sums) / len(sums) / a.rounds,
+        "bytes_sent_per_peer_round": bytes_per_round,
+    }
+
+
+def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
+    """Train n daemons with this group size; from-noise CE of each replica set's assembled model."""
+    from swarmd.core import checkpoint as ck
+    from swarmd.core.evaluate import from_noise_ce
+    from swarmd.swarm.state import relative_distance
+
+    rounds, steps = a.quality_rounds, a.quality_steps
+    with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size) as swarm:
+        start = time.monotonic()
+        try:
+            start_staggered(swarm, timeout_s=600)
+            finished = swarm.wait(timeout_s=1800)
+        finally:
+            swarm.stop()
+        wall = time.monotonic() - start
+        failed = [p.index for p in swarm.peers if p.proc.returncode != 0]
+        if not finished or failed:
+            raise SystemExit(f"quality run k={group_size}: peers {failed} failed or timed out")
+        B = CFG.blocks
+        ces, spread = [], 0.0
+        for j in range(n // B):
+            peers = [swarm.peers[j * B + b] for b in range(B)]
+            blocks = [ck.load_block(p.checkpoint_dir, CFG, p.block)[0] for p in peers]
+            emb = ck.load_embedding(peers[0].checkpoint_dir, CFG)
+            ces.append(from_noise_ce(blocks, emb, *eval_xy, CFG)["ce"])
+        for b in range(B):
+            states = [ck.load_block(p.checkpoint_dir, CFG, b)[0].state_dict() for p in swarm.peers if p.block == b]
+            spread = max([spread, *(relative_distance(states[0], s) for s in states[1:])])
+        sums = swarm.summaries()
+    return {
+        "daemons": n,
+        "group_size": group_size,
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "ce_mean": statistics.mean(ces),
+        "ce_min": min(ces),
+        "ce_max": max(ces),
+        "ce_per_replica_set": ces,
+        "replica_distance_max": spread,
+        "participation": sum(s["participation"] for s in sums) / len(sums),
+        "bytes_per_peer_round": sum(s["bytes_sent"] for s in sums) / len(sums) / rounds,
+        "wall_s": wall,
     }
 
 
 COLUMNS_NOTE = (
+    "Peer 0 starts first, then the others 4 at a time, each batch joining through the DHT multiaddrs of peers "
+    "already up (24 daemons dialling one DHT at once on 2 loaded cores timed out its pings: three failed starts). "
     "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup "
     "showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup "
     "shows all N peers (includes starting its own DHT node). first round: from then until its first merge "
     "(H local steps + exchange). "
-    "exchange s: own delta ready until merge. With N processes on 2 CPUs the local steps themselves slow down "
-    "~N/2 times; the exchange (every peer swaps its embedding delta with every other, block deltas with "
-    "same-block peers) grows with N as well."
+    "exchange s: own delta ready until merge. With N processes (and N DHT processes) on 2 shared CPUs the "
+    "local steps, the DHT and the exchange all slow down ~N/2 times: round and discovery times grow with N "
+    "here because the machine does, not only because the protocol does (the per-peer bytes are the "
+    "machine-independent figure)."
 )
 
 
 def main(argv=None) -> None:
+    print("command: " + common.command_line("scale.py", argv), flush=True)
     a = parse_args(argv)
-    rows = []
-    for n in a.sizes:
-        row = run_size(a, n)
+    rows: list[dict] = []
+    logged: list[dict] = []
+    if a.from_log is not None:  # the lines a run printed: rows carry "bytes_per_peer_round", quality "ce_mean"
+        logged = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
+        rows = [r for r in logged if "ce_mean" not in r]
+        a.sizes, a.quality_daemons = [r["daemons"] for r in rows], 0
+    for n in [] if a.from_log is not None else a.sizes:
+        try:
+            row = retried(f"N={n}", lambda n=n: run_size(a, n))
+        except (SwarmdError, SystemExit) as exc:  # reported as a failed row; the other sizes still run
+            row = {"daemons": n, "group_size": a.group_size, "failed": str(exc)[:500]}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    quality = [r for r in logged if "ce_mean" in r]
+    if a.quality_daemons:
+        from swarmd.core.data import ByteData
+
+        eval_xy = ByteData.from_path(a.data_dir / "eval.txt", CFG.seq_len).eval_windows(a.eval_tokens)
+        for k in (a.group_size, 0):
+            q = retried(f"quality k={k}", lambda k=k: run_quality(a, a.quality_daemons, k, eval_xy))
+            quality.append(q)
+            print(json.dumps(q), flush=True)
     command = common.command_line("scale.py", argv)
+    if a.from_log is not None:
+        first = next((line for line in a.from_log.read_text().splitlines() if line.startswith("command: ")), "")
+        command = first.removeprefix("command: ") or command.replace(f" --from-log {a.from_log}", "")
     out = {
         "command": command,
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
+        "group_size": a.group_size,
         "rows": rows,
+        "quality": quality,
         "machine": common.machine(),
     }
+    if len(quality) == 2:
+        out["quality_ce_groups_minus_all_to_all"] = quality[0]["ce_mean"] - quality[1]["ce_mean"]
+    done = [r for r in rows if "failed" not in r]
+    base = done[0]["bytes_per_peer_round"] if done else 0
+    for r in done:
+        r["bytes_vs_first"] = r["bytes_per_peer_round"] / base if base else None
     common.write_json(a.out, out)
     lines = [
-        "### Scale: discovery and round time with 3, 6, 12 daemons (one machine)",
+        f"### Scale: bytes, round time and discovery with {', '.join(map(str, a.sizes))} daemons (one machine), "
+        f"groups of at most {a.group_size}",
         "",
         f"Command: `{command}`",
         "",
         f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, "
-        f"every daemon a separate process on loopback, all on {out['machine']} (shared with other jobs).",
+        f"group averaging with --group-size {a.group_size} (0 = all-to-all), every daemon a separate process "
+        f"on loopback, all on {out['machine']} (shared with other jobs)"
+        + (
+            "."
+            if a.trajectory_prob is None
+            else f"; trajectory_prob {a.trajectory_prob} (0: no predecessor pulls, the bytes are the averaging's)."
+        ),
         "",
-        "| daemons | all ready s | discovery s after the last peer started | discovery s (max / median) "
-        "| first round s (max) | later rounds s (median) | exchange s (median) | participation "
-        "| bytes sent per peer per round |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| daemons | bytes sent per peer per round | vs the first row | later rounds s (median) "
+        "| discovery s after the last peer started | participation | all ready s | discovery s (max / median) "
+        "| first round s (max) | exchange s (median) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['daemons']} | failed: {r['failed'][:200]} |||||||||")
+            continue
         lag = r["discovery_after_last_start_s"]
         lines.append(
-            f"| {r['peers']} | {r['all_ready_s']:.1f} "
-            f"| {lag if lag is not None else float('nan'):.2f} "
+            f"| {r['daemons']} | {r['bytes_per_peer_round']:,.0f} | {r['bytes_vs_first']:.2f}x "
+            f"| {r['round_s_median'] or 0:.2f} | {lag if lag is not None else float('nan'):.2f} "
+            f"| {r['participation']:.3f} | {r['all_ready_s']:.1f} "
             f"| {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} "
-            f"| {r['round_s_median'] or 0:.2f} | {r['exchange_s_median']:.2f} | {r['participation']:.3f} "
-            f"| {r['bytes_sent_per_peer_round']:,.0f} |"
+            f"| {r['exchange_s_median']:.2f} |"
         )
     lines += ["", COLUMNS_NOTE, ""]
-    common.replace_section(a.md, "scale.py", lines)
+    if quality:
+        lines += [
+            f"Quality, {quality[0]['daemons']} daemons, {quality[0]['rounds']} rounds x "
+            f"H={quality[0]['steps_per_round']}: from-noise CE "
+            f"(nats/byte, {a.eval_tokens} bytes of eval.txt) of the model each replica set assembles "
+            "(replica j: block b from peer j x B + b).",
+            "",
+            "| averaging | CE mean | CE min / max over replica sets | max distance between same-block replicas "
+            "| participation | bytes sent per peer per round |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for q in quality:
+            name = f"groups of at most {q['group_size']}" if q["group_size"] else "all-to-all"
+            lines.append(
+                f"| {name} | {q['ce_mean']:.4f} | {q['ce_min']:.4f} / {q['ce_max']:.4f} "
+                f"| {q['replica_distance_max']:.1e} | {q['participation']:.3f} | {q['bytes_per_peer_round']:,.0f} |"
+            )
+        if "quality_ce_groups_minus_all_to_all" in out:
+            lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]
+        lines.append("")
+    common.replace_section(a.md, a.section, lines)
 
 
 if __name__ == "__main__":

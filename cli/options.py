@@ -187,6 +187,19 @@ OverlapSteps = Annotated[
     int,
     flag("--overlap-steps", "With --overlap: at most this many steps before a merge lands (0 = the whole round).", S),
 ]
+GroupSize = Annotated[
+    int,
+    flag(
+        "--group-size",
+        "Average in groups of at most this many peers each round, a new grid of groups every round "
+        "(0 = every peer with every peer).",
+        S,
+    ),
+]
+GroupFullEvery = Annotated[
+    int,
+    flag("--group-full-every", "Every this many rounds, one round of all peers together (re-anchors; 0 = never).", S),
+]
 EvalEvery = Annotated[
     int,
     flag(
@@ -417,6 +430,8 @@ class PeerOptions(OptionGroup):
         "outer_momentum": GOSSIP.outer_momentum,
         "overlap": GOSSIP.overlap,
         "overlap_steps": GOSSIP.overlap_steps,
+        "group_size": GOSSIP.group_size,
+        "group_full_every": GOSSIP.group_full_every,
     }
     data: Data
     device: DeviceOpt
@@ -447,6 +462,8 @@ class PeerOptions(OptionGroup):
     outer_momentum: OuterMomentum
     overlap: Overlap
     overlap_steps: OverlapSteps
+    group_size: GroupSize
+    group_full_every: GroupFullEvery
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
@@ -468,6 +485,8 @@ class PeerOptions(OptionGroup):
                 outer_momentum=self.outer_momentum,
                 overlap=self.overlap,
                 overlap_steps=self.overlap_steps,
+                group_size=self.group_size,
+                group_full_every=self.group_full_every,
             ),
             net=NetConfig(
                 swarm_id=self.swarm_id,

@@ -27,6 +27,10 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
   - overlap (cfg.overlap, delayed averaging): publish() also keeps the exact own deltas, training goes on
     while the round is collected, and the merge lands late with swarmd.swarm.delayed.land_merge (the base
     moves exactly as above, the live weights keep the steps taken since the snapshot);
+  - group averaging (cfg.group_size = k, swarmd.swarm.groups): a part with more than k peers averages in
+    the round's group of at most k (a grid every peer computes from the signed records and the round),
+    as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
+    records announce; with at most k peers the round is the all-to-all one above, bit for bit;
   - nothing non-finite is sent: an own delta that is not finite (local training diverged) is
     replaced by a zero delta and the live weights go back to the base.
   - re-sync (sync): the reference of a block is its peer with the highest (round, server mode,
@@ -72,6 +76,8 @@ from swarmd.swarm import rejoin
 from swarmd.swarm.delayed import land_merge
 from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
 from swarmd.swarm.discovery import PeerRecord
+from swarmd.swarm.groups import Anchor, base_step, merged_target, norm_bound_factor, offset_int8_levels, with_offset
+from swarmd.swarm.groups import round_members as group_members
 from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.outer import split_momentum, with_momentum, with_momentum_shapes
@@ -361,6 +367,7 @@ class _Round:
         default_factory=lambda: {BLOCK: set(), EMB: set()}
     )  # peers whose (signed) delta of this round was judged: one each, accepted or not
     exact: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # own deltas before the codec (overlap)
+    members: dict[str, set[str] | None] = field(default_factory=lambda: {BLOCK: None, EMB: None})  # group (None: all)
 
 
 class Gossip:
@@ -402,6 +409,7 @@ class Gossip:
         self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
         self.isolated = {BLOCK: 0, EMB: 0}  # rounds in a row without an accepted delta of that kind (rejoin)
+        self.anchors = {BLOCK: Anchor(), EMB: Anchor()}  # group averaging's shared reference (swarmd.swarm.groups)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _hdr(self, kind: PayloadKind, round: int) -> dict:
@@ -461,7 +469,8 @@ class Gossip:
         return payload_size_bound(shapes, codec, bool(header.zstd)) + PAYLOAD_SLACK
 
     def _check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind, scale: float = 1.0) -> None:
-        norm, bound = delta_norm(tensors), self.norm_bound(kind) * scale
+        norm = delta_norm(tensors)
+        bound = self.norm_bound(kind) * scale * norm_bound_factor(self.anchors[kind].age(self.state.round))
         if not norm <= bound:
             raise ValidationError(
                 f"delta norm {norm:.3g} exceeds the bound of {bound:.3g} for {self.cfg.steps_per_round} steps"
@@ -681,6 +690,7 @@ class Gossip:
         part = "block" if kind.is_block else "emb"
         await asyncio.to_thread(self.state.adopt, block, emb, new_round, {part: momentum} if momentum else None)
         self.ef[kind.delta].reset()
+        self.anchors[kind.delta].clear()  # the adopted state is what the quorum shares: our anchor again
         logger.info("%s adopted the %s of %s (round %d)", self.tag, kind.part, peer.peer_id[-6:], enc.header.round)
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
@@ -690,6 +700,7 @@ class Gossip:
             config_hash=self.me.config_hash,
             kind=PayloadKind.BLOCK_STATE.to_pb(),
             block_index=peer.block_index,
+            current=True,  # its merged block, not the anchor a grouped peer announces
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self._check_signed(enc, peer.peer_id)
@@ -713,6 +724,8 @@ class Gossip:
             raise WrongBlock(f"this peer trains block {self.me.block_index}, not {request.block_index}")
         round, block, emb, momentum = self.state.snapshot_outer()
         tensors, base_hash = (block, self.state.block_hash) if kind.is_block else (emb, self.state.emb_hash)
+        if (anchor := self.anchors[kind.delta]).active and anchor.tensors is not None and not request.current:
+            tensors, base_hash = anchor.tensors, anchor.hash  # what the records announce (group averaging)
         if request.outer_state and momentum is not None:  # the hash stays the weights' (what records announce)
             tensors = with_momentum(tensors, momentum["block" if kind.is_block else "emb"])
         enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **self._hdr(kind, round)), self.identity)
@@ -725,10 +738,15 @@ class Gossip:
             self.me,
             round=self.state.round,
             samples_per_s=self.metrics.samples_per_s,
-            base_hash=self.state.block_hash,
-            emb_hash=self.state.emb_hash,
+            base_hash=self._anchor_hash(BLOCK),
+            emb_hash=self._anchor_hash(EMB),
         )
         return self._signed(rec, ttl_s)
+
+    def _anchor_hash(self, kind: PayloadKind) -> str:
+        """The hash a part's payloads and record announce: its anchor's while groups average apart, else the base's."""
+        anchor = self.anchors[kind]
+        return anchor.hash if anchor.active else (self.state.block_hash if kind == BLOCK else self.state.emb_hash)
 
     def _signed(self, record: PeerRecord, ttl_s: float) -> PeerRecord:
         return sign_record(record, self.identity, ttl_s)
@@ -737,7 +755,7 @@ class Gossip:
     async def open_round(self) -> None:
         """Start accepting deltas for the round we are about to train (call after sync)."""
         async with self._opened:
-            self.current = _Round(self.state.round, {BLOCK: self.state.block_hash, EMB: self.state.emb_hash})
+            self.current = _Round(self.state.round, {BLOCK: self._anchor_hash(BLOCK), EMB: self._anchor_hash(EMB)})
             self._opened.notify_all()
 
     async def publish(self) -> None:
@@ -761,10 +779,13 @@ class Gossip:
         rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.swarm.delayed)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
+            base = self.state.base_block if kind == BLOCK else self.state.base_emb
+            delta = with_offset(delta, self.anchors[kind].offset(base))  # group averaging: base - anchor + delta
             enc, decoded = await asyncio.to_thread(
                 self.ef[kind].compress,
                 delta,
                 self.cfg.codec,
+                int8_rms_levels=offset_int8_levels(self.anchors[kind]),
                 base_hash=rs.hashes[kind],
                 weight=weight,
                 **self._hdr(kind, rs.round),
@@ -821,6 +842,8 @@ class Gossip:
                 raise ValidationError(problem)
             if h.round != rs.round:
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
+            if (group := rs.members[kind]) is not None and h.peer_id not in group:
+                raise ValidationError(f"{h.peer_id[-6:]} is not in our {kind} group of round {rs.round}")
             if h.base_hash != rs.hashes[kind]:
                 rs.mismatched[kind].add(h.peer_id)
                 raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
@@ -909,18 +932,61 @@ class Gossip:
             rs.failed[kind].add(peer.peer_id)
             rs.arrived.set()
 
+    def _plan_groups(self, rs: _Round, records: list[PeerRecord]) -> None:
+        """This round's group of each part (swarmd.swarm.groups) from the signed records; an anchor is taken
+        when a part first averages in groups (the base every replica shares then)."""
+        ours = [r for r in records if r.config_hash == self.me.config_hash and r.swarm_id == self.me.swarm_id]
+        for kind in (BLOCK, EMB):
+            pool = [r.peer_id for r in ours if kind == EMB or r.block_index == self.me.block_index]
+            salt = f"{self.me.swarm_id}/{'block' + str(self.me.block_index) if kind == BLOCK else 'table'}"
+            rs.members[kind] = group_members(self.me.peer_id, pool, rs.round, self.cfg, salt)
+            anchor = self.anchors[kind]
+            if rs.members[kind] is not None and not anchor.active:
+                base, base_hash = (
+                    (self.state.base_block, self.state.block_hash)
+                    if kind == BLOCK
+                    else (self.state.base_emb, self.state.emb_hash)
+                )
+                anchor.set(base, base_hash, self.state.round)
+
+    async def _apply(self, rs: _Round, merged: dict[str, dict[str, torch.Tensor] | None]) -> None:
+        """Apply the round's merges: base + merged (no anchor), or the anchor + merged offsets (group averaging);
+        a one-group round of an anchored part sets every replica to that exactly and drops the anchor."""
+        steps: dict[str, dict[str, torch.Tensor] | None] = dict(merged)
+        exact: dict[str, dict[str, torch.Tensor] | None] = {BLOCK: None, EMB: None}
+        for kind in (BLOCK, EMB):
+            anchor, value = self.anchors[kind], merged[kind]
+            if not anchor.active or anchor.tensors is None or value is None:
+                continue
+            base = self.state.base_block if kind == BLOCK else self.state.base_emb
+            target = merged_target(anchor.tensors, value)
+            steps[kind] = base_step(target, base)
+            if rs.members[kind] is None:  # everybody merged the same offsets: same bits, the new anchor
+                exact[kind] = target
+        if self.cfg.overlap:  # the merge lands one round late, live keeps the steps taken since publish() (no groups)
+            await asyncio.to_thread(land_merge, self.state, steps[BLOCK], steps[EMB], rs.exact[BLOCK], rs.exact[EMB])
+        else:
+            await asyncio.to_thread(self.state.apply_merge, steps[BLOCK], steps[EMB])
+        if exact[BLOCK] is not None or exact[EMB] is not None:
+            await asyncio.to_thread(self.state.adopt, exact[BLOCK], exact[EMB])
+            for kind in (BLOCK, EMB):
+                if exact[kind] is not None:
+                    self.anchors[kind].clear()
+
     async def average(self, records: list[PeerRecord]) -> MergeReport:
         """Publish own deltas, exchange with the peers in `records`, wait for the deadline, merge."""
         rs = self.current
         if rs is None or rs.closed:
             raise RuntimeError("average() needs an open round (call open_round first)")
         records = self._remember(records)  # signed records only; known before any delta is accepted
+        self._plan_groups(rs, records)
         await self.publish()
         peers = [r for r in records if self._usable(r)]
         expected = {
             BLOCK: {r.peer_id for r in peers if r.block_index == self.me.block_index},
             EMB: {r.peer_id for r in peers},
         }
+        expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
         me = self.record()
         deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at, len(expected[BLOCK]) + len(expected[EMB]))
         deadline = rs.ready_at + deadline_s
@@ -929,6 +995,7 @@ class Gossip:
             for p in peers
             if dials(me, p)
             for kind in ((BLOCK, EMB) if p.block_index == me.block_index else (EMB,))
+            if p.peer_id in expected[kind]
         ]
 
         def complete() -> bool:
@@ -962,11 +1029,9 @@ class Gossip:
             live_block = {n: self.state.base_block[n] + d for n, d in rs.exact[BLOCK].items()}
         else:
             live_block, _ = await asyncio.to_thread(self.state.current)
+        ref_block, _ = self.anchors[BLOCK].reference(self.state.base_block, "")
         premerge = max(
-            (
-                relative_distance(live_block, {n: self.state.base_block[n] + d[n] for n in d})
-                for d in rs.inbox[BLOCK].values()
-            ),
+            (relative_distance(live_block, {n: ref_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()),
             default=0.0,
         )
         merged: dict[str, dict[str, torch.Tensor] | None] = {}
@@ -975,10 +1040,7 @@ class Gossip:
             merged[kind] = value if _finite(value) else None  # cannot happen with bounded finite inputs
             if merged[kind] is None:
                 logger.error("%s round %d: the %s merge is not finite; keeping the base", self.tag, rs.round, kind)
-        if self.cfg.overlap:  # the merge lands one round late: live keeps the steps taken since publish()
-            await asyncio.to_thread(land_merge, self.state, merged[BLOCK], merged[EMB], rs.exact[BLOCK], rs.exact[EMB])
-        else:
-            await asyncio.to_thread(self.state.apply_merge, merged[BLOCK], merged[EMB])
+        await self._apply(rs, merged)
         seconds = time.monotonic() - rs.ready_at
         self.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = MergeReport(

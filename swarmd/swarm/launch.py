@@ -67,6 +67,8 @@ class LocalSwarm:
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
+    :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
+        with overlap or an outer optimizer, which run all-to-all only)
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class LocalSwarm:
         outer_momentum: float = GossipConfig.outer_momentum,
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
+        group_size: int | None = None,
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -116,6 +119,9 @@ class LocalSwarm:
                 outer_momentum=outer_momentum,
                 overlap=overlap,
                 overlap_steps=overlap_steps,
+                group_size=(0 if overlap or outer != "none" else GossipConfig.group_size)
+                if group_size is None
+                else group_size,
             ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),

@@ -43,6 +43,9 @@ class GossipConfig:
     # landing the merge one round late with a correction for the steps taken meanwhile
     overlap: bool = False
     overlap_steps: int = 0  # ... taking at most this many of the next round's steps before the merge lands (0 = all H)
+    # group averaging (swarmd.swarm.groups): each round peers average in groups of at most this many (0 = all-to-all)
+    group_size: int = 8
+    group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -67,6 +70,10 @@ class GossipConfig:
             raise ConfigError(f"outer must be 'none' or 'nesterov', got {self.outer!r}")
         if not (0 < self.outer_lr < float("inf")) or not 0 <= self.outer_momentum < 1:
             raise ConfigError("need outer_lr > 0 and 0 <= outer_momentum < 1")
+        if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
+            raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
+        if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part
+            raise ConfigError("--overlap and --outer run with all-to-all averaging only: add --group-size 0")
 
 
 @dataclass(frozen=True)
