@@ -164,9 +164,11 @@ def test_gossip_counts_rejected_payloads_by_reason():
         await g.publish()
         rs = g.current
         zeros = {k: torch.zeros(v) for k, v in g.state.block_shapes().items()}
-        intruder = Identity.generate(bytes([99]) * 32)  # signs, and holds a signed record: the reasons below count
-        g._remember([sign_record(replace(g.record(), peer_id=intruder.peer_id, address="mem:x"), intruder, 300)])
-        hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0, peer_id=intruder.peer_id)
+        # intruders sign, and hold signed records: the reasons below count (one intruder per payload: a peer gets
+        # one delta per round and kind judged)
+        intruders = [Identity.generate(bytes([99 - i]) * 32) for i in range(4)]
+        g._remember([sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in intruders])
+        hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0)
         bad = [
             encode(zeros, "fp32", round=7, base_hash=rs.hashes[BLOCK], **hdr),  # far ahead: stale_round
             encode(zeros, "fp32", round=rs.round, base_hash="other", **hdr),  # answered, but base_mismatch
@@ -174,7 +176,8 @@ def test_gossip_counts_rejected_payloads_by_reason():
             # another swarm: invalid
             encode(zeros, "fp32", round=rs.round, base_hash=rs.hashes[BLOCK], **{**hdr, "swarm_id": "other"}),
         ]
-        for enc in bad:
+        for intruder, enc in zip(intruders, bad, strict=True):
+            enc.header.peer_id = intruder.peer_id
             try:
                 await g.handle_exchange(sign_payload(enc, intruder))
             except SwarmdError:
