@@ -83,7 +83,9 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy) -> dict
     sim_cfg = SimConfig(
         model_config(a), train, workers=v["K"], rounds=rounds, steps_per_round=a.steps, eval_every=a.eval_every
     )
-    gossip = GossipConfig(steps_per_round=a.steps, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"])
+    gossip = GossipConfig(
+        steps_per_round=a.steps, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"], group_size=0
+    )
     regime = regime_named("lockstep")
     start = time.perf_counter()
     sim = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, gossip=gossip)

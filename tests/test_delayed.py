@@ -88,7 +88,7 @@ def test_land_merge_without_steps_meanwhile_is_the_plain_merge_bit_for_bit():
 def test_replicas_bases_stay_bit_identical_with_overlap_on():
     """Two replicas and a third peer on another block: each round's exchange runs while both replicas keep
     training (different data, different steps meanwhile); after every landing their bases are bit-identical."""
-    peers, _, board = memory_swarm([0, 0, 1], overlap=True)
+    peers, _, board = memory_swarm([0, 0, 1], overlap=True, group_size=0)
     streams = [batches(10 + i) for i in range(len(peers))]
 
     async def scenario():
@@ -187,7 +187,9 @@ def test_a_lone_replica_loses_nothing_to_a_late_merge_and_partial_overlap_runs(c
 @pytest.mark.parametrize("overlap_steps", [0, 1])
 def test_two_real_daemons_with_overlap_merge_every_round_and_stay_identical(tmp_path, overlap_steps):
     configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", max_rounds=3, checkpoint=True) for i in range(2)]
-    configs = [replace(c, gossip=replace(c.gossip, overlap=True, overlap_steps=overlap_steps)) for c in configs]
+    configs = [
+        replace(c, gossip=replace(c.gossip, overlap=True, overlap_steps=overlap_steps, group_size=0)) for c in configs
+    ]
     reports: list[list] = []
 
     async def scenario():
@@ -217,7 +219,7 @@ def test_a_stop_during_an_overlapped_exchange_exits_cleanly_and_resumes(tmp_path
         daemon_config(tmp_path, 0, seed=i, discovery="static", checkpoint=True, steps=4, deadline_max_s=3.0)
         for i in range(2)
     ]
-    configs = [replace(c, gossip=replace(c.gossip, overlap=True)) for c in configs]
+    configs = [replace(c, gossip=replace(c.gossip, overlap=True, group_size=0)) for c in configs]
 
     async def hang(incoming):
         await asyncio.Event().wait()
@@ -273,7 +275,7 @@ def test_the_overlap_flag_reaches_the_daemon_config_and_its_json():
     given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
     train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
     for overlap, steps in ((False, 0), (True, 5)):
-        peer = o.PeerOptions(**{**given, "overlap": overlap, "overlap_steps": steps})
+        peer = o.PeerOptions(**{**given, "overlap": overlap, "overlap_steps": steps, "group_size": 0})
         config = peer.config(ModelConfig(), train, [], Path(__file__), None)
         assert (config.gossip.overlap, config.gossip.overlap_steps) == (overlap, steps)
         again = DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict())))

@@ -56,7 +56,7 @@ def test_make_outer_and_config_validation():
     for bad in ({"outer": "adam"}, {"outer_lr": 0.0}, {"outer_momentum": 1.0}, {"outer_momentum": -0.1}):
         with pytest.raises(ConfigError):
             GossipConfig(**bad)
-    cfg = DaemonConfig(gossip=GossipConfig(outer="nesterov", outer_lr=0.5, outer_momentum=0.8))
+    cfg = DaemonConfig(gossip=GossipConfig(outer="nesterov", outer_lr=0.5, outer_momentum=0.8, group_size=0))
     assert DaemonConfig.from_dict(cfg.to_dict()).gossip == cfg.gossip
 
 
@@ -130,7 +130,7 @@ def test_adopt_takes_the_peers_momentum_or_resets_it():
 
 def test_gossip_re_sync_pulls_the_outer_buffer_with_the_weights():
     async def scenario():
-        peers, _, board = memory_swarm([0, 0, 1], codec="fp32", outer="nesterov")
+        peers, _, board = memory_swarm([0, 0, 1], codec="fp32", outer="nesterov", group_size=0)
         await memory_round(peers, board)
         lagging = peers[0]
         await memory_round(peers, board, skip={0})  # behind by one round: re-syncs from peer 1
@@ -154,7 +154,7 @@ def test_simulator_applies_the_daemons_outer_step(text_data):
     runs = {}
     for outer in ("none", "nesterov"):
         with torch.random.fork_rng(devices=[]):
-            sim = Simulator(cfg, regime, Lockstep(), data, held_out, gossip=GossipConfig(outer=outer))
+            sim = Simulator(cfg, regime, Lockstep(), data, held_out, gossip=GossipConfig(outer=outer, group_size=0))
             sim.run()
         runs[outer] = sim
         hashes = {w.block: set() for w in sim.workers}
