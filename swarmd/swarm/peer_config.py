@@ -73,7 +73,7 @@ class GossipConfig:
         if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
         if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part
-            raise ConfigError("--overlap and --outer run with all-to-all averaging only: add --group-size 0")
+            raise ConfigError("--overlap and --outer need all-to-all averaging: drop --group-size (or set it to 0)")
 
 
 @dataclass(frozen=True)
