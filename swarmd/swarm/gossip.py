@@ -579,16 +579,23 @@ class Gossip:
             return best
         return None
 
-    async def _fresh_state(self, peer: PeerRecord, kind: PayloadKind) -> tuple[rejoin.Held, dict[str, torch.Tensor]]:
-        """A peer's current state, signed by it and hashing to the weights its own signed header names."""
+    async def _pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra) -> Encoded:
+        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current); the reply must come
+        signed by that peer (ValidationError otherwise)."""
         request = pb.PullStateRequest(
             swarm_id=self.me.swarm_id,
             config_hash=self.me.config_hash,
             kind=kind.to_pb(),
             block_index=peer.block_index if kind.is_block else -1,
+            **extra,
         )
         enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
         self._check_signed(enc, peer.peer_id)
+        return enc
+
+    async def _fresh_state(self, peer: PeerRecord, kind: PayloadKind) -> tuple[rejoin.Held, dict[str, torch.Tensor]]:
+        """A peer's current state, signed by it and hashing to the weights its own signed header names."""
+        enc = await self._pull_signed(peer, kind)
         tensors = self._decode(enc, kind, self.me.block_index if kind.is_block else -1)
         if (got := await asyncio.to_thread(weights_hash, tensors)) != enc.header.base_hash:
             raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
@@ -660,16 +667,8 @@ class Gossip:
             peer has moved to another round since its record
         """
         outer = self.state.outer is not None  # adopt the reference's outer buffer with its weights
-        request = pb.PullStateRequest(
-            swarm_id=self.me.swarm_id,
-            config_hash=self.me.config_hash,
-            kind=kind.to_pb(),
-            block_index=peer.block_index if kind.is_block else -1,
-            outer_state=outer,
-        )
-        enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
+        enc = await self._pull_signed(peer, kind, outer_state=outer)
         h = enc.header
-        self._check_signed(enc, peer.peer_id)
         want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
         if back and expect is not None and want_round < int(h.round) <= want_round + REJOIN_AHEAD_ROUNDS:
             # rejoining a majority: the member asked has merged on since its record (fast rounds, lagging
@@ -695,15 +694,7 @@ class Gossip:
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        request = pb.PullStateRequest(
-            swarm_id=self.me.swarm_id,
-            config_hash=self.me.config_hash,
-            kind=PayloadKind.BLOCK_STATE.to_pb(),
-            block_index=peer.block_index,
-            current=True,  # its merged block, not the anchor a grouped peer announces
-        )
-        enc = await self.transport.pull_state(peer.address, request, self.cfg.rpc_timeout_s)
-        self._check_signed(enc, peer.peer_id)
+        enc = await self._pull_signed(peer, PayloadKind.BLOCK_STATE, current=True)  # its merged block, not its anchor
         return self._decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
 
     @staticmethod
@@ -743,10 +734,15 @@ class Gossip:
         )
         return self._signed(rec, ttl_s)
 
+    def _base(self, kind: PayloadKind) -> tuple[dict[str, torch.Tensor], str]:
+        """A part's merged base weights and their hash (kind BLOCK or EMB)."""
+        s = self.state
+        return (s.base_block, s.block_hash) if kind == BLOCK else (s.base_emb, s.emb_hash)
+
     def _anchor_hash(self, kind: PayloadKind) -> str:
         """The hash a part's payloads and record announce: its anchor's while groups average apart, else the base's."""
         anchor = self.anchors[kind]
-        return anchor.hash if anchor.active else (self.state.block_hash if kind == BLOCK else self.state.emb_hash)
+        return anchor.hash if anchor.active else self._base(kind)[1]
 
     def _signed(self, record: PeerRecord, ttl_s: float) -> PeerRecord:
         return sign_record(record, self.identity, ttl_s)
@@ -779,8 +775,8 @@ class Gossip:
         rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.swarm.delayed)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
-            base = self.state.base_block if kind == BLOCK else self.state.base_emb
-            delta = with_offset(delta, self.anchors[kind].offset(base))  # group averaging: base - anchor + delta
+            # group averaging: base - anchor + delta
+            delta = with_offset(delta, self.anchors[kind].offset(self._base(kind)[0]))
             enc, decoded = await asyncio.to_thread(
                 self.ef[kind].compress,
                 delta,
@@ -942,12 +938,7 @@ class Gossip:
             rs.members[kind] = group_members(self.me.peer_id, pool, rs.round, self.cfg, salt)
             anchor = self.anchors[kind]
             if rs.members[kind] is not None and not anchor.active:
-                base, base_hash = (
-                    (self.state.base_block, self.state.block_hash)
-                    if kind == BLOCK
-                    else (self.state.base_emb, self.state.emb_hash)
-                )
-                anchor.set(base, base_hash, self.state.round)
+                anchor.set(*self._base(kind), self.state.round)
 
     async def _apply(self, rs: _Round, merged: dict[str, dict[str, torch.Tensor] | None]) -> None:
         """Apply the round's merges: base + merged (no anchor), or the anchor + merged offsets (group averaging);
@@ -958,9 +949,8 @@ class Gossip:
             anchor, value = self.anchors[kind], merged[kind]
             if not anchor.active or anchor.tensors is None or value is None:
                 continue
-            base = self.state.base_block if kind == BLOCK else self.state.base_emb
             target = merged_target(anchor.tensors, value)
-            steps[kind] = base_step(target, base)
+            steps[kind] = base_step(target, self._base(kind)[0])
             if rs.members[kind] is None:  # everybody merged the same offsets: same bits, the new anchor
                 exact[kind] = target
         if self.cfg.overlap:  # the merge lands one round late, live keeps the steps taken since publish() (no groups)
