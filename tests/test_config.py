@@ -73,6 +73,8 @@ def test_train_config_rejects(kwargs, message):
         ({"deadline_factor": 0.0}, "deadline_factor"),
         ({"rpc_timeout_s": -1.0}, "rpc_timeout_s"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
+        ({"min_cosine": 1.0}, "min_cosine"),
+        ({"min_cosine": -1.5}, "min_cosine"),
     ],
 )
 def test_gossip_config_rejects(kwargs, message):

@@ -112,6 +112,32 @@ def test_result_is_bit_identical_in_any_peer_order():
         assert all(torch.equal(merged[k], ref[k]) for k in ref)
 
 
+def test_direction_check_drops_a_sign_flipped_peer_and_merges_the_rest_exactly():
+    c = common_delta()
+    good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(3)}
+    flipped = {k: -v for k, v in honest(7, c, noise=3e-4).items()}
+    merged, stats = robust_merge({**good, "p-attacker": flipped})
+    assert stats.dropped == 1 and stats.peers == 3
+    alone, _ = robust_merge(good)
+    assert all(torch.equal(merged[k], alone[k]) for k in alone)  # the honest three's merge, bit for bit
+    off, off_stats = robust_merge({**good, "p-attacker": flipped}, min_cosine=-1.0)
+    assert off_stats.dropped == 0 and dist(off, c) > dist(merged, c)  # trimmed mean alone: pulled toward zero
+
+
+def test_direction_check_keeps_honest_peers_and_never_drops_a_majority():
+    c = common_delta()
+    good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(5)}
+    merged, stats = robust_merge(good)
+    assert stats.dropped == 0
+    assert all(torch.equal(merged[k], robust_merge(good, min_cosine=-1.0)[0][k]) for k in merged)
+    two_flipped = {
+        **{p: good[p] for p in ("p0", "p1")},
+        **{p: {k: -v for k, v in good[p].items()} for p in ("p2", "p3")},
+    }
+    assert robust_merge(two_flipped)[1].dropped == 0  # 2 of 4 point away: more than (n - 1) // 2, nobody dropped
+    assert robust_merge({"a": good["p0"], "b": {k: -v for k, v in good["p1"].items()}})[1].dropped == 0  # 2 peers
+
+
 def test_norm_bound_separates_honest_from_scaled():
     bound = delta_norm_bound(steps=20, lr=1e-3, numel=1000, factor=10.0)
     assert math.isclose(bound, 10 * 20 * 1e-3 * math.sqrt(1000))

@@ -79,7 +79,11 @@ def merge_fn(cfg: GossipConfig | None = None) -> Merge:
 def merge_label(cfg: GossipConfig | None = None) -> str:
     """What merge_fn(cfg) does, in words (benchmarks record it)."""
     c = cfg or GossipConfig()
-    detail = f", clip {c.clip_factor:g}, trim {c.trim_fraction:g}" if c.merge == "robust" else ""
+    detail = (
+        f", clip {c.clip_factor:g}, trim {c.trim_fraction:g}, min cosine {c.min_cosine:g}"
+        if c.merge == "robust"
+        else ""
+    )
     return f"gossip.merge_deltas ({c.merge}{detail})"
 
 

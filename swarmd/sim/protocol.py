@@ -153,7 +153,9 @@ def simulate_part(anchor: dict[str, torch.Tensor], n: int, cfg: ProtocolConfig, 
                 sent[i] = payload_bytes[i] * (len(live) - 1)
             if len(live) >= 2:
                 merged = (
-                    robust_merge({ids[i]: decoded[i] for i in live}, gcfg.clip_factor, gcfg.trim_fraction)[0]
+                    robust_merge(
+                        {ids[i]: decoded[i] for i in live}, gcfg.clip_factor, gcfg.trim_fraction, gcfg.min_cosine
+                    )[0]
                     if cfg.merge == "robust"
                     else {k: torch.stack([decoded[i][k] for i in live]).mean(0) for k in decoded[live[0]]}
                 )

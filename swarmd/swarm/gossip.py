@@ -129,7 +129,7 @@ def merge_deltas(deltas: dict[str, dict[str, torch.Tensor]], cfg: GossipConfig) 
     """The round's merge rule of `cfg` (robust or plain mean) over the accepted deltas, own included."""
     if cfg.merge == "mean":
         return merge_mean(deltas)
-    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction)[0]
+    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction, cfg.min_cosine)[0]
 
 
 def _finite(tensors: dict[str, torch.Tensor]) -> bool:
