@@ -443,28 +443,42 @@ def _shapes() -> dict:
     return {k: tuple(v.shape) for k, v in DenoisingBlock(CFG).state_dict().items()}
 
 
-def _forged_records(sw: AdversarySwarm) -> str:
-    """Run forge_records in a fresh process (a DHT forked from this one, which holds gRPC state, cannot dial)."""
-    maddrs = [m for p in sw.peers if p.alive() for m in p.info.get("multiaddrs", [])]
-    spec = {"maddrs": maddrs, "swarm_id": sw.config.net.swarm_id, "victim": sw.peers[1].info["peer"]}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "forge", json.dumps(spec)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return "attacker DHT did not answer within 180 s"
-    lines = done.stdout.strip().splitlines()
-    return lines[-1] if lines else f"attacker exited {done.returncode}: {done.stderr.strip()[-200:]}"
+class Forger:
+    """The attacker's own hivemind DHT node (forge_records) in a fresh process, started before the swarm (a DHT
+    forked from this process, which holds gRPC state, cannot dial; a cold DHT takes tens of seconds to start on a
+    loaded machine, long enough for a 12-round swarm to finish), told the swarm's multiaddrs once it runs."""
+
+    def __init__(self) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "forge"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+    def attack(self, sw: AdversarySwarm, timeout_s: float = 180.0) -> str:
+        """Send the spec; the child's last stdout line (what it stored), or why there is none."""
+        maddrs = [m for p in sw.peers if p.alive() for m in p.info.get("multiaddrs", [])]
+        spec = {"maddrs": maddrs, "swarm_id": sw.config.net.swarm_id, "victim": sw.peers[1].info["peer"]}
+        try:
+            out, _ = self.proc.communicate(json.dumps(spec) + "\n", timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return f"attacker DHT did not answer within {timeout_s:.0f} s"
+        lines = out.strip().splitlines()
+        return lines[-1] if lines else f"attacker exited {self.proc.returncode} without a line"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def forge_records(spec: dict) -> str:
-    """An unsigned record naming peer 1 with round 1,000,000, one signed by a fresh key of the attacker's
-    own, and 10 Sybil records of made-up peer ids, stored through a raw hivemind DHT (no validators of ours)."""
+def forge_records() -> str:
+    """Start a raw hivemind DHT (no validators of ours), read the spec (JSON: the swarm's multiaddrs, swarm id,
+    victim peer id) from stdin, reach the swarm, then store an unsigned record naming the victim with round
+    1,000,000, one signed by a fresh key of the attacker's own, and 10 Sybil records of made-up peer ids."""
     import hivemind
     from hivemind.utils import get_dht_time
 
     from swarmd.swarm.discovery import PeerRecord, _dht_rebootstrap, block_key
 
-    maddrs = spec["maddrs"]
     dht = None
     try:  # alone first: p2pd's own bootstrap gives up early on a loaded machine ("failed to connect to bootstrap
         # peers"); then dial and ping the swarm's nodes from inside the DHT process, as a re-bootstrap does
@@ -474,6 +488,8 @@ def forge_records(spec: dict) -> str:
     except Exception as exc:
         return f"attacker DHT did not start ({type(exc).__name__}: {str(exc)[-120:]})"
     try:
+        spec = json.loads(sys.stdin.readline())
+        maddrs, began = spec["maddrs"], time.monotonic()
         answered = 0
         for _ in range(10):
             answered = dht.run_coroutine(functools.partial(_dht_rebootstrap, maddrs))
@@ -496,16 +512,13 @@ def forge_records(spec: dict) -> str:
             "e" * 16,
         )
         stored, attacker = [bool(dht.store(key, forged.to_value(), exp, subkey=forged.peer_id))], "?"
-        try:
-            from swarmd.swarm.identity import Identity
-            from swarmd.swarm.trust import sign_record
+        from swarmd.swarm.identity import Identity
+        from swarmd.swarm.trust import sign_record
 
-            me = Identity.generate()
-            attacker = me.peer_id
-            own = sign_record(replace(forged, peer_id=me.peer_id), me, 120.0)
-            stored.append(bool(dht.store(key, own.to_value(), exp, subkey=own.peer_id)))
-        except ImportError:
-            stored.append(False)
+        me = Identity.generate()
+        attacker = me.peer_id
+        own = sign_record(replace(forged, peer_id=me.peer_id), me, 120.0)
+        stored.append(bool(dht.store(key, own.to_value(), exp, subkey=own.peer_id)))
         for n in range(10):
             sybil = replace(forged, peer_id=f"12D3KooWSybil{n:02d}{'x' * 30}", round=0, address=f"127.0.0.1:{2 + n}")
             stored.append(bool(dht.store(key, sybil.to_value(), exp, subkey=sybil.peer_id)))
@@ -513,7 +526,8 @@ def forge_records(spec: dict) -> str:
         dht.shutdown()
     return (
         f"DHT store accepted by some node: unsigned forged {stored[0]}, self-signed round 1e6 {stored[1]}, "
-        f"Sybil {sum(stored[2:])}/10; self-signed attacker ...{attacker[-6:]}"
+        f"Sybil {sum(stored[2:])}/10 ({answered} of {len(maddrs)} swarm nodes reached, stored "
+        f"{time.monotonic() - began:.1f} s after the spec); self-signed attacker ...{attacker[-6:]}"
     )
 
 
@@ -613,16 +627,18 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="adv-public-") as wd:
         sw = swarm(a, Path(wd))
         ev: dict[str, str] = {}
-        with sw:
+        forger = Forger()  # its DHT starts while the swarm does
+        with sw, contextlib.closing(forger):
             sw.start(300)
-            wait_rounds(sw, [0, 1, 2, 3], 3)
+            wait_rounds(sw, [0, 1, 2, 3], 2)
+            round_before = max(len(p.rounds_seen) for p in sw.peers)
+            ev["forged"] = forger.attack(sw)  # first: the records must be there while the honest peers run on
+            round_stored = min(len(p.rounds_seen) for p in sw.peers)
+            print(f"forged records: {ev['forged']}", file=sys.stderr, flush=True)
             ev["x1000"] = ", ".join(asyncio.run(_stranger_deltas(sw, [0, 1, 2, 3], 1000.0)))
             print(f"stranger x1000: {ev['x1000']}", file=sys.stderr, flush=True)
             ev["x1e36"] = ", ".join(asyncio.run(_stranger_deltas(sw, [0, 1, 2, 3], 1e36)))
             print(f"stranger x1e36: {ev['x1e36']}, alive {[p.alive() for p in sw.peers]}", file=sys.stderr, flush=True)
-            round_before = max(len(p.rounds_seen) for p in sw.peers)
-            ev["forged"] = _forged_records(sw)
-            print(f"forged records: {ev['forged']}", file=sys.stderr, flush=True)
             done = finish(sw, [0, 1, 2, 3], a.timeout)
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, [0, 1, 2, 3])
@@ -637,7 +653,9 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         rejected = log_count(sw, [0, 1, 2, 3], "rejected a")
         part = [h["participation"] for s in sw.summaries() for h in s.get("history", []) if "participation" in h]
         big_round = any(r is not None and r >= 1_000_000 for r in done["rounds"])
-        reached = ev["forged"].startswith("DHT store")  # the attacker's DHT came up and stored (else not exercised)
+        # the attacker's DHT came up and stored while the swarm had rounds left to read it (else not exercised)
+        after = min(r or 0 for r in done["rounds"]) - round_stored
+        reached = ev["forged"].startswith("DHT store") and after >= 3
         hist = [h.get("expected", 0) for s in sw.summaries() for h in s.get("history", [])]
         alive = done["exit"] == [0] * 4
     ok_ce = ce is not None and ce_clean is not None and abs(ce - ce_clean) <= CE_TOLERANCE
@@ -661,7 +679,8 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
             "forged DHT record claiming round 1,000,000 (unsigned, and self-signed by a fresh key)",
             alive and not big_round and ok_ce and reached and from_attacker == 0,
             f"{ev['forged']}; honest final rounds {done['rounds']} "
-            f"(round lines before the attack: {round_before}), state adoptions logged {adopted}, of them from the "
+            f"(round lines before the attack: {round_before}; rounds every honest peer ran after the store: {after}), "
+            f"state adoptions logged {adopted}, of them from the "
             f"attacker {from_attacker}; {common_ev}",
             ce,
             ce_clean,
@@ -1072,7 +1091,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["byzantine"]:
         sys.exit(run_byzantine(argv[1], argv[2]))
     if argv[:1] == ["forge"]:
-        print(forge_records(json.loads(argv[1])), flush=True)
+        print(forge_records(), flush=True)
         return
     a = parse_args(argv)
     groups = (

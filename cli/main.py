@@ -78,5 +78,14 @@ app.command("generate")(generate.generate)
 app.command("simulate")(simulate.simulate)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `blocktrain` console script: the CLI as a process of its own (a daemon it runs ends the process within
+    seconds of its shutdown: swarmd.swarm.runner.end_process_after_shutdown; tests call `app` in-process)."""
+    from swarmd.swarm.runner import end_process_after_shutdown
+
+    end_process_after_shutdown()
     app()
+
+
+if __name__ == "__main__":
+    entry()

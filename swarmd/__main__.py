@@ -15,7 +15,7 @@ from pathlib import Path
 
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.swarm.peer_config import DaemonConfig
-from swarmd.swarm.runner import run_foreground, setup_logging
+from swarmd.swarm.runner import end_process_after_shutdown, run_foreground, setup_logging
 
 
 def load_config(path: Path) -> DaemonConfig:
@@ -44,4 +44,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_process_after_shutdown()
     sys.exit(main())

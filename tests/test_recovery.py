@@ -331,3 +331,27 @@ def test_a_partition_of_30_s_heals_within_a_minute(text_data, tmp_path):
             assert all(full(p) for p in swarm.peers), [swarm.tail(p) for p in swarm.peers]
     finally:
         lab.destroy()
+
+
+def test_a_process_entry_point_ends_within_the_grace_even_with_a_thread_still_blocked():
+    """runner.arm_process_end: a worker thread stuck after the shutdown (a DHT or disk call in flight) does not keep
+    `python -m swarmd` / `blocktrain run` alive; without end_process_after_shutdown (tests, in-process) nothing ends."""
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, time\n"
+        "from swarmd.swarm import runner\n"
+        "runner.end_process_after_shutdown()\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()  # non-daemon: the interpreter would wait\n"
+        "runner.arm_process_end()\n"
+        "print('armed', flush=True)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "armed" in done.stdout, done.stderr
+    assert time.monotonic() - started < 30  # EXIT_GRACE_S after arming, not the thread's 600 s
+    assert "ending the process" in done.stderr
+    from swarmd.swarm import runner
+
+    assert runner._end_process is False  # this test process never armed itself

@@ -249,8 +249,10 @@ class Daemon:
 
     async def shutdown(self) -> None:
         self.phase = PeerState.STOPPING
+        began = time.monotonic()
         if self.state is not None and self.config.checkpoint_dir:
             await self.save_checkpoint()
+        saved = time.monotonic()
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.stop)
             self.metrics_server = None
@@ -261,6 +263,7 @@ class Daemon:
         if self.discovery is not None:
             await self.discovery.shutdown()
             self.discovery = None  # type: ignore[assignment]
+        logger.info("shut down in %.2fs (final checkpoint %.2fs)", time.monotonic() - began, saved - began)
 
     async def _wait_stopping(self, timeout_s: float) -> None:
         try:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from swarmd.swarm.addresses import preferred_multiaddr
@@ -43,6 +45,28 @@ def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
 
     route_hivemind_logs()
     logging.getLogger().setLevel(level)  # routing set the root level to $HIVEMIND_LOGLEVEL (INFO): ours wins
+
+
+EXIT_GRACE_S = 2.0  # a process entry point ends at most this long after its daemon has shut down
+_end_process = False  # set by end_process_after_shutdown (process entry points only)
+
+
+def end_process_after_shutdown() -> None:
+    """For a process entry point (`python -m swarmd`, the `blocktrain` console script): once a daemon run here
+    has shut down (final checkpoint written, servers and DHT stopped), the process ends within EXIT_GRACE_S even
+    if a worker thread is still blocked (asyncio.run waits for its executor's threads, e.g. a DHT or disk call
+    in flight), so SIGTERM / SIGINT end the process within seconds. Never in a process that goes on (tests)."""
+    global _end_process
+    _end_process = True
+
+
+def _exit_now() -> None:
+    """End the process (code 0) without waiting on threads that outlived the daemon (see run_foreground)."""
+    logging.getLogger(__name__).warning("ending the process: still running %.0fs after the shutdown", EXIT_GRACE_S)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -> None:
@@ -92,3 +116,12 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     await daemon.serve()
     where = f", checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""
     echo(f"stopped at round {daemon.state.round}{where}")
+    arm_process_end()
+
+
+def arm_process_end() -> None:
+    """After a daemon's shutdown: if this is a process entry point, end the process within EXIT_GRACE_S."""
+    if _end_process:
+        timer = threading.Timer(EXIT_GRACE_S, _exit_now)
+        timer.daemon = True
+        timer.start()
