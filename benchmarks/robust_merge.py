@@ -37,6 +37,13 @@ from swarmd.swarm.gossip import merge_mean
 from swarmd.swarm.peer_config import GossipConfig, peer_train_config
 from swarmd.swarm.robust import robust_merge
 
+# merge rules compared: name -> GossipConfig fields ("robust-nodir": the robust merge without its direction check)
+MERGES = {
+    "mean": {"merge": "mean"},
+    "robust": {"merge": "robust"},
+    "robust-nodir": {"merge": "robust", "min_cosine": -1.0},
+}
+
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
@@ -44,24 +51,33 @@ def parse_args(argv=None):
     p.add_argument("--replicas", type=int, nargs="+", default=[2, 4], help="K: replicas per block")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--trim-fraction", type=float, default=GossipConfig.trim_fraction)
-    p.add_argument("--merges", nargs="+", default=["mean", "robust"], choices=["mean", "robust"])
+    p.add_argument("--merges", nargs="+", default=["mean", "robust"], choices=list(MERGES))
+    p.add_argument(
+        "--sign-flip",
+        action="store_true",
+        help="also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest",
+    )
     p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/robust_merge.json"))
     p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_robust_merge.md"))
     return p.parse_args(argv)
 
 
-def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy) -> dict:
+def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy, flip: bool = False) -> dict:
+    """One simulator run; with flip, the last replica of each block (sorted worker ids) sends -delta."""
     cfg = ModelConfig(
         blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
     )
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     sim_cfg = SimConfig(cfg, train, workers=workers, rounds=a.rounds, steps_per_round=a.steps, eval_every=a.rounds)
     regime = regime_named("lockstep")
-    inner = merge_fn(GossipConfig(merge=merge, trim_fraction=a.trim_fraction, clip_factor=a.clip_factor))
+    inner = merge_fn(GossipConfig(**MERGES[merge], trim_fraction=a.trim_fraction, clip_factor=a.clip_factor))
     merge_s: list[float] = []
 
     def timed(deltas):
+        if flip and len(deltas) == workers:  # a block merge (the table merge has every worker): flip its last
+            last = sorted(deltas)[-1]
+            deltas = {**deltas, last: {k: -v for k, v in deltas[last].items()}}
         t0 = time.perf_counter()
         out = inner(deltas)
         merge_s.append(time.perf_counter() - t0)
@@ -83,6 +99,7 @@ def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy) -> 
     merge_peer = [r["merge_peer"] for r in round_wall]
     return {
         "merge": merge,
+        "sign_flip": flip,
         "replicas": workers,
         "peers": n_workers,
         "seed": seed,
@@ -131,8 +148,8 @@ def table(rows: list[dict]) -> list[str]:
         "train s / round / peer | merge share |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for workers, seed in sorted({(r["replicas"], r["seed"]) for r in rows}):
-        pair = {r["merge"]: r for r in rows if (r["replicas"], r["seed"]) == (workers, seed)}
+    for workers, seed in sorted({(r["replicas"], r["seed"]) for r in rows if not r.get("sign_flip")}):
+        pair = {r["merge"]: r for r in rows if (r["replicas"], r["seed"]) == (workers, seed) and not r.get("sign_flip")}
         if set(pair) != {"mean", "robust"}:
             continue
         m, r = pair["mean"], pair["robust"]
@@ -141,6 +158,23 @@ def table(rows: list[dict]) -> list[str]:
             f"{1e3 * r['merge_s_per_round_per_peer']:.2f} (mean: {1e3 * m['merge_s_per_round_per_peer']:.2f}) | "
             f"{r['train_s_per_round_per_peer']:.2f} | {100 * r['merge_share']:.2f}% |"
         )
+    return lines
+
+
+def flip_table(rows: list[dict]) -> list[str]:
+    """Markdown rows: one per (replicas, seed, merge) with a sign flipper, against the honest K-replica run."""
+    lines = [
+        "| honest replicas + 1 sign flipper | seed | merge | CE honest alone | CE with the flipper | difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    honest = {(r["replicas"], r["seed"], r["merge"]): r["ce"] for r in rows if not r.get("sign_flip")}
+    for r in rows:
+        ref = honest.get((r["replicas"] - 1, r["seed"], "robust"))
+        if r.get("sign_flip") and ref is not None:
+            lines.append(
+                f"| {r['replicas'] - 1} + 1 | {r['seed']} | {r['merge']} | {ref:.4f} | {r['ce']:.4f} | "
+                f"{r['ce'] - ref:+.4f} |"
+            )
     return lines
 
 
@@ -158,6 +192,13 @@ def main(argv=None) -> None:
                 row["wall_s"] = time.time() - started
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            if not a.sign_flip:
+                continue
+            if "robust" not in a.merges:  # the flipper's rows are read against the honest robust run
+                rows.append(run_one(a, "robust", workers, seed, data, eval_xy))
+            for merge in a.merges:
+                rows.append(run_one(a, merge, workers + 1, seed, data, eval_xy, flip=True))
+                print(json.dumps(rows[-1]), flush=True)
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "rows": rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2))
@@ -180,6 +221,14 @@ def main(argv=None) -> None:
         *attack_table(),
         "",
     ]
+    if a.sign_flip:
+        md += [
+            "One more replica per block whose delta is sign-flipped every round (its own honest delta, negated; the "
+            "merge sees K + 1), against the K honest replicas alone (robust merge), same seed:",
+            "",
+            *flip_table(rows),
+            "",
+        ]
     a.md.write_text("\n".join(md))
 
 
