@@ -260,6 +260,21 @@ class Run:
     ok: bool
     evidence: str
     rejected: int = 0
+    dropped: int | None = None  # merges' deltas the direction check dropped (honest peers' logs); None: not logged
+
+
+DROP_LINE = "direction check"  # gossip's log line for a merge that dropped deltas pointing away from the others
+
+
+def _drops(sw: AdversarySwarm, honest: list[int]) -> int:
+    """Deltas the honest peers' direction checks dropped, summed over their merges."""
+    pattern = re.compile(r"dropped (\d+) delta\(s\) pointing away")
+    return sum(
+        int(m[1])
+        for i in honest
+        for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
+        if DROP_LINE in line and (m := pattern.search(line))
+    )
 
 
 def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
@@ -270,9 +285,16 @@ def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
             done = finish(sw, list(range(peers)), a.timeout)
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, list(range(peers)))
+        dropped = _drops(sw, list(range(peers)))
     ok = done["exit"] == [0] * peers and ce is not None and same
-    print(f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}", file=sys.stderr, flush=True)
-    return Run(ce, ok, f"seed {seed}: exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}")
+    print(
+        f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}, {dropped} direction drops",
+        file=sys.stderr,
+        flush=True,
+    )
+    return Run(
+        ce, ok, f"seed {seed}: exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}", 0, dropped
+    )
 
 
 def byzantine_run(a, mode: str, seed: int = 0) -> Run:
@@ -284,14 +306,20 @@ def byzantine_run(a, mode: str, seed: int = 0) -> Run:
         ce = ce_of(a, sw.peers[0].checkpoint_dir)
         same = replicas_identical(sw, [0, 1, 2])
         rejected = log_count(sw, [0, 1, 2], "rejected a")
+        dropped = _drops(sw, [0, 1, 2])
     ok = done["exit"] == [0, 0, 0] and ce is not None and same and not done["tracebacks"]
-    print(f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections", file=sys.stderr, flush=True)
+    print(
+        f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} direction drops",
+        file=sys.stderr,
+        flush=True,
+    )
     return Run(
         ce,
         ok,
         f"seed {seed}: honest exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}, "
         f"tracebacks {done['tracebacks']}",
         rejected,
+        dropped,
     )
 
 
@@ -308,13 +336,19 @@ def _diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
     ]
 
 
+def _drop_note(runs: dict[int, Run]) -> str:
+    """The direction check's drops per run, in the honest peers' merges (each peer merges block and table)."""
+    return f"deltas dropped by the honest peers' direction checks per run {[r.dropped for r in runs.values()]}"
+
+
 def _spread(xs: list[float | None]) -> str:
     vals = [x for x in xs if x is not None]
     return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
 
 
-_CLEAN_LINE = re.compile(r"clean run, (\d+) replicas, seed (\d+): CE (\S+), (.*)$")
-_BYZ_LINE = re.compile(r"byzantine (\S+), seed (\d+): CE (\S+), (.*), (\d+) rejections$")
+_DROPS = r"(?:, (\d+) direction drops)?$"  # logged since the direction check
+_CLEAN_LINE = re.compile(r"clean run, (\d+) replicas, seed (\d+): CE (\S+), (\{.*\})" + _DROPS)
+_BYZ_LINE = re.compile(r"byzantine (\S+), seed (\d+): CE (\S+), (.*), (\d+) rejections" + _DROPS)
 
 
 def runs_from_log(path: Path) -> dict[tuple, list[Run]]:
@@ -323,15 +357,16 @@ def runs_from_log(path: Path) -> dict[tuple, list[Run]]:
     out: dict[tuple, list[Run]] = {}
     for line in path.read_text(errors="replace").splitlines():
         if m := _CLEAN_LINE.match(line):
-            key, rejected = ("clean", int(m[1]), int(m[2])), 0
+            key, rejected, dropped = ("clean", int(m[1]), int(m[2])), 0, m[5]
         elif m := _BYZ_LINE.match(line):
-            key, rejected = ("byzantine", m[1], int(m[2])), int(m[5])
+            key, rejected, dropped = ("byzantine", m[1], int(m[2])), int(m[5]), m[6]
         else:
             continue
         ce = None if m[3] == "-" else float(m[3])
         done = m[4]
         ok = ce is not None and "'tracebacks': 0" in done and re.search(r"'exit': \[(0, )*0\]", done) is not None
-        out.setdefault(key, []).append(Run(ce, ok, f"seed {m[2]} (from the log): {done}", rejected))
+        run = Run(ce, ok, f"seed {m[2]} (from the log): {done}", rejected, None if dropped is None else int(dropped))
+        out.setdefault(key, []).append(run)
     return out
 
 
@@ -358,7 +393,8 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
         Row(
             f"clean run (4 honest replicas), {len(clean4)} seeds",
             all(r.ok for r in clean4.values()),
-            f"CE per seed {[_f(r.ce) for r in clean4.values()]}; " + "; ".join(r.evidence for r in clean4.values()),
+            f"CE per seed {[_f(r.ce) for r in clean4.values()]}; {_drop_note(clean4)}; "
+            + "; ".join(r.evidence for r in clean4.values()),
             _mean([r.ce for r in clean4.values()]),
             _mean([r.ce for r in clean4.values()]),
         ),
@@ -367,7 +403,7 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
             all(r.ok for r in clean3.values()) and repeat is not None and repeat.ok,
             f"CE per seed {[_f(r.ce) for r in clean3.values()]}; minus the 4-replica run of the same seed "
             f"{_spread(_diffs(clean3, clean4))}; the same seed ({seeds[0]}) run again: {_f(noise, '{:+.4f}')} "
-            f"(run-to-run noise); " + "; ".join(r.evidence for r in clean3.values()),
+            f"(run-to-run noise); {_drop_note(clean3)}; " + "; ".join(r.evidence for r in clean3.values()),
             c3,
             c3,
         ),
@@ -388,7 +424,8 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
                 f"CE - honest clean run (3 replicas, same seed) per seed {_spread(d3)}, mean "
                 f"{_f(m3, '{:+.4f}')}; CE - 4-replica clean run per seed {_spread(d4)}, mean "
                 f"{_f(_mean(d4), '{:+.4f}')}; rejections logged by the honest peers per run "
-                f"{[r.rejected for r in runs.values()]}; " + "; ".join(r.evidence for r in runs.values()),
+                f"{[r.rejected for r in runs.values()]}; {_drop_note(runs)}; "
+                + "; ".join(r.evidence for r in runs.values()),
                 _mean([r.ce for r in runs.values()]),
                 _mean([clean3[s].ce for s in runs]),
             )

@@ -82,7 +82,7 @@ from swarmd.swarm.identity import Identity
 from swarmd.swarm.metrics import Metrics, reject_reason
 from swarmd.swarm.outer import split_momentum, with_momentum, with_momentum_shapes
 from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.robust import delta_norm, delta_norm_bound, mean_in_order, robust_merge
+from swarmd.swarm.robust import MergeStats, delta_norm, delta_norm_bound, mean_in_order, robust_merge
 from swarmd.swarm.state import BlockState, relative_distance, weights_hash
 from swarmd.swarm.trust import is_valid, sign_payload, sign_record, verify_payload
 from swarmd.transport.framing import Encoded
@@ -127,9 +127,16 @@ def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Te
 
 def merge_deltas(deltas: dict[str, dict[str, torch.Tensor]], cfg: GossipConfig) -> dict[str, torch.Tensor]:
     """The round's merge rule of `cfg` (robust or plain mean) over the accepted deltas, own included."""
+    return merge_with_stats(deltas, cfg)[0]
+
+
+def merge_with_stats(
+    deltas: dict[str, dict[str, torch.Tensor]], cfg: GossipConfig
+) -> tuple[dict[str, torch.Tensor], MergeStats | None]:
+    """merge_deltas and, for the robust rule, what it did (None for the plain mean)."""
     if cfg.merge == "mean":
-        return merge_mean(deltas)
-    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction, cfg.min_cosine)[0]
+        return merge_mean(deltas), None
+    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction, cfg.min_cosine)
 
 
 def _finite(tensors: dict[str, torch.Tensor]) -> bool:
@@ -1026,7 +1033,15 @@ class Gossip:
         )
         merged: dict[str, dict[str, torch.Tensor] | None] = {}
         for kind in (BLOCK, EMB):
-            value = merge_deltas({self.me.peer_id: rs.own[kind], **rs.inbox[kind]}, self.cfg)
+            value, stats = merge_with_stats({self.me.peer_id: rs.own[kind], **rs.inbox[kind]}, self.cfg)
+            if stats is not None and stats.dropped:
+                logger.info(
+                    "%s round %d: the %s merge dropped %d delta(s) pointing away from the others (direction check)",
+                    self.tag,
+                    rs.round,
+                    kind,
+                    stats.dropped,
+                )
             merged[kind] = value if _finite(value) else None  # cannot happen with bounded finite inputs
             if merged[kind] is None:
                 logger.error("%s round %d: the %s merge is not finite; keeping the base", self.tag, rs.round, kind)
