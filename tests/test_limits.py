@@ -63,6 +63,23 @@ def test_rate_limiter_is_a_token_bucket_per_caller():
     RateLimiter(rate=0).take("x")  # 0 = unlimited
 
 
+def test_a_forward_request_costs_one_token_per_started_64_kib():
+    from swarmd.transport.limits import FORWARD_UNIT_BYTES, forward_cost
+    from swarmd.v1 import swarm_pb2 as pb
+
+    small = pb.ForwardRequest(session_id="s")
+    assert forward_cost(small) == 1.0 and forward_cost(object()) == 1.0  # unparsed: refused next, costs 1
+    big = pb.ForwardRequest(session_id="s", z=pb.Tensor(data=b"x" * (3 * FORWARD_UNIT_BYTES)))
+    assert forward_cost(big) == 4.0  # 3 units of data + the header's few bytes: 4 started units
+    bomb = pb.ForwardRequest(z=pb.Tensor(shape=[64, 1024, 64], data=b"tiny zstd frame", zstd=True))
+    assert forward_cost(bomb) == 257.0  # compression buys nothing: 64 x 1024 x 64 fp32 = 16 MiB + the header
+    lim = RateLimiter(rate=1.0, burst=5.0, clock=lambda: 0.0)
+    lim.take("a", forward_cost(big))
+    with pytest.raises(Busy):
+        lim.take("a", forward_cost(big))  # 1 token left: a second big request waits, a small one passes
+    lim.take("a", forward_cost(small))
+
+
 # -- a real server -----------------------------------------------------------------------------------------------
 def _payload():
     return encode(delta(1), "int8", **META, peer_id="peer-a")

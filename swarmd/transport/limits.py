@@ -2,7 +2,8 @@
 
 Owns StreamLimiter (how many ExchangeDeltas / PullState streams run at once, in total and per caller host:
 the one over the cap is refused with Busy, i.e. RESOURCE_EXHAUSTED, at once instead of queueing) and
-RateLimiter (a token bucket per caller host for Forward requests: a caller over its rate gets Busy).
+RateLimiter (a token bucket per caller host for Forward requests: a caller over its rate gets Busy; a request
+costs forward_cost tokens, one per started 64 KiB of request, so batching rows and tokens buys no extra compute).
 A caller is keyed by its host (caller_host of grpc's context.peer()), not its port: one host opening many
 channels is still one caller. Pure Python: no grpc, no torch; single-threaded (the server's event loop).
 """
@@ -19,6 +20,29 @@ DEFAULT_MAX_STREAMS = 64  # payload streams (ExchangeDeltas + PullState) served 
 DEFAULT_MAX_STREAMS_PER_PEER = 32  # ... from one caller host (12 daemons on one host use ~22 at most)
 DEFAULT_FORWARD_RATE = 2000.0  # Forward requests per second per caller host (sustained)
 DEFAULT_FORWARD_BURST = 4000.0  # ... and the bucket's size (a burst above the rate)
+FORWARD_UNIT_BYTES = 64 << 10  # a Forward request costs one token per started this many bytes
+
+
+def forward_cost(request: object) -> float:
+    """Tokens a Forward request costs: its size in started FORWARD_UNIT_BYTES (at least 1), where a zstd tensor
+    counts its decoded size (4 bytes per element of its declared shape) so compression buys no compute.
+
+    A request's compute grows with the hidden states it carries (rows x tokens x d_model), i.e. its size: a
+    sampling step of one short sequence costs 1, a request of 64 rows x 1,024 tokens x d 256 in fp32 ~1,000.
+    Something that is not a parsed message (refused next anyway) costs 1.
+    """
+    size = getattr(request, "ByteSize", None)
+    if not callable(size):
+        return 1.0
+    total = size()
+    for name in ("z", "message", "context"):
+        t = getattr(request, name, None)
+        if t is not None and getattr(t, "zstd", False):
+            elements = 1
+            for dim in t.shape:
+                elements = min(elements * max(int(dim), 0), 1 << 40)
+            total += max(0, 4 * elements - len(t.data))
+    return float(max(1, -(-total // FORWARD_UNIT_BYTES)))
 
 
 def caller_host(peer: str) -> str:
@@ -65,7 +89,7 @@ class StreamLimiter:
 
 
 class RateLimiter:
-    """A token bucket per caller: `rate` requests per second sustained, bursts up to `burst`.
+    """A token bucket per caller: `rate` tokens per second sustained, bursts up to `burst` (take's cost).
 
     Keeps at most max_callers buckets (least recently seen dropped: a dropped caller starts with a full
     bucket again, which costs at most one burst). rate <= 0: unlimited.
@@ -92,7 +116,7 @@ class RateLimiter:
         if tokens < cost:
             self._buckets[caller] = (tokens, now)
             self.refused += 1
-            raise Busy(f"{caller} is over its rate of {self.rate:g} requests/s; slow down")
+            raise Busy(f"{caller} is over its rate of {self.rate:g} request units/s; slow down")
         self._buckets[caller] = (tokens - cost, now)
         while len(self._buckets) > self.max_callers:
             self._buckets.popitem(last=False)

@@ -37,7 +37,7 @@ from swarmd.transport.framing import (
     serialize_message,
     wire_messages,
 )
-from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host
+from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host, forward_cost
 from swarmd.transport.status import status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
@@ -185,7 +185,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         while True:
             try:
                 request = await anext(requests)
-                self.forward_rate.take(caller)
+                self.forward_rate.take(caller, forward_cost(request))
             except StopAsyncIteration:
                 return
             except SwarmdError as exc:
