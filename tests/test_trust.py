@@ -348,3 +348,22 @@ def test_a_lone_signed_stranger_in_a_block_is_not_adopted_against_the_swarms_rou
     refused, hash_after, round_after, evil_hash, adopted, a, partner = asyncio.run(scenario())
     assert "block" not in refused and hash_after != evil_hash and round_after == 1
     assert "block" in adopted and a.state.block_hash == partner.state.block_hash and a.state.round == 2
+
+
+def test_another_blocks_state_is_pulled_from_the_weights_most_records_share_first():
+    from swarmd.swarm.peers import pull_order
+
+    def rec(pid: str, block: int, rnd: int, base: str, address: str = "h:1") -> PeerRecord:
+        return PeerRecord(pid, address, block, rnd, 0.0, "c", base, False, "s", "emb")
+
+    records = [
+        rec("z-liar", 1, 1_000_000, "forged"),  # a lone peer at a far higher round: asked last
+        rec("b", 1, 7, "majority"),
+        rec("a", 1, 7, "majority"),
+        rec("c", 1, 6, "old"),
+        rec("d", 1, 6, "old"),
+        rec("e", 1, 8, "majority"),
+        rec("f", 0, 9, "majority"),  # another block
+        rec("g", 1, 9, "majority", address=""),  # client mode: nobody can dial it
+    ]
+    assert [r.peer_id for r in pull_order(records, 1)] == ["e", "a", "b", "c", "d", "z-liar"]

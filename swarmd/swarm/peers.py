@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -38,9 +39,18 @@ class StatusClient(Protocol):
     async def status(self, address: str, timeout_s: float) -> pb.PeerStatus: ...
 
 
+def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
+    """The dialable peers of a block, those whose announced weights (base_hash) most records share first, then
+    the newest round, then peer id: a lone peer announcing weights nobody else holds (stale, or hostile in a
+    public swarm) is asked last, not first because its record came back first from the DHT."""
+    candidates = [r for r in records if r.block_index == block_index and r.address]
+    shared = Counter(r.base_hash for r in candidates)
+    return sorted(candidates, key=lambda r: (-shared[r.base_hash], -r.round, r.peer_id))
+
+
 async def pull_block(gossip: Gossip, records: list[PeerRecord], block_index: int) -> StateDict | None:
-    """The merged state of another block from the first of its peers that answers (None if none does)."""
-    for r in (r for r in records if r.block_index == block_index and r.address):
+    """The merged state of another block from the first peer of pull_order that answers (None if none does)."""
+    for r in pull_order(records, block_index):
         try:
             return await gossip.fetch_block(r)
         except SwarmdError as exc:
