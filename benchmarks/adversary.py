@@ -197,10 +197,14 @@ def finish(sw: AdversarySwarm, honest: list[int], timeout_s: float) -> dict:
         with contextlib.suppress(subprocess.TimeoutExpired):
             sw.peers[i].process.wait(timeout=max(0.1, deadline - time.monotonic()))
     sums = sw.summaries()
+    logs = {i: sw.peers[i].log_path.read_text(errors="replace") for i in honest}
+    for i, text in logs.items():  # the evidence counts them; the command's stderr shows where they came from
+        if (at := text.find("Traceback")) >= 0:
+            print(f"peer {i} traceback:\n{text[max(0, at - 400) : at + 2000]}", file=sys.stderr, flush=True)
     return {
         "exit": [sw.peers[i].process.poll() for i in honest],
         "rounds": [sums[i].get("round") for i in honest],
-        "tracebacks": sum("Traceback" in sw.peers[i].log_path.read_text(errors="replace") for i in honest),
+        "tracebacks": sum("Traceback" in text for text in logs.values()),
     }
 
 

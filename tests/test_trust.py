@@ -231,6 +231,33 @@ def test_a_peer_gets_one_delta_judged_per_round_and_a_rejected_one_does_not_hold
     assert reasons.get("invalid") == 1 and reasons.get("stale_round") == 2
 
 
+def test_a_delta_of_a_past_round_is_refused_and_the_round_does_not_wait_for_its_sender():
+    """A replayed (or lagging) signed delta of an earlier round: StaleRound, and its sender counts as judged for
+    this round (the adversary benchmark's replaying peer held the peer it dialled at the 10 s deadline every
+    round); a delta of this round that the sender still sends before the round closes is merged all the same."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0], codec="fp32", deadline_max_s=30.0)
+        a, b, _c = peers
+        await memory_round(peers, board)  # round 0 done: every peer is at round 1
+        for g in peers:
+            await g.open_round()
+        a._remember(list(board.values()))
+        await a.publish()
+        hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
+        zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}
+        old = sign_payload(encode(zeros, "fp32", peer_id=b.me.peer_id, base_hash="0" * 16, round=0, **hdr), b.identity)
+        with pytest.raises(SwarmdError, match="delta of round 0, ours is 1"):
+            await a.handle_exchange(old)
+        judged = b.me.peer_id in a.current.failed[BLOCK]
+        now = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
+        await a.handle_exchange(sign_payload(encode(zeros, "fp32", peer_id=b.me.peer_id, **hdr, **now), b.identity))
+        return judged, set(a.current.inbox[BLOCK]), b.me.peer_id
+
+    judged, inbox, b_id = asyncio.run(scenario())
+    assert judged and inbox == {b_id}
+
+
 # -- re-sync ------------------------------------------------------------------------------------------
 def test_quorum_rule():
     assert [quorum(n) for n in range(6)] == [1, 1, 2, 2, 3, 3]

@@ -894,6 +894,13 @@ class Gossip:
             if rs is None:  # the wait above ends only once a round is open
                 raise RuntimeError("no open round")
             if rs.round != h.round or rs.closed:
+                if h.round < rs.round and not rs.closed:
+                    # a signed delta of a past round: its sender is behind (or replays an old payload) and sends
+                    # nothing for this round before it catches up; judged for this round, as a stale reply to our
+                    # own dial is, so the round does not wait for it up to the deadline (a delta of this round
+                    # that still comes before the round closes is merged all the same)
+                    rs.failed[kind].add(h.peer_id)
+                    rs.arrived.set()
                 raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
         except SwarmdError as exc:
             self.metrics.reject(reject_reason(exc))

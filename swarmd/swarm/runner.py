@@ -14,6 +14,7 @@ round and a final `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -61,11 +62,14 @@ def end_process_after_shutdown() -> None:
 
 
 def _exit_now() -> None:
-    """End the process (code 0) without waiting on threads that outlived the daemon (see run_foreground)."""
-    logging.getLogger(__name__).warning("ending the process: still running %.0fs after the shutdown", EXIT_GRACE_S)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """End the process (code 0) without waiting on threads that outlived the daemon (see run_foreground).
+
+    Runs on a timer thread, maybe while the interpreter is finalizing: no logging (its handlers' streams may be
+    closed, and a logging error prints a traceback), one raw write to fd 2, then os._exit."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        os.write(2, f"ending the process: still running {EXIT_GRACE_S:.0f}s after the daemon's shutdown\n".encode())
     os._exit(0)
 
 
