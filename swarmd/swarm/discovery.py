@@ -339,6 +339,19 @@ def _parent_bound_dht() -> type:
             threading.Thread(target=self._exit_with, args=(parent, sockets), daemon=True).start()
             super().run()
 
+        # hivemind's DHT process runs each call as asyncio.create_task(...) and drops the reference, so a call
+        # awaiting a future that only it references can be garbage-collected mid-await ("Task was destroyed but
+        # it is pending!", GeneratorExit in _run_coroutine): its caller then waits for an answer that never
+        # comes. Each call this daemon makes holds its own task until it ends.
+        async def _get(self, *args: Any, **kwargs: Any) -> None:
+            await _held(super()._get(*args, **kwargs))
+
+        async def _store(self, *args: Any, **kwargs: Any) -> None:
+            await _held(super()._store(*args, **kwargs))
+
+        async def _run_coroutine(self, *args: Any, **kwargs: Any) -> None:
+            await _held(super()._run_coroutine(*args, **kwargs))
+
         def _exit_with(self, parent: int, sockets: str) -> None:
             while os.getppid() == parent:
                 time.sleep(PARENT_POLL_S)
@@ -355,6 +368,20 @@ def _parent_bound_dht() -> type:
             os._exit(0)
 
     return ParentBoundDHT
+
+
+_HELD_TASKS: set[asyncio.Task] = set()  # in a DHT process: the calls running now (see ParentBoundDHT)
+
+
+async def _held(coro: Any) -> Any:
+    """Await coro with a strong reference to the running task (the event loop keeps only weak ones)."""
+    task = asyncio.current_task()
+    if task is not None:
+        _HELD_TASKS.add(task)
+    try:
+        return await coro
+    finally:
+        _HELD_TASKS.discard(task)
 
 
 DHT_END_S = 2.0  # a DHT process asked to end (SIGTERM) gets this long, then SIGKILL
