@@ -1176,7 +1176,8 @@ def main(argv=None) -> None:
     kept, byz = [], {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
     if a.merge and a.out.exists():  # rows of earlier commands that this one did not produce
         names, before = {r.name for r in rows}, json.loads(a.out.read_text())
-        kept = [r for r in before["rows"] if r["name"] not in names]
+        # a Byzantine command replaces every Byzantine row (their names carry the seed count)
+        kept = [r for r in before["rows"] if r["name"] not in names and not ("byzantine" in groups and _byz_row(r))]
         if "byzantine" not in groups:
             byz = before.get("byzantine", byz)
     out = {
@@ -1210,6 +1211,15 @@ ROW_ORDER = (  # the table's order, by how a row's name starts (rows of several 
     "SIGINT",
     "kill -9",
 )
+
+
+def _byz_row(row: dict) -> bool:
+    """A row byzantine_rows writes (the attacks and their two clean references)."""
+    name = row["name"]
+    return (
+        name.startswith(("Byzantine same-block", "clean run (3 honest"))
+        or re.fullmatch(r"clean run \(4 honest replicas\), \d+ seeds", name) is not None
+    )
 
 
 def _order(name: str) -> int:
