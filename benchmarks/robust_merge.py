@@ -142,19 +142,20 @@ def attack_table(seed: int = 0, numel: int = 100_000, noise: float = 0.3) -> lis
 
 
 def table(rows: list[dict]) -> list[str]:
-    """Markdown rows: one per (replicas, seed) that has both a mean and a robust run."""
+    """Markdown rows: one per (replicas, seed) with both a mean and a robust honest run (and robust-nodir if run)."""
     lines = [
-        "| replicas per block | peers | seed | CE mean | CE robust | robust - mean | merge ms / round / peer | "
-        "train s / round / peer | merge share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| replicas per block | peers | seed | CE mean | CE robust | robust - mean | CE robust without the direction "
+        "check | merge ms / round / peer | train s / round / peer | merge share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workers, seed in sorted({(r["replicas"], r["seed"]) for r in rows if not r.get("sign_flip")}):
         pair = {r["merge"]: r for r in rows if (r["replicas"], r["seed"]) == (workers, seed) and not r.get("sign_flip")}
-        if set(pair) != {"mean", "robust"}:
+        if not {"mean", "robust"} <= set(pair):
             continue
-        m, r = pair["mean"], pair["robust"]
+        m, r, nodir = pair["mean"], pair["robust"], pair.get("robust-nodir")
         lines.append(
             f"| {workers} | {r['peers']} | {seed} | {m['ce']:.4f} | {r['ce']:.4f} | {r['ce'] - m['ce']:+.4f} | "
+            f"{'-' if nodir is None else format(nodir['ce'], '.4f')} | "
             f"{1e3 * r['merge_s_per_round_per_peer']:.2f} (mean: {1e3 * m['merge_s_per_round_per_peer']:.2f}) | "
             f"{r['train_s_per_round_per_peer']:.2f} | {100 * r['merge_share']:.2f}% |"
         )
