@@ -42,7 +42,7 @@ class StatusClient(Protocol):
 def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
     """The dialable peers of a block, those whose announced weights (base_hash) most records share first, then
     the newest round, then peer id: a lone peer announcing weights nobody else holds (stale, or hostile in a
-    public swarm) is asked last, not first because its record came back first from the DHT."""
+    public swarm) is asked last, whatever order the DHT returned the records in."""
     candidates = [r for r in records if r.block_index == block_index and r.address]
     shared = Counter(r.base_hash for r in candidates)
     return sorted(candidates, key=lambda r: (-shared[r.base_hash], -r.round, r.peer_id))

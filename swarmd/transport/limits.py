@@ -18,7 +18,7 @@ from swarmd.errors import Busy
 
 DEFAULT_MAX_STREAMS = 64  # payload streams (ExchangeDeltas + PullState) served at once, all callers
 DEFAULT_MAX_STREAMS_PER_PEER = 32  # ... from one caller host (12 daemons on one host use ~22 at most)
-DEFAULT_FORWARD_RATE = 2000.0  # Forward requests per second per caller host (sustained)
+DEFAULT_FORWARD_RATE = 2000.0  # Forward request units (forward_cost) per second per caller host (sustained)
 DEFAULT_FORWARD_BURST = 4000.0  # ... and the bucket's size (a burst above the rate)
 FORWARD_UNIT_BYTES = 64 << 10  # a Forward request costs one token per started this many bytes
 
