@@ -264,15 +264,15 @@ class Run:
     ok: bool
     evidence: str
     rejected: int = 0
-    dropped: int | None = None  # merges' deltas the direction check dropped (honest peers' logs); None: not logged
+    dropped: int | None = None  # merges' deltas the outlier check dropped (honest peers' logs); None: not logged
 
 
-DROP_LINE = "direction check"  # gossip's log line for a merge that dropped deltas pointing away from the others
+DROP_LINE = "as outliers"  # in gossip's log line for a merge whose outlier check dropped deltas
 
 
 def _drops(sw: AdversarySwarm, honest: list[int]) -> int:
-    """Deltas the honest peers' direction checks dropped, summed over their merges."""
-    pattern = re.compile(r"dropped (\d+) delta\(s\) pointing away")
+    """Deltas the honest peers' outlier checks dropped, summed over their merges."""
+    pattern = re.compile(r"dropped (\d+) delta\(s\) as outliers")
     return sum(
         int(m[1])
         for i in honest
@@ -292,7 +292,7 @@ def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
         dropped = _drops(sw, list(range(peers)))
     ok = done["exit"] == [0] * peers and ce is not None and same
     print(
-        f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}, {dropped} direction drops",
+        f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}, {dropped} outlier drops",
         file=sys.stderr,
         flush=True,
     )
@@ -313,7 +313,7 @@ def byzantine_run(a, mode: str, seed: int = 0) -> Run:
         dropped = _drops(sw, [0, 1, 2])
     ok = done["exit"] == [0, 0, 0] and ce is not None and same and not done["tracebacks"]
     print(
-        f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} direction drops",
+        f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} outlier drops",
         file=sys.stderr,
         flush=True,
     )
@@ -341,8 +341,8 @@ def _diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
 
 
 def _drop_note(runs: dict[int, Run]) -> str:
-    """The direction check's drops per run, in the honest peers' merges (each peer merges block and table)."""
-    return f"deltas dropped by the honest peers' direction checks per run {[r.dropped for r in runs.values()]}"
+    """The outlier check's drops per run, in the honest peers' merges (each peer merges block and table)."""
+    return f"deltas dropped by the honest peers' outlier checks per run {[r.dropped for r in runs.values()]}"
 
 
 def _spread(xs: list[float | None]) -> str:
@@ -350,7 +350,7 @@ def _spread(xs: list[float | None]) -> str:
     return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
 
 
-_DROPS = r"(?:, (\d+) direction drops)?$"  # logged since the direction check
+_DROPS = r"(?:, (\d+) (?:direction|outlier) drops)?$"  # logged since the outlier check
 _CLEAN_LINE = re.compile(r"clean run, (\d+) replicas, seed (\d+): CE (\S+), (\{.*\})" + _DROPS)
 _BYZ_LINE = re.compile(r"byzantine (\S+), seed (\d+): CE (\S+), (.*), (\d+) rejections" + _DROPS)
 

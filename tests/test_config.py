@@ -75,6 +75,7 @@ def test_train_config_rejects(kwargs, message):
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"min_cosine": 1.0}, "min_cosine"),
         ({"min_cosine": -1.5}, "min_cosine"),
+        ({"distance_factor": 0.5}, "distance_factor"),
     ],
 )
 def test_gossip_config_rejects(kwargs, message):

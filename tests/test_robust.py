@@ -112,7 +112,7 @@ def test_result_is_bit_identical_in_any_peer_order():
         assert all(torch.equal(merged[k], ref[k]) for k in ref)
 
 
-def test_direction_check_drops_a_sign_flipped_peer_and_merges_the_rest_exactly():
+def test_outlier_check_drops_a_sign_flipped_peer_and_merges_the_rest_exactly():
     c = common_delta()
     good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(3)}
     flipped = {k: -v for k, v in honest(7, c, noise=3e-4).items()}
@@ -120,16 +120,31 @@ def test_direction_check_drops_a_sign_flipped_peer_and_merges_the_rest_exactly()
     assert stats.dropped == 1 and stats.peers == 3
     alone, _ = robust_merge(good)
     assert all(torch.equal(merged[k], alone[k]) for k in alone)  # the honest three's merge, bit for bit
-    off, off_stats = robust_merge({**good, "p-attacker": flipped}, min_cosine=-1.0)
+    off, off_stats = robust_merge({**good, "p-attacker": flipped}, min_cosine=-1.0, distance_factor=0.0)
     assert off_stats.dropped == 0 and dist(off, c) > dist(merged, c)  # trimmed mean alone: pulled toward zero
+    only_cos = robust_merge({**good, "p-attacker": flipped}, distance_factor=0.0)[1]
+    assert only_cos.dropped == 1  # the direction test alone catches it
 
 
-def test_direction_check_keeps_honest_peers_and_never_drops_a_majority():
+def test_distance_check_drops_a_noise_peer_that_the_trim_lets_through():
+    c = common_delta()
+    good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(3)}
+    noise = ATTACKS["noise"](honest(7, c, noise=3e-4), torch.Generator().manual_seed(5))
+    noise = {k: 2 * v for k, v in noise.items()}  # what the clip lets through: 2x an honest norm
+    merged, stats = robust_merge({**good, "p-noise": noise})
+    assert stats.dropped == 1
+    alone, _ = robust_merge(good)
+    assert all(torch.equal(merged[k], alone[k]) for k in alone)
+    kept, kept_stats = robust_merge({**good, "p-noise": noise}, distance_factor=0.0)
+    assert kept_stats.dropped == 0 and dist(kept, c) > dist(merged, c)
+
+
+def test_outlier_check_keeps_honest_peers_and_never_drops_a_majority():
     c = common_delta()
     good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(5)}
     merged, stats = robust_merge(good)
     assert stats.dropped == 0
-    assert all(torch.equal(merged[k], robust_merge(good, min_cosine=-1.0)[0][k]) for k in merged)
+    assert all(torch.equal(merged[k], robust_merge(good, min_cosine=-1.0, distance_factor=0.0)[0][k]) for k in merged)
     two_flipped = {
         **{p: good[p] for p in ("p0", "p1")},
         **{p: {k: -v for k, v in good[p].items()} for p in ("p2", "p3")},

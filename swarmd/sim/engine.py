@@ -80,7 +80,8 @@ def merge_label(cfg: GossipConfig | None = None) -> str:
     """What merge_fn(cfg) does, in words (benchmarks record it)."""
     c = cfg or GossipConfig()
     detail = (
-        f", clip {c.clip_factor:g}, trim {c.trim_fraction:g}, min cosine {c.min_cosine:g}"
+        f", clip {c.clip_factor:g}, trim {c.trim_fraction:g}, min cosine {c.min_cosine:g}, "
+        f"distance factor {c.distance_factor:g}"
         if c.merge == "robust"
         else ""
     )

@@ -34,9 +34,9 @@ from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.regimes import RoundDraw, regime_named
 from swarmd.swarm.delta import INT8_RMS_LEVELS, ErrorFeedback
+from swarmd.swarm.gossip import merge_deltas
 from swarmd.swarm.groups import Anchor, assign, grid_sides, offset_int8_levels
 from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.robust import robust_merge
 
 # the daemon's run_round: three lookups of the signed records (re-sync, predecessors, averaging) and one announce;
 # besides, the announce loop re-announces every announce_period_s (2 s) whatever the swarm size
@@ -153,9 +153,7 @@ def simulate_part(anchor: dict[str, torch.Tensor], n: int, cfg: ProtocolConfig, 
                 sent[i] = payload_bytes[i] * (len(live) - 1)
             if len(live) >= 2:
                 merged = (
-                    robust_merge(
-                        {ids[i]: decoded[i] for i in live}, gcfg.clip_factor, gcfg.trim_fraction, gcfg.min_cosine
-                    )[0]
+                    merge_deltas({ids[i]: decoded[i] for i in live}, gcfg)
                     if cfg.merge == "robust"
                     else {k: torch.stack([decoded[i][k] for i in live]).mean(0) for k in decoded[live[0]]}
                 )

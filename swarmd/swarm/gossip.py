@@ -136,7 +136,7 @@ def merge_with_stats(
     """merge_deltas and, for the robust rule, what it did (None for the plain mean)."""
     if cfg.merge == "mean":
         return merge_mean(deltas), None
-    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction, cfg.min_cosine)
+    return robust_merge(deltas, cfg.clip_factor, cfg.trim_fraction, cfg.min_cosine, cfg.distance_factor)
 
 
 def _finite(tensors: dict[str, torch.Tensor]) -> bool:
@@ -1043,7 +1043,7 @@ class Gossip:
             value, stats = merge_with_stats({self.me.peer_id: rs.own[kind], **rs.inbox[kind]}, self.cfg)
             if stats is not None and stats.dropped:
                 logger.info(
-                    "%s round %d: the %s merge dropped %d delta(s) pointing away from the others (direction check)",
+                    "%s round %d: the %s merge dropped %d delta(s) as outliers (far from the others or pointing away)",
                     self.tag,
                     rs.round,
                     kind,

@@ -28,12 +28,13 @@ class GossipConfig:
     max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
     rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls
     max_round_jump: int = 1000  # a re-sync moves this peer's round counter forward by at most this many rounds
-    # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean + direction check;
+    # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean + outlier check;
     # "mean" = plain mean
     merge: str = "robust"
     clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
     trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     min_cosine: float = 0.0  # from 3 peers, drop deltas whose cosine with the robust centre is below this (-1 = off)
+    distance_factor: float = 1.5  # ... and those farther from it than this x the median distance (0 = off)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
     # outer optimizer on the merged delta (swarmd.swarm.outer): "nesterov" = DiLoCo's SGD with Nesterov momentum,
@@ -69,9 +70,9 @@ class GossipConfig:
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
             raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
         if not -1 <= self.min_cosine < 1:
-            raise ConfigError(
-                f"min_cosine must be in [-1, 1) (-1 turns the direction check off), got {self.min_cosine}"
-            )
+            raise ConfigError(f"min_cosine must be in [-1, 1) (-1 turns the direction test off), got {self.min_cosine}")
+        if not (self.distance_factor == 0 or 1 <= self.distance_factor < float("inf")):
+            raise ConfigError(f"distance_factor must be 0 (off) or >= 1, got {self.distance_factor}")
         if self.outer not in ("none", "nesterov"):
             raise ConfigError(f"outer must be 'none' or 'nesterov', got {self.outer!r}")
         if not (0 < self.outer_lr < float("inf")) or not 0 <= self.outer_momentum < 1:

@@ -92,9 +92,7 @@ def reconcile(states: dict[str, dict[str, torch.Tensor]], rounds: dict[str, int]
     if len(states) < 3 or set(states) != set(rounds):
         raise ValueError("reconcile needs the states and rounds of 3 or more members")
     trim = max(trim_fraction, 1.0 / len(states))  # at least one per side: a single liar is always trimmed
-    merged = robust_merge(
-        {p: {k: v.float() for k, v in s.items()} for p, s in states.items()}, 2.0, trim, min_cosine=-1.0
-    )[0]
+    merged = robust_merge({p: {k: v.float() for k, v in s.items()} for p, s in states.items()}, 2.0, trim, -1.0, 0.0)[0]
     ordered = sorted(rounds.values())
     return merged, ordered[(len(ordered) - 1) // 2], weights_hash(merged)
 

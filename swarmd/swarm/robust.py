@@ -12,14 +12,18 @@ and the absolute bound beyond which a decoded delta is rejected instead of merge
      This removes a noise delta that has an honest norm, but a sign-flipped one (-own delta) still pulls
      every coordinate it is extreme in toward zero: with 3 honest + 1 flipped the trimmed mean shrinks the
      honest update (measured +0.05 nats after 30 rounds, benchmarks/adversary.py);
-  3. direction check (from three peers): each delta's cosine with the clipped trimmed mean of all of them
-     (the round's robust centre) is computed, and peers whose cosine is below min_cosine (default 0: the
-     delta points away from the centre) are dropped and 1-2 are merged again over the rest. At most
-     (n - 1) // 2 peers are ever dropped: if more point away, the centre itself is noise (honest deltas
-     late in training can be nearly orthogonal) and nobody is dropped. min_cosine = -1 turns it off.
-     A sign-flipped delta has a cosine near -1 with honest ones (honest ones: 0.1-0.6 at the benchmark
-     config), so it is dropped instead of trimmed; the simulator put one among 3 honest replicas at
-     +0.0001 nats of the 3 alone (trimmed mean only: +0.048).
+  3. outlier check (from three peers): against the clipped trimmed mean of all deltas (the round's robust
+     centre), a peer is dropped when its delta points away from the centre (cosine below min_cosine,
+     default 0) or lies far from it (its clipped delta's distance to the centre above distance_factor,
+     default 1.5, x the lower median of those distances); the rest are merged again by 1-2. At most
+     (n - 1) // 2 peers are ever dropped: if more look like outliers, the centre itself is noise and
+     nobody is dropped. min_cosine = -1 and distance_factor = 0 turn the two tests off.
+     A sign-flipped delta has an honest norm and survives the trim, pulling the honest update toward zero
+     (+0.05 nats after 30 rounds in benchmarks/adversary.py); its cosine with the centre is near -1. A noise
+     delta clipped to 2x the median norm points nowhere, but it lies about twice as far from the centre as
+     an honest delta and leaks through the trim wherever it is not extreme (+0.014 nats in the simulator,
+     -0.001 with the distance test). Honest peers are not dropped in practice: the clean runs of the
+     adversary benchmark dropped none.
 With trim 0, nothing clipped and nothing dropped the result is merge_mean's, bit for bit (same peer-id summation order).
 Deterministic: peers are taken in sorted peer-id order, norms are summed in float64 in tensor order, and
 the per-coordinate sort (exact min / max) and sums run in fixed order, so replicas that accepted the same
@@ -44,7 +48,7 @@ class MergeStats:
     trimmed: int  # values dropped from each end per coordinate
     clipped: int  # peers whose delta was scaled down
     clip_norm: float  # the norm every delta was clipped to (inf when n == 0)
-    dropped: int = 0  # peers dropped by the direction check (the other fields describe the merge of the rest)
+    dropped: int = 0  # peers dropped by the outlier check (the other fields describe the merge of the rest)
 
 
 def trim_count(n: int, trim_fraction: float) -> int:
@@ -102,27 +106,38 @@ def mean_in_order(rows: list[torch.Tensor]) -> torch.Tensor:
     return acc / len(rows)
 
 
-def _cosine(delta: dict[str, torch.Tensor], centre: dict[str, torch.Tensor]) -> float:
-    """Cosine of a delta with the centre, all tensors as one vector (float64, tensor order); nan if undefined."""
-    dot = a2 = b2 = 0.0
+def _outlier_tests(
+    delta: dict[str, torch.Tensor], scale: float, centre: dict[str, torch.Tensor]
+) -> tuple[float, float]:
+    """(cosine of the delta with the centre, distance of the clipped delta (x scale) to it): all tensors as one
+    vector, float64, tensor order; cosine nan and distance inf if undefined or not finite."""
+    dot = a2 = b2 = d2 = 0.0
     for name, t in delta.items():
         x, c = t.double(), centre[name].double()
         dot += float((x * c).sum())
         a2 += float(x.pow(2).sum())
         b2 += float(c.pow(2).sum())
+        d2 += float((x * scale - c).pow(2).sum())
     den = math.sqrt(a2 * b2)
-    return dot / den if den > 0 and math.isfinite(den) and math.isfinite(dot) else math.nan
+    cos = dot / den if den > 0 and math.isfinite(den) and math.isfinite(dot) else math.nan
+    return cos, math.sqrt(d2) if math.isfinite(d2) else math.inf
 
 
 def robust_merge(
-    deltas: Deltas, clip_factor: float = 2.0, trim_fraction: float = 0.1, min_cosine: float = 0.0
+    deltas: Deltas,
+    clip_factor: float = 2.0,
+    trim_fraction: float = 0.1,
+    min_cosine: float = 0.0,
+    distance_factor: float = 1.5,
 ) -> tuple[dict[str, torch.Tensor], MergeStats]:
-    """Clipped, coordinate-wise trimmed mean of the deltas after the direction check (see the module doc).
+    """Clipped, coordinate-wise trimmed mean of the deltas after the outlier check (see the module doc).
 
     :param deltas: peer id -> {name: fp32 tensor}; every peer must hold the same names and shapes (own included)
     :param clip_factor: each delta's norm is cut to clip_factor x the lower median norm (<= 0: no clipping)
     :param trim_fraction: fraction of peers trimmed from each end per coordinate (0: plain mean of the clipped)
     :param min_cosine: from 3 peers, drop those whose cosine with the robust centre is below this (-1: off)
+    :param distance_factor: from 3 peers, drop those farther from the centre than this x the lower median
+        distance (0: off)
     :returns: (merged, stats)
     :raises ValueError: no delta, or peers with different tensor names
     """
@@ -132,22 +147,25 @@ def robust_merge(
     names = list(deltas[ids[0]])
     if any(set(deltas[p]) != set(names) for p in ids):
         raise ValueError("robust_merge: peers hold different tensors")
-    merged, stats = _clip_trim(deltas, ids, names, clip_factor, trim_fraction)
+    merged, stats, scales = _clip_trim(deltas, ids, names, clip_factor, trim_fraction)
     n = len(ids)
-    if min_cosine <= -1 or n < 3:
+    if (min_cosine <= -1 and distance_factor <= 0) or n < 3:
         return merged, stats
-    away = [p for p in ids if _cosine(deltas[p], merged) < min_cosine]  # nan (a zero or non-finite delta): kept
-    if not 0 < len(away) <= (n - 1) // 2:
+    tests = [_outlier_tests(deltas[p], scale, merged) for p, scale in zip(ids, scales)]
+    far = distance_factor * sorted(d for _, d in tests)[(n - 1) // 2] if distance_factor > 0 else math.inf
+    # nan cosine (a zero or non-finite delta, already clipped to zero): only the distance test applies
+    out = [p for p, (cos, dist) in zip(ids, tests) if cos < min_cosine or dist > far]
+    if not 0 < len(out) <= (n - 1) // 2:
         return merged, stats
-    rest = [p for p in ids if p not in away]
-    merged, stats = _clip_trim(deltas, rest, names, clip_factor, trim_fraction)
-    return merged, replace(stats, dropped=len(away))
+    rest = [p for p in ids if p not in out]
+    merged, stats, _ = _clip_trim(deltas, rest, names, clip_factor, trim_fraction)
+    return merged, replace(stats, dropped=len(out))
 
 
 def _clip_trim(
     deltas: Deltas, ids: list[str], names: list[str], clip_factor: float, trim_fraction: float
-) -> tuple[dict[str, torch.Tensor], MergeStats]:
-    """Steps 1-2 of the module doc over the peers `ids` (sorted)."""
+) -> tuple[dict[str, torch.Tensor], MergeStats, list[float]]:
+    """Steps 1-2 of the module doc over the peers `ids` (sorted): (merged, stats, each peer's clip scale)."""
     n = len(ids)
     norms = [delta_norm(deltas[p]) for p in ids]
     clip_norm = math.inf
@@ -172,4 +190,4 @@ def _clip_trim(
         for i in range(k + 1, n - k):
             acc += ordered[i]
         out[name] = acc / (n - 2 * k)
-    return out, MergeStats(n, k, sum(s < 1.0 for s in scales), clip_norm)
+    return out, MergeStats(n, k, sum(s < 1.0 for s in scales), clip_norm), scales
