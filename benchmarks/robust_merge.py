@@ -37,11 +37,11 @@ from swarmd.swarm.gossip import merge_mean
 from swarmd.swarm.peer_config import GossipConfig, peer_train_config
 from swarmd.swarm.robust import robust_merge
 
-# merge rules compared: name -> GossipConfig fields ("robust-nodir": the robust merge without its direction check)
+# merge rules compared: name -> GossipConfig fields ("robust-trim": clip + trimmed mean, no outlier check)
 MERGES = {
     "mean": {"merge": "mean"},
     "robust": {"merge": "robust"},
-    "robust-nodir": {"merge": "robust", "min_cosine": -1.0},
+    "robust-trim": {"merge": "robust", "min_cosine": -1.0, "distance_factor": 0.0},
 }
 
 
@@ -142,9 +142,9 @@ def attack_table(seed: int = 0, numel: int = 100_000, noise: float = 0.3) -> lis
 
 
 def table(rows: list[dict]) -> list[str]:
-    """Markdown rows: one per (replicas, seed) with both a mean and a robust honest run (and robust-nodir if run)."""
+    """Markdown rows: one per (replicas, seed) with both a mean and a robust honest run (and robust-trim if run)."""
     lines = [
-        "| replicas per block | peers | seed | CE mean | CE robust | robust - mean | CE robust without the direction "
+        "| replicas per block | peers | seed | CE mean | CE robust | robust - mean | CE robust without the outlier "
         "check | merge ms / round / peer | train s / round / peer | merge share |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -152,7 +152,7 @@ def table(rows: list[dict]) -> list[str]:
         pair = {r["merge"]: r for r in rows if (r["replicas"], r["seed"]) == (workers, seed) and not r.get("sign_flip")}
         if not {"mean", "robust"} <= set(pair):
             continue
-        m, r, nodir = pair["mean"], pair["robust"], pair.get("robust-nodir")
+        m, r, nodir = pair["mean"], pair["robust"], pair.get("robust-trim")
         lines.append(
             f"| {workers} | {r['peers']} | {seed} | {m['ce']:.4f} | {r['ce']:.4f} | {r['ce'] - m['ce']:+.4f} | "
             f"{'-' if nodir is None else format(nodir['ce'], '.4f')} | "
