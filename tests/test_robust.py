@@ -122,8 +122,8 @@ def test_outlier_check_drops_a_sign_flipped_peer_and_merges_the_rest_exactly():
     assert all(torch.equal(merged[k], alone[k]) for k in alone)  # the honest three's merge, bit for bit
     off, off_stats = robust_merge({**good, "p-attacker": flipped}, min_cosine=-1.0, distance_factor=0.0)
     assert off_stats.dropped == 0 and dist(off, c) > dist(merged, c)  # trimmed mean alone: pulled toward zero
-    only_cos = robust_merge({**good, "p-attacker": flipped}, distance_factor=0.0)[1]
-    assert only_cos.dropped == 1  # the direction test alone catches it
+    both = robust_merge({**good, "p-attacker": flipped}, distance_factor=1.5)[1]
+    assert both.dropped == 1  # with the distance test on too: dropped once
 
 
 def test_distance_check_drops_a_noise_peer_that_the_trim_lets_through():
@@ -131,7 +131,7 @@ def test_distance_check_drops_a_noise_peer_that_the_trim_lets_through():
     good = {f"p{i}": honest(i, c, noise=3e-4) for i in range(3)}
     noise = ATTACKS["noise"](honest(7, c, noise=3e-4), torch.Generator().manual_seed(5))
     noise = {k: 2 * v for k, v in noise.items()}  # what the clip lets through: 2x an honest norm
-    merged, stats = robust_merge({**good, "p-noise": noise})
+    merged, stats = robust_merge({**good, "p-noise": noise}, distance_factor=1.5)  # opt-in
     assert stats.dropped == 1
     alone, _ = robust_merge(good)
     assert all(torch.equal(merged[k], alone[k]) for k in alone)

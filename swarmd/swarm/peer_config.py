@@ -34,7 +34,8 @@ class GossipConfig:
     clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
     trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
     min_cosine: float = 0.0  # from 3 peers, drop deltas whose cosine with the robust centre is below this (-1 = off)
-    distance_factor: float = 1.5  # ... and those farther from it than this x the median distance (0 = off)
+    distance_factor: float = 0.0  # ... and those farther from it than this x the median distance (0 = off: it
+    # dropped honest byte-table deltas, +0.005-0.007 nats in the simulator; swarmd.swarm.robust)
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
     # outer optimizer on the merged delta (swarmd.swarm.outer): "nesterov" = DiLoCo's SGD with Nesterov momentum,
