@@ -104,13 +104,21 @@ def temporary_swarm(prefix: str, peers: int, model: ModelConfig, data: Path, **k
 
 
 def tiny_swarm(
-    prefix: str, n: int, data_dir: Path, rounds: int, steps: int, deadline_max_s: float
+    prefix: str,
+    n: int,
+    data_dir: Path,
+    rounds: int,
+    steps: int,
+    deadline_max_s: float,
+    model: ModelConfig = TINY_CFG,
+    **kw: Any,
 ) -> contextlib.AbstractContextManager[LocalSwarm]:
-    """temporary_swarm of n daemons on TINY_CFG: int8 codec, batch 8, lr 3e-3, training on data_dir/train.txt."""
+    """temporary_swarm of n daemons on `model` (TINY_CFG): int8 codec, batch 8, lr 3e-3, training on
+    data_dir/train.txt; kw: more LocalSwarm options (swarm_id, overlap, ...)."""
     return temporary_swarm(
         prefix,
         n,
-        TINY_CFG,
+        model,
         data_dir / "train.txt",
         rounds=rounds,
         steps_per_round=steps,
@@ -118,6 +126,7 @@ def tiny_swarm(
         batch_size=8,
         lr=3e-3,
         deadline_max_s=deadline_max_s,
+        **kw,
     )
 
 

@@ -174,17 +174,14 @@ def daemon_mode(late: int | None) -> str:
 
 def run_daemons(a, n: int, late: int | None, eval_xy) -> dict:
     overlap = late is not None
-    with common.temporary_swarm(
+    with common.tiny_swarm(
         f"delayed-{n}-{late}-",
         n,
-        DAEMON_CFG,
-        a.data_dir / "train.txt",
-        rounds=a.daemon_rounds,
-        steps_per_round=a.daemon_steps,
-        codec="int8",
-        batch_size=8,
-        lr=3e-3,
+        a.data_dir,
+        a.daemon_rounds,
+        a.daemon_steps,
         deadline_max_s=30.0,
+        model=DAEMON_CFG,
         swarm_id="delayed",
         overlap=overlap,
         overlap_steps=late or 0,
