@@ -1040,7 +1040,8 @@ class Gossip:
         )
         merged: dict[str, dict[str, torch.Tensor] | None] = {}
         for kind in (BLOCK, EMB):
-            value, stats = merge_with_stats({self.me.peer_id: rs.own[kind], **rs.inbox[kind]}, self.cfg)
+            deltas = {self.me.peer_id: rs.own[kind], **rs.inbox[kind]}
+            value, stats = await asyncio.to_thread(merge_with_stats, deltas, self.cfg)  # off the event loop
             if stats is not None and stats.dropped:
                 logger.info(
                     "%s round %d: the %s merge dropped %d delta(s) as outliers (far from the others or pointing away)",
