@@ -107,18 +107,19 @@ def mean_in_order(rows: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _outlier_tests(
-    delta: dict[str, torch.Tensor], scale: float, centre: dict[str, torch.Tensor]
+    delta: dict[str, torch.Tensor], scale: float, centre: dict[str, torch.Tensor], centre_sq: float, distance: bool
 ) -> tuple[float, float]:
-    """(cosine of the delta with the centre, distance of the clipped delta (x scale) to it): all tensors as one
-    vector, float64, tensor order; cosine nan and distance inf if undefined or not finite."""
-    dot = a2 = b2 = d2 = 0.0
+    """(cosine of the delta with the centre, distance of the clipped delta (x scale) to it, or 0 unless
+    `distance`): all tensors as one vector, float64, tensor order; cosine nan and distance inf if undefined or not
+    finite. centre_sq: the centre's squared norm (the same for every peer)."""
+    dot = a2 = d2 = 0.0
     for name, t in delta.items():
         x, c = t.double(), centre[name].double()
         dot += float((x * c).sum())
         a2 += float(x.pow(2).sum())
-        b2 += float(c.pow(2).sum())
-        d2 += float((x * scale - c).pow(2).sum())
-    den = math.sqrt(a2 * b2)
+        if distance:
+            d2 += float((x * scale - c).pow(2).sum())
+    den = math.sqrt(a2 * centre_sq)
     cos = dot / den if den > 0 and math.isfinite(den) and math.isfinite(dot) else math.nan
     return cos, math.sqrt(d2) if math.isfinite(d2) else math.inf
 
@@ -151,7 +152,8 @@ def robust_merge(
     n = len(ids)
     if (min_cosine <= -1 and distance_factor <= 0) or n < 3:
         return merged, stats
-    tests = [_outlier_tests(deltas[p], scale, merged) for p, scale in zip(ids, scales)]
+    centre_sq = sum(float(merged[name].double().pow(2).sum()) for name in names)
+    tests = [_outlier_tests(deltas[p], s, merged, centre_sq, distance_factor > 0) for p, s in zip(ids, scales)]
     far = distance_factor * sorted(d for _, d in tests)[(n - 1) // 2] if distance_factor > 0 else math.inf
     # nan cosine (a zero or non-finite delta, already clipped to zero): only the distance test applies
     out = [p for p, (cos, dist) in zip(ids, tests) if cos < min_cosine or dist > far]
