@@ -1,6 +1,6 @@
 """Fault matrix: a real swarm of daemon processes attacked and broken in every way issue 9 lists; did it survive?
 
-Every row runs real daemons (`python -m swarmd`, spawned by swarmd.swarm.launch.LocalSwarm, real hivemind
+Every row runs real daemons (`python -m swarmd`, spawned by swarmd.tools.launch.LocalSwarm, real hivemind
 DHT on loopback; the partition row: three network namespaces, tests/netns_utils.py) on a tiny model
 (one block, d=32) and short runs. The attacks speak the real protocol with the real codec:
   clean                 4 honest replicas of block 0: the reference from-noise CE
@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
-from swarmd.swarm.launch import LocalSwarm, PeerProc, process_group, wait_group_gone
+from swarmd.tools.launch import LocalSwarm, PeerProc, process_group, wait_group_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 # one block: every peer is a replica of every other; no sampler-step messages (a Forward step is one request)
@@ -83,10 +83,10 @@ def run_byzantine(mode: str, config: str) -> int:
     import torch
 
     from swarmd import __main__ as entry
-    from swarmd.swarm import daemon as daemon_mod
-    from swarmd.swarm.delta import encode
-    from swarmd.swarm.gossip import Gossip
-    from swarmd.swarm.trust import sign_payload
+    from swarmd.averaging.delta import encode
+    from swarmd.averaging.gossip import Gossip
+    from swarmd.membership.trust import sign_payload
+    from swarmd.node import daemon as daemon_mod
 
     past: deque = deque(maxlen=4)  # this process's last outgoing payloads (the replay mode sends an old one)
 
@@ -180,7 +180,7 @@ def ce_of(a, checkpoint_dir: Path) -> float | None:
     """From-noise CE of the model in one replica's checkpoint (None if it cannot be loaded)."""
     from swarmd.core import checkpoint as ck
     from swarmd.errors import SwarmdError
-    from swarmd.swarm.peers import assembled_ce
+    from swarmd.node.peers import assembled_ce
 
     try:
         block = ck.load_block(checkpoint_dir, CFG, 0)[0].state_dict()
@@ -441,8 +441,8 @@ async def _stranger_deltas(sw: AdversarySwarm, honest: list[int], scale: float) 
     """Well-formed deltas scaled by `scale`, round and base hash read from GetStatus, a made-up peer id."""
     import torch
 
+    from swarmd.averaging.delta import encode
     from swarmd.protocol import Codec, PayloadKind
-    from swarmd.swarm.delta import encode
     from swarmd.transport import PeerClient
 
     client, out = PeerClient(), []
@@ -518,7 +518,8 @@ def forge_records() -> str:
     import hivemind
     from hivemind.utils import get_dht_time
 
-    from swarmd.swarm.discovery import PeerRecord, _dht_rebootstrap, block_key
+    from swarmd.membership.discovery import _dht_rebootstrap
+    from swarmd.membership.records import PeerRecord, block_key
 
     dht = None
     try:  # alone first: p2pd's own bootstrap gives up early on a loaded machine ("failed to connect to bootstrap
@@ -553,8 +554,8 @@ def forge_records() -> str:
             "e" * 16,
         )
         stored, attacker = [bool(dht.store(key, forged.to_value(), exp, subkey=forged.peer_id))], "?"
-        from swarmd.swarm.identity import Identity
-        from swarmd.swarm.trust import sign_record
+        from swarmd.membership.identity import Identity
+        from swarmd.membership.trust import sign_record
 
         me = Identity.generate()
         attacker = me.peer_id
@@ -779,8 +780,8 @@ def swarm_key_row(a, ce_clean: float | None) -> Row:
 async def _every_rpc(address: str) -> dict[str, str]:
     import torch
 
+    from swarmd.averaging.delta import encode
     from swarmd.protocol import Codec, PayloadKind
-    from swarmd.swarm.delta import encode
     from swarmd.transport import PeerClient
     from swarmd.v1 import swarm_pb2 as pb
     from swarmd.wire import to_proto

@@ -26,13 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks.common import SHARED_DATA, add_data_dir, command_line, machine, replace_section, write_json
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
+from swarmd.node.config import peer_train_config
 from swarmd.protocol import Codec
 from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_fn, merge_label, simulate
 from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
 from swarmd.sim.regimes import PRESETS, WAN_REGIMES
-from swarmd.swarm.peer_config import GossipConfig, peer_train_config
 
 CE_TOLERANCE = 0.02  # the target: lockstep's final CE within this ...
 TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall time

@@ -11,7 +11,7 @@ float64, the worst peer.
 Systems:
   - hivemind: DecentralizedAverager(target_group_size=N, min_group_size=N), butterfly all-reduce in
     parts of 512 KiB, NoCompression (fp32), in-place average;
-  - blocktrain butterfly: swarmd.swarm.allreduce.ButterflyRound (reduce-scatter + all-gather over
+  - blocktrain butterfly: swarmd.averaging.allreduce.ButterflyRound (reduce-scatter + all-gather over
     ExchangeDeltas: signed fp32 parts, each verified and size-checked before it is decoded); butterfly-fp16:
     the same with the fp16 codec (half the bytes; the error stays far below 1e-3);
   - blocktrain all-to-all: today's exchange pattern: every peer encodes and signs its whole tensor, each pair
@@ -64,7 +64,7 @@ def tensors(n: int, numel: int):
 
 
 def _rel_error(got, want) -> float:
-    from swarmd.swarm.allreduce import relative_error
+    from swarmd.averaging.allreduce import relative_error
 
     return relative_error(got, want)
 
@@ -167,8 +167,8 @@ class _AllToAll:
         self.all_in = asyncio.Event()
 
     def payload(self):
-        from swarmd.swarm.delta import encode
-        from swarmd.swarm.trust import sign_payload
+        from swarmd.averaging.delta import encode
+        from swarmd.membership.trust import sign_payload
 
         if self.enc is None:
             enc = encode(
@@ -178,8 +178,8 @@ class _AllToAll:
         return self.enc
 
     def take(self, enc) -> None:
-        from swarmd.swarm.delta import decode
-        from swarmd.swarm.trust import verify_payload
+        from swarmd.averaging.delta import decode
+        from swarmd.membership.trust import verify_payload
 
         verify_payload(enc)
         if enc.header.peer_id not in self.peers or enc.header.peer_id in self.received:
@@ -193,7 +193,7 @@ class _AllToAll:
         return self.payload()
 
     async def run(self, client, addresses):
-        from swarmd.swarm.allreduce import dials, weighted_mean
+        from swarmd.averaging.allreduce import dials, weighted_mean
 
         me = self.identity.peer_id
         i, n = self.peers.index(me), len(self.peers)
@@ -210,8 +210,8 @@ class _AllToAll:
 
 def blocktrain_peer(rank: int, n: int, numel: int, repeats: int, system: str, conn) -> None:
     _quiet()
-    from swarmd.swarm.allreduce import ButterflyRound
-    from swarmd.swarm.identity import Identity
+    from swarmd.averaging.allreduce import ButterflyRound
+    from swarmd.membership.identity import Identity
     from swarmd.transport import PeerClient, start_server
 
     vectors, mean = tensors(n, numel)
@@ -325,7 +325,7 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
-        "blocktrain_s is the butterfly (swarmd.swarm.allreduce: each peer sends ~2 (N-1)/N of the tensor, in "
+        "blocktrain_s is the butterfly (swarmd.averaging.allreduce: each peer sends ~2 (N-1)/N of the tensor, in "
         "signed parts verified before decoding); all-to-all is today's exchange pattern (N-1 whole tensors per "
         "peer). Every peer is a process with its own servers on a 2-core machine shared with other jobs: at 6 "
         "and 12 peers every system is CPU-bound, so the times measure CPU cost per average as much as "

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from swarmd.core.config import ModelConfig
 
 if TYPE_CHECKING:
-    from swarmd.swarm.launch import LocalSwarm
+    from swarmd.tools.launch import LocalSwarm
 
 SHARED_DATA = "/work/shared/data/wikitext-2"
 
@@ -97,7 +97,7 @@ def write_json(path: Path, out: dict) -> None:
 @contextlib.contextmanager
 def temporary_swarm(prefix: str, peers: int, model: ModelConfig, data: Path, **kw: Any) -> Iterator[LocalSwarm]:
     """LocalSwarm(peers, model, data, <a temporary folder>, **kw); the folder goes on exit (stop the swarm first)."""
-    from swarmd.swarm.launch import LocalSwarm
+    from swarmd.tools.launch import LocalSwarm
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield LocalSwarm(peers, model, data, Path(tmp), **kw)

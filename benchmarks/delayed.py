@@ -38,10 +38,10 @@ from benchmarks import common
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.evaluate import from_noise_ce
+from swarmd.node.config import peer_train_config
 from swarmd.sim.engine import SimConfig, SimResult, merge_label, simulate
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
-from swarmd.swarm.peer_config import peer_train_config
 
 DAEMON_CFG = replace(common.TINY_CFG, blocks=1)  # one block, --daemons replicas: every round moves both deltas
 
@@ -282,7 +282,7 @@ def markdown(out: dict) -> list[str]:
         "",
         "With `--overlap` a peer snapshots its round-r delta, then keeps training while the deltas are encoded, "
         "exchanged and merged; the merge lands late with a correction (`live += merged - own delta`, "
-        "`swarmd/swarm/delayed.py`), the base (what replicas hash, serve, checkpoint and re-sync on) moves "
+        "`swarmd/averaging/delayed.py`), the base (what replicas hash, serve, checkpoint and re-sync on) moves "
         "exactly as without overlap.",
         "",
     ]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common
 from swarmd.core import checkpoint as ck
 from swarmd.protocol import PeerState
-from swarmd.swarm.launch import LocalSwarm
+from swarmd.tools.launch import LocalSwarm
 
 
 def parse_args(argv=None):

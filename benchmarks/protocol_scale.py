@@ -2,7 +2,7 @@
 
 No training: every virtual peer starts from the shared anchor plus a random delta of the real shapes (the
 tiny model's block and byte table, the ones benchmarks/scale.py's daemons train), replicas 1e-2 apart;
-then rounds of the daemon's grouping (swarmd.swarm.groups.assign), codec with error feedback and robust
+then rounds of the daemon's grouping (swarmd.averaging.groups.assign), codec with error feedback and robust
 merge, on a virtual clock and dropout drawn from a swarmd.sim regime. Per size: bytes sent per peer per
 round (block + table payloads; all-to-all computed beside it), rounds until the consensus distance (max over
 peers of ||x - mean|| / ||mean||) falls below 1e-3, exchange seconds per round (virtual), and the DHT
@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def levels_sweep(a) -> None:
     """Bytes and consensus of the anchored payload's int8 step rule (groups.OFFSET_INT8_RMS_LEVELS)."""
-    from swarmd.swarm import groups
+    from swarmd.averaging import groups
 
     chosen, rows = groups.OFFSET_INT8_RMS_LEVELS, []
     try:

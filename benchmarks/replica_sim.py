@@ -31,12 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import itertools
 
 from benchmarks import common
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
+from swarmd.node.config import peer_train_config
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
-from swarmd.swarm.peer_config import GossipConfig, peer_train_config
 
 VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float}
 

@@ -3,7 +3,7 @@
 Runs the simulator's real training, codec (int8 + error feedback) and merge (swarmd.sim.engine: every
 worker a real BlockState, deltas through the daemon's merge function) under the "lockstep" regime (one
 data centre) and policy, so every delta is accepted and only the merge rule differs: merge="mean" (the old
-rule) and merge="robust" (swarmd.swarm.robust: clip to 2x the lower median norm, coordinate-wise
+rule) and merge="robust" (swarmd.averaging.robust: clip to 2x the lower median norm, coordinate-wise
 trimmed mean), for K replicas per block (K=2: the benchmarks/swarm.py layout, 6 peers; K=4: one
 value trimmed per coordinate). The model and schedule are benchmarks/swarm.py's defaults.
 Merge time: wall time of the merge calls of one peer's round (its block merge and the byte-table
@@ -28,14 +28,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.gossip import merge_mean
+from swarmd.averaging.robust import robust_merge
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
+from swarmd.node.config import peer_train_config
 from swarmd.sim.engine import SimConfig, Simulator, merge_fn
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
-from swarmd.swarm.gossip import merge_mean
-from swarmd.swarm.peer_config import GossipConfig, peer_train_config
-from swarmd.swarm.robust import robust_merge
 
 # merge rules compared: name -> GossipConfig fields ("robust-trim": clip + trimmed mean, no outlier check)
 MERGES = {

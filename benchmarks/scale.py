@@ -158,9 +158,9 @@ def run_size(a, n: int) -> dict:
 
 def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
     """Train n daemons with this group size; from-noise CE of each replica set's assembled model."""
+    from swarmd.averaging.state import relative_distance
     from swarmd.core import checkpoint as ck
     from swarmd.core.evaluate import from_noise_ce
-    from swarmd.swarm.state import relative_distance
 
     rounds, steps = a.quality_rounds, a.quality_steps
     with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size) as swarm:

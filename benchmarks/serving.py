@@ -42,10 +42,10 @@ from swarmd.core.checkpoint import save_model
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import DenoisingBlock, count_params, start_noise
 from swarmd.core.train import init_block, init_embedding
+from swarmd.membership.discovery import StaticDiscovery
 from swarmd.serve.inference import GenerationStats, LocalSweeper, generate, generate_bytes
 from swarmd.serve.remote import BlockRouter, RemoteSweeper
 from swarmd.serve.serving import BlockServing, ServingOnlyHandler
-from swarmd.swarm.discovery import StaticDiscovery
 from swarmd.transport import PeerClient, start_server
 
 SWARM = "bench"

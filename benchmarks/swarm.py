@@ -11,7 +11,7 @@ replicas' pre-merge distance per round (post-merge they are identical).
 
 Replica efficiency (issue 12, key `replica_efficiency`; --replicas, --outers): LocalSwarms of B x K
 daemons for each K in --replicas and each outer optimizer in --outers (none = plain averaging,
-nesterov = swarmd.swarm.outer with --outer-lr / --outer-momentum), next to single-replica LocalSwarms
+nesterov = swarmd.averaging.outer with --outer-lr / --outer-momentum), next to single-replica LocalSwarms
 (B daemons, one per block, plain averaging) at 1x, 2x and 4x the rounds, each its own run. The
 efficiency of a swarm run is (single-replica steps to reach its CE, interpolated in log-steps between
 those three runs) / (K x steps per replica). `--only codecs|replicas` runs one of the two parts and keeps
@@ -42,7 +42,7 @@ from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.local_run import train_blocktrain
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
-from swarmd.swarm.peer_config import peer_train_config
+from swarmd.node.config import peer_train_config
 
 
 def parse_args(argv=None):

@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.averaging.delta import decode, encode, shapes_of
 from swarmd.protocol import Codec
-from swarmd.swarm.delta import decode, encode, shapes_of
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.framing import Encoded
 

@@ -30,15 +30,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.averaging.delta import ErrorFeedback, encode
+from swarmd.averaging.state import BlockState, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.train import BlockTrainer
+from swarmd.membership.identity import Identity
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import record_problem, sign_payload, sign_record, verify_payload
 from swarmd.protocol import Codec
-from swarmd.swarm.delta import ErrorFeedback, encode
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.state import BlockState, weights_hash
-from swarmd.swarm.trust import record_problem, sign_payload, sign_record, verify_payload
 from swarmd.transport.auth import AUTH_HEADER, ProofChecker, make_proof, new_swarm_key, parse_swarm_key
 
 PEERS, BLOCKS, ANNOUNCE_PERIOD_S = 6, 3, 2.0

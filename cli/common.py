@@ -19,7 +19,7 @@ import typer
 
 from cli.options import Device, SourceOptions
 from swarmd.errors import ConfigError, DataError, SwarmdError
-from swarmd.swarm.runner import setup_logging
+from swarmd.node.runner import setup_logging
 
 __all__ = [
     "check_data",
@@ -196,8 +196,8 @@ async def open_sweeper(src: SourceOptions, device: str, steps: int | None):
             return None
 
         return sweeper, nothing
+    from swarmd.membership.discovery import connect_discovery
     from swarmd.serve.remote import connect_swarm
-    from swarmd.swarm.discovery import connect_discovery
 
     return await connect_swarm(
         list(src.swarm or []), src.swarm_id, connect_discovery, steps=steps, timeout_s=src.timeout_s

@@ -1,4 +1,4 @@
-"""`blocktrain dashboard`: a live web map of a swarm (swarmd.swarm.dashboard) until Ctrl-C.
+"""`blocktrain dashboard`: a live web map of a swarm (swarmd.tools.dashboard) until Ctrl-C.
 
 Prints `dashboard: URL` as soon as the page is served, then connects to the swarm; the page shows
 blocks as columns with their peers and a CE-over-time chart. Imports no torch until it runs.
@@ -30,9 +30,9 @@ def dashboard(
             fail("pass --swarm MULTIADDR (a `multiaddr:` line of `blocktrain run`) or --swarm HOST:PORT", 2)
         if not 0 <= port <= 65535:
             fail(f"--port must be in 0..65535, got {port}", 2)
-        from swarmd.swarm.addresses import check_peer_addresses
-        from swarmd.swarm.dashboard import run_dashboard
-        from swarmd.swarm.discovery import is_multiaddr
+        from swarmd.membership.addresses import check_peer_addresses
+        from swarmd.membership.discovery import is_multiaddr
+        from swarmd.tools.dashboard import run_dashboard
 
         check_peer_addresses(list(swarm))
 

@@ -1,7 +1,7 @@
 """`blocktrain demo`: a whole swarm on this machine: N daemons as processes, live progress, a kept model.
 
-Parses the options, has swarmd.swarm.demo.plan_demo validate them (bad input fails at once, before
-torch is imported or any process starts), then runs swarmd.swarm.demo.run_demo and renders its
+Parses the options, has swarmd.tools.demo.plan_demo validate them (bad input fails at once, before
+torch is imported or any process starts), then runs swarmd.tools.demo.run_demo and renders its
 events: on a terminal a live view (rich) of the peers joining, their rounds, train CE,
 participation and bytes, per peer and per block; otherwise (piped, or --json) one flushed line per
 event, e.g. one per peer ready and one per peer per round. It ends with the summary (or JSON) and
@@ -157,7 +157,7 @@ def demo(
 ) -> None:
     """Run a whole swarm on this machine, keep the model it trains, report its from-noise CE."""
     with cli_errors():
-        from swarmd.swarm.demo import DEMO_MODEL, DEMO_TRAIN, plan_demo, run_demo  # no torch until run_demo
+        from swarmd.tools.demo import DEMO_MODEL, DEMO_TRAIN, plan_demo, run_demo  # no torch until run_demo
 
         cfg, tcfg = model.config(DEMO_MODEL), train.config(DEMO_TRAIN)
         train_path, eval_path = resolve_train_eval(data, eval_data)

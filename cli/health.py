@@ -16,7 +16,7 @@ import typer
 from cli import options as o
 from cli.common import cli_errors, fail
 from swarmd.errors import ConfigError
-from swarmd.swarm.addresses import check_peer_address
+from swarmd.membership.addresses import check_peer_address
 
 
 async def serving_status(address: str, timeout_s: float) -> str:

@@ -16,9 +16,9 @@ from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, setup_logging
 from cli.groups import with_groups
 from swarmd.errors import ConfigMismatch
-from swarmd.swarm.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
-from swarmd.swarm.runner import run_foreground
-from swarmd.swarm.survey import fetch_swarm_config
+from swarmd.membership.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
+from swarmd.node.runner import run_foreground
+from swarmd.tools.survey import fetch_swarm_config
 
 # run's flags less --eval-data, --min-peers, --eval-every, --static and the sigma range; model flags None = the swarm's
 PEER = o.PeerOptions.without("eval_data", "min_peers", "eval_every", "static")

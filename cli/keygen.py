@@ -1,7 +1,7 @@
 """`blocktrain keygen swarm-key FILE` / `keygen identity FILE` / `keygen tls FILE.crt FILE.key`: make keys.
 
 Thin: the files are written by swarmd.transport.auth (a swarm key: 32 random bytes, mode 0600, never
-overwritten), swarmd.swarm.identity (an Ed25519 peer identity; its peer id is printed) and
+overwritten), swarmd.membership.identity (an Ed25519 peer identity; its peer id is printed) and
 swarmd.transport.tls (a self-signed certificate whose fingerprint a peer's signed record pins).
 """
 
@@ -31,7 +31,7 @@ def swarm_key(path: Annotated[Path, typer.Argument(help="File to create (mode 06
 @app.command("identity")
 def identity(path: Annotated[Path, typer.Argument(help="File to create (mode 0600).")]) -> None:
     """A new Ed25519 peer identity (--identity FILE); prints its peer id."""
-    from swarmd.swarm.identity import Identity
+    from swarmd.membership.identity import Identity
 
     with cli_errors():
         if path.exists():

@@ -80,8 +80,8 @@ app.command("simulate")(simulate.simulate)
 
 def entry() -> None:
     """The `blocktrain` console script: the CLI as a process of its own (a daemon it runs ends the process within
-    seconds of its shutdown: swarmd.swarm.runner.end_process_after_shutdown; tests call `app` in-process)."""
-    from swarmd.swarm.runner import end_process_after_shutdown
+    seconds of its shutdown: swarmd.node.runner.end_process_after_shutdown; tests call `app` in-process)."""
+    from swarmd.node.runner import end_process_after_shutdown
 
     end_process_after_shutdown()
     app()

@@ -20,10 +20,11 @@ from typing import Annotated, Any, ClassVar
 import typer
 
 from cli.groups import OptionGroup
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError
+from swarmd.node.config import DaemonConfig, NetConfig, peer_train_config
 from swarmd.protocol import Codec
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
 
 MODEL, TRAIN, GOSSIP, NET, DAEMON = ModelConfig(), TrainConfig(), GossipConfig(), NetConfig(), DaemonConfig()
 M, T, S, N = "Model", "Training", "Swarm", "Network"

@@ -1,7 +1,7 @@
 """`blocktrain run`: start a swarm peer (a new swarm, or one more peer of a swarm) and serve until stopped.
 
 Prints the lines others need (address, multiaddrs, block) as `key: value` on stdout, then one line
-per merged round (swarmd.swarm.runner, shared with `blocktrain join` and `python -m swarmd`).
+per merged round (swarmd.node.runner, shared with `blocktrain join` and `python -m swarmd`).
 Ctrl-C / SIGTERM checkpoints and leaves; the same --checkpoint-dir resumes.
 """
 
@@ -14,8 +14,8 @@ import typer
 from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
 from cli.groups import with_groups
-from swarmd.swarm.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
-from swarmd.swarm.runner import run_foreground
+from swarmd.membership.addresses import check_listen_ports, check_peer_addresses, is_multiaddr
+from swarmd.node.runner import run_foreground
 
 
 @with_groups(peer=o.PeerOptions, train=o.TrainOptions, model=o.ModelOptions)

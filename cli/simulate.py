@@ -48,8 +48,8 @@ def simulate(
         import torch
 
         from swarmd.core.data import ByteData
+        from swarmd.node.config import peer_train_config
         from swarmd.sim.engine import RoundRecord, SimConfig, simulate
-        from swarmd.swarm.peer_config import peer_train_config
 
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # bit-identical reruns of a seed

@@ -105,7 +105,7 @@ def status(
     with cli_errors():
         if bool(address) == bool(swarm):
             fail("pass either ADDRESS or --swarm MULTIADDR", 2)
-        from swarmd.swarm.survey import survey_peer, survey_swarm
+        from swarmd.tools.survey import survey_peer, survey_swarm
 
         wait_s = o.timeout_s(timeout_s, timeout)
         summary = asyncio.run(survey_peer(address, wait_s) if address else survey_swarm(list(swarm), swarm_id, wait_s))

@@ -1,7 +1,7 @@
 """`python -m swarmd --config PEER.json [--verbose]`: run one swarm daemon in the foreground.
 
 The daemon's own entry point (swarmd never imports the `blocktrain` CLI): reads a DaemonConfig
-serialised with DaemonConfig.to_dict as JSON and runs it with swarmd.swarm.runner, which prints
+serialised with DaemonConfig.to_dict as JSON and runs it with swarmd.node.runner, which prints
 the same stdout lines as `blocktrain run` (LocalSwarm spawns peers this way). Errors print one
 `error: ...` line on stderr and exit non-zero (2 for a bad config), never a traceback.
 """
@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from swarmd.errors import ConfigError, SwarmdError
-from swarmd.swarm.peer_config import DaemonConfig
-from swarmd.swarm.runner import end_process_after_shutdown, run_foreground, setup_logging
+from swarmd.node.config import DaemonConfig
+from swarmd.node.runner import end_process_after_shutdown, run_foreground, setup_logging
 
 
 def load_config(path: Path) -> DaemonConfig:

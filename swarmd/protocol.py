@@ -48,7 +48,7 @@ class _ProtoEnum(StrEnum):
 
 
 class Codec(_ProtoEnum):
-    """Delta codec on the wire (always followed by zstd); see swarmd.swarm.delta."""
+    """Delta codec on the wire (always followed by zstd); see swarmd.averaging.delta."""
 
     FP32 = "fp32"
     FP16 = "fp16"

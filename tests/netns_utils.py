@@ -9,7 +9,7 @@ this lab's users started there) and deletes them; the veth pairs and the bridge 
 Needs root and iproute2 (`unavailable()` says why not, for a skip).
 
 Relay runs tests/delay_relay.py inside a host namespace: a user-space delay on every connection
-to one port (the kernel here has no tc netem). NetnsSwarm is a LocalSwarm (swarmd/swarm/launch.py)
+to one port (the kernel here has no tc netem). NetnsSwarm is a LocalSwarm (swarmd/tools/launch.py)
 whose peer i runs as `ip netns exec bt<tag>-h<i> python -m swarmd ...`, listening and announcing
 on host i's address; with a delay, each host's gRPC server sits behind a Relay, so every exchange,
 pull and status call to a peer crosses one delayed hop. Every wait has a deadline.
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from swarmd.swarm.launch import LocalSwarm, PeerProc
-from swarmd.swarm.peer_config import DaemonConfig
+from swarmd.node.config import DaemonConfig
+from swarmd.tools.launch import LocalSwarm, PeerProc
 
 ROOT = Path(__file__).resolve().parents[1]
 RELAY = ROOT / "tests" / "delay_relay.py"

@@ -17,17 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.outer import make_outer
+from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import PeerUnavailable
-from swarmd.swarm.daemon import Daemon
-from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord
-from swarmd.swarm.gossip import Gossip
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.metrics import Metrics
-from swarmd.swarm.outer import make_outer
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
-from swarmd.swarm.state import BlockState
+from swarmd.membership.discovery import MemoryDiscovery
+from swarmd.membership.identity import Identity
+from swarmd.membership.records import PeerRecord
+from swarmd.metrics import Metrics
+from swarmd.node.config import DaemonConfig, NetConfig
+from swarmd.node.daemon import Daemon
 from swarmd.transport.framing import Encoded
 
 TEXT = (b"the quick brown fox jumps over the lazy dog. " * 40) + bytes(range(32, 127)) * 8

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.errors import ConfigError, SwarmdError
-from swarmd.swarm import addresses, discovery
-from swarmd.swarm.addresses import (
+from swarmd.membership import addresses, discovery
+from swarmd.membership.addresses import (
     check_bindable,
     check_peer_address,
     multiaddr,
@@ -31,8 +31,8 @@ from swarmd.swarm.addresses import (
     preferred_multiaddr,
     split_host_port,
 )
-from swarmd.swarm.discovery import HivemindDiscovery, connect_discovery
-from swarmd.swarm.peer_config import NetConfig
+from swarmd.membership.discovery import HivemindDiscovery, connect_discovery
+from swarmd.node.config import NetConfig
 from swarmd.transport import PeerClient
 
 runner = CliRunner()

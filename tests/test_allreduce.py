@@ -1,4 +1,4 @@
-"""swarmd.swarm.allreduce: the butterfly all-reduce over an in-memory exchanger (and once over real gRPC)."""
+"""swarmd.averaging.allreduce: the butterfly all-reduce over an in-memory exchanger (and once over real gRPC)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
+from swarmd.averaging.allreduce import ButterflyRound, dials, is_allreduce, part_bounds, relative_error
 from swarmd.errors import ValidationError
-from swarmd.swarm.allreduce import ButterflyRound, dials, is_allreduce, part_bounds, relative_error
-from swarmd.swarm.identity import Identity
+from swarmd.membership.identity import Identity
 from swarmd.transport.framing import Encoded
 
 META = dict(swarm_id="s", config_hash="c", kind="block_delta", block_index=0)

@@ -13,7 +13,7 @@ from swarm_utils import daemon_config, write_corpus
 from typer.testing import CliRunner
 
 from cli.main import app
-from swarmd.swarm.daemon import Daemon
+from swarmd.node.daemon import Daemon
 
 runner = CliRunner()
 

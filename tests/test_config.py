@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig
+from swarmd.node.config import DaemonConfig, NetConfig
 
 
 @pytest.mark.parametrize(

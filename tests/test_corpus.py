@@ -139,7 +139,7 @@ print(json.dumps({"code": r.exit_code, "output": r.output, "torch": "torch" in s
 
 def test_binary_training_file_is_refused_before_torch_loads(tmp_path, clean_env):
     """train, demo, run and join refuse a binary --data with exit 2 and never import torch (the demo checks
-    for NUL bytes itself, swarmd.swarm.demo.plan_demo; train, run and join also refuse mostly-control bytes)."""
+    for NUL bytes itself, swarmd.tools.demo.plan_demo; train, run and join also refuse mostly-control bytes)."""
     import subprocess
     import sys
 

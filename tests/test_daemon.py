@@ -16,9 +16,9 @@ import pytest
 import torch
 from swarm_utils import daemon_config, running, wait_until
 
+from swarmd.averaging.state import relative_distance
 from swarmd.errors import ConfigMismatch, DataError
 from swarmd.protocol import PeerState
-from swarmd.swarm.state import relative_distance
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import to_proto
@@ -265,7 +265,7 @@ def test_daemon_config_round_trips_through_json_and_python_m_swarmd_refuses_a_ba
     import subprocess
     import sys
 
-    from swarmd.swarm.peer_config import DaemonConfig
+    from swarmd.node.config import DaemonConfig
 
     cfg = daemon_config(tmp_path, 1, initial_peers=("127.0.0.1:1", "127.0.0.1:2"), discovery="static")
     assert DaemonConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.errors import ConfigError
-from swarmd.swarm.dashboard import CeHistory, DashboardServer, run_dashboard, swarm_view
+from swarmd.tools.dashboard import CeHistory, DashboardServer, run_dashboard, swarm_view
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "benchmarks" / "results" / "dashboard.png"

@@ -1,4 +1,4 @@
-"""Delayed averaging (GossipConfig.overlap, swarmd.swarm.delayed / overlap): the correction rule by hand, replicas'
+"""Delayed averaging (GossipConfig.overlap, swarmd.averaging.delayed / overlap): the correction rule by hand, replicas'
 bases bit-identical with overlap on, the simulator's late merges, real daemons with overlap, and a stop mid-overlap."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 import torch
 from swarm_utils import batches, daemon_config, memory_swarm, running, tiny_model, tiny_train, wait_until
 
+from swarmd.averaging.delayed import corrected, land_merge
+from swarmd.averaging.state import BlockState, relative_distance
 from swarmd.core.train import BlockTrainer
+from swarmd.node.daemon import STOP_GRACE_S
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import Lockstep
 from swarmd.sim.regimes import custom_regime
-from swarmd.swarm.daemon import STOP_GRACE_S
-from swarmd.swarm.delayed import corrected, land_merge
-from swarmd.swarm.state import BlockState, relative_distance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -269,7 +269,7 @@ def test_the_overlap_flag_reaches_the_daemon_config_and_its_json():
     from cli import options as o
     from cli.main import app
     from swarmd.core.config import ModelConfig
-    from swarmd.swarm.peer_config import DaemonConfig
+    from swarmd.node.config import DaemonConfig
 
     assert "--overlap" in CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}

@@ -1,4 +1,4 @@
-"""Codec round trips and ratios, error feedback, chunking and validation of swarmd.swarm.delta."""
+"""Codec round trips and ratios, error feedback, chunking and validation of swarmd.averaging.delta."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from swarmd.averaging.delta import INT8_RMS_LEVELS, ErrorFeedback, decode, encode, shapes_of
 from swarmd.errors import PeerRejected, ValidationError
 from swarmd.protocol import Codec, PayloadKind
-from swarmd.swarm.delta import INT8_RMS_LEVELS, ErrorFeedback, decode, encode, shapes_of
 from swarmd.transport.framing import read_payload, to_messages
 from swarmd.v1 import swarm_pb2 as pb
 

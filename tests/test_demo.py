@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from swarmd.core.config import ModelConfig
 from swarmd.errors import ConfigError
-from swarmd.swarm.demo import parse_round_line, plan_demo
+from swarmd.tools.demo import parse_round_line, plan_demo
 from tests.swarm_utils import TEXT, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_views_render_the_events():
     from rich.console import Console
 
     from cli.demo import LiveView, PlainView
-    from swarmd.swarm.demo import DemoEvent
+    from swarmd.tools.demo import DemoEvent
 
     events = [
         DemoEvent("start", 0.1, "peer 0 starting (block 0)", peer=0, block=0),

@@ -10,18 +10,10 @@ import pytest
 from swarm_utils import wait_until
 
 from swarmd.errors import PeerUnavailable, SwarmdError
-from swarmd.swarm.discovery import (
-    HivemindDiscovery,
-    PeerRecord,
-    StaticDiscovery,
-    block_key,
-    block_throughput,
-    choose_block,
-    connect_discovery,
-    parse_block_key,
-)
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.trust import sign_record
+from swarmd.membership.discovery import HivemindDiscovery, StaticDiscovery, connect_discovery
+from swarmd.membership.identity import Identity
+from swarmd.membership.records import PeerRecord, block_key, block_throughput, choose_block, parse_block_key
+from swarmd.membership.trust import sign_record
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -154,7 +146,7 @@ def test_a_dht_call_task_nobody_references_survives_garbage_collection_only_when
     import gc
     import weakref
 
-    from swarmd.swarm.discovery import _held
+    from swarmd.membership.discovery import _held
 
     async def main():
         futures: list[weakref.ref] = []

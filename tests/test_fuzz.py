@@ -21,11 +21,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swarmd.averaging.delta import decode, encode
 from swarmd.errors import SwarmdError
+from swarmd.membership.records import PeerRecord
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.serve.serving import BlockServing
-from swarmd.swarm.delta import decode, encode
-from swarmd.swarm.discovery import PeerRecord
 from swarmd.transport.framing import Encoded, read_payload
 from swarmd.transport.server import Undecodable, _lenient
 from swarmd.v1 import swarm_pb2 as pb

@@ -14,16 +14,16 @@ import pytest
 import torch
 from swarm_utils import memory_round, memory_swarm
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delta import ErrorFeedback, encode
+from swarmd.averaging.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
+from swarmd.averaging.sketch import count_sketch, sketch_distance
+from swarmd.averaging.state import relative_distance, weights_hash
 from swarmd.errors import SwarmdError
+from swarmd.membership.identity import Identity
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import sign_payload, sign_record
 from swarmd.protocol import PayloadKind
-from swarmd.swarm.delta import ErrorFeedback, encode
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.sketch import count_sketch, sketch_distance
-from swarmd.swarm.state import relative_distance, weights_hash
-from swarmd.swarm.trust import sign_payload, sign_record
 from swarmd.transport.framing import Encoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Group averaging (swarmd.swarm.groups): the grid assignment, the anchored merge, and group rounds in memory."""
+"""Group averaging (swarmd.averaging.groups): the grid assignment, the anchored merge, and group rounds in memory."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from swarm_utils import memory_round, memory_swarm
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.gossip import BLOCK, EMB, DeadlinePolicy
+from swarmd.averaging.groups import Anchor, assign, grid_dims, grid_sides, group_of, round_members
+from swarmd.averaging.state import relative_distance
 from swarmd.errors import ConfigError
-from swarmd.swarm.gossip import BLOCK, EMB, DeadlinePolicy
-from swarmd.swarm.groups import Anchor, assign, grid_dims, grid_sides, group_of, round_members
-from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.state import relative_distance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 import torch
 
+from swarmd.averaging.delta import encode
 from swarmd.errors import Busy, SessionMissing, ValidationError
 from swarmd.serve.serving import BlockServing
-from swarmd.swarm.delta import encode
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host
 from swarmd.v1 import swarm_pb2 as pb

@@ -12,8 +12,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_transport import META, FakeHandler, delta
 
+from swarmd.averaging.delta import encode
 from swarmd.errors import ConfigError, Unauthenticated, ValidationError
-from swarmd.swarm.delta import encode
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.auth import (
     AUTH_HEADER,
@@ -290,10 +290,10 @@ def test_a_private_tls_swarm_on_the_real_dht_trains_and_never_uses_forged_record
     from hivemind.utils import get_dht_time
     from swarm_utils import daemon_config, running, wait_until
 
-    from swarmd.swarm.discovery import PeerRecord, block_key
-    from swarmd.swarm.identity import Identity
-    from swarmd.swarm.survey import survey_discovered
-    from swarmd.swarm.trust import sign_record
+    from swarmd.membership.identity import Identity
+    from swarmd.membership.records import PeerRecord, block_key
+    from swarmd.membership.trust import sign_record
+    from swarmd.tools.survey import survey_discovered
 
     key_path = tmp_path / "swarm.key"
     write_swarm_key(key_path)

@@ -1,7 +1,7 @@
 """Metrics of one peer: samples/s EMA, steps, training CE, byte counters, rejections by reason, histograms,
 peers per block, participation, round history, uptime.
 
-Pure bookkeeping (swarmd.swarm.metrics.Metrics): every expected value below is computed by hand.
+Pure bookkeeping (swarmd.metrics.Metrics): every expected value below is computed by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from swarmd.errors import (
     ValidationError,
     WrongBlock,
 )
-from swarmd.swarm.metrics import REJECT_REASONS, Histogram, Metrics, reject_reason
+from swarmd.metrics import REJECT_REASONS, Histogram, Metrics, reject_reason
 
 
 def test_throughput_starts_at_the_first_rate_then_follows_an_ema():

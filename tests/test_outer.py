@@ -1,4 +1,4 @@
-"""The outer optimizer (swarmd.swarm.outer): Nesterov by hand, identical replicas, checkpoint, reset rule, plumbing."""
+"""The outer optimizer (swarmd.averaging.outer): Nesterov by hand, identical replicas, checkpoint, reset, plumbing."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import pytest
 import torch
 from swarm_utils import batches, memory_round, memory_swarm, tiny_model, tiny_train
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.outer import OuterOptimizer, make_outer, split_momentum, with_momentum
+from swarmd.averaging.state import BlockState, weights_hash
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import ConfigError
+from swarmd.node.config import DaemonConfig
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import Lockstep
 from swarmd.sim.regimes import regime_named
-from swarmd.swarm.outer import OuterOptimizer, make_outer, split_momentum, with_momentum
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig
-from swarmd.swarm.state import BlockState, weights_hash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,8 +20,8 @@ import pytest
 from swarm_utils import daemon_config, running
 
 from cli.status import no_nan, render
-from swarmd.swarm.runner import setup_logging
-from swarmd.swarm.survey import record_row, survey_peer
+from swarmd.node.runner import setup_logging
+from swarmd.tools.survey import record_row, survey_peer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +48,7 @@ def test_status_shows_the_training_ce_without_eval_every(tmp_path, capsys):
 
 
 def _record():
-    from swarmd.swarm.discovery import PeerRecord
+    from swarmd.membership.records import PeerRecord
 
     return PeerRecord("p", "", 0, 3, 1.0, "h", "", True, "test")
 
@@ -67,7 +67,7 @@ def root_logging():
 def test_setup_logging_keeps_its_level_after_routing_hivemind_logs(root_logging, verbose, level):
     setup_logging(verbose)
     assert root_logging.level == level
-    assert logging.getLogger("swarmd.swarm.gossip").getEffectiveLevel() == level
+    assert logging.getLogger("swarmd.averaging.gossip").getEffectiveLevel() == level
     assert logging.getLogger("hivemind.dht").getEffectiveLevel() == level
 
 

@@ -1,4 +1,4 @@
-"""Prometheus endpoint of a peer (swarmd.swarm.prometheus): names, labels, values, one registry per daemon.
+"""Prometheus endpoint of a peer (swarmd.node.prometheus): names, labels, values, one registry per daemon.
 
 Every test scrapes a real HTTP endpoint on 127.0.0.1 (an ephemeral port) with urllib and parses
 the text with prometheus_client.parser; the daemon tests run real daemons (static discovery).
@@ -21,15 +21,15 @@ from swarm_utils import daemon_config, memory_swarm, running
 from typer.testing import CliRunner
 
 from cli.main import app
+from swarmd.averaging.delta import encode
+from swarmd.averaging.gossip import BLOCK
 from swarmd.errors import ConfigError, SwarmdError
-from swarmd.swarm.delta import encode
-from swarmd.swarm.gossip import BLOCK
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.metrics import REJECT_REASONS, Metrics
-from swarmd.swarm.peer_config import NetConfig
-from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
-from swarmd.swarm.runner import run_foreground
-from swarmd.swarm.trust import sign_payload, sign_record
+from swarmd.membership.identity import Identity
+from swarmd.membership.trust import sign_payload, sign_record
+from swarmd.metrics import REJECT_REASONS, Metrics
+from swarmd.node.config import NetConfig
+from swarmd.node.prometheus import MetricsCollector, MetricsServer
+from swarmd.node.runner import run_foreground
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from swarmd.averaging.gossip import diverged_majority
+from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError
-from swarmd.swarm import daemon as daemon_mod
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.gossip import diverged_majority
-from swarmd.swarm.launch import LocalSwarm, process_group, wait_group_gone
-from swarmd.swarm.state import BlockState
+from swarmd.membership.records import PeerRecord
+from swarmd.node import daemon as daemon_mod
+from swarmd.tools.launch import LocalSwarm, process_group, wait_group_gone
 from swarmd.transport import PeerClient
 from tests.swarm_utils import batches, daemon_config, running, tiny_model, tiny_train, write_corpus
 
@@ -341,7 +341,7 @@ def test_a_process_entry_point_ends_within_the_grace_even_with_a_thread_still_bl
 
     script = (
         "import threading, time\n"
-        "from swarmd.swarm import runner\n"
+        "from swarmd.node import runner\n"
         "runner.end_process_after_shutdown()\n"
         "threading.Thread(target=time.sleep, args=(600,)).start()  # non-daemon: the interpreter would wait\n"
         "runner.arm_process_end()\n"
@@ -352,6 +352,6 @@ def test_a_process_entry_point_ends_within_the_grace_even_with_a_thread_still_bl
     assert done.returncode == 0 and "armed" in done.stdout, done.stderr
     assert time.monotonic() - started < 30  # EXIT_GRACE_S after arming, not the thread's 600 s
     assert "ending the process" in done.stderr and "Traceback" not in done.stderr
-    from swarmd.swarm import runner
+    from swarmd.node import runner
 
     assert runner._end_process is False  # this test process never armed itself

@@ -1,5 +1,5 @@
 """Issue 9, partition heal: an isolated peer rejoins when the signed records show no quorum anywhere
-(swarmd.swarm.rejoin: a quorum of fresh signed states, else a deterministic reconciliation).
+(swarmd.averaging.rejoin: a quorum of fresh signed states, else a deterministic reconciliation).
 
 Fast: the pure rules, and in-memory Gossip peers (tests/swarm_utils.memory_swarm) whose syncs run concurrently
 as separate daemons' would.
@@ -13,8 +13,8 @@ import pytest
 import torch
 from swarm_utils import ROUND_STREAMS, batches, memory_round, memory_swarm
 
-from swarmd.swarm import rejoin
-from swarmd.swarm.rejoin import Held, fresh_majority, reconcile, stable
+from swarmd.averaging import rejoin
+from swarmd.averaging.rejoin import Held, fresh_majority, reconcile, stable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

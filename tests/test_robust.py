@@ -1,4 +1,4 @@
-"""swarmd.swarm.robust: the clipped, trimmed merge against one Byzantine peer of four, honest equality, bit-identity."""
+"""swarmd.averaging.robust: the clipped, trimmed merge against one Byzantine of four, honest equality, bit-identity."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from swarmd.swarm.gossip import merge_mean
-from swarmd.swarm.robust import delta_norm, delta_norm_bound, robust_merge, trim_count
+from swarmd.averaging.gossip import merge_mean
+from swarmd.averaging.robust import delta_norm, delta_norm_bound, robust_merge, trim_count
 
 SHAPES = (("w", (32, 16)), ("b", (16,)))
 
@@ -240,7 +240,7 @@ def test_a_peer_whose_training_diverged_sends_a_zero_delta_and_goes_back_to_its_
 
 
 def test_the_sorting_network_gives_torch_sort_values_exactly():
-    from swarmd.swarm.robust import SORT_NETWORK_MAX, _sorted_rows
+    from swarmd.averaging.robust import SORT_NETWORK_MAX, _sorted_rows
 
     g = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 4, 7, SORT_NETWORK_MAX, SORT_NETWORK_MAX + 1):

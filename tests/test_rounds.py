@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.errors import ConfigError
-from swarmd.swarm.peer_config import DaemonConfig
+from swarmd.node.config import DaemonConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,7 +23,7 @@ from tests.test_inference import CFG, text_windows, tiny_model
 
 
 @dataclass
-class Rec:  # the fields of swarmd.swarm.discovery.PeerRecord the client reads
+class Rec:  # the fields of swarmd.membership.discovery.PeerRecord the client reads
     address: str
     block_index: int
     config_hash: str = CFG.config_hash()
@@ -360,8 +360,8 @@ async def start_hosts(blocks, emb, layout):
 
 
 async def grpc_remote(hosts, timeout_s=10.0):
+    from swarmd.membership.discovery import StaticDiscovery
     from swarmd.serve.remote import swarm_model_config
-    from swarmd.swarm.discovery import StaticDiscovery
     from swarmd.transport.client import PeerClient
 
     client = PeerClient()
@@ -408,10 +408,10 @@ def test_grpc_scoring_generation_and_failover_equal_local():
 
 
 # ---------------------------------------------------------------------------------------------
-# Real daemons (swarmd.swarm.daemon) on loopback, driven through the `blocktrain` CLI.
+# Real daemons (swarmd.node.daemon) on loopback, driven through the `blocktrain` CLI.
 # ---------------------------------------------------------------------------------------------
 async def start_daemons(tmp_path, layout, discovery="static"):
-    from swarmd.swarm.daemon import Daemon
+    from swarmd.node.daemon import Daemon
     from tests.swarm_utils import daemon_config
 
     daemons = []
@@ -502,9 +502,9 @@ def test_daemon_swarm_cli_score_and_generate_equal_local_and_bad_input(tmp_path)
 
 
 def test_daemon_failover_to_a_replica_mid_generation(tmp_path):
+    from swarmd.membership.discovery import connect_discovery
     from swarmd.serve.inference import generate, load_local
     from swarmd.serve.remote import connect_swarm
-    from swarmd.swarm.discovery import connect_discovery
 
     async def scenario():
         daemons = await start_daemons(tmp_path, [0, 1, 1, 2])
@@ -568,7 +568,7 @@ def test_score_through_blocktrain_run_processes_on_the_dht(tmp_path):
 
     from swarmd.core.checkpoint import save_model
     from swarmd.core.train import init_block, init_embedding
-    from swarmd.swarm.launch import LocalSwarm
+    from swarmd.tools.launch import LocalSwarm
     from tests.swarm_utils import TEXT
 
     cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from swarmd.swarm.sketch import sketch_distance
-from swarmd.swarm.survey import consensus_by_block, peer_row, summarize
+from swarmd.averaging.sketch import sketch_distance
+from swarmd.tools.survey import consensus_by_block, peer_row, summarize
 from swarmd.v1 import swarm_pb2 as pb
 
 

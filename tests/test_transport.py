@@ -12,6 +12,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from swarmd.averaging.delta import decode, encode, shapes_of
 from swarmd.errors import (
     Busy,
     ConfigMismatch,
@@ -26,9 +27,8 @@ from swarmd.errors import (
     ValidationError,
     WrongBlock,
 )
+from swarmd.metrics import Metrics
 from swarmd.protocol import PROTOCOL, PayloadKind, PeerState
-from swarmd.swarm.delta import decode, encode, shapes_of
-from swarmd.swarm.metrics import Metrics
 from swarmd.transport import PeerClient, error_for, start_server, status_code_for
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto

@@ -16,12 +16,13 @@ import pytest
 import torch
 from swarm_utils import memory_round, memory_swarm, peer_identities
 
+from swarmd.averaging.delta import encode
+from swarmd.averaging.gossip import BLOCK, agreeing, quorum
 from swarmd.errors import ConfigError, SwarmdError, ValidationError
-from swarmd.swarm.delta import encode
-from swarmd.swarm.discovery import MemoryDiscovery, PeerRecord, StaticDiscovery, block_key, record_validator
-from swarmd.swarm.gossip import BLOCK, agreeing, quorum
-from swarmd.swarm.identity import Identity, peer_id_of, public_key_of, verify
-from swarmd.swarm.trust import is_valid, record_problem, sign_payload, sign_record, verify_payload
+from swarmd.membership.discovery import MemoryDiscovery, StaticDiscovery, record_validator
+from swarmd.membership.identity import Identity, peer_id_of, public_key_of, verify
+from swarmd.membership.records import PeerRecord, block_key
+from swarmd.membership.trust import is_valid, record_problem, sign_payload, sign_record, verify_payload
 from swarmd.v1 import swarm_pb2 as pb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -378,7 +379,7 @@ def test_a_lone_signed_stranger_in_a_block_is_not_adopted_against_the_swarms_rou
 
 
 def test_another_blocks_state_is_pulled_from_the_weights_most_records_share_first():
-    from swarmd.swarm.peers import pull_order
+    from swarmd.node.peers import pull_order
 
     def rec(pid: str, block: int, rnd: int, base: str, address: str = "h:1") -> PeerRecord:
         return PeerRecord(pid, address, block, rnd, 0.0, "c", base, False, "s", "emb")

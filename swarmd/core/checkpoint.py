@@ -310,7 +310,7 @@ def load_optimizer(directory: Path, block_index: int, opt: torch.optim.Optimizer
     state: dict[int, dict] = {}
     for name, value in tensors.items():
         if not name.startswith("state."):
-            continue  # another optimizer's state in the same file (swarmd.swarm.outer's outer.<part>.<name>)
+            continue  # another optimizer's state in the same file (swarmd.averaging.outer's outer.<part>.<name>)
         _, pid, key = name.split(".", 2)
         state.setdefault(int(pid), {})[key] = value
     sd = opt.state_dict()

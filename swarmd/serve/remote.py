@@ -2,7 +2,7 @@
 
 Owns:
   - `BlockRouter`: finds the holders of every block through a Discovery (anything with find /
-    find_all, e.g. swarmd.swarm.discovery's), probes each once for its round-trip time, then picks one
+    find_all, e.g. swarmd.membership.discovery's), probes each once for its round-trip time, then picks one
     peer per block by latency EMA x (1 + calls this client has in flight to it); a peer that fails or
     stalls is banned for an exponentially growing period (swarmd.backoff) and the next replica is used;
   - `RemoteSweeper`: the swarm implementation of swarmd.serve.inference.Sweeper. One Forward stream per
@@ -54,7 +54,7 @@ class Hop:
 
 @dataclass
 class Replica:
-    record: Any  # swarmd.swarm.discovery.PeerRecord
+    record: Any  # swarmd.membership.discovery.PeerRecord
     latency_s: float | None = None  # EMA of call round-trip time
     inflight: int = 0
 
@@ -408,7 +408,7 @@ async def connect_swarm(
     """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
 
     :param connect_discovery: async (swarm, swarm_id, status_fn) -> a Discovery, e.g.
-        swarmd.swarm.discovery.connect_discovery (passed in: serve does not import swarm)
+        swarmd.membership.discovery.connect_discovery (passed in: serve does not import swarm)
     The closer ends every session and shuts the client and the discovery down.
     """
     from swarmd.transport.client import PeerClient

@@ -3,6 +3,6 @@
 regimes.py   Dist, Regime, the named presets (lockstep ... bad edge loose), `custom`, RoundDraw (sampling)
 policies.py  deadline policies: lockstep, fixed, adaptive (the daemon's DeadlinePolicy), quantile
 engine.py    SimConfig, Simulator (the run loop), RoundRecord, SimResult; simulate()
-Imports swarmd.core and the pure parts of swarmd.swarm (state, delta, gossip's policy and merge);
+Imports swarmd.core and the pure parts of swarmd.averaging (state, delta, the deadline policy and the merge);
 never grpc, hivemind, the transport's servers or the daemon. `blocktrain simulate` is its CLI.
 """

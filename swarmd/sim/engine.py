@@ -2,7 +2,7 @@
 
 Owns SimConfig, Simulator, RoundRecord and SimResult (litepaper section 4.1-4.2). B blocks, K
 virtual workers per block (replicas, as swarm peers hold them). Every worker is a real
-swarmd.swarm.state.BlockState (a BlockTrainer: AdamW over one block and its copy of the byte
+swarmd.averaging.state.BlockState (a BlockTrainer: AdamW over one block and its copy of the byte
 table) with its own data stream and its own ErrorFeedback pair. One round:
 
 1. a RoundDraw samples each worker's compute time (H x a per-step time), one-way latency, upload
@@ -20,13 +20,13 @@ table) with its own data stream and its own ErrorFeedback pair. One round:
    daemon's merge function (merge_fn(), what Gossip.average applies); the table deltas of every
    accepted worker, all blocks, are merged the same way; no accepted update = that part stays. Every
    worker then starts the next round from the merged weights (BlockState.apply_merge, with the daemon's
-   outer optimizer when the GossipConfig given names one: swarmd.swarm.outer);
+   outer optimizer when the GossipConfig given names one: swarmd.averaging.outer);
 5. the policy sees what a daemon sees: the arrival times of the accepted updates, how many were missing
    at the close, and the close; the virtual clock advances by the round's length; from-noise CE of the
    merged stack is measured.
 With overlap (SimConfig.overlap, the daemon's GossipConfig.overlap), every merge lands late: round r-1's
 merge is applied after overlap_steps of round r's H steps (0 = all H: a full round late) with
-swarmd.swarm.delayed.land_merge, the daemon's own rule (base moves by the merge, the live weights keep the
+swarmd.averaging.delayed.land_merge, the daemon's own rule (base moves by the merge, the live weights keep the
 steps taken since the snapshot), then the rest of the H steps run and round r's deltas are snapshotted. A
 daemon's merge lands after as many steps as its exchange takes, at most H (it snapshots again only once the
 merge landed), so overlap_steps=0 bounds the quality cost (overlap_steps models how long the exchange
@@ -49,6 +49,12 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delayed import land_merge
+from swarmd.averaging.delta import ErrorFeedback
+from swarmd.averaging.gossip import merge_deltas
+from swarmd.averaging.outer import make_outer
+from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
@@ -57,12 +63,6 @@ from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
-from swarmd.swarm.delayed import land_merge
-from swarmd.swarm.delta import ErrorFeedback
-from swarmd.swarm.gossip import merge_deltas
-from swarmd.swarm.outer import make_outer
-from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.state import BlockState
 
 Tensors = dict[str, torch.Tensor]
 Merge = Callable[[dict[str, Tensors]], Tensors]

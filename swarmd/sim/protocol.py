@@ -1,6 +1,6 @@
 """Protocol at scale: the membership, grouping, exchange and merge of thousands of virtual peers, no training.
 
-Owns ProtocolConfig, simulate_part() and simulate(): what group averaging (swarmd.swarm.groups) costs and how
+Owns ProtocolConfig, simulate_part() and simulate(): what group averaging (swarmd.averaging.groups) costs and how
 fast it agrees at 1,000 or 10,000 peers, where real daemons cannot go on one machine. Per part (one block's
 replicas; the byte table over every peer), every virtual peer starts from the shared anchor plus its own
 random delta of the real shapes (the daemon's block and byte table of `model`), scaled so the replicas
@@ -29,14 +29,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delta import INT8_RMS_LEVELS, ErrorFeedback
+from swarmd.averaging.gossip import merge_deltas
+from swarmd.averaging.groups import Anchor, assign, grid_sides, offset_int8_levels
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.regimes import RoundDraw, regime_named
-from swarmd.swarm.delta import INT8_RMS_LEVELS, ErrorFeedback
-from swarmd.swarm.gossip import merge_deltas
-from swarmd.swarm.groups import Anchor, assign, grid_sides, offset_int8_levels
-from swarmd.swarm.peer_config import GossipConfig
 
 # the daemon's run_round: three lookups of the signed records (re-sync, predecessors, averaging) and one announce;
 # besides, the announce loop re-announces every announce_period_s (2 s) whatever the swarm size

@@ -6,7 +6,7 @@
 - status.py: the one table SwarmdError class <-> status code, used by both of the above.
 - client.py: PeerClient: channel cache, retry policy via service config, per-call deadlines,
   exchange() on one bidirectional stream (works from behind NAT), forward_session().
-Payload bytes, codecs and validation live in swarmd.swarm.delta.
+Payload bytes, codecs and validation live in swarmd.averaging.delta.
 """
 
 from swarmd.transport.client import ForwardSession, PeerClient, error_from_rpc

@@ -83,7 +83,7 @@ def error_from_rpc(address: str, exc: grpc.RpcError) -> SwarmdError:
 
 
 class ByteMeter(Protocol):
-    """Where a PeerClient reports the payload bytes it moves (swarmd.swarm.metrics.Metrics is one)."""
+    """Where a PeerClient reports the payload bytes it moves (swarmd.metrics.Metrics is one)."""
 
     def add_sent(self, wire_bytes: int, raw_bytes: int = 0) -> None: ...
 

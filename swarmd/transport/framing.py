@@ -11,7 +11,7 @@ exactly one chunk field becomes a ChunkView, a memoryview into the received byte
 goes to the protobuf parser); read_payload keeps those views, hashes them on a helper thread as they
 arrive (sha256 releases the GIL: the hash runs beside the event loop) and joins them once at the end.
 The messages on the wire are byte for byte what protobuf writes, so peers of either kind interoperate.
-What the bytes mean (codecs, tensors, validation against a model) is swarmd.swarm.delta's job.
+What the bytes mean (codecs, tensors, validation against a model) is swarmd.averaging.delta's job.
 Pure: protobuf and hashlib only; no torch, no grpc.
 """
 

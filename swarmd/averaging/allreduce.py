@@ -11,7 +11,7 @@ The vector is cut into len(peers) contiguous parts (part_bounds); the peer at so
 Each peer sends about 2 x (n - 1) / n of the vector whatever n (all-to-all sends n - 1 whole vectors).
 
 What a receiver verifies on every payload, before it decodes anything: the payload signature names a peer of
-the group other than itself (swarmd.swarm.trust.verify_payload), the round and the swarm/config/kind/block
+the group other than itself (swarmd.membership.trust.verify_payload), the round and the swarm/config/kind/block
 are ours, the one tensor it holds is the part its name says and has exactly that part's size (decode), its
 values are finite. What it cannot verify: that an owner's merged part is the merge of the contributions
 (the other peers' contributions never reach it). A lying owner can therefore corrupt the 1/n of the vector it
@@ -38,10 +38,10 @@ from typing import Protocol
 
 import torch
 
+from swarmd.averaging.delta import decode, encode
 from swarmd.errors import ValidationError
-from swarmd.swarm.delta import decode, encode
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.trust import sign_payload, verify_payload
+from swarmd.membership.identity import Identity
+from swarmd.membership.trust import sign_payload, verify_payload
 from swarmd.transport.framing import Encoded
 
 logger = logging.getLogger(__name__)

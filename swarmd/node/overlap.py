@@ -1,7 +1,7 @@
 """OverlapRounds: the daemon's rounds with overlap on (GossipConfig.overlap), training never waiting for the network.
 
 Owns the order of one round when a round's exchange runs beside the next round's training (the rule
-that lands the merge, with its correction, is swarmd.swarm.delayed's; Gossip.average applies it):
+that lands the merge, with its correction, is swarmd.averaging.delayed's; Gossip.average applies it):
 
     round r:  load predecessors -> start H local steps in the worker thread
               meanwhile: await round r-1's exchange (a task since the end of round r-1; its merge lands
@@ -32,12 +32,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from swarmd.averaging.gossip import MergeReport
+from swarmd.membership.records import PeerRecord
 from swarmd.protocol import PeerState
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.gossip import MergeReport
 
 if TYPE_CHECKING:
-    from swarmd.swarm.daemon import Daemon
+    from swarmd.node.daemon import Daemon
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.state import BlockState
 from swarmd.errors import NotReady, SwarmdError
+from swarmd.metrics import Metrics
+from swarmd.node.config import DaemonConfig
 from swarmd.protocol import PeerState, swarm_config
-from swarmd.swarm.gossip import Gossip
-from swarmd.swarm.metrics import Metrics
-from swarmd.swarm.peer_config import DaemonConfig
-from swarmd.swarm.state import BlockState
 from swarmd.transport.framing import Encoded
 from swarmd.transport.limits import RateLimiter, StreamLimiter
 from swarmd.v1 import swarm_pb2 as pb
@@ -27,7 +27,7 @@ class Forwarder(Protocol):
 
 
 class Peer(Protocol):
-    """What the service reads of its daemon (swarmd.swarm.daemon.Daemon); state and gossip are None
+    """What the service reads of its daemon (swarmd.node.daemon.Daemon); state and gossip are None
     until the daemon has started, serving is None on a peer that serves no inference."""
 
     @property

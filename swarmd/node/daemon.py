@@ -2,7 +2,7 @@
 
 Owns the peer's lifecycle and nothing else (the math lives in state/gossip, the bytes in delta,
 the sockets in transport, the RPC handlers in service, the files in state's save/restore):
-  start()      the addresses others dial (swarmd.swarm.addresses: --announce or a detected host; a
+  start()      the addresses others dial (swarmd.membership.addresses: --announce or a detected host; a
                taken --listen / --dht-port fails first), discovery (hivemind DHT, its libp2p key in
                the checkpoint dir, or a static list), block choice (--block auto: least combined
                throughput), BlockState (resumed from the checkpoint dir when there is one), the gRPC
@@ -12,7 +12,7 @@ the sockets in transport, the RPC handlers in service, the files in state's save
   run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training, H
                local steps in the worker thread, gossip average, serving update, announce,
                checkpoint, consensus distance, then on_round(report); with gossip.overlap the next round's
-               steps run while a round's exchange does (swarmd.swarm.overlap.OverlapRounds).
+               steps run while a round's exchange does (swarmd.node.overlap.OverlapRounds).
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """
@@ -31,25 +31,26 @@ from pathlib import Path
 
 import torch
 
+from swarmd.averaging.gossip import Gossip, MergeReport
+from swarmd.averaging.outer import make_outer
+from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
 from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.errors import SwarmdError
+from swarmd.membership.addresses import AddressPlan, check_listen_ports, plan_addresses
+from swarmd.membership.discovery import HivemindDiscovery, StaticDiscovery
+from swarmd.membership.identity import Identity, identity_path
+from swarmd.membership.records import PeerRecord, choose_block
+from swarmd.membership.trust import pin_tls
+from swarmd.metrics import Metrics
+from swarmd.node.config import DaemonConfig
+from swarmd.node.overlap import OverlapRounds
+from swarmd.node.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
+from swarmd.node.prometheus import MetricsCollector, MetricsServer
+from swarmd.node.service import SwarmService
 from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
-from swarmd.swarm.addresses import AddressPlan, check_listen_ports, plan_addresses
-from swarmd.swarm.discovery import HivemindDiscovery, PeerRecord, StaticDiscovery, choose_block
-from swarmd.swarm.gossip import Gossip, MergeReport
-from swarmd.swarm.identity import Identity, identity_path
-from swarmd.swarm.metrics import Metrics
-from swarmd.swarm.outer import make_outer
-from swarmd.swarm.overlap import OverlapRounds
-from swarmd.swarm.peer_config import DaemonConfig
-from swarmd.swarm.peers import assembled_ce, consensus_distance, pull_blocks, pull_predecessors
-from swarmd.swarm.prometheus import MetricsCollector, MetricsServer
-from swarmd.swarm.service import SwarmService
-from swarmd.swarm.state import BlockState
-from swarmd.swarm.trust import pin_tls
 from swarmd.transport import PeerClient, SwarmServer, start_server
 from swarmd.transport.auth import default_swarm_key, load_swarm_key
 from swarmd.transport.tls import fingerprint, load_tls
@@ -96,7 +97,7 @@ class Daemon:
         self.service = SwarmService(self)
         self.client.payload_limit = self.service.payload_limit  # replies admitted up to the size our config implies
         self.checkpoint_failures = 0  # consecutive failed checkpoint writes (0 after a good one)
-        # gossip.overlap: rounds train while the previous round's exchange runs (swarmd.swarm.overlap)
+        # gossip.overlap: rounds train while the previous round's exchange runs (swarmd.node.overlap)
         self.overlap = OverlapRounds(self) if config.gossip.overlap else None
 
     @property

@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from swarmd.averaging.outer import OuterOptimizer
+from swarmd.averaging.sketch import count_sketch, flatten
 from swarmd.core import checkpoint as ck
 from swarmd.core.model import DenoisingBlock
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError, ConfigMismatch
-from swarmd.swarm.outer import OuterOptimizer
-from swarmd.swarm.sketch import count_sketch, flatten
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class BlockState:
     one use_predecessors switches trajectory training back on with).
 
     :param round: averaging rounds completed (a resumed or joined peer starts from the saved one)
-    :param outer: the outer optimizer apply_merge runs on each merged delta (swarmd.swarm.outer; None = plain
+    :param outer: the outer optimizer apply_merge runs on each merged delta (swarmd.averaging.outer; None = plain
         averaging, base += merged)
     """
 
@@ -69,7 +69,7 @@ class BlockState:
         self.cfg, self.train_cfg, self.block_index = trainer.model_cfg, trainer.train_cfg, trainer.block_index
         self.trainer = trainer
         self.outer = outer
-        self.lock = threading.RLock()  # reentrant: swarmd.swarm.delayed.land_merge wraps apply_merge in it
+        self.lock = threading.RLock()  # reentrant: swarmd.averaging.delayed.land_merge wraps apply_merge in it
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
         self._rebase()
@@ -144,7 +144,7 @@ class BlockState:
     ) -> None:
         """base += delta for each part given (None: keep the base), live weights := new base; round += 1.
 
-        With an outer optimizer the delta added is its step on the merged delta (swarmd.swarm.outer).
+        With an outer optimizer the delta added is its step on the merged delta (swarmd.averaging.outer).
         AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
         """
         with self.lock:
@@ -185,7 +185,7 @@ class BlockState:
         """Replace base and live weights with a peer's state (join / re-sync); AdamW moments kept.
 
         :param momentum: the peer's outer-optimizer buffers by part ("block", "emb"); an adopted part without
-            one gets a zero buffer (swarmd.swarm.outer's reset rule)
+            one gets a zero buffer (swarmd.averaging.outer's reset rule)
         """
         with self.lock:
             for new, module in ((block, self.trainer.block), (emb, self.trainer.emb)):

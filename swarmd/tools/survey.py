@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import math
 
+from swarmd.averaging.sketch import sketch_distance
 from swarmd.core.config import ModelConfig
 from swarmd.errors import PeerUnavailable
+from swarmd.membership.discovery import Discovery, connect_discovery, is_multiaddr
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import pin_tls
 from swarmd.protocol import ask_model_config, peer_state_name
-from swarmd.swarm.discovery import Discovery, PeerRecord, connect_discovery, is_multiaddr
-from swarmd.swarm.sketch import sketch_distance
-from swarmd.swarm.trust import pin_tls
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 

@@ -17,16 +17,16 @@ from typing import Protocol
 
 import torch
 
+from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.sketch import sketch_distance
+from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import trajectory_predecessors
 from swarmd.errors import SwarmdError
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.gossip import Gossip
-from swarmd.swarm.sketch import sketch_distance
-from swarmd.swarm.state import BlockState
+from swarmd.membership.records import PeerRecord
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """In-memory metrics of one peer: throughput EMA, steps, byte counters, participation, rejections, durations.
 
 Owns the numbers behind the GetStatus RPC (`blocktrain status`) and the Prometheus endpoint
-(swarmd.swarm.prometheus reads them at scrape time): a samples/s EMA in the style of hivemind's
+(swarmd.node.prometheus reads them at scrape time): a samples/s EMA in the style of hivemind's
 utils/performance_ema.py, local steps, bytes sent/received on the wire and the raw fp32 bytes
 behind them (the only byte counters: the PeerClient reports what it dials as a ByteMeter, gossip
 what it answers), rejected payloads by reason, mean and last participation, exchange and round

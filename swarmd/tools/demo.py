@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.textcheck import check_data_path, data_files
 from swarmd.errors import ConfigError, DataError, SwarmdError
+from swarmd.node.config import DaemonConfig, NetConfig, peer_train_config
 from swarmd.protocol import Codec
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
 
 DEMO_MODEL = ModelConfig(layers_per_block=1, d_model=64, hidden=256, seq_len=64)  # small enough for a laptop
 DEMO_TRAIN = TrainConfig(batch_size=16, lr=3e-3)
@@ -221,7 +222,7 @@ def run_demo(plan: DemoPlan, on_event: OnEvent | None = None, poll_s: float = 0.
     :param poll_s: how often the peers' output is looked at
     :note: blocks until every peer has run its rounds or plan.timeout_s has passed (SwarmdError).
     """
-    from swarmd.swarm.launch import LocalSwarm
+    from swarmd.tools.launch import LocalSwarm
 
     t0 = time.monotonic()
 

@@ -17,7 +17,7 @@ Gossip.average applies when a round splits the swarm into groups (GossipConfig.g
     BaseMismatch / re-sync rules would fire every round). Each part keeps an anchor A: the last state
     every replica shared bit for bit (the base when the swarm left one-group rounds, or a state adopted by
     the quorum re-sync). A peer with base x sends int8(x - A + delta) (error feedback on), stamped with A's
-    hash; its group merges those with the robust merge (swarmd.swarm.robust: one bad member is clipped to
+    hash; its group merges those with the robust merge (swarmd.averaging.robust: one bad member is clipped to
     2x the median norm and, from 3 members, trimmed) and every member's new base is A + merged: Moshpit
     averaging of the parameters, carried as int8 offsets from a shared point instead of dense fp32
     parameters. Replicas of a group end equal, and regrouping every round drives every replica to the one
@@ -47,8 +47,8 @@ import math
 
 import torch
 
-from swarmd.swarm.delta import INT8_RMS_LEVELS
-from swarmd.swarm.peer_config import GossipConfig
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delta import INT8_RMS_LEVELS
 
 
 def grid_dims(n: int, k: int) -> int:
@@ -168,7 +168,7 @@ OFFSET_INT8_RMS_LEVELS: float | None = 16.0  # int8 step of an anchored payload:
 
 
 def offset_int8_levels(anchor: Anchor) -> float | None:
-    """The int8 step rule of a part's payload (swarmd.swarm.delta.encode's int8_rms_levels): the delta's own
+    """The int8 step rule of a part's payload (swarmd.averaging.delta.encode's int8_rms_levels): the delta's own
     (INT8_RMS_LEVELS) without an anchor, finer with one (the offset's common drift sets the step; a coarse
     step would leave that much noise between the replicas)."""
     return OFFSET_INT8_RMS_LEVELS if anchor.active else INT8_RMS_LEVELS

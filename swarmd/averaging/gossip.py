@@ -7,7 +7,7 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     the other (the lower peer id dials, client-mode peers always dial), the callee stashes the
     caller's delta and answers with its own delta of the same round;
   - block deltas go to same-block peers, embedding deltas to peers of every block;
-  - deltas are validated (swarmd.swarm.delta.decode), and must carry our round and base hash, else they
+  - deltas are validated (swarmd.averaging.delta.decode), and must carry our round and base hash, else they
     are rejected (counted, logged) and cost the round only that peer's contribution;
   - the collection ends when every expected peer answered, or at the deadline of a participation
     target (DeadlinePolicy: the arrival time of the target fraction of the deltas expected over the
@@ -18,16 +18,16 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     ready + deadline_max_s. The second term makes the fastest peer of a round wait for the
     slower ones' training even when it was itself the slowest last round (lags swap roles);
   - a decoded delta whose norm exceeds an absolute bound (max_delta_factor x H x lr x sqrt(values),
-    swarmd.swarm.robust.delta_norm_bound) is rejected like any invalid one;
-  - merge: base + the robust aggregate (swarmd.swarm.robust.robust_merge: each delta clipped to a
+    swarmd.averaging.robust.delta_norm_bound) is rejected like any invalid one;
+  - merge: base + the robust aggregate (swarmd.averaging.robust.robust_merge: each delta clipped to a
     multiple of the lower median norm, then a coordinate-wise trimmed mean; merge="mean" is the
     plain uniform mean) of the accepted decoded deltas, own decoded delta included, in peer-id
     order, so replicas that accepted the same set end bit-identical. The byte-table deltas get the
     same rule. A merge that is not finite is skipped (the base is kept). AdamW state is kept;
   - overlap (cfg.overlap, delayed averaging): publish() also keeps the exact own deltas, training goes on
-    while the round is collected, and the merge lands late with swarmd.swarm.delayed.land_merge (the base
+    while the round is collected, and the merge lands late with swarmd.averaging.delayed.land_merge (the base
     moves exactly as above, the live weights keep the steps taken since the snapshot);
-  - group averaging (cfg.group_size = k, swarmd.swarm.groups): a part with more than k peers averages in
+  - group averaging (cfg.group_size = k, swarmd.averaging.groups): a part with more than k peers averages in
     the round's group of at most k (a grid every peer computes from the signed records and the round),
     as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
     records announce; with at most k peers the round is the all-to-all one above, bit for bit;
@@ -38,7 +38,7 @@ Owns the averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     reference adopts the reference's state by PullState. The embedding works the same over all
     peers. Joiners go through the same rule before their first step, so nobody sends a delta
     computed from weights the swarm does not share;
-  - trust (issue 9, swarmd.swarm.trust): only records signed by the peers they name count; every
+  - trust (issue 9, swarmd.membership.trust): only records signed by the peers they name count; every
     payload this peer sends is signed, every payload it receives is verified before it is decoded,
     and a delta counts only from a peer whose signed record is for our block and its round (or the
     one before); a re-sync target must be announced by a quorum of the signed records (agreeing(),
@@ -61,6 +61,15 @@ from typing import Protocol
 
 import torch
 
+from swarmd.averaging import rejoin
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delayed import land_merge
+from swarmd.averaging.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
+from swarmd.averaging.groups import Anchor, base_step, merged_target, norm_bound_factor, offset_int8_levels, with_offset
+from swarmd.averaging.groups import round_members as group_members
+from swarmd.averaging.outer import split_momentum, with_momentum, with_momentum_shapes
+from swarmd.averaging.robust import MergeStats, delta_norm, delta_norm_bound, mean_in_order, robust_merge
+from swarmd.averaging.state import BlockState, relative_distance, weights_hash
 from swarmd.backoff import Backoff
 from swarmd.errors import (
     BaseMismatch,
@@ -71,20 +80,11 @@ from swarmd.errors import (
     ValidationError,
     WrongBlock,
 )
+from swarmd.membership.identity import Identity
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import is_valid, sign_payload, sign_record, verify_payload
+from swarmd.metrics import Metrics, reject_reason
 from swarmd.protocol import Codec, PayloadKind
-from swarmd.swarm import rejoin
-from swarmd.swarm.delayed import land_merge
-from swarmd.swarm.delta import PAYLOAD_SLACK, ErrorFeedback, decode, encode, payload_size_bound
-from swarmd.swarm.discovery import PeerRecord
-from swarmd.swarm.groups import Anchor, base_step, merged_target, norm_bound_factor, offset_int8_levels, with_offset
-from swarmd.swarm.groups import round_members as group_members
-from swarmd.swarm.identity import Identity
-from swarmd.swarm.metrics import Metrics, reject_reason
-from swarmd.swarm.outer import split_momentum, with_momentum, with_momentum_shapes
-from swarmd.swarm.peer_config import GossipConfig
-from swarmd.swarm.robust import MergeStats, delta_norm, delta_norm_bound, mean_in_order, robust_merge
-from swarmd.swarm.state import BlockState, relative_distance, weights_hash
-from swarmd.swarm.trust import is_valid, sign_payload, sign_record, verify_payload
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -416,7 +416,7 @@ class Gossip:
         self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer
         self.tag = f"[block {me.block_index} {me.peer_id[-6:]}]"
         self.isolated = {BLOCK: 0, EMB: 0}  # rounds in a row without an accepted delta of that kind (rejoin)
-        self.anchors = {BLOCK: Anchor(), EMB: Anchor()}  # group averaging's shared reference (swarmd.swarm.groups)
+        self.anchors = {BLOCK: Anchor(), EMB: Anchor()}  # group averaging's shared reference (swarmd.averaging.groups)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _hdr(self, kind: PayloadKind, round: int) -> dict:
@@ -437,7 +437,7 @@ class Gossip:
     ) -> dict[str, torch.Tensor]:
         """decode() a payload of this swarm and model config, of our shapes, within the payload cap.
 
-        :param outer: a state payload that also carries the outer optimizer's buffer (swarmd.swarm.outer)
+        :param outer: a state payload that also carries the outer optimizer's buffer (swarmd.averaging.outer)
         """
         shapes = self._expected_shapes(kind)
         return decode(
@@ -609,7 +609,7 @@ class Gossip:
         return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
 
     async def _rejoin(self, kind: PayloadKind, pool: list[PeerRecord]) -> bool:
-        """An isolated peer asks the fresh signed states (swarmd.swarm.rejoin): adopt a fresh quorum's state, or
+        """An isolated peer asks the fresh signed states (swarmd.averaging.rejoin): adopt a fresh quorum's state, or
         hold still and reconcile with the other members; returns whether a state was adopted."""
         self.isolated[kind.delta] = 0  # one attempt per ISOLATED_ROUNDS isolated rounds
         peers = sorted((r for r in pool if r.address and self._usable(r)), key=lambda r: r.peer_id)[: rejoin.MAX_PULLS]
@@ -779,7 +779,7 @@ class Gossip:
             emb_delta = {k: torch.zeros_like(v) for k, v in emb_delta.items()}
             for ef in self.ef.values():
                 ef.reset()
-        rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.swarm.delayed)
+        rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.averaging.delayed)
         weight = float(self.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
             # group averaging: base - anchor + delta
@@ -943,7 +943,7 @@ class Gossip:
             rs.arrived.set()
 
     def _plan_groups(self, rs: _Round, records: list[PeerRecord]) -> None:
-        """This round's group of each part (swarmd.swarm.groups) from the signed records; an anchor is taken
+        """This round's group of each part (swarmd.averaging.groups) from the signed records; an anchor is taken
         when a part first averages in groups (the base every replica shares then)."""
         ours = [r for r in records if r.config_hash == self.me.config_hash and r.swarm_id == self.me.swarm_id]
         for kind in (BLOCK, EMB):

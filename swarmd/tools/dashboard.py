@@ -37,14 +37,14 @@ from importlib import resources
 from typing import Any
 
 from swarmd.errors import ConfigError
-from swarmd.swarm.discovery import Discovery, connect_discovery
-from swarmd.swarm.http_endpoint import HttpEndpoint
-from swarmd.swarm.survey import survey_discovered
+from swarmd.membership.discovery import Discovery, connect_discovery
+from swarmd.node.http_endpoint import HttpEndpoint
+from swarmd.tools.survey import survey_discovered
 from swarmd.transport import PeerClient
 
 logger = logging.getLogger(__name__)
 
-PAGE = "dashboard.html"  # package data of swarmd.swarm (pyproject [tool.setuptools.package-data])
+PAGE = "dashboard.html"  # package data of swarmd.tools (pyproject [tool.setuptools.package-data])
 PEER_FIELDS = (
     "peer_id",
     "state",
@@ -263,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def page_bytes() -> bytes:
     """The dashboard page shipped with the package."""
-    return resources.files("swarmd.swarm").joinpath(PAGE).read_bytes()
+    return resources.files("swarmd.tools").joinpath(PAGE).read_bytes()
 
 
 class DashboardServer(HttpEndpoint):

@@ -1,4 +1,4 @@
-"""Swarm daemon configuration: GossipConfig, NetConfig and DaemonConfig (frozen, validated).
+"""Swarm daemon configuration: NetConfig and DaemonConfig (frozen, validated; GossipConfig is swarmd.averaging.config).
 
 Owns every knob of a swarm peer that is not the model or the optimiser (those stay in
 swarmd.core.config, owned by the model core). Built once at the edge (CLI or test fixture) and handed
@@ -12,76 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError
-from swarmd.protocol import Codec
-from swarmd.swarm.addresses import check_peer_addresses, is_unspecified, split_host_port
-
-
-@dataclass(frozen=True)
-class GossipConfig:
-    steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
-    codec: Codec = Codec.INT8  # delta codec on the wire (always followed by zstd); its name is accepted too
-    deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
-    deadline_max_s: float = 30.0  # ... and never exceeds this, however slow the peers were
-    deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
-    max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
-    rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls
-    max_round_jump: int = 1000  # a re-sync moves this peer's round counter forward by at most this many rounds
-    # merge rule (swarmd.swarm.robust): "robust" = norm clip + coordinate-wise trimmed mean + outlier check;
-    # "mean" = plain mean
-    merge: str = "robust"
-    clip_factor: float = 2.0  # each delta's norm is cut to this x the lower median of the round's norms (0 = off)
-    trim_fraction: float = 0.1  # per coordinate, ceil(this x peers) values trimmed from each end (at most (n-1)//2)
-    min_cosine: float = 0.0  # from 3 peers, drop deltas whose cosine with the robust centre is below this (-1 = off)
-    distance_factor: float = 0.0  # ... and those farther from it than this x the median distance (0 = off: it
-    # dropped honest byte-table deltas, +0.005-0.007 nats in the simulator; swarmd.swarm.robust)
-    # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
-    max_delta_factor: float = 10.0
-    # outer optimizer on the merged delta (swarmd.swarm.outer): "nesterov" = DiLoCo's SGD with Nesterov momentum,
-    # "none" = plain averaging (base += merged)
-    outer: str = "none"
-    outer_lr: float = 0.7  # its learning rate (1.0 with momentum 0 is plain averaging)
-    outer_momentum: float = 0.9  # its Nesterov momentum, in [0, 1)
-    # delayed averaging (swarmd.swarm.delayed): keep training while a round's deltas are exchanged and merged,
-    # landing the merge one round late with a correction for the steps taken meanwhile
-    overlap: bool = False
-    overlap_steps: int = 0  # ... taking at most this many of the next round's steps before the merge lands (0 = all H)
-    # group averaging (swarmd.swarm.groups): each round peers average in groups of at most this many (0 = all-to-all)
-    group_size: int = 0  # opt-in: a 12-daemon run measured 0.07 nats worse than all-to-all (README)
-    group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
-
-    def __post_init__(self) -> None:
-        if self.steps_per_round < 1:
-            raise ConfigError(f"steps_per_round must be >= 1, got {self.steps_per_round}")
-        try:
-            object.__setattr__(self, "codec", Codec(self.codec))
-        except ValueError:
-            raise ConfigError(f"codec must be one of {tuple(c.value for c in Codec)}, got {self.codec!r}") from None
-        if not 0 < self.deadline_min_s <= self.deadline_max_s:
-            raise ConfigError("need 0 < deadline_min_s <= deadline_max_s")
-        if self.deadline_factor <= 0 or self.rpc_timeout_s <= 0 or self.max_payload_bytes <= 0:
-            raise ConfigError("deadline_factor, rpc_timeout_s and max_payload_bytes must be > 0")
-        if self.max_round_jump < 1:
-            raise ConfigError(f"max_round_jump must be >= 1, got {self.max_round_jump}")
-        if self.merge not in ("robust", "mean"):
-            raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
-        if not 0 <= self.overlap_steps <= self.steps_per_round:
-            raise ConfigError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
-        if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:
-            raise ConfigError("need clip_factor >= 0, 0 <= trim_fraction < 0.5 and max_delta_factor >= 0")
-        if not -1 <= self.min_cosine < 1:
-            raise ConfigError(f"min_cosine must be in [-1, 1) (-1 turns the direction test off), got {self.min_cosine}")
-        if not (self.distance_factor == 0 or 1 <= self.distance_factor < float("inf")):
-            raise ConfigError(f"distance_factor must be 0 (off) or >= 1, got {self.distance_factor}")
-        if self.outer not in ("none", "nesterov"):
-            raise ConfigError(f"outer must be 'none' or 'nesterov', got {self.outer!r}")
-        if not (0 < self.outer_lr < float("inf")) or not 0 <= self.outer_momentum < 1:
-            raise ConfigError("need outer_lr > 0 and 0 <= outer_momentum < 1")
-        if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
-            raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
-        if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part
-            raise ConfigError("--overlap and --outer need all-to-all averaging: drop --group-size (or set it to 0)")
+from swarmd.membership.addresses import check_peer_addresses, is_unspecified, split_host_port
 
 
 @dataclass(frozen=True)
@@ -92,7 +26,7 @@ class NetConfig:
     dht_host: str = "127.0.0.1"  # interface the DHT's libp2p node listens on
     dht_port: int = 0  # tcp port of the DHT's libp2p node (0 = any free one; fix it so the multiaddr survives restarts)
     # HOST[:PORT] other peers are told to dial for gRPC, and the host the DHT announces ("" = the --listen host, or
-    # when listening on 0.0.0.0 an address of this host's outgoing interface); see swarmd.swarm.addresses
+    # when listening on 0.0.0.0 an address of this host's outgoing interface); see swarmd.membership.addresses
     announce: str = ""
     discovery: str = "hivemind"  # "hivemind" (real DHT) or "static" (initial_peers are host:port gRPC addresses)
     client_mode: bool = False  # no inbound connections: dial out for exchanges only (peers behind NAT)

@@ -22,8 +22,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from swarmd.swarm.addresses import preferred_multiaddr
-from swarmd.swarm.peer_config import DaemonConfig
+from swarmd.membership.addresses import preferred_multiaddr
+from swarmd.node.config import DaemonConfig
 
 
 def _print(line: str) -> None:
@@ -42,7 +42,7 @@ def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not hivemind:
         return
-    from swarmd.swarm.discovery import route_hivemind_logs
+    from swarmd.membership.discovery import route_hivemind_logs
 
     route_hivemind_logs()
     logging.getLogger().setLevel(level)  # routing set the root level to $HIVEMIND_LOGLEVEL (INFO): ours wins
@@ -83,7 +83,7 @@ def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -
 
 
 async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
-    from swarmd.swarm.daemon import Daemon
+    from swarmd.node.daemon import Daemon
 
     def on_round(report) -> None:
         st, m = daemon.state, daemon.metrics

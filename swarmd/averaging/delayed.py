@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from swarmd.swarm.state import BlockState
+from swarmd.averaging.state import BlockState
 
 Tensors = dict[str, torch.Tensor]
 

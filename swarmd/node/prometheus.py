@@ -4,7 +4,7 @@ Owns the metric names (Prometheus conventions: `blocktrain_` prefix, `_total` co
 and `_bytes` units) and the HTTP server that serves them (prometheus_client's own WSGI server, on a
 daemon thread). Every daemon has its own registry, never prometheus_client's global REGISTRY, so
 several daemons in one process (tests, benchmarks) do not collide. Nothing is copied on the hot
-path: MetricsCollector turns swarmd.swarm.metrics.Metrics into metric families when scraped.
+path: MetricsCollector turns swarmd.metrics.Metrics into metric families when scraped.
 
 Every sample carries `swarm_id` and `block` (the block this peer trains), except blocktrain_peers,
 whose `block` is the block the counted peers train. The only module that imports prometheus_client.
@@ -27,8 +27,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from swarmd.errors import ConfigError
-from swarmd.swarm.http_endpoint import HttpEndpoint
-from swarmd.swarm.metrics import REJECT_REASONS, Histogram, Metrics
+from swarmd.metrics import REJECT_REASONS, Histogram, Metrics
+from swarmd.node.http_endpoint import HttpEndpoint
 
 PREFIX = "blocktrain"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from swarmd.swarm.addresses import join_host_port
+from swarmd.membership.addresses import join_host_port
 
 
 class HttpEndpoint:

@@ -18,7 +18,7 @@ moved by it):
      reconciliation. The peer holds still (no training, so what it serves stays put) and pulls again every
      HOLD_S seconds, up to HOLD_TRIES times; once two pulls in a row saw the same members at the same
      (round, weights) (or a member already holding the reconciliation of that set), it adopts
-     reconcile(set): the robust merge (swarmd.swarm.robust: norm clip + coordinate-wise trimmed mean) of
+     reconcile(set): the robust merge (swarmd.averaging.robust: norm clip + coordinate-wise trimmed mean) of
      the member states, own included, in sorted peer-id order, at the lower median of their rounds. Every
      isolated member that saw the same set computes the same bits, so they exchange again from one base; a
      liar among >= 3 members is one row of a trimmed mean and cannot pick the round. A set that never
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmd.swarm.robust import robust_merge
-from swarmd.swarm.state import weights_hash
+from swarmd.averaging.robust import robust_merge
+from swarmd.averaging.state import weights_hash
 
 ISOLATED_ROUNDS = 2  # rounds in a row without an accepted delta of a kind before the fresh states are asked
 MAX_PULLS = 8  # fresh states pulled per attempt (memory: MAX_PULLS x one block or the byte table)

@@ -2,7 +2,7 @@
 
 Owns process orchestration only: write each peer's DaemonConfig as JSON and spawn it as
 `python -m swarmd --config peerI.json` (the daemon's own entry point; its stdout lines come from
-swarmd.swarm.runner), spawn peer 0, read the multiaddr it prints, spawn the others
+swarmd.node.runner), spawn peer 0, read the multiaddr it prints, spawn the others
 joining through it (block i mod B, peer seed i, own checkpoint dir), poll their GetStatus, wait
 for them to finish their rounds, kill -9 / restart one (fault benchmark), stop all (SIGTERM, then
 SIGKILL after a grace period), and assemble the trained model from their checkpoints. Every wait
@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.errors import ConfigError, SwarmdError
+from swarmd.node.config import DaemonConfig, NetConfig, peer_train_config
 from swarmd.protocol import Codec
-from swarmd.swarm.peer_config import DaemonConfig, GossipConfig, NetConfig, peer_train_config
 from swarmd.transport import PeerClient
 
 

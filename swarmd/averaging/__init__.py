@@ -1,0 +1,15 @@
+"""One averaging round among the peers of a part (a block or the byte table), and the replica it moves.
+
+config.py     GossipConfig: codec, deadlines, merge rule, outer optimizer, overlap, groups
+state.py      BlockState: base + live weights and AdamW under one lock, deltas, merges, adoption, hashes
+sketch.py     count-sketch of weights and the distance between two sketches (no torch needed to compare)
+delta.py      delta codecs (fp32/fp16/bf16/int8 + zstd), error feedback, payload decoding and size bounds
+robust.py     the robust merge: norm clip, coordinate-wise trimmed mean, outlier check, norm bound
+outer.py      the outer optimizer (DiLoCo's Nesterov) on the merged delta
+delayed.py    delayed averaging: land a merge one round late, keeping the steps taken meanwhile
+groups.py     group averaging: the round's group grid, anchors and offsets
+allreduce.py  butterfly all-reduce over signed chunks (the large-swarm alternative to all-to-all)
+rejoin.py     the pure rules of a peer that is isolated: fresh majority, reconciliation, stability
+gossip.py     Gossip: one peer's rounds (exchange, deadline, merge) and its state agreement (re-sync)
+Depends on core and membership; never on the node, the tools or serving.
+"""
