@@ -29,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
 from swarmd.averaging.config import GossipConfig
-from swarmd.averaging.gossip import merge_mean
+from swarmd.averaging.merge import merge_mean
 from swarmd.averaging.robust import robust_merge
-from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
 from swarmd.node.config import peer_train_config
 from swarmd.sim.engine import SimConfig, Simulator, merge_fn
@@ -59,16 +58,13 @@ def parse_args(argv=None):
         help="also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest",
     )
     p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/robust_merge.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_robust_merge.md"))
+    common.add_outputs(p, "robust_merge.json", "ISSUE9_robust_merge.md")
     return p.parse_args(argv)
 
 
 def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy, flip: bool = False) -> dict:
     """One simulator run; with flip, the last replica of each block (sorted worker ids) sends -delta."""
-    cfg = ModelConfig(
-        blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
-    )
+    cfg = common.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     sim_cfg = SimConfig(cfg, train, workers=workers, rounds=a.rounds, steps_per_round=a.steps, eval_every=a.rounds)
     regime = regime_named("lockstep")

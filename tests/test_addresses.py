@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.errors import ConfigError, SwarmdError
-from swarmd.membership import addresses, discovery
+from swarmd.membership import addresses, dht
 from swarmd.membership.addresses import (
     check_bindable,
     check_peer_address,
@@ -31,7 +31,8 @@ from swarmd.membership.addresses import (
     preferred_multiaddr,
     split_host_port,
 )
-from swarmd.membership.discovery import HivemindDiscovery, connect_discovery
+from swarmd.membership.dht import HivemindDiscovery
+from swarmd.membership.discovery import connect_discovery
 from swarmd.node.config import NetConfig
 from swarmd.transport import PeerClient
 
@@ -227,14 +228,14 @@ def test_restart_keeps_the_peer_id_and_the_hint_shows_the_announced_multiaddr(tm
 @pytest.mark.swarm
 def test_a_dht_that_fails_to_start_leaves_no_socket(monkeypatch):
     """p2pd dies by itself when no bootstrap peer answers, leaving its socket; the tagged ones are removed."""
-    monkeypatch.setattr(discovery, "_socket_tag", lambda: "blocktrain-test-ok")
+    monkeypatch.setattr(dht, "_socket_tag", lambda: "blocktrain-test-ok")
     ok = HivemindDiscovery("sw")
     try:  # the tag reaches the forked DHT process: its p2pd's socket carries it
         assert glob.glob("/tmp/hivemind-blocktrain-test-ok-p2pd-*.sock")
     finally:
         asyncio.run(ok.shutdown())
     assert glob.glob("/tmp/hivemind-blocktrain-test-ok-*") == []
-    monkeypatch.setattr(discovery, "_socket_tag", lambda: "blocktrain-test-failed")
+    monkeypatch.setattr(dht, "_socket_tag", lambda: "blocktrain-test-failed")
     with pytest.raises(SwarmdError, match="could not start the DHT"):
         HivemindDiscovery("sw", [DEAD_PEER], start_timeout_s=15)
     assert glob.glob("/tmp/hivemind-blocktrain-test-failed-*") == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarmd.averaging.config import GossipConfig
-from swarmd.averaging.gossip import DeadlinePolicy
+from swarmd.averaging.deadline import DeadlinePolicy
 
 CFG = GossipConfig(deadline_min_s=1.0, deadline_max_s=30.0)
 
@@ -65,7 +65,7 @@ def test_a_round_whose_target_needs_every_delta_waits_like_the_ema_rule():
 
 
 def test_the_daemon_uses_the_participation_target_by_default():
-    from swarmd.averaging.gossip import PARTICIPATION_TARGET
+    from swarmd.averaging.deadline import PARTICIPATION_TARGET
 
     assert PARTICIPATION_TARGET == 0.8  # the simulator's pick over the EMA rule (benchmarks/async_sim.py)
     assert DeadlinePolicy(GossipConfig()).target == PARTICIPATION_TARGET

@@ -10,7 +10,8 @@ import pytest
 from swarm_utils import wait_until
 
 from swarmd.errors import PeerUnavailable, SwarmdError
-from swarmd.membership.discovery import HivemindDiscovery, StaticDiscovery, connect_discovery
+from swarmd.membership.dht import HivemindDiscovery
+from swarmd.membership.discovery import StaticDiscovery, connect_discovery
 from swarmd.membership.identity import Identity
 from swarmd.membership.records import PeerRecord, block_key, block_throughput, choose_block, parse_block_key
 from swarmd.membership.trust import sign_record
@@ -142,11 +143,11 @@ def test_connect_discovery_refuses_mixed_or_empty_addresses():
 def test_a_dht_call_task_nobody_references_survives_garbage_collection_only_when_held(held):
     """hivemind's DHT process starts each call with asyncio.create_task and drops the task; a call awaiting a
     future only it references is then collected mid-await (seen once in a 30-round benchmark run: GeneratorExit
-    in _run_coroutine). ParentBoundDHT runs every call under discovery._held, which keeps the task alive."""
+    in _run_coroutine). ParentBoundDHT runs every call under dht_process._held, which keeps the task alive."""
     import gc
     import weakref
 
-    from swarmd.membership.discovery import _held
+    from swarmd.membership.dht_process import _held
 
     async def main():
         futures: list[weakref.ref] = []

@@ -15,12 +15,16 @@ import torch
 from swarm_utils import memory_round, memory_swarm
 
 from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.context import BLOCK, EMB
+from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.delta import ErrorFeedback, encode
-from swarmd.averaging.gossip import BLOCK, EMB, DeadlinePolicy, dials, merge_mean, rank, reference
+from swarmd.averaging.exchange import dials
+from swarmd.averaging.merge import merge_mean
 from swarmd.averaging.sketch import count_sketch, sketch_distance
 from swarmd.averaging.state import relative_distance, weights_hash
 from swarmd.errors import SwarmdError
 from swarmd.membership.identity import Identity
+from swarmd.membership.quorum import rank, reference
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_payload, sign_record
 from swarmd.protocol import PayloadKind
@@ -188,7 +192,7 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         await g.publish()
         # one signer per bad payload: a peer gets one delta per round and kind judged, each must fail on its own check
         signers = [INTRUDER, *(Identity.generate(bytes([90 + i]) * 32) for i in range(6))]
-        g._remember([sign_record(replace(g.record(), peer_id=s.peer_id, address="mem:x"), s, 300) for s in signers])
+        g.peer.remember([sign_record(replace(g.record(), peer_id=s.peer_id, address="mem:x"), s, 300) for s in signers])
         before = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
         good_shapes = g.state.block_shapes()
         bad = [

@@ -12,7 +12,8 @@ import torch
 from swarm_utils import memory_round, memory_swarm
 
 from swarmd.averaging.config import GossipConfig
-from swarmd.averaging.gossip import BLOCK, EMB, DeadlinePolicy
+from swarmd.averaging.context import BLOCK, EMB
+from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.groups import Anchor, assign, grid_dims, grid_sides, group_of, round_members
 from swarmd.averaging.state import relative_distance
 from swarmd.errors import ConfigError

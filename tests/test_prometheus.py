@@ -21,8 +21,8 @@ from swarm_utils import daemon_config, memory_swarm, running
 from typer.testing import CliRunner
 
 from cli.main import app
+from swarmd.averaging.context import BLOCK
 from swarmd.averaging.delta import encode
-from swarmd.averaging.gossip import BLOCK
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.membership.identity import Identity
 from swarmd.membership.trust import sign_payload, sign_record
@@ -167,7 +167,9 @@ def test_gossip_counts_rejected_payloads_by_reason():
         # intruders sign, and hold signed records: the reasons below count (one intruder per payload: a peer gets
         # one delta per round and kind judged)
         intruders = [Identity.generate(bytes([99 - i]) * 32) for i in range(4)]
-        g._remember([sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in intruders])
+        g.peer.remember(
+            [sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in intruders]
+        )
         hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0)
         bad = [
             encode(zeros, "fp32", round=7, base_hash=rs.hashes[BLOCK], **hdr),  # far ahead: stale_round

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmd.averaging.gossip import diverged_majority
 from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError
+from swarmd.membership.quorum import diverged_majority
 from swarmd.membership.records import PeerRecord
-from swarmd.node import daemon as daemon_mod
+from swarmd.node import checkpoints
 from swarmd.tools.launch import LocalSwarm, process_group, wait_group_gone
 from swarmd.transport import PeerClient
 from tests.swarm_utils import batches, daemon_config, running, tiny_model, tiny_train, write_corpus
@@ -168,9 +168,9 @@ async def _failing_writes(cfg, monkeypatch, caplog) -> None:
                 raise full
 
             monkeypatch.setattr(d.state, "save", disk_full)
-            caplog.set_level(logging.WARNING, logger=daemon_mod.__name__)
+            caplog.set_level(logging.WARNING, logger=checkpoints.__name__)
             statuses = []
-            for _ in range(daemon_mod.CHECKPOINT_FAILURES_UNHEALTHY):
+            for _ in range(checkpoints.CHECKPOINT_FAILURES_UNHEALTHY):
                 caplog.clear()
                 assert await d.save_checkpoint() is False
                 lines = [r for r in caplog.records if "not written" in r.getMessage()]

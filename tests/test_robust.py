@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from swarmd.averaging.gossip import merge_mean
+from swarmd.averaging.merge import merge_mean
 from swarmd.averaging.robust import delta_norm, delta_norm_bound, robust_merge, trim_count
 
 SHAPES = (("w", (32, 16)), ("b", (16,)))

@@ -16,11 +16,13 @@ import pytest
 import torch
 from swarm_utils import memory_round, memory_swarm, peer_identities
 
+from swarmd.averaging.context import BLOCK
 from swarmd.averaging.delta import encode
-from swarmd.averaging.gossip import BLOCK, agreeing, quorum
 from swarmd.errors import ConfigError, SwarmdError, ValidationError
-from swarmd.membership.discovery import MemoryDiscovery, StaticDiscovery, record_validator
+from swarmd.membership.dht import record_validator
+from swarmd.membership.discovery import MemoryDiscovery, StaticDiscovery
 from swarmd.membership.identity import Identity, peer_id_of, public_key_of, verify
+from swarmd.membership.quorum import agreeing, quorum
 from swarmd.membership.records import PeerRecord, block_key
 from swarmd.membership.trust import is_valid, record_problem, sign_payload, sign_record, verify_payload
 from swarmd.v1 import swarm_pb2 as pb
@@ -164,7 +166,7 @@ def test_gossip_rejects_unsigned_tampered_and_recordless_deltas_before_decoding(
         records = list(board.values())
         for g in peers:
             await g.open_round()
-        a._remember(records)  # what average() does first
+        a.peer.remember(records)  # what average() does first
         await a.publish()
         rs = a.current
         h = dict(base_hash=rs.hashes[BLOCK], round=rs.round)
@@ -173,8 +175,8 @@ def test_gossip_rejects_unsigned_tampered_and_recordless_deltas_before_decoding(
         garbage._sha256 = ""
         stranger = Identity.generate()  # a valid signature, but no signed record in the swarm
         other_block, other_round = Identity.generate(), Identity.generate()  # signed records, but not for this
-        a._remember([sign_record(replace(b.record(), peer_id=other_block.peer_id, block_index=1), other_block, 60)])
-        a._remember([sign_record(replace(b.record(), peer_id=other_round.peer_id, round=7), other_round, 60)])
+        a.peer.remember([sign_record(replace(b.record(), peer_id=other_block.peer_id, block_index=1), other_block, 60)])
+        a.peer.remember([sign_record(replace(b.record(), peer_id=other_round.peer_id, round=7), other_round, 60)])
         cases = {
             "unsigned": fit(b.identity, **h),
             "tampered": garbage,
@@ -209,7 +211,7 @@ def test_a_peer_gets_one_delta_judged_per_round_and_a_rejected_one_does_not_hold
         a, b, _c = peers
         for g in peers:
             await g.open_round()
-        a._remember(list(board.values()))
+        a.peer.remember(list(board.values()))
         await a.publish()
         h = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
         hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
@@ -243,7 +245,7 @@ def test_a_delta_of_a_past_round_is_refused_and_the_round_does_not_wait_for_its_
         await memory_round(peers, board)  # round 0 done: every peer is at round 1
         for g in peers:
             await g.open_round()
-        a._remember(list(board.values()))
+        a.peer.remember(list(board.values()))
         await a.publish()
         hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
         zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}
@@ -332,7 +334,7 @@ def test_a_sybil_of_ten_made_up_peers_without_signed_records_has_no_effect():
         before = (a.state.round, a.state.block_hash)
         pulled = await a.sync(list(board.values()))
         await a.open_round()
-        a._remember(list(board.values()))
+        a.peer.remember(list(board.values()))
         await a.publish()
         h = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
         zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}

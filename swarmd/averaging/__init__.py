@@ -10,6 +10,11 @@ delayed.py    delayed averaging: land a merge one round late, keeping the steps 
 groups.py     group averaging: the round's group grid, anchors and offsets
 allreduce.py  butterfly all-reduce over signed chunks (the large-swarm alternative to all-to-all)
 rejoin.py     the pure rules of a peer that is isolated: fresh majority, reconciliation, stability
-gossip.py     Gossip: one peer's rounds (exchange, deadline, merge) and its state agreement (re-sync)
+context.py    PeerContext: one peer's identity, replica, known records, bans, transport; payload rules
+deadline.py   DeadlinePolicy: when a round stops waiting (participation target, adaptive EMA rule)
+merge.py      the round's merge rule over the accepted deltas, and landing it (anchors, overlap)
+exchange.py   Exchange: the round protocol (publish, dial/answer, judge each delta, collect, merge)
+agreement.py  Agreement: state agreement (re-sync to a quorum's reference, rejoin, pulls, serving states)
+gossip.py     Gossip: one peer's averaging, the exchange and the agreement over one PeerContext
 Depends on core and membership; never on the node, the tools or serving.
 """

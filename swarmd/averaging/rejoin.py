@@ -1,6 +1,6 @@
 """Rejoining when the signed DHT records show no quorum anywhere (issue 9: a healed partition rejoins within a minute).
 
-gossip.sync's record rules (agreeing, diverged_majority) need several records announcing one (round, weights).
+agreement.sync's record rules (agreeing, diverged_majority) need several records announcing one (round, weights).
 After a partition heals the records of a block's replicas often sit at different rounds (records lag a merge
 or two, and the peer cut off trained alone for many rounds), so no (round, weights) reaches a quorum and the
 cut-off peer trains apart for good: every delta it sends is another round's or another base's, and rejected.
@@ -11,7 +11,7 @@ moved by it):
   1. pull a fresh signed state from up to MAX_PULLS of those peers (sorted peer-id order, concurrently); each
      must be signed by the peer asked and hash to the weights its own signed header names;
   2. fresh majority (fresh_majority): a (round, weights) that quorum(pool) of the peers announce in their
-     fresh signed states (gossip.quorum of the records: one peer, or a minority of liars, never reaches it)
+     fresh signed states (quorum.quorum of the records: one peer, or a minority of liars, never reaches it)
      and that outnumbers ours (a tie: the group with the higher-ranked peer) is adopted, the round counter
      going back to it if we ran ahead, and forward at most max_round_jump;
   3. no quorum even there (every replica on its own weights, e.g. a three-way split): deterministic
@@ -23,7 +23,7 @@ moved by it):
      isolated member that saw the same set computes the same bits, so they exchange again from one base; a
      liar among >= 3 members is one row of a trimmed mean and cannot pick the round. A set that never
      settles (a member keeps training) only costs liveness: the peer trains on and tries again.
-Pure rules here (fresh_majority, reconcile, stable); gossip.Gossip pulls and adopts. No grpc or hivemind.
+Pure rules here (fresh_majority, reconcile, stable); agreement.Agreement pulls and adopts. No grpc or hivemind.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Held:
         return (self.round, self.weights)
 
     @property
-    def rank(self) -> tuple:  # gossip.rank's order: highest round, then server mode, then peer id
+    def rank(self) -> tuple:  # quorum.rank's order: highest round, then server mode, then peer id
         return (self.round, not self.client_mode, self.peer_id)
 
 
@@ -65,7 +65,7 @@ def fresh_majority(me: Held, fresh: list[Held], need: int) -> Held | None:
 
     :param me: our own state now
     :param fresh: the other peers' fresh signed states (one per peer)
-    :param need: how many of them must hold one (round, weights): gossip.quorum of the other peers whose signed
+    :param need: how many of them must hold one (round, weights): quorum.quorum of the other peers whose signed
         records we hold for this kind (counted on the records, so peers that do not answer never lower it)
     """
     latest = {h.peer_id: h for h in fresh if h.peer_id != me.peer_id}

@@ -4,7 +4,9 @@ identity.py   Ed25519 peer identities: peer ids, signing, verifying, the identit
 records.py    PeerRecord (what a peer announces), DHT block keys, block choice from the records
 trust.py      signing and checking records and payloads (signature, expiry, DHT key)
 addresses.py  announce addresses, host:port parsing, peer-address checks
-discovery.py  the Discovery protocol: in-memory, static and hivemind-DHT discovery, the DHT process
+discovery.py  the Discovery protocol: in-memory and static discovery, connect_discovery (the CLI clients')
+dht.py        HivemindDiscovery: discovery over a hivemind DHT, its record validator (imports hivemind)
+dht_process.py  the DHT's forked process: ends with its parent, p2pd and its sockets, its in-process calls
 quorum.py     pure rules over signed records: quorum, agreeing, reference, diverged majority, round backing
 Depends on core-free leaves only (errors, transport.framing for payload headers); never on averaging or the node.
 """

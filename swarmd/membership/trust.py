@@ -1,7 +1,7 @@
 """What a peer believes of another: signed discovery records and signed payloads.
 
 Owns the two canonical byte strings peers sign with their identity (swarmd.membership.identity):
-  - a discovery record (swarmd.membership.discovery.PeerRecord): every field but the signature, each coerced
+  - a discovery record (swarmd.membership.records.PeerRecord): every field but the signature, each coerced
     to its declared type, as compact JSON behind a domain tag; `expires` (unix seconds) is signed too,
     so a replayed record cannot outlive what its owner signed, and the DHT record validator requires
     the DHT expiration not to exceed it;
@@ -9,7 +9,7 @@ Owns the two canonical byte strings peers sign with their identity (swarmd.membe
     block, round, base hash, codec, tensor specs, sizes, weight, sender, zstd) plus the payload's
     sha256; the signature travels in PayloadHeader.signature. A receiver checks it before it looks at
     anything but the header (verify_payload), and the sender is the key its peer id names.
-Also dht_record_problem, the pure check the hivemind validator in swarmd.membership.discovery applies to a
+Also dht_record_problem, the pure check the hivemind validator in swarmd.membership.dht applies to a
 DHT entry (signature, schema, and that the entry sits under its own peer id and block key).
 Works on any dataclass record through dataclasses.fields, so it imports no discovery code.
 Pure: no torch, grpc or hivemind.

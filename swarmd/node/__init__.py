@@ -2,8 +2,13 @@
 
 config.py         NetConfig, DaemonConfig (GossipConfig is swarmd.averaging.config), peer_train_config
 service.py        SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward)
-peers.py          reads from the other peers: their merged blocks, the assembled model's CE, consensus
-overlap.py        delayed averaging's round loop (training goes on while a round is collected)
+credentials.py    where a peer's credentials come from: identity, libp2p key file, swarm key, TLS and its pin
+startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState)
+presence.py       Presence: the running peer in discovery (announce, lookups, the announce loop, min_peers wait)
+peers.py          pulls from the other peers: their merged blocks, trajectory training's predecessors
+measure.py        the round's measurements: consensus distance to replicas, the assembled model's CE
+checkpoints.py    CheckpointWriter: checkpoint writes with the progress counters, failures -> gRPC health
+overlap.py        delayed averaging's round loop (training goes on while a round is collected), over a RoundPeer
 http_endpoint.py  the thread-served HTTP endpoint the metrics server and the dashboard share
 prometheus.py     the Prometheus endpoint (--metrics-port) over swarmd.metrics.Metrics
 daemon.py         Daemon: wires membership + averaging + serve + transport, owns the tasks and the training thread

@@ -30,16 +30,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from swarmd.averaging.gossip import MergeReport
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.exchange import MergeReport
+from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.state import BlockState
 from swarmd.membership.records import PeerRecord
+from swarmd.metrics import Metrics
 from swarmd.protocol import PeerState
 
-if TYPE_CHECKING:
-    from swarmd.node.daemon import Daemon
-
 logger = logging.getLogger(__name__)
+
+
+class RoundPeer(Protocol):
+    """What OverlapRounds drives of its peer (swarmd.node.daemon.Daemon): its state, the round's steps around the
+    exchange, and the end-of-round work; gossip and state exist once the peer has started."""
+
+    state: BlockState
+    gossip: Gossip
+    metrics: Metrics
+    phase: PeerState
+    stopping: asyncio.Event
+
+    async def records(self) -> list[PeerRecord]: ...
+
+    def update_serving(self) -> None: ...
+
+    async def load_predecessors(self) -> int: ...
+
+    async def train(self, steps: int) -> dict: ...
+
+    async def finish_round(
+        self, report: MergeReport, records: list[PeerRecord], started: float | None = None
+    ) -> None: ...
 
 
 def combined(a: dict, b: dict) -> dict:
@@ -51,44 +75,45 @@ def combined(a: dict, b: dict) -> dict:
 
 
 class OverlapRounds:
-    """The round loop of one daemon with overlap on; `pending` is the exchange in flight (None between runs)."""
+    """The round loop of one daemon with overlap on; `pending` is the exchange in flight (None between runs).
 
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+    :param cfg: the peer's GossipConfig (steps_per_round H, overlap_steps)
+    """
+
+    def __init__(self, peer: RoundPeer, cfg: GossipConfig):
+        self.peer, self.cfg = peer, cfg
         self.pending: asyncio.Task[MergeReport] | None = None
         self.pending_records: list[PeerRecord] = []  # the lookup the exchange in flight merges with
         self.last_landed: float | None = None  # monotonic time of the last merge landed (round time)
 
     def rounds_started(self) -> int:
         """Rounds merged plus the one in flight: what the loop compares with its last round."""
-        return self.daemon.state.round + (self.pending is not None)
+        return self.peer.state.round + (self.pending is not None)
 
     async def run_round(self) -> MergeReport | None:
         """Train round r while round r-1's exchange finishes; returns r-1's MergeReport (None if none landed)."""
-        d = self.daemon
-        g, H = d.gossip, d.config.gossip.steps_per_round
+        d = self.peer
+        g, H = d.gossip, self.cfg.steps_per_round
         if self.pending is None:
             if await g.sync(await d.records()):
-                d._update_serving()
+                d.update_serving()
             await g.open_round()
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps
         # with a merge in flight, at most overlap_steps steps (0: all H) run before it lands, then the rest
-        first = min(H, d.config.gossip.overlap_steps or H) if self.pending is not None else H
-        training = asyncio.ensure_future(asyncio.to_thread(d.state.train_steps, first, d.batches, d._stop_thread))
+        first = min(H, self.cfg.overlap_steps or H) if self.pending is not None else H
+        training = asyncio.ensure_future(d.train(first))
         report = None
         try:
             if self.pending is not None:
                 report = await self.land()
                 if await g.sync(await d.records()):
-                    d._update_serving()
+                    d.update_serving()
                 await g.open_round()
             stats = await training
             if first < H and not d.stopping.is_set():
-                training = asyncio.ensure_future(
-                    asyncio.to_thread(d.state.train_steps, H - first, d.batches, d._stop_thread)
-                )
+                training = asyncio.ensure_future(d.train(H - first))
                 stats = combined(stats, await training)
         finally:
             if not training.done():  # cancelled: the thread ends at its next step once stop() was called
@@ -126,9 +151,9 @@ class OverlapRounds:
             self.pending = None
         now = time.monotonic()
         if self.last_landed is not None:
-            self.daemon.metrics.observe_round(now - self.last_landed)
+            self.peer.metrics.observe_round(now - self.last_landed)
         self.last_landed = now
-        await self.daemon.finish_round(report, records)
+        await self.peer.finish_round(report, records)
         return report
 
     async def drain(self) -> MergeReport | None:

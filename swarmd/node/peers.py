@@ -1,10 +1,10 @@
-"""What one peer reads from the others: their merged blocks and their status sketches.
+"""What one peer pulls from the others: their merged blocks.
 
-Owns three reads the daemon makes around a round: other blocks' merged states (all the
-predecessors trajectory training runs frozen, or none; every block for the assembled model's CE),
-the from-noise CE of a model assembled from pulled states (blocking torch: call it in the worker
-thread), and the consensus distance to same-block replicas from their GetStatus sketches. Every
-pull is best effort: a peer that fails is logged and skipped. No policy, no state of its own.
+Owns the order peers of a block are asked in (pull_order: the weights most records share first), the
+pulls of other blocks' merged states (one block, several, or all the predecessors trajectory training
+runs frozen, or none), and the round-start load of those predecessors into the BlockState. Every pull
+is best effort: a peer that fails is logged and skipped. No policy, no state of its own. What the
+pulled blocks are measured with (the assembled model's CE) is swarmd.node.measure.
 """
 
 from __future__ import annotations
@@ -12,31 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable
 
 import torch
 
 from swarmd.averaging.gossip import Gossip
-from swarmd.averaging.sketch import sketch_distance
 from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig
-from swarmd.core.data import ByteData
-from swarmd.core.evaluate import from_noise_ce
-from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import trajectory_predecessors
 from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
-from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 StateDict = dict[str, torch.Tensor]
-
-
-class StatusClient(Protocol):
-    """What consensus_distance dials (swarmd.transport.PeerClient)."""
-
-    async def status(self, address: str, timeout_s: float) -> pb.PeerStatus: ...
 
 
 def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
@@ -81,29 +69,20 @@ async def pull_predecessors(
     return pulled
 
 
-def assembled_ce(
-    cfg: ModelConfig, blocks: dict[int, StateDict], emb: StateDict, eval_path: str, eval_tokens: int
-) -> float:
-    """From-noise CE (nats/byte) of the model built from every block's state and the byte table (blocking)."""
-    modules = [DenoisingBlock(cfg) for _ in range(cfg.blocks)]
-    for b, module in enumerate(modules):
-        module.load_state_dict(blocks[b])
-    table = ByteEmbedding(cfg)
-    table.load_state_dict(emb)
-    x, y = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(eval_tokens)
-    return from_noise_ce(modules, table, x, y, cfg)["ce"]
+async def load_predecessors(
+    gossip: Gossip,
+    state: BlockState,
+    lookup: Callable[[], Awaitable[list[PeerRecord]]],
+    cfg: ModelConfig,
+    trajectory_prob: float,
+) -> int:
+    """Trajectory training: pull the blocks that run before ours (frozen, forward only; with the merged byte
+    table) at round start, or train on noisy targets this round if one is unreachable. Returns how many.
 
-
-async def consensus_distance(
-    client: StatusClient, state: BlockState, records: list[PeerRecord], peer_id: str, timeout_s: float = 2.0
-) -> float | None:
-    """Max sketch distance to the same-block peers at our round; 0.0 without any such peer,
-    None when there are peers but none answered at our round (keep the last figure)."""
-    peers = [r for r in records if r.block_index == state.block_index and r.peer_id != peer_id and r.address]
-    results = await asyncio.gather(*(client.status(r.address, timeout_s) for r in peers), return_exceptions=True)
-    dists = [
-        sketch_distance(state.sketch, list(st.sketch), state.param_norm)
-        for st in results
-        if not isinstance(st, BaseException) and st.round == state.round
-    ]
-    return max(dists) if dists else (0.0 if not peers else None)
+    :param lookup: the peers now (called only when trajectory training needs predecessors)
+    """
+    if trajectory_prob <= 0 or not trajectory_predecessors(cfg, state.block_index):
+        return 0
+    pulled = await pull_predecessors(gossip, await lookup(), cfg, state.block_index)
+    await asyncio.to_thread(state.use_predecessors, pulled)
+    return len(pulled or {})

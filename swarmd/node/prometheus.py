@@ -8,7 +8,8 @@ path: MetricsCollector turns swarmd.metrics.Metrics into metric families when sc
 
 Every sample carries `swarm_id` and `block` (the block this peer trains), except blocktrain_peers,
 whose `block` is the block the counted peers train. The only module that imports prometheus_client.
-Starts one thread (the HTTP server) between MetricsServer.start() and stop().
+Starts one thread (the HTTP server) between MetricsServer.start() and stop(); start_metrics_server
+starts a daemon's from its NetConfig (--metrics-port).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from swarmd.errors import ConfigError
 from swarmd.metrics import REJECT_REASONS, Histogram, Metrics
+from swarmd.node.config import NetConfig
 from swarmd.node.http_endpoint import HttpEndpoint
 
 PREFIX = "blocktrain"
@@ -151,3 +153,15 @@ class MetricsServer(HttpEndpoint):
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
         self.host, self.port = host, int(self._server.server_port)
         return self.port
+
+
+def start_metrics_server(metrics: Metrics, net: NetConfig, block_index: int, peer_id: str) -> MetricsServer | None:
+    """A daemon's Prometheus endpoint, serving on the --listen host at net.metrics_port (None: off, no server;
+    0: any free port). :raises ConfigError: the port is taken or the host cannot be bound"""
+    if net.metrics_port is None:
+        return None
+    from swarmd import __version__
+
+    server = MetricsServer(MetricsCollector(metrics, net.swarm_id, block_index, peer_id, __version__))
+    server.start(net.listen.rpartition(":")[0].strip("[]"), net.metrics_port)
+    return server

@@ -42,7 +42,7 @@ def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not hivemind:
         return
-    from swarmd.membership.discovery import route_hivemind_logs
+    from swarmd.membership.dht import route_hivemind_logs
 
     route_hivemind_logs()
     logging.getLogger().setLevel(level)  # routing set the root level to $HIVEMIND_LOGLEVEL (INFO): ours wins

@@ -54,7 +54,7 @@ class Hop:
 
 @dataclass
 class Replica:
-    record: Any  # swarmd.membership.discovery.PeerRecord
+    record: Any  # swarmd.membership.records.PeerRecord
     latency_s: float | None = None  # EMA of call round-trip time
     inflight: int = 0
 

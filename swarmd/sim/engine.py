@@ -52,7 +52,7 @@ import torch
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
-from swarmd.averaging.gossip import merge_deltas
+from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import make_outer
 from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -70,7 +70,7 @@ M = TypeVar("M", bound=torch.nn.Module)
 
 
 def merge_fn(cfg: GossipConfig | None = None) -> Merge:
-    """The merge Gossip.average applies to the accepted deltas (own included): gossip.merge_deltas under the
+    """The merge Gossip.average applies to the accepted deltas (own included): merge.merge_deltas under the
     daemon's GossipConfig (default: the robust rule, norm clip + coordinate-wise trimmed mean)."""
     gossip_cfg = cfg or GossipConfig()
     return lambda deltas: merge_deltas(deltas, gossip_cfg)

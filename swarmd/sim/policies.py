@@ -8,7 +8,7 @@ time, how many of the expected ones had not arrived at the close (late or droppe
 
 - lockstep: wait for every non-dropped worker;
 - fixed: the regime's fixed deadline (a multiple of the round's median compute time);
-- adaptive: the daemon's DeadlinePolicy (swarmd.averaging.gossip) with its EMA rule (target 0): the later
+- adaptive: the daemon's DeadlinePolicy (swarmd.averaging.deadline) with its EMA rule (target 0): the later
   of 3 x EMA of the arrival lag after ready and 1.5 x EMA of the round length, within the daemon's
   GossipConfig bounds [deadline_min_s, deadline_max_s] after ready;
 - quantile: the same DeadlinePolicy with a participation target: the arrival time of the target
@@ -82,7 +82,7 @@ class Daemon:
 
     def __init__(self, target: float = 0.0, cfg: GossipConfig | None = None):
         from swarmd.averaging.config import GossipConfig
-        from swarmd.averaging.gossip import DeadlinePolicy
+        from swarmd.averaging.deadline import DeadlinePolicy
 
         if not 0 <= target <= 1:
             raise ConfigError(f"the participation target must be in [0, 1], got {target}")

@@ -31,8 +31,8 @@ import torch
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delta import INT8_RMS_LEVELS, ErrorFeedback
-from swarmd.averaging.gossip import merge_deltas
 from swarmd.averaging.groups import Anchor, assign, grid_sides, offset_int8_levels
+from swarmd.averaging.merge import merge_deltas
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.protocol import Codec, PayloadKind

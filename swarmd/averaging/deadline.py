@@ -1,0 +1,103 @@
+"""When a round stops waiting for deltas: DeadlinePolicy and its participation target (issue 11).
+
+The collection of a round ends when every expected peer answered, or at the deadline this policy gives:
+  - participation target (the default, PARTICIPATION_TARGET): the arrival time of the target fraction of
+    the deltas expected over the last rounds, measured by the simulator in swarmd.sim (swarmd.sim.policies,
+    benchmarks/async_sim.py);
+  - before any round was observed, at an adaptive deadline: the later of (own delta ready + factor x EMA
+    of the arrival lag) and (round start + 1.5 x EMA of the round length until the last arrival), never
+    before ready + deadline_min_s nor after ready + deadline_max_s. The second term makes the fastest peer
+    of a round wait for the slower ones' training even when it was itself the slowest last round (lags
+    swap roles).
+Pure bookkeeping over the times it is told (no clock, no I/O); swarmd.averaging.exchange feeds it each round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from swarmd.averaging.config import GossipConfig
+
+PARTICIPATION_TARGET = 0.8  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
+
+
+class DeadlinePolicy:
+    """Collection deadline (see the module doc); max_s until something was measured.
+
+    Two rules. Participation target (target > 0, the default): once rounds were observed with
+    observe_arrivals, the deadline is the arrival time (after round open) of the ceil(target x n)-th
+    of the n deltas expected over the last `window` rounds, a delta that had not arrived by its round's
+    close counting as later than every arrival; when that one is such a missing delta the deadline
+    grows to growth x the latest close seen. The simulator (swarmd.sim, benchmarks/async_sim.py)
+    measured this rule against lockstep, fixed deadlines and the EMA rule under WAN regimes. EMA rule
+    (target 0, until arrivals were observed, and in a round whose target needs every expected delta,
+    i.e. fewer than 1 / (1 - target) of them): the later of factor x EMA of the arrival lag after own
+    delta was ready and round_factor x EMA of the round length.
+
+    :param round_factor: slack on the measured round length (open -> last arrival), 1.5 = +50 %
+    :param target: fraction of the expected deltas to wait for (0 = the EMA rule only)
+    :param window: rounds of arrival times the target rule looks at
+    :param growth: how much the deadline grows past the latest close while participation is below target
+    """
+
+    def __init__(
+        self,
+        cfg: GossipConfig,
+        alpha: float = 0.3,
+        round_factor: float = 1.5,
+        target: float = PARTICIPATION_TARGET,
+        window: int = 5,
+        growth: float = 1.5,
+    ):
+        if not 0 <= target <= 1 or window < 1 or growth < 1:
+            raise ValueError("need 0 <= target <= 1, window >= 1 and growth >= 1")
+        self.cfg, self.alpha, self.round_factor = cfg, alpha, round_factor
+        self.target, self.growth = target, growth
+        self.ema: float | None = None  # arrival lag after own delta was ready, seconds
+        self.round_ema: float | None = None  # round start -> last accepted arrival, seconds
+        self.rounds: deque[tuple[list[float], int, float]] = deque(maxlen=window)  # (arrivals, missing, close)
+
+    def target_after_open_s(self, expected: int | None = None) -> float | None:
+        """The target rule's deadline after round open (None: the EMA rule applies).
+
+        :param expected: deltas this round expects; when the target needs every one of them (a small swarm:
+            ceil(target x expected) == expected) the EMA rule applies, which waits for the slowest
+        """
+        if self.target <= 0 or not self.rounds:
+            return None
+        if expected is not None and math.ceil(self.target * expected - 1e-9) >= expected:
+            return None
+        arrived = sorted(a for r in self.rounds for a in r[0])
+        n = len(arrived) + sum(r[1] for r in self.rounds)
+        k = max(1, math.ceil(self.target * n - 1e-9))  # wait for the k-th of the n expected deltas
+        if k <= len(arrived):
+            return arrived[k - 1]
+        return self.growth * max(r[2] for r in self.rounds)
+
+    def deadline_s(self, ready_after_open_s: float = 0.0, expected: int | None = None) -> float:
+        """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round,
+        expected = how many deltas it expects (see target_after_open_s)."""
+        target = self.target_after_open_s(expected)
+        if target is not None:
+            wait = target - ready_after_open_s
+        elif self.ema is None:
+            return self.cfg.deadline_max_s
+        else:
+            wait = self.cfg.deadline_factor * self.ema
+            if self.round_ema is not None:
+                wait = max(wait, self.round_factor * self.round_ema - ready_after_open_s)
+        return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, wait))
+
+    def observe_arrivals(self, arrived_s: list[float], missing: int, closed_s: float) -> None:
+        """One round for the target rule: arrival times (seconds after round open) of the deltas that came
+        in time, how many expected deltas had not arrived at the close, and the close (after open)."""
+        if arrived_s or missing:
+            self.rounds.append((list(arrived_s), int(missing), float(closed_s)))
+
+    def observe(self, lag_s: float, round_s: float | None = None) -> None:
+        self.ema = lag_s if self.ema is None else (1 - self.alpha) * self.ema + self.alpha * lag_s
+        if round_s is not None:
+            self.round_ema = (
+                round_s if self.round_ema is None else (1 - self.alpha) * self.round_ema + self.alpha * round_s
+            )

@@ -1,0 +1,437 @@
+"""The round protocol: swap compressed deltas with the peers found, judge what arrives in time, merge.
+
+Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
+  - a round r starts from a base every same-block replica shares (identified by a weights hash);
+    after H local steps a peer encodes its block delta and embedding delta with ErrorFeedback (publish);
+  - nothing non-finite is sent: an own delta that is not finite (local training diverged) is
+    replaced by a zero delta and the live weights go back to the base;
+  - exchanges are bidirectional (PeerClient.exchange): for each pair of peers exactly one dials
+    the other (dials(): the lower peer id dials, client-mode peers always dial), the callee stashes the
+    caller's delta and answers with its own delta of the same round (handle_exchange);
+  - block deltas go to same-block peers, embedding deltas to peers of every block;
+  - a delta's way is one pass down: its signature is verified (swarmd.membership.trust.verify_payload,
+    before anything beyond the header is looked at), its sender must hold a signed record for our block
+    and its round (or the one before), its round, group and base hash must be ours, then it is decoded
+    (swarmd.averaging.delta.decode) and its norm checked against the bound (PeerContext.check_norm), and
+    stashed; a delta that fails is rejected (counted, logged) and costs the round only that peer's
+    contribution; a peer gets one delta per round and kind judged;
+  - the collection ends when every expected peer answered, or at the deadline of swarmd.averaging.deadline;
+  - group averaging (cfg.group_size = k, swarmd.averaging.groups): a part with more than k peers averages in
+    the round's group of at most k (a grid every peer computes from the signed records and the round),
+    as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
+    records announce; with at most k peers the round is the all-to-all one, bit for bit;
+  - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
+    is collected;
+  - the merge and its landing are swarmd.averaging.merge's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
+from swarmd.averaging.deadline import DeadlinePolicy
+from swarmd.averaging.groups import offset_int8_levels, with_offset
+from swarmd.averaging.groups import round_members as group_members
+from swarmd.averaging.merge import apply_merged, finite, merge_parts
+from swarmd.averaging.state import relative_distance
+from swarmd.errors import BaseMismatch, NotReady, PeerUnavailable, StaleRound, SwarmdError, ValidationError, WrongBlock
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import sign_payload, verify_payload
+from swarmd.metrics import reject_reason
+from swarmd.protocol import PayloadKind
+from swarmd.transport.framing import Encoded
+from swarmd.v1 import swarm_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+def dials(me: PeerRecord, other: PeerRecord) -> bool:
+    """Whether `me` opens the exchange with `other`: exactly one side of each pair dials."""
+    if other.client_mode or not other.address:
+        return False  # nobody can dial a client-mode peer; it dials us
+    if me.client_mode:
+        return True
+    return me.peer_id < other.peer_id
+
+
+@dataclass
+class MergeReport:
+    """What one averaging round merged: whose deltas were expected and accepted, and how long it took."""
+
+    round: int  # round index that was merged (rounds completed before it)
+    expected_block: list[str]
+    expected_emb: list[str]
+    accepted_block: list[str]
+    accepted_emb: list[str]
+    rejected: int
+    deadline_s: float
+    seconds: float  # from own delta ready to merge
+    premerge_distance: float  # max relative distance between own live block and an accepted replica before the merge
+
+    @property
+    def participation(self) -> float:
+        """Fraction of the expected (peer, kind) deltas that were accepted; 1.0 when none was expected."""
+        expected = len(self.expected_block) + len(self.expected_emb)
+        got = len(set(self.accepted_block) & set(self.expected_block)) + len(
+            set(self.accepted_emb) & set(self.expected_emb)
+        )
+        return 1.0 if expected == 0 else got / expected
+
+
+class _Repeat(StaleRound):
+    """A second delta of the same peer, kind and round (a peer that re-syncs and retries within our round)."""
+
+
+@dataclass
+class Round:
+    """One open round: own payloads, the deltas stashed and the peers judged, and the events the collection waits on."""
+
+    round: int
+    hashes: dict[str, str]  # kind -> base hash
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    outgoing: dict[str, Encoded] = field(default_factory=dict)
+    own: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
+    failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
+    closed: bool = False
+    mismatched: dict[str, set[str]] = field(
+        default_factory=lambda: {BLOCK: set(), EMB: set()}
+    )  # senders on another base
+    opened_at: float = field(default_factory=time.monotonic)
+    ready_at: float = 0.0
+    last_arrival: float = 0.0
+    arrivals: list[float] = field(default_factory=list)  # seconds after open of each accepted delta
+    rejected: int = 0
+    senders: dict[str, set[str]] = field(
+        default_factory=lambda: {BLOCK: set(), EMB: set()}
+    )  # peers whose (signed) delta of this round was judged: one each, accepted or not
+    exact: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # own deltas before the codec (overlap)
+    members: dict[str, set[str] | None] = field(default_factory=lambda: {BLOCK: None, EMB: None})  # group (None: all)
+
+    def judged(self, kind: PayloadKind, peer_id: str) -> None:
+        """`peer_id`'s delta of `kind` failed (or will not come this round): the collection stops waiting for it."""
+        self.failed[kind].add(peer_id)
+        self.arrived.set()
+
+    def stash(self, kind: PayloadKind, peer_id: str, tensors: dict[str, torch.Tensor]) -> None:
+        """An accepted decoded delta, with its arrival time."""
+        self.inbox[kind][peer_id] = tensors
+        self.last_arrival = time.monotonic()
+        self.arrivals.append(self.last_arrival - self.opened_at)
+        self.arrived.set()
+
+    def complete(self, expected: dict[PayloadKind, set[str]]) -> bool:
+        """Every expected delta was accepted or judged."""
+        return all(expected[k] <= set(self.inbox[k]) | self.failed[k] for k in (BLOCK, EMB))
+
+    async def collect(self, expected: dict[PayloadKind, set[str]], deadline: float) -> None:
+        """Wait until complete(expected) or the deadline (time.monotonic()), whichever comes first."""
+        while not self.complete(expected):
+            self.arrived.clear()
+            if self.complete(expected):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self.arrived.wait(), remaining)
+            except TimeoutError:
+                break
+
+
+class Exchange:
+    """One peer's averaging rounds: open, publish, answer and dial exchanges, collect, merge (see the module doc).
+
+    :param peer: the context the state agreement (swarmd.averaging.agreement) holds too
+    """
+
+    def __init__(self, peer: PeerContext):
+        self.peer = peer
+        self.deadline = DeadlinePolicy(peer.cfg)
+        self.current: Round | None = None
+        self._opened = asyncio.Condition()
+
+    async def open_round(self) -> None:
+        """Start accepting deltas for the round we are about to train (call after sync)."""
+        p = self.peer
+        async with self._opened:
+            self.current = Round(p.state.round, {BLOCK: p.anchor_hash(BLOCK), EMB: p.anchor_hash(EMB)})
+            self._opened.notify_all()
+
+    async def publish(self) -> None:
+        """Encode this round's deltas (error feedback) and let waiting callers have them."""
+        p, rs = self.peer, self.current
+        if rs is None:
+            raise RuntimeError("publish() needs an open round (call open_round first)")
+        block_delta, emb_delta = await asyncio.to_thread(p.state.deltas)
+        if not (finite(block_delta) and finite(emb_delta)):  # never send (or merge) non-finite values
+            logger.error(
+                "%s round %d: local training produced non-finite weights; sending a zero delta and "
+                "going back to the base",
+                p.tag,
+                rs.round,
+            )
+            await asyncio.to_thread(p.state.rollback)
+            block_delta = {k: torch.zeros_like(v) for k, v in block_delta.items()}
+            emb_delta = {k: torch.zeros_like(v) for k, v in emb_delta.items()}
+            for ef in p.ef.values():
+                ef.reset()
+        rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.averaging.delayed)
+        weight = float(p.cfg.steps_per_round)
+        for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
+            # group averaging: base - anchor + delta
+            delta = with_offset(delta, p.anchors[kind].offset(p.base(kind)[0]))
+            enc, decoded = await asyncio.to_thread(
+                p.ef[kind].compress,
+                delta,
+                p.cfg.codec,
+                int8_rms_levels=offset_int8_levels(p.anchors[kind]),
+                base_hash=rs.hashes[kind],
+                weight=weight,
+                **p.hdr(kind, rs.round),
+            )
+            rs.outgoing[kind], rs.own[kind] = sign_payload(enc, p.identity), decoded
+        rs.ready_at = time.monotonic()
+        rs.ready.set()
+
+    # -- a delta's way in --------------------------------------------------------------------------
+    def _reject(self, rs: Round, h: pb.PayloadHeader, kind: PayloadKind, exc: SwarmdError) -> None:
+        """Count and log a rejected delta; a judged sender is not waited for any longer."""
+        rs.rejected += 1
+        self.peer.metrics.reject(reject_reason(exc))
+        logger.warning("%s rejected a %s from %s: %s", self.peer.tag, kind, (h.peer_id or "?")[-6:], exc)
+        if h.peer_id in rs.senders[kind]:
+            rs.judged(kind, h.peer_id)
+
+    def _accept(self, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
+        """Judge a delta (its signature already verified by the caller) against round, sender, group, base, schema
+        and norm bound, and stash it; returns the sender id."""
+        p, h = self.peer, enc.header
+        try:
+            if rs.closed:
+                raise StaleRound(f"round {rs.round} is already closed")
+            if h.peer_id == p.me.peer_id or not h.peer_id:
+                raise ValidationError("delta without a (foreign) peer id")
+            if h.peer_id in rs.senders[kind]:  # a peer gets one delta per round and kind judged (decoded) at most
+                p.metrics.reject("stale_round")
+                logger.debug("%s refused another %s of round %d from %s", p.tag, kind, rs.round, h.peer_id[-6:])
+                raise _Repeat(f"a {kind} of round {rs.round} from {h.peer_id[-6:]} was already judged")
+            rs.senders[kind].add(h.peer_id)
+            if problem := p.sender_problem(h, kind):
+                raise ValidationError(problem)
+            if h.round != rs.round:
+                raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
+            if (group := rs.members[kind]) is not None and h.peer_id not in group:
+                raise ValidationError(f"{h.peer_id[-6:]} is not in our {kind} group of round {rs.round}")
+            if h.base_hash != rs.hashes[kind]:
+                rs.mismatched[kind].add(h.peer_id)
+                raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
+            tensors = p.decode(enc, kind, p.me.block_index if kind == BLOCK else -1)
+            p.check_norm(tensors, kind)
+        except _Repeat:
+            raise
+        except SwarmdError as exc:
+            self._reject(rs, h, kind, exc)
+            raise
+        rs.stash(kind, h.peer_id, tensors)
+        return h.peer_id
+
+    async def _round_for(self, h: pb.PayloadHeader, kind: PayloadKind) -> Round:
+        """The open round a caller's delta of round h.round is for, waiting (bounded) for it to open."""
+        async with self._opened:
+            try:  # the caller may be a little ahead: wait (bounded) for our round to open
+                await asyncio.wait_for(
+                    self._opened.wait_for(lambda: self.current is not None and self.current.round >= h.round),
+                    self.peer.cfg.deadline_max_s,
+                )
+            except TimeoutError:
+                raise StaleRound(f"round {h.round} is ahead of ours ({self.peer.state.round})") from None
+        rs = self.current
+        if rs is None:  # the wait above ends only once a round is open
+            raise RuntimeError("no open round")
+        if rs.round != h.round or rs.closed:
+            if h.round < rs.round and not rs.closed:
+                # a signed delta of a past round: its sender is behind (or replays an old payload) and sends
+                # nothing for this round before it catches up; judged for this round, as a stale reply to our
+                # own dial is, so the round does not wait for it up to the deadline (a delta of this round
+                # that still comes before the round closes is merged all the same)
+                rs.judged(kind, h.peer_id)
+            raise StaleRound(f"delta of round {h.round}, ours is {rs.round}{' (closed)' if rs.closed else ''}")
+        return rs
+
+    async def handle_exchange(self, incoming: Encoded) -> Encoded:
+        """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
+        p, h = self.peer, incoming.header
+        p.metrics.add_received(incoming.wire_bytes, incoming.raw_bytes)
+        kind = payload_kind(h.kind)
+        try:
+            verify_payload(incoming)  # signed by the peer it names, before we wait for or look at anything else
+            p.bans.succeed(h.peer_id)  # it is alive
+            if kind not in (BLOCK, EMB):
+                raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
+            if kind == BLOCK and h.block_index != p.me.block_index:
+                raise WrongBlock(f"this peer trains block {p.me.block_index}, not {h.block_index}")
+            if self.current is not None and h.round > self.current.round + 1:
+                raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
+            rs = await self._round_for(h, kind)
+        except SwarmdError as exc:
+            p.metrics.reject(reject_reason(exc))
+            logger.info("%s refused a %s exchange from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
+            raise
+        wait_s = p.cfg.deadline_max_s
+        try:
+            await asyncio.wait_for(rs.ready.wait(), wait_s)
+        except TimeoutError:
+            raise NotReady(f"own delta of round {rs.round} not ready in time") from None
+        await p.refresh_known(h, kind)
+        try:
+            self._accept(rs, incoming, kind)
+        except BaseMismatch:
+            pass  # still answer: the caller sees the mismatch too and both apply the re-sync rule
+        reply = rs.outgoing[kind]
+        p.metrics.add_sent(reply.wire_bytes, reply.raw_bytes)
+        return reply
+
+    async def _dial(self, rs: Round, peer: PeerRecord, kind: PayloadKind, deadline: float) -> None:
+        """Caller side: send our delta of `kind` to `peer`, judge and stash its signed reply."""
+        p, outgoing, started = self.peer, rs.outgoing[kind], time.monotonic()
+        try:
+            reply = await p.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))
+        except SwarmdError as exc:
+            rs.judged(kind, peer.peer_id)
+            if exc.status == PeerUnavailable.status:  # unreachable; a slow, busy or failing peer is not banned
+                p.bans.fail(peer.peer_id)
+            logger.warning("%s exchange of %s with %s failed: %s", p.tag, kind, peer.peer_id[-6:], exc)
+            return
+        p.bans.succeed(peer.peer_id)
+        p.metrics.observe_exchange(time.monotonic() - started)
+        h = reply.header
+        try:
+            if h.peer_id != peer.peer_id:
+                raise ValidationError(f"reply signed by {h.peer_id[-6:]}, dialled {peer.peer_id[-6:]}")
+            await p.refresh_known(h, kind)
+            try:
+                verify_payload(reply)  # before anything beyond the header is looked at
+            except SwarmdError as exc:
+                self._reject(rs, h, kind, exc)
+                raise
+            self._accept(rs, reply, kind)
+        except SwarmdError:
+            rs.judged(kind, peer.peer_id)
+
+    # -- the round -------------------------------------------------------------------------------
+    def _plan_groups(self, rs: Round, records: list[PeerRecord]) -> None:
+        """This round's group of each part (swarmd.averaging.groups) from the signed records; an anchor is taken
+        when a part first averages in groups (the base every replica shares then)."""
+        p = self.peer
+        ours = [r for r in records if r.config_hash == p.me.config_hash and r.swarm_id == p.me.swarm_id]
+        for kind in (BLOCK, EMB):
+            pool = [r.peer_id for r in ours if kind == EMB or r.block_index == p.me.block_index]
+            salt = f"{p.me.swarm_id}/{'block' + str(p.me.block_index) if kind == BLOCK else 'table'}"
+            rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt)
+            anchor = p.anchors[kind]
+            if rs.members[kind] is not None and not anchor.active:
+                anchor.set(*p.base(kind), p.state.round)
+
+    async def _premerge(self, rs: Round) -> float:
+        """The largest relative distance between our live block and an accepted replica's, before the merge."""
+        p = self.peer
+        if p.cfg.overlap:  # training went on since the snapshot: compare the weights we sent
+            live_block = {n: p.state.base_block[n] + d for n, d in rs.exact[BLOCK].items()}
+        else:
+            live_block, _ = await asyncio.to_thread(p.state.current)
+        ref_block, _ = p.anchors[BLOCK].reference(p.state.base_block, "")
+        return max(
+            (relative_distance(live_block, {n: ref_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()),
+            default=0.0,
+        )
+
+    async def average(
+        self, records: list[PeerRecord], publish: Callable[[], Awaitable[None]] | None = None
+    ) -> MergeReport:
+        """Publish own deltas, exchange with the peers in `records`, wait for the deadline, merge.
+
+        :param publish: what publishes this round's deltas (default: publish(); Gossip passes its own)
+        """
+        p, rs = self.peer, self.current
+        if rs is None or rs.closed:
+            raise RuntimeError("average() needs an open round (call open_round first)")
+        records = p.remember(records)  # signed records only; known before any delta is accepted
+        self._plan_groups(rs, records)
+        await (publish or self.publish)()
+        peers = [r for r in records if p.usable(r)]
+        expected = {
+            BLOCK: {r.peer_id for r in peers if r.block_index == p.me.block_index},
+            EMB: {r.peer_id for r in peers},
+        }
+        expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
+        me = p.record()
+        expected_n = len(expected[BLOCK]) + len(expected[EMB])
+        deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
+        deadline = rs.ready_at + deadline_s
+        tasks = [
+            asyncio.create_task(self._dial(rs, r, kind, deadline))
+            for r in peers
+            if dials(me, r)
+            for kind in ((BLOCK, EMB) if r.block_index == me.block_index else (EMB,))
+            if r.peer_id in expected[kind]
+        ]
+        try:
+            await rs.collect(expected, deadline)
+        finally:
+            rs.closed = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
+        if accepted[BLOCK] or accepted[EMB]:
+            self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
+        self.deadline.observe_arrivals(
+            rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
+        )
+        premerge = await self._premerge(rs)
+        merged = await merge_parts(p, rs.round, rs.own, rs.inbox)
+        await apply_merged(p, merged, rs.members, rs.exact)
+        seconds = time.monotonic() - rs.ready_at
+        p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
+        report = MergeReport(
+            rs.round,
+            sorted(expected[BLOCK]),
+            sorted(expected[EMB]),
+            accepted[BLOCK],
+            accepted[EMB],
+            rs.rejected,
+            deadline_s,
+            seconds,
+            premerge,
+        )
+        p.metrics.end_round(
+            report.participation,
+            seconds,
+            round=rs.round,
+            premerge_distance=premerge,
+            deadline_s=deadline_s,
+            accepted=len(accepted[BLOCK]) + len(accepted[EMB]),
+            expected=expected_n,
+            at_s=p.metrics.uptime_s,
+        )
+        logger.info(
+            "%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)",
+            p.tag,
+            rs.round,
+            len(accepted[BLOCK]),
+            len(expected[BLOCK]),
+            len(accepted[EMB]),
+            len(expected[EMB]),
+            seconds,
+            deadline_s,
+        )
+        return report

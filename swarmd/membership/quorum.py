@@ -1,0 +1,97 @@
+"""Pure rules over signed PeerRecords: whose announced state a peer may adopt (issue 9's quorum rules).
+
+quorum()            how many other peers must announce a state before anybody adopts it
+agreeing()          the records whose (round, weights) a quorum announces: the only re-sync targets
+round_backed()      whether a quorum of the whole swarm's records announces a round (a lone block record is not)
+rank(), reference() the reference of a part: highest round, then the largest group, then server mode, peer id
+diverged_majority() the majority a peer that trained apart (a partition) rejoins, even at a lower round
+
+The records given are the signed ones (swarmd.membership.trust.is_valid); nothing here checks signatures,
+does I/O or imports torch. swarmd.averaging.agreement applies these rules to a peer's re-sync.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from swarmd.membership.records import PeerRecord
+
+
+def quorum(others: int) -> int:
+    """How many other peers must announce the same (round, weights) before a peer adopts that state:
+    a majority of the `others` signed records seen, and at least 2 once 2 or more others exist."""
+    return 1 if others <= 1 else max(2, others // 2 + 1)
+
+
+def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRecord]:
+    """The records of `others` whose (round, weights) at least quorum(len(others)) distinct peers announce.
+
+    A state only one record (or a minority) claims, e.g. a stranger's round 1,000,000, is never a
+    re-sync target, whatever its round.
+    """
+    latest = {r.peer_id: r for r in others}
+    counts = Counter((r.round, key(r)) for r in latest.values())
+    need = quorum(len(latest))
+    return [r for r in latest.values() if counts[(r.round, key(r))] >= need]
+
+
+def diverged_majority(
+    me: PeerRecord, others: list[PeerRecord], own_history: dict[int, str], key=lambda r: r.base_hash
+) -> PeerRecord | None:
+    """A state more than half of `[me] + others` hold (at least 2 peers), that is not one we held at its round:
+    the majority we split from, whose highest-ranked dialable peer we adopt even at a lower round.
+
+    A peer that trained alone through a partition may be rounds ahead of the majority it rejoins;
+    reference() (highest round first) would keep it on its own state forever. A majority whose
+    (round, weights) we did hold at that round (own_history: round -> our base hash) is only behind
+    us on our own trajectory (DHT records lag a round or two): None then.
+    """
+    latest = {r.peer_id: r for r in others if r.peer_id != me.peer_id}
+    groups = Counter((r.round, key(r)) for r in latest.values())
+    for (round, weights), n in groups.most_common():
+        if n < 2 or 2 * n <= len(latest) + 1:
+            return None
+        if (round, weights) == (me.round, key(me)) or own_history.get(round) == weights:
+            return None
+        dialable = [r for r in latest.values() if (r.round, key(r)) == (round, weights) and r.address]
+        return max(dialable, key=rank) if dialable else None
+    return None
+
+
+def round_backed(round: int, others: list[PeerRecord]) -> bool:
+    """Whether a quorum of all the other signed records (every block) announces `round`.
+
+    Every block advances one round per averaging round, so the swarm shares its round counter: a lone
+    record of a block (the only other peer there, so agreeing() alone would let it through) whose round
+    the rest of the swarm does not announce is not a re-sync target.
+    """
+    latest = {r.peer_id: r for r in others}
+    return sum(r.round == round for r in latest.values()) >= quorum(len(latest))
+
+
+def rank(record: PeerRecord) -> tuple:
+    """Who is the reference when weights differ: highest round, then server mode, then peer id."""
+    return (record.round, not record.client_mode, record.peer_id)
+
+
+def reference(me: PeerRecord, others: list[PeerRecord], key=lambda r: r.base_hash) -> PeerRecord:
+    """The peer whose state everyone in `[me] + others` converges to (me if I am in its group).
+
+    Among the records at the highest round, the weights (key: block or embedding hash) held by
+    the most peers win (ties: the group holding the highest-ranked peer); the reference is that
+    group's highest-ranked peer that can be dialled. A lone diverged peer (a restarted one that
+    merged alone) thus adopts the majority's state instead of imposing its own.
+    """
+    pool = [me, *[o for o in others if o.peer_id != me.peer_id]]
+    top = max(r.round for r in pool)
+    groups: dict[str, list[PeerRecord]] = {}
+    for r in pool:
+        if r.round == top:
+            groups.setdefault(key(r), []).append(r)
+    for group in sorted(groups.values(), key=lambda g: (len(g), max(rank(r) for r in g)), reverse=True):
+        if any(r.peer_id == me.peer_id for r in group):
+            return me
+        dialable = [r for r in group if r.address]
+        if dialable:
+            return max(dialable, key=rank)
+    return me

@@ -1,0 +1,64 @@
+"""The daemon's checkpoint writes: the state with the peer's progress counters, and what a failing disk means.
+
+Owns when a write counts as failed and what follows: a failed write (disk full, read-only dir,
+non-finite state) is one warning line and keeps the previous generation (the files themselves are
+BlockState.save's, atomic per generation); CHECKPOINT_FAILURES_UNHEALTHY in a row turn the gRPC
+server's health NOT_SERVING, the next good write turns it SERVING again. SAVED_METRICS names the
+Metrics every generation's config.json carries (benchmarks read them). Writes in the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from swarmd.averaging.state import BlockState
+from swarmd.errors import SwarmdError
+from swarmd.metrics import Metrics
+from swarmd.transport import SwarmServer
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FAILURES_UNHEALTHY = 3  # consecutive failed checkpoint writes that turn gRPC health NOT_SERVING
+
+# Metrics saved with every checkpoint (benchmarks read them): config.json key -> Metrics attribute
+SAVED_METRICS = {k: k for k in ("participation", "bytes_sent", "bytes_received", "raw_bytes_sent", "rejected")}
+SAVED_METRICS |= {k: k for k in ("last_round_s", "discovery_s", "started_wall")}
+SAVED_METRICS |= {"rounds_merged": "rounds", "train_ce": "last_train_ce", "history": "round_history"}
+
+
+class CheckpointWriter:
+    """Checkpoints of one peer into `directory`; `failures`: consecutive failed writes (0 after a good one)."""
+
+    def __init__(self, directory: str, metrics: Metrics):
+        self.directory, self.metrics = directory, metrics
+        self.failures = 0
+
+    async def save(self, state: BlockState, server: SwarmServer | None, tag: str, **progress: str) -> bool:
+        """Atomically checkpoint `state` (in the worker thread); returns whether it was written.
+
+        :param server: the gRPC server whose health a run of failures turns NOT_SERVING (None: client mode)
+        :param tag: the peer's log tag
+        :param progress: what config.json carries besides the metrics (swarm id, peer id)
+        """
+        saved = {k: getattr(self.metrics, a) for k, a in SAVED_METRICS.items()} | progress
+        try:
+            await asyncio.to_thread(state.save, self.directory, **saved)
+        except (OSError, SwarmdError) as exc:
+            self.failures += 1
+            logger.warning(
+                "%s checkpoint of round %d not written (%d in a row), the last one stays: %s",
+                tag,
+                state.round,
+                self.failures,
+                exc,
+            )
+            if self.failures == CHECKPOINT_FAILURES_UNHEALTHY and server is not None:
+                logger.error("%s checkpoints keep failing: health NOT_SERVING until one is written", tag)
+                await server.set_serving(False)
+            return False
+        if self.failures >= CHECKPOINT_FAILURES_UNHEALTHY and server is not None:
+            logger.warning("%s checkpoint written again: health SERVING", tag)
+            await server.set_serving(True)
+        self.failures = 0
+        return True

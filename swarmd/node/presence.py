@@ -1,0 +1,96 @@
+"""Presence: one running peer in its discovery, announcing its signed record and looking the swarm up.
+
+Owns what the daemon does with its Discovery once it has started:
+  announce()        the record Gossip signs, stored for record_ttl_s (a warning when it took longer than
+                    the announce period);
+  records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
+                    per block in the metrics, their certificates pinned for TLS (swarmd.membership.trust);
+  announce_loop()   until the daemon stops: every announce period (with jitter) a DHT node first checks
+                    its neighbours (re-bootstrapping after a partition, restarting a DHT process that died
+                    alone), then announces; a failed pass is a warning and the next one tries again;
+  wait_for_peers()  the first round waits until min_peers peers are known (or the timeout passes).
+Which discovery runs, and when it is shut down, is the daemon's (swarmd.node.startup opens it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from swarmd.averaging.gossip import Gossip
+from swarmd.membership.dht import HivemindDiscovery
+from swarmd.membership.discovery import StaticDiscovery
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import pin_tls
+from swarmd.metrics import Metrics
+from swarmd.node.config import NetConfig
+from swarmd.transport import PeerClient
+
+logger = logging.getLogger(__name__)
+
+
+class Presence:
+    """:param stopping: the daemon's stop event (ends the loops)"""
+
+    def __init__(
+        self,
+        discovery: StaticDiscovery | HivemindDiscovery,
+        gossip: Gossip,
+        client: PeerClient,
+        metrics: Metrics,
+        net: NetConfig,
+        stopping: asyncio.Event,
+    ):
+        self.discovery, self.gossip, self.client, self.metrics = discovery, gossip, client, metrics
+        self.net, self.stopping = net, stopping
+
+    async def announce(self) -> None:
+        started = time.monotonic()
+        ttl = self.net.record_ttl_s
+        await self.discovery.announce(self.gossip.record(ttl), ttl)
+        if (took := time.monotonic() - started) > self.net.announce_period_s:
+            logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, took)
+
+    async def records(self) -> list[PeerRecord]:
+        """Every peer discovery knows of now ([] with a warning if the lookup failed)."""
+        try:
+            found = await self.discovery.find_all()
+        except Exception as exc:
+            logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
+            return []
+        self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
+        await pin_tls(self.client, found, skip=self.gossip.me.peer_id)
+        return found
+
+    async def announce_loop(self) -> None:
+        period = self.net.announce_period_s
+        while not self.stopping.is_set():
+            if isinstance(self.discovery, HivemindDiscovery):
+                try:
+                    await self.discovery.keep_connected()  # no neighbour left: re-bootstrap (partition healed)
+                except Exception as exc:
+                    logger.warning("%s DHT neighbour check failed: %s", self.gossip.tag, exc)
+            try:
+                await self.announce()
+            except Exception as exc:
+                logger.warning("%s announce failed: %s", self.gossip.tag, exc)
+            await self._wait_stopping(period * (1 + 0.2 * random.random()))
+
+    async def wait_for_peers(self, want: int, timeout_s: float) -> None:
+        """Block until discovery sees `want` peers, this one included (or timeout_s passes, with a warning)."""
+        deadline = time.monotonic() + timeout_s
+        while want > 1 and not self.stopping.is_set() and time.monotonic() < deadline:
+            if len({r.peer_id for r in await self.records()} | {self.gossip.me.peer_id}) >= want:
+                self.metrics.discovery_s = self.metrics.uptime_s
+                return
+            await self._wait_stopping(1.0)  # each lookup is a DHT traversal: do not hammer it
+        if want > 1 and time.monotonic() >= deadline:
+            logger.warning("%s started with fewer than %d peers (timeout)", self.gossip.tag, want)
+
+    async def _wait_stopping(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), timeout_s)
+        except TimeoutError:
+            pass

@@ -1,0 +1,68 @@
+"""A starting peer's three decisions: where it is reached, how it finds the others, which block it trains.
+
+Owns what Daemon.start() decides before it wires anything: address_plan checks that --listen and
+--dht-port are free (a taken one fails at once) and plans the addresses others dial
+(swarmd.membership.addresses: --announce, or a detected host; its warnings are the daemon's to log);
+open_discovery starts the discovery NetConfig names: a StaticDiscovery over initial_peers, asked for
+their status, or a hivemind DHT node (swarmd.membership.dht) listening and announcing where the plan
+says, its libp2p key in the checkpoint dir; open_state builds the BlockState of the checkpoint's
+block (resumed from it), else of --block, else of the block --block auto picks from the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from swarmd.averaging.outer import make_outer
+from swarmd.averaging.state import BlockState
+from swarmd.core.train import BlockTrainer
+from swarmd.membership.addresses import AddressPlan, check_listen_ports, plan_addresses
+from swarmd.membership.dht import HivemindDiscovery
+from swarmd.membership.discovery import StaticDiscovery, StatusFn
+from swarmd.membership.records import choose_block
+from swarmd.node.config import DaemonConfig, NetConfig
+from swarmd.node.credentials import libp2p_key_path
+
+
+def address_plan(net: NetConfig) -> AddressPlan:
+    """Where others reach this peer (plan.warnings for the caller to log); a taken --listen or --dht-port fails
+    here, at once."""
+    dht = net.discovery == "hivemind" and not net.client_mode
+    check_listen_ports(net.listen, net.dht_host, net.dht_port, server=not net.client_mode, dht=dht)
+    return plan_addresses(net.listen, net.announce, net.dht_host, dht)
+
+
+async def open_discovery(
+    net: NetConfig, plan: AddressPlan, status: StatusFn, checkpoint_dir: str
+) -> StaticDiscovery | HivemindDiscovery:
+    """The peer's discovery: static over net.initial_peers (`status`: address -> pb.PeerStatus), else a hivemind
+    DHT node (started without blocking the event loop; SwarmdError with a hint when it does not start)."""
+    if net.discovery == "static":
+        return StaticDiscovery(list(net.initial_peers), status, net.swarm_id)
+    return await HivemindDiscovery.create(
+        net.swarm_id,
+        net.initial_peers,
+        net.dht_host,
+        net.dht_start_timeout_s,
+        net.client_mode,
+        port=net.dht_port,
+        announce_host=plan.dht_announce_host,
+        identity_path=libp2p_key_path(checkpoint_dir),
+    )
+
+
+async def open_state(
+    config: DaemonConfig, saved_block: int | None, discovery: StaticDiscovery | HivemindDiscovery, peer_seed: int
+) -> BlockState:
+    """The BlockState this peer trains: the checkpoint's block (saved_block, restored from the checkpoint dir),
+    else config.block, else (None or < 0: auto) the block with the least combined throughput among the peers
+    of our model config."""
+    cfg, block = config.model, saved_block if saved_block is not None else config.block
+    if block is None or block < 0:
+        records = [r for r in await discovery.find_all() if r.config_hash == cfg.config_hash()]
+        block = choose_block(records, cfg.blocks)
+    outer = make_outer(config.gossip.outer, config.gossip.outer_lr, config.gossip.outer_momentum)
+    state = BlockState(BlockTrainer(cfg, config.train, block, config.device, worker_seed=peer_seed), outer)
+    if saved_block is not None:
+        await asyncio.to_thread(state.restore, config.checkpoint_dir)
+    return state
