@@ -25,7 +25,9 @@ ce_delta, data_lost) and the markdown fragment benchmarks/results/ISSUE9_adversa
     python benchmarks/adversary.py
 
 `--only NAME[,NAME]` runs a subset (the rows whose name starts with one of them). Needs root for the
-partition and tmpfs rows (reported as not run otherwise).
+partition and tmpfs rows (reported as not run otherwise). This file owns the attacks (ByzantineGossip, the
+stranger, the forger, the floods), the rows and their table; the swarms and what is read off them come
+from benchmarks/daemons.py.
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
-from swarmd.tools.launch import LocalSwarm, PeerProc, process_group, wait_group_gone
+from benchmarks import common, daemons
+from swarmd.tools.launch import process_group, wait_group_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 # one block: every peer is a replica of every other; no sampler-step messages (a Forward step is one request)
-CFG = replace(common.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
+CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
 CE_TOLERANCE = 0.02  # nats: the issue's bound on a Byzantine peer's effect on the final CE
 BYZANTINE_MODES = ("x1000", "sign_flip", "noise", "x1e36", "replay")
 
@@ -128,88 +130,18 @@ def run_byzantine(mode: str, config: str) -> int:
     return entry.main(["--config", config, "--verbose"])
 
 
-class AdversarySwarm(LocalSwarm):
-    """A LocalSwarm whose peers in `byzantine` run ByzantineGossip, all with `swarm_key` when given."""
-
-    def __init__(self, *args: Any, byzantine: dict[int, str] | None = None, swarm_key: str = "", **kw: Any):
-        super().__init__(*args, **kw)
-        self.byzantine, self.swarm_key = byzantine or {}, swarm_key
-
-    def peer_config(self, p: PeerProc):
-        config = super().peer_config(p)
-        # every round waits for all expected deltas (up to deadline_max): runs differ by the attack, not by load
-        config = replace(config, gossip=replace(config.gossip, deadline_min_s=config.gossip.deadline_max_s))
-        if self.swarm_key:
-            config = replace(config, net=replace(config.net, swarm_key=self.swarm_key))
-        return config
-
-    def command(self, p: PeerProc, config_path: Path) -> list[str]:
-        if p.index in self.byzantine:
-            return [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "byzantine",
-                self.byzantine[p.index],
-                str(config_path),
-            ]
-        return super().command(p, config_path)
+def byzantine_program(mode: str) -> list[str]:
+    """The command that runs a ByzantineGossip daemon (this file's `byzantine MODE CONFIG`) without its config."""
+    return [sys.executable, str(Path(__file__).resolve()), "byzantine", mode]
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-def swarm(a, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> AdversarySwarm:
-    return AdversarySwarm(
-        peers,
-        CFG,
-        Path(a.data_dir) / "train.txt",
-        workdir,
-        rounds=a.rounds,
-        steps_per_round=a.steps,
-        codec="int8",
-        batch_size=8,
-        lr=3e-3,
-        deadline_max_s=a.deadline_max,
-        trajectory_prob=0.0,
-        seed=seed,
-        **kw,
-    )
-
-
-def ce_of(a, checkpoint_dir: Path) -> float | None:
-    """From-noise CE of the model in one replica's checkpoint (None if it cannot be loaded)."""
-    from swarmd.core import checkpoint as ck
-    from swarmd.errors import SwarmdError
-    from swarmd.node.peers import assembled_ce
-
-    try:
-        block = ck.load_block(checkpoint_dir, CFG, 0)[0].state_dict()
-        emb = ck.load_embedding(checkpoint_dir, CFG).state_dict()
-    except SwarmdError:
-        return None
-    return assembled_ce(CFG, {0: block}, emb, str(Path(a.data_dir) / "eval.txt"), a.eval_tokens)
-
-
-def finish(sw: AdversarySwarm, honest: list[int], timeout_s: float) -> dict:
-    """Wait for the honest peers to end their rounds; their exit codes, rounds, tracebacks."""
-    deadline = time.monotonic() + timeout_s
-    for i in honest:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            sw.peers[i].process.wait(timeout=max(0.1, deadline - time.monotonic()))
-    sums = sw.summaries()
-    logs = {i: sw.peers[i].log_path.read_text(errors="replace") for i in honest}
-    for i, text in logs.items():  # the evidence counts them; the command's stderr shows where they came from
-        if (at := text.find("Traceback")) >= 0:
-            print(f"peer {i} traceback:\n{text[max(0, at - 400) : at + 2000]}", file=sys.stderr, flush=True)
-    return {
-        "exit": [sw.peers[i].process.poll() for i in honest],
-        "rounds": [sums[i].get("round") for i in honest],
-        "tracebacks": sum("Traceback" in text for text in logs.values()),
-    }
-
-
-def log_count(sw: AdversarySwarm, honest: list[int], needle: str) -> int:
-    return sum(sw.peers[i].log_path.read_text(errors="replace").count(needle) for i in honest)
+def swarm(a, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> daemons.Swarm:
+    """The rows' swarm: tiny daemons on CFG, no trajectory training, every round waiting for every delta."""
+    options = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, **kw)
+    return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **options)
 
 
 def rss_mib(pid: int) -> float:
@@ -220,32 +152,8 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def replicas_identical(sw: AdversarySwarm, honest: list[int]) -> bool:
-    import torch
-
-    from swarmd.core import checkpoint as ck
-
-    states = [ck.load_block(sw.peers[i].checkpoint_dir, CFG, 0)[0].state_dict() for i in honest]
-    return all(all(torch.equal(s[k], states[0][k]) for k in s) for s in states[1:])
-
-
-def wait_rounds(sw: AdversarySwarm, peers: list[int], rounds: int, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(len(sw.peers[i].rounds_seen) < rounds for i in peers) and time.monotonic() < deadline:
-        time.sleep(0.2)  # polling the peers' printed round lines, with a deadline
-
-
 def _pids(pgid: int) -> set[str]:
     return {x.split()[0] for x in process_group(pgid)}
-
-
-def _history(p: PeerProc) -> list[dict]:
-    """A peer's checkpointed round history, each entry with its wall-clock time."""
-    try:
-        b = json.loads((p.checkpoint_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return []
-    return [dict(h, wall=b["started_wall"] + h["at_s"]) for h in b.get("history", [])]
 
 
 def rpc_code(exc: BaseException) -> str:
@@ -267,29 +175,15 @@ class Run:
     dropped: int | None = None  # merges' deltas the outlier check dropped (honest peers' logs); None: not logged
 
 
-DROP_LINE = "as outliers"  # in gossip's log line for a merge whose outlier check dropped deltas
-
-
-def _drops(sw: AdversarySwarm, honest: list[int]) -> int:
-    """Deltas the honest peers' outlier checks dropped, summed over their merges."""
-    pattern = re.compile(r"dropped (\d+) delta\(s\) as outliers")
-    return sum(
-        int(m[1])
-        for i in honest
-        for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
-        if DROP_LINE in line and (m := pattern.search(line))
-    )
-
-
 def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
     with tempfile.TemporaryDirectory(prefix="adv-clean-") as wd:
         sw = swarm(a, Path(wd), peers=peers, seed=seed)
         with sw:
             sw.start(300)
-            done = finish(sw, list(range(peers)), a.timeout)
-        ce = ce_of(a, sw.peers[0].checkpoint_dir)
-        same = replicas_identical(sw, list(range(peers)))
-        dropped = _drops(sw, list(range(peers)))
+            done = daemons.finish(sw, list(range(peers)), a.timeout)
+        ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
+        same = daemons.replicas_identical(sw, list(range(peers)))
+        dropped = daemons.outlier_drops(sw, list(range(peers)))
     ok = done["exit"] == [0] * peers and ce is not None and same
     print(
         f"clean run, {peers} replicas, seed {seed}: CE {_f(ce)}, {done}, {dropped} outlier drops",
@@ -303,14 +197,14 @@ def clean_run(a, peers: int = 4, seed: int = 0) -> Run:
 
 def byzantine_run(a, mode: str, seed: int = 0) -> Run:
     with tempfile.TemporaryDirectory(prefix=f"adv-byz-{mode}-") as wd:
-        sw = swarm(a, Path(wd), seed=seed, byzantine={3: mode})
+        sw = swarm(a, Path(wd), seed=seed, programs={3: byzantine_program(mode)})
         with sw:
             sw.start(300)
-            done = finish(sw, [0, 1, 2], a.timeout)
-        ce = ce_of(a, sw.peers[0].checkpoint_dir)
-        same = replicas_identical(sw, [0, 1, 2])
-        rejected = log_count(sw, [0, 1, 2], "rejected a")
-        dropped = _drops(sw, [0, 1, 2])
+            done = daemons.finish(sw, [0, 1, 2], a.timeout)
+        ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
+        same = daemons.replicas_identical(sw, [0, 1, 2])
+        rejected = daemons.log_count(sw, [0, 1, 2], "rejected a")
+        dropped = daemons.outlier_drops(sw, [0, 1, 2])
     ok = done["exit"] == [0, 0, 0] and ce is not None and same and not done["tracebacks"]
     print(
         f"byzantine {mode}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} outlier drops",
@@ -437,7 +331,7 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
     return rows, clean4
 
 
-async def _stranger_deltas(sw: AdversarySwarm, honest: list[int], scale: float) -> list[str]:
+async def _stranger_deltas(sw: daemons.Swarm, honest: list[int], scale: float) -> list[str]:
     """Well-formed deltas scaled by `scale`, round and base hash read from GetStatus, a made-up peer id."""
     import torch
 
@@ -493,7 +387,7 @@ class Forger:
         cmd = [sys.executable, str(Path(__file__).resolve()), "forge"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
-    def attack(self, sw: AdversarySwarm, timeout_s: float = 180.0) -> str:
+    def attack(self, sw: daemons.Swarm, timeout_s: float = 180.0) -> str:
         """Send the spec; the child's last stdout line (what it stored), or why there is none."""
         maddrs = [m for p in sw.peers if p.alive() for m in p.info.get("multiaddrs", [])]
         spec = {"maddrs": maddrs, "swarm_id": sw.config.net.swarm_id, "victim": sw.peers[1].info["peer"]}
@@ -518,7 +412,7 @@ def forge_records() -> str:
     import hivemind
     from hivemind.utils import get_dht_time
 
-    from swarmd.membership.discovery import _dht_rebootstrap
+    from swarmd.membership.dht_process import _dht_rebootstrap
     from swarmd.membership.records import PeerRecord, block_key
 
     dht = None
@@ -672,7 +566,7 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         forger = Forger()  # its DHT starts while the swarm does
         with sw, contextlib.closing(forger):
             sw.start(300)
-            wait_rounds(sw, [0, 1, 2, 3], 2)
+            daemons.wait_rounds(sw, [0, 1, 2, 3], 2)
             round_before = max(len(p.rounds_seen) for p in sw.peers)
             ev["forged"] = forger.attack(sw)  # first: the records must be there while the honest peers run on
             round_stored = min(len(p.rounds_seen) for p in sw.peers)
@@ -681,18 +575,18 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
             print(f"stranger x1000: {ev['x1000']}", file=sys.stderr, flush=True)
             ev["x1e36"] = ", ".join(asyncio.run(_stranger_deltas(sw, [0, 1, 2, 3], 1e36)))
             print(f"stranger x1e36: {ev['x1e36']}, alive {[p.alive() for p in sw.peers]}", file=sys.stderr, flush=True)
-            done = finish(sw, [0, 1, 2, 3], a.timeout)
-        ce = ce_of(a, sw.peers[0].checkpoint_dir)
-        same = replicas_identical(sw, [0, 1, 2, 3])
-        adopted = log_count(sw, [0, 1, 2, 3], "adopted the")
+            done = daemons.finish(sw, [0, 1, 2, 3], a.timeout)
+        ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
+        same = daemons.replicas_identical(sw, [0, 1, 2, 3])
+        adopted = daemons.log_count(sw, [0, 1, 2, 3], "adopted the")
         attacker = ev["forged"].rsplit("...", 1)[-1] if "self-signed attacker ..." in ev["forged"] else "?"
         from_attacker = sum(
             line.count("adopted") and line.count(attacker)
             for i in range(4)
             for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
         )
-        sybil_lines = log_count(sw, [0, 1, 2, 3], "x" * 6)  # every Sybil id ends so: never dialled nor expected
-        rejected = log_count(sw, [0, 1, 2, 3], "rejected a")
+        sybil_lines = daemons.log_count(sw, [0, 1, 2, 3], "x" * 6)  # every Sybil id ends so: never dialled nor expected
+        rejected = daemons.log_count(sw, [0, 1, 2, 3], "rejected a")
         part = [h["participation"] for s in sw.summaries() for h in s.get("history", []) if "participation" in h]
         big_round = any(r is not None and r >= 1_000_000 for r in done["rounds"])
         # the attacker's DHT came up and stored while the swarm had rounds left to read it (else not exercised)
@@ -762,10 +656,10 @@ def swarm_key_row(a, ce_clean: float | None) -> Row:
         sw = swarm(a, Path(wd) / "swarm", swarm_key=str(key))
         with sw:
             sw.start(300)
-            wait_rounds(sw, [0, 1, 2, 3], 2)
+            daemons.wait_rounds(sw, [0, 1, 2, 3], 2)
             answers = asyncio.run(_every_rpc(sw.peers[1].address))
-            done = finish(sw, [0, 1, 2, 3], a.timeout)
-        ce = ce_of(a, sw.peers[0].checkpoint_dir)
+            done = daemons.finish(sw, [0, 1, 2, 3], a.timeout)
+        ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
     refused = all(v not in ("answered", "OK") for k, v in answers.items() if k != "Health")
     ok = refused and answers.get("Health") == "SERVING" and done["exit"] == [0] * 4
     return Row(
@@ -838,7 +732,7 @@ def process_rows(a) -> list[Row]:
         sw.config = replace(sw.config, stop_at_round=0)  # until stopped
         with sw:
             sw.start(300)
-            wait_rounds(sw, [0, 1], 2)
+            daemons.wait_rounds(sw, [0, 1], 2)
             target = sw.peers[0]
             streams = asyncio.run(_oversized_streams(target.address, target.process.pid))
             rows.append(
@@ -877,7 +771,7 @@ def process_rows(a) -> list[Row]:
                     )
                 )
                 sw.restart(1, 300)
-                wait_rounds(sw, [1], 2)
+                daemons.wait_rounds(sw, [1], 2)
             # kill -9 of the daemon's main process (a user, the OOM killer)
             pgid = p.process.pid
             os.kill(pgid, signal.SIGKILL)
@@ -891,7 +785,7 @@ def process_rows(a) -> list[Row]:
                 )
             )
             sw.restart(1, 300)
-            wait_rounds(sw, [1], 2)
+            daemons.wait_rounds(sw, [1], 2)
             dht = [
                 int(x.split()[0])
                 for x in process_group(p.process.pid)
@@ -918,7 +812,7 @@ def process_rows(a) -> list[Row]:
                     log = p.log_path.read_text(errors="replace")
                     full = [
                         h
-                        for h in _history(p)
+                        for h in daemons.history(p)
                         if h["wall"] > killed and h["expected"] == 2 and h["accepted"] == 2 and "restarted" in log
                     ]
                     back = full[0]["wall"] - killed if full else None
@@ -939,7 +833,7 @@ def process_rows(a) -> list[Row]:
             for _ in range(a.kills):
                 sw.restart(1, 300)
                 resumed_at = int(p.info.get("round", -1))
-                wait_rounds(sw, [1], 1)
+                daemons.wait_rounds(sw, [1], 1)
                 time.sleep(rng.uniform(0.0, 1.0))  # a random moment of a round (each round ends with a checkpoint)
                 sw.kill(1, signal.SIGKILL)
                 d = p.checkpoint_dir
@@ -1002,7 +896,7 @@ def readonly_row(a) -> Row:
             sw.peers[1].checkpoint_dir = mnt / "peer1"
             with sw:
                 sw.start(300)
-                wait_rounds(sw, [0, 1], 2)
+                daemons.wait_rounds(sw, [0, 1], 2)
                 p = sw.peers[1]
                 subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
                 n0 = len(p.rounds_seen)
@@ -1044,27 +938,15 @@ def readonly_row(a) -> Row:
 
 def partition_row(a) -> Row:
     try:
-        from tests.netns_utils import NetnsLab, NetnsSwarm, _ip, unavailable
+        from tests.netns_utils import NetnsLab, _ip, unavailable
     except ImportError as exc:
         return Row("partition 30 s then heal", False, f"not run: {exc}")
     if unavailable():
         return Row("partition 30 s then heal", False, f"not run: {unavailable()}")
 
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="adv-part-") as wd:
-        sw = NetnsSwarm(
-            lab,
-            CFG,
-            Path(a.data_dir) / "train.txt",
-            Path(wd),
-            rounds=0,
-            steps_per_round=a.steps,
-            batch_size=8,
-            codec="int8",
-            lr=3e-3,
-            deadline_max_s=a.deadline_max,
-            swarm_id="part",
-            trajectory_prob=0.0,
-        )
+        options = dict(model=CFG, swarm_id="part", trajectory_prob=0.0)
+        sw = daemons.netns_swarm(lab, a.data_dir, Path(wd), 0, a.steps, a.deadline_max, **options)
         with sw:
             sw.start(300)
             sw.wait_rounds(3, 300)
@@ -1077,7 +959,11 @@ def partition_row(a) -> Row:
             while time.time() - healed < 120 and rejoined is None:
                 time.sleep(1)  # polling the peers' checkpointed round history
                 for i, p in enumerate(sw.peers):
-                    full = [h for h in _history(p) if h["wall"] > healed and h["expected"] == 4 and h["accepted"] == 4]
+                    full = [
+                        h
+                        for h in daemons.history(p)
+                        if h["wall"] > healed and h["expected"] == 4 and h["accepted"] == 4
+                    ]
                     first[i] = full[0]["wall"] - healed if full else None
                 if all(x is not None for x in first):
                     rejoined = max(first)  # type: ignore[type-var]
@@ -1112,19 +998,15 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
-    p.add_argument(
-        "--from-log",
-        type=Path,
-        default=None,
-        help="Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early",
+    common.add_from_log(
+        p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early"
     )
     p.add_argument(
         "--merge",
         action="store_true",
         help="keep the rows of --out that this run does not produce (each row names the command that made it)",
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/adversary.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_adversary.md"))
+    common.add_outputs(p, "adversary.json", "ISSUE9_adversary.md")
     return p.parse_args(argv)
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks.common import SHARED_DATA, add_data_dir, command_line, machine, replace_section, write_json
+from benchmarks import common
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
@@ -40,24 +40,11 @@ TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall
 
 
 def parse(argv: list[str] | None):
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_data_dir(
-        p,
-        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA, else the shared wikitext-2)",
-        fallback=SHARED_DATA,
-    )
-    p.add_argument("--rounds", type=int, default=12, help="rounds of every regime row")
-    p.add_argument("--steps", type=int, default=20, help="H: local steps per round")
+    p = common.parser(__doc__)
+    common.add_schedule(p, 12, 20, steps_help="H: local steps per round", rounds_help="rounds of every regime row")
     p.add_argument("--workers", type=int, default=3, help="K: virtual workers per block")
-    p.add_argument("--blocks", type=int, default=ModelConfig.blocks)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers-per-block", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--eval-tokens", type=int, default=4096)
-    p.add_argument("--train-bytes", type=int, default=4_000_000, help="first bytes of train.txt used")
+    common.add_shape(p, blocks=ModelConfig.blocks, layers_per_block=1)
+    common.add_training(p, lr=None, eval_tokens=4096, train_bytes=4_000_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--targets",
@@ -78,8 +65,7 @@ def parse(argv: list[str] | None):
         "(its other runs are reused: a seed reproduces them bit for bit)",
     )
     p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE11_async.md"))
+    common.add_outputs(p, "async.json", "ISSUE11_async.md")
     return p.parse_args(argv)
 
 
@@ -249,14 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(1)
     data_dir = Path(args.data_dir)
-    model = replace(
-        ModelConfig(),
-        blocks=args.blocks,
-        d_model=args.d_model,
-        hidden=4 * args.d_model,
-        layers_per_block=args.layers_per_block,
-        seq_len=args.seq_len,
-    )
+    model = common.model_of(args)
     cfg = SimConfig(
         model,
         peer_train_config(args.steps, batch_size=args.batch_size, seed=args.seed),
@@ -275,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     wan = WAN_REGIMES[1]
     policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
-    command, earlier_s = command_line("async_sim.py", argv), 0.0
+    command, earlier_s = common.command_line("async_sim.py", argv), 0.0
     parts: list = []
     if args.add_targets or args.report_only:  # reuse the stored runs (add quantile targets)
         prev = json.loads(args.out.read_text())
@@ -354,11 +333,11 @@ def main(argv: list[str] | None = None) -> dict:
     fastest = min(reached, key=lambda p: p["time_to_target_s"], default=None)
     out = {
         "command": command,
-        "machine": machine(),
+        "machine": common.machine(),
         "real_s": earlier_s + (0.0 if args.report_only else time.perf_counter() - start),
         "real_s_parts": parts
         if args.report_only
-        else [*parts, [command_line("async_sim.py", argv), time.perf_counter() - start]],
+        else [*parts, [common.command_line("async_sim.py", argv), time.perf_counter() - start]],
         "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
         "rounds": args.rounds,
@@ -393,10 +372,10 @@ def main(argv: list[str] | None = None) -> dict:
         "history": {f"{name}/{policy}": r.to_dict()["history"] for (name, policy), r in results.items()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, out)  # before the plots: a plotting failure keeps the measurements
+    common.write_json(args.out, out)  # before the plots: a plotting failure keeps the measurements
     out["plots"] = plots(out, args.out.with_name("async_regimes.png"), args.out.with_name("async_policies.png"))
-    write_json(args.out, out)
-    replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
+    common.write_json(args.out, out)
+    common.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
     print(
         f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {', '.join(winners) or 'none'}"
     )

@@ -50,8 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--numel", type=int, default=2_000_000, help="fp32 values per tensor (default 2,000,000: 8 MB)")
     p.add_argument("--repeats", type=int, default=2, help="timed rounds per system and size (default 2)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/averaging_vs_hivemind.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_averaging.md"))
+    common.add_outputs(p, "averaging_vs_hivemind.json", "ISSUE12_averaging.md")
     return p.parse_args(argv)
 
 
@@ -330,9 +329,7 @@ def markdown(result: dict) -> str:
         "peer). Every peer is a process with its own servers on a 2-core machine shared with other jobs: at 6 "
         "and 12 peers every system is CPU-bound, so the times measure CPU cost per average as much as "
         "the protocol; quote the ratios.",
-        "",
-        f"Machine: {result['machine']}",
-        "",
+        *common.machine_footer(result["machine"]),
     ]
     return "\n".join(lines)
 

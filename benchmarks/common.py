@@ -1,35 +1,30 @@
-"""What the benchmark scripts share: their --data-dir option, the tiny LocalSwarm, and the records they write.
+"""What the benchmark scripts share on their command lines and in the records they write.
 
 Owns: the parser every script starts from (description from its docstring, --data-dir first:
 $BLOCKTRAIN_DATA, for the LocalSwarm scripts falling back to the shared wikitext-2) and the check
-that the folder holds the text; the tiny model and int8 LocalSwarm of fault.py and scale.py; the
---out/--md options, command line, machine line and JSON file of a result; replace_section, which
-rewrites one script's fragment of a markdown file.
+that the folder holds the text; the option blocks several scripts repeat (--out/--md, the schedule,
+the model's shape and training options, the issue-8 block and trajectory options, --threads/--seed,
+--from-log, --section), model_of (the ModelConfig of the shape options) and picked (options as config
+fields); the command line, machine line and JSON file of a result, --render's saved result, the
+fragment's closing lines, and replace_section, which rewrites one script's fragment of a markdown file.
+The daemon swarms live in benchmarks/daemons.py.
 Scripts import it as benchmarks.common (each puts the repository root on sys.path first).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from swarmd.core.config import ModelConfig
-
-if TYPE_CHECKING:
-    from swarmd.tools.launch import LocalSwarm
+from swarmd.core.config import ModelConfig, TrainConfig
 
 SHARED_DATA = "/work/shared/data/wikitext-2"
-
-# fault.py and scale.py: B=3, L_b=1, d=32, seq 32
-TINY_CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=128, seq_len=32)
+RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
 
 
 def parser(doc: str, holds: str | None = None) -> argparse.ArgumentParser:
@@ -52,35 +47,137 @@ def add_data_dir(p: argparse.ArgumentParser, help: str | None = None, fallback: 
     p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", fallback), help=help)
 
 
-def parse_checked(p: argparse.ArgumentParser, argv: list[str] | None, holds: str) -> argparse.Namespace:
-    """p.parse_args(argv), exiting with a usage error unless --data-dir holds train.txt."""
-    args = p.parse_args(argv)
+def check_data(p: argparse.ArgumentParser, args: argparse.Namespace, holds: str) -> argparse.Namespace:
+    """args, after a usage error unless --data-dir holds train.txt (for scripts that need it only to run)."""
     if args.data_dir is None or not (Path(args.data_dir) / "train.txt").is_file():
         p.error(f"--data-dir must hold {holds} (got {args.data_dir}); set BLOCKTRAIN_DATA")
     return args
 
 
-def add_schedule(p: argparse.ArgumentParser, rounds: int, steps: int, steps_help: str | None = None) -> None:
+def parse_checked(p: argparse.ArgumentParser, argv: list[str] | None, holds: str) -> argparse.Namespace:
+    """p.parse_args(argv), exiting with a usage error unless --data-dir holds train.txt."""
+    return check_data(p, p.parse_args(argv), holds)
+
+
+def add_outputs(p: argparse.ArgumentParser, out: str, md: str | None = None, results: Path = RESULTS) -> None:
+    """--out (results/<out>: the result JSON) and, given md, --md (results/<md>: its markdown fragment)."""
+    p.add_argument("--out", type=Path, default=results / out)
+    if md is not None:
+        p.add_argument("--md", type=Path, default=results / md)
+
+
+def add_schedule(
+    p: argparse.ArgumentParser, rounds: int, steps: int, steps_help: str | None = None, rounds_help: str | None = None
+) -> None:
     """--rounds (averaging rounds each daemon runs) and --steps (local steps per round) with these defaults."""
-    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     p.add_argument("--steps", type=int, default=steps, help=steps_help)
 
 
-def add_swarm_config(p: argparse.ArgumentParser) -> None:
+def add_shape(
+    p: argparse.ArgumentParser,
+    blocks: int = 3,
+    d_model: int = 64,
+    seq_len: int = 64,
+    layers_per_block: int | None = None,
+) -> None:
+    """--blocks, --d-model, --layers-per-block (given a default) and --seq-len: the model model_of builds."""
+    p.add_argument("--blocks", type=int, default=blocks)
+    p.add_argument("--d-model", type=int, default=d_model)
+    if layers_per_block is not None:
+        p.add_argument("--layers-per-block", type=int, default=layers_per_block)
+    p.add_argument("--seq-len", type=int, default=seq_len)
+
+
+def add_training(
+    p: argparse.ArgumentParser,
+    batch_size: int = 16,
+    lr: float | None = 3e-3,
+    eval_tokens: int = 8192,
+    train_bytes: int | None = None,
+) -> None:
+    """--batch-size, --lr (unless None), --eval-tokens and --train-bytes (given a default: the simulator's text)."""
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    if lr is not None:
+        p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--eval-tokens", type=int, default=eval_tokens)
+    if train_bytes is not None:
+        p.add_argument("--train-bytes", type=int, default=train_bytes, help="first bytes of train.txt used")
+
+
+def add_swarm_config(p: argparse.ArgumentParser, layers_per_block: int | None = None) -> None:
     """The small swarm config of benchmarks/swarm.py (B, d, seq, 8 rounds x H=25, batch, lr, eval bytes)."""
-    p.add_argument("--blocks", type=int, default=3)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=64)
+    add_shape(p, layers_per_block=layers_per_block)
     add_schedule(p, rounds=8, steps=25, steps_help="local steps per round (H)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-tokens", type=int, default=8192)
+    add_training(p)
 
 
-def add_outputs(p: argparse.ArgumentParser, name: str) -> None:
-    """--out (benchmarks/results/<name>.json) and --md (the ISSUE3_swarm.md fragment): a LocalSwarm script's records."""
-    p.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{name}.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_swarm.md"))
+def model_of(a: argparse.Namespace, documented: bool = False) -> ModelConfig:
+    """The ModelConfig of add_shape's options (L_b 1 unless given, 4 heads, FFN 4 d); documented: on the
+    documented block (ModelConfig.documented) instead of the default one."""
+    return (ModelConfig.documented if documented else ModelConfig)(
+        blocks=a.blocks,
+        layers_per_block=getattr(a, "layers_per_block", 1),
+        d_model=a.d_model,
+        n_heads=4,
+        hidden=4 * a.d_model,
+        seq_len=a.seq_len,
+    )
+
+
+BLOCK_OPTIONS = ("sigma_lo", "sigma_hi", "context_input", "z_in_init", "pred_input", "noise_embedding", "pred_output")
+TRAJECTORY_OPTIONS = ("freeze_z_in", "trajectory_prob", "sigma_sampling")  # add_trajectory_options' TrainConfig fields
+
+
+def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
+    """The noise range and the issue-8 block options (--context-input ... --pred-output: the ModelConfig fields
+    BLOCK_OPTIONS), defaults from model."""
+    p.add_argument("--sigma-lo", type=float, default=model.sigma_lo)
+    p.add_argument("--sigma-hi", type=float, default=model.sigma_hi)
+    p.add_argument("--context-input", choices=("scaled_unit", "own_table"), default=model.context_input)
+    p.add_argument("--z-in-init", choices=("default", "zero"), default=model.z_in_init)
+    p.add_argument("--pred-input", choices=("none", "feature"), default=model.pred_input)
+    p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=model.noise_embedding)
+    p.add_argument("--pred-output", choices=("none", "add"), default=model.pred_output)
+
+
+def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:
+    """--freeze-z-in, --trajectory-prob, --sigma-sampling (defaults from train) and --trajectory-source."""
+    p.add_argument("--freeze-z-in", choices=("none", "block0"), default=train.freeze_z_in)
+    p.add_argument(
+        "--trajectory-prob",
+        type=float,
+        default=train.trajectory_prob,
+        help="1: train every block on the sampler's own trajectory; 0: the documented noisy targets",
+    )
+    p.add_argument("--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=train.sigma_sampling)
+    p.add_argument(
+        "--trajectory-source",
+        choices=("snapshot", "live"),
+        default="snapshot",
+        help="live: predecessors as they are now (diagnostic for staleness)",
+    )
+
+
+def picked(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    """{name: a.name} for these option names: config fields to pass on, e.g. ModelConfig(**picked(a, BLOCK_OPTIONS))."""
+    return {k: getattr(a, k) for k in names}
+
+
+def add_torch(p: argparse.ArgumentParser) -> None:
+    """--threads (torch CPU threads, default 1) and --seed (default 0)."""
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_from_log(p: argparse.ArgumentParser, help: str) -> None:
+    """--from-log: the printed lines of a run that was stopped early, to build the result from."""
+    p.add_argument("--from-log", type=Path, default=None, help=help)
+
+
+def add_section(p: argparse.ArgumentParser, default: str) -> None:
+    """--section: the name of this script's fragment in a markdown file that several scripts share."""
+    p.add_argument("--section", default=default, help="name of the fragment's section (a second variant's own)")
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
@@ -94,45 +191,29 @@ def write_json(path: Path, out: dict) -> None:
     path.write_text(json.dumps(out, indent=2, sort_keys=True))
 
 
-@contextlib.contextmanager
-def temporary_swarm(prefix: str, peers: int, model: ModelConfig, data: Path, **kw: Any) -> Iterator[LocalSwarm]:
-    """LocalSwarm(peers, model, data, <a temporary folder>, **kw); the folder goes on exit (stop the swarm first)."""
-    from swarmd.tools.launch import LocalSwarm
-
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        yield LocalSwarm(peers, model, data, Path(tmp), **kw)
+def write_text(path: Path, text: str) -> None:
+    """text at path (its folder made if needed): a markdown fragment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
-def tiny_swarm(
-    prefix: str,
-    n: int,
-    data_dir: Path,
-    rounds: int,
-    steps: int,
-    deadline_max_s: float,
-    model: ModelConfig = TINY_CFG,
-    **kw: Any,
-) -> contextlib.AbstractContextManager[LocalSwarm]:
-    """temporary_swarm of n daemons on `model` (TINY_CFG): int8 codec, batch 8, lr 3e-3, training on
-    data_dir/train.txt; kw: more LocalSwarm options (swarm_id, overlap, ...)."""
-    return temporary_swarm(
-        prefix,
-        n,
-        model,
-        data_dir / "train.txt",
-        rounds=rounds,
-        steps_per_round=steps,
-        codec="int8",
-        batch_size=8,
-        lr=3e-3,
-        deadline_max_s=deadline_max_s,
-        **kw,
-    )
+def rendered_or(a: argparse.Namespace, run: Callable[[], dict]) -> dict:
+    """The saved result JSON that --render names (nothing runs), else run()'s result, written to --out."""
+    if a.render is not None:
+        return json.loads(a.render.read_text())
+    out = run()
+    write_json(a.out, out)
+    return out
 
 
 def machine() -> str:
     """'x86_64, 16 CPUs, Python 3.11.7': the machine line of a result."""
     return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def machine_footer(line: str) -> list[str]:
+    """The closing lines of a fragment: a blank line, 'Machine: <line>', a blank line."""
+    return ["", f"Machine: {line}", ""]
 
 
 def replace_section(path: Path, name: str, lines: list[str]) -> None:
@@ -145,5 +226,4 @@ def replace_section(path: Path, name: str, lines: list[str]) -> None:
         existing = pre + block + rest.split(end, 1)[1]
     else:
         existing = (existing + "\n" if existing else "") + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(existing)
+    write_text(path, existing)

@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common
-from swarmd.core.config import ModelConfig
+from benchmarks import common, daemons
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
@@ -43,46 +42,31 @@ from swarmd.sim.engine import SimConfig, SimResult, merge_label, simulate
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
-DAEMON_CFG = replace(common.TINY_CFG, blocks=1)  # one block, --daemons replicas: every round moves both deltas
+DAEMON_CFG = replace(daemons.TINY_CFG, blocks=1)  # one block, --daemons replicas: every round moves both deltas
+LATE_HELP = "overlap runs: the next round's steps taken before a merge lands (0 = all H, a full round late)"
+DAEMON_LATE_HELP = "overlap runs of the daemons: their --overlap-steps (0 = the whole round)"
+SIM_SETTINGS = ("blocks", "workers", "d_model", "seq_len", "batch_size", "lr", "steps", "eval_tokens")  # recorded
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = common.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulator seeds (quality)")
     p.add_argument("--sim-rounds", type=int, default=10)
-    p.add_argument(
-        "--late-steps",
-        type=int,
-        nargs="+",
-        default=[4, 0],
-        help="overlap runs: the next round's steps taken before a merge lands (0 = all H, a full round late)",
-    )
+    p.add_argument("--late-steps", type=int, nargs="+", default=[4, 0], help=LATE_HELP)
     p.add_argument("--steps", type=int, default=20, help="H of the simulator runs")
     p.add_argument("--workers", type=int, default=2, help="K: simulated replicas per block")
-    p.add_argument("--blocks", type=int, default=3)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-tokens", type=int, default=4096)
-    p.add_argument("--train-bytes", type=int, default=4_000_000, help="first bytes of train.txt the simulator uses")
+    common.add_shape(p)
+    common.add_training(p, eval_tokens=4096, train_bytes=4_000_000)
     p.add_argument("--wan-regime", default="", help="the regime of the simulated-time row ('' = none)")
     p.add_argument("--daemons", type=int, nargs="+", default=[2], help="real daemons (replicas of one block)")
     p.add_argument("--daemon-rounds", type=int, default=12)
     p.add_argument("--daemon-steps", type=int, default=10, help="H of the real daemons")
-    p.add_argument(
-        "--daemon-late",
-        type=int,
-        nargs="+",
-        default=[0, 2],
-        help="overlap runs of the daemons: their --overlap-steps (0 = the whole round)",
-    )
+    p.add_argument("--daemon-late", type=int, nargs="+", default=[0, 2], help=DAEMON_LATE_HELP)
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode with real daemons (alternated)")
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--skip-daemons", action="store_true")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/delayed.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_delayed.md"))
-    p.add_argument("--png", type=Path, default=Path("benchmarks/results/delayed.png"))
+    common.add_outputs(p, "delayed.json", "ISSUE12_delayed.md")
+    p.add_argument("--png", type=Path, default=common.RESULTS / "delayed.png")
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
     p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")
     p.add_argument("--quality-from", type=Path, help="take the simulator part from this saved result JSON")
@@ -94,10 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def sim_config(a, late: int | None, seed: int) -> SimConfig:
     """The simulator's config; late = None: merges at once, else overlap with the merge landing after `late`
     of the next round's steps (0 = all H: a full round late)."""
-    model = ModelConfig(
-        blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
-    )
-    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
+    model, train = common.model_of(a), peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     return SimConfig(
         model, train, workers=a.workers, rounds=a.sim_rounds, steps_per_round=a.steps, eval_tokens=a.eval_tokens,
         overlap=late is not None, overlap_steps=late or 0,
@@ -174,7 +155,7 @@ def daemon_mode(late: int | None) -> str:
 
 def run_daemons(a, n: int, late: int | None, eval_xy) -> dict:
     overlap = late is not None
-    with common.tiny_swarm(
+    with daemons.tiny_swarm(
         f"delayed-{n}-{late}-",
         n,
         a.data_dir,
@@ -191,10 +172,7 @@ def run_daemons(a, n: int, late: int | None, eval_xy) -> dict:
             finished = swarm.wait(timeout_s=1200)
         finally:
             swarm.stop()
-        if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
-            raise SystemExit(
-                f"overlap {daemon_mode(late)}: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}"
-            )
+        daemons.check_exit(swarm, finished, f"overlap {daemon_mode(late)}")
         blocks, emb = swarm.assemble()
         ce = float(from_noise_ce(blocks, emb, *eval_xy, DAEMON_CFG)["ce"])
         sums = swarm.summaries()
@@ -286,131 +264,139 @@ def markdown(out: dict) -> list[str]:
         "exactly as without overlap.",
         "",
     ]
-    q = out.get("quality")
-    if q:
-        s = q["settings"]
-        lines += [
-            "### Quality cost (simulator)",
-            "",
-            f"B={s['blocks']} blocks x K={s['workers']} replicas, d={s['d_model']}, L_b=1, seq {s['seq_len']}, "
-            f"batch {s['batch_size']}, lr {s['lr']}, H={s['steps']}, {s['rounds']} rounds "
-            f"({s['rounds'] * s['steps']} steps per worker), int8 deltas, merge {s['merge']}, "
-            f"lockstep network; from-noise CE on {s['eval_tokens']} held-out bytes. With overlap each merge lands "
-            "after k of the next round's H steps (k = how long the exchange takes, in steps); k = H, a full round, "
-            "is the most a daemon ever delays one, so it bounds the cost.",
-            "",
-        ]
-        names = list(dict.fromkeys(r["mode"] for r in q["lockstep"]))
-        seeds = list(dict.fromkeys(r["seed"] for r in q["lockstep"]))
-        ce = {(r["mode"], r["seed"]): r["ce"] for r in q["lockstep"]}
-        lines += [
-            "| seed | " + " | ".join(f"CE, {n}" for n in names) + " | "
-            + " | ".join(f"{n} - at once" for n in names[1:]) + " |",
-            "|---:|" + "---:|" * (2 * len(names) - 1),
-        ]  # fmt: skip
-        for seed in seeds:
-            cells = [f"{ce[(n, seed)]:.4f}" for n in names]
-            cells += [f"{q['ce_gap'][n][str(seed)]:+.4f}" for n in names[1:]]
-            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-        lines.append("")
-        for n in names[1:]:
-            spread = f" (stdev {q['ce_gap_stdev'][n]:.4f} over {len(seeds)} seeds)" if "ce_gap_stdev" in q else ""
-            lines.append(f"- {n}: mean gap {q['ce_gap_mean'][n]:+.4f} nats/byte{spread}.")
-        steps = [x for x, _ in q["lockstep"][0]["curve"]]
-        picks = sorted({steps[0], steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
-        lines += [
-            "",
-            "CE over the budget (mean over seeds; every curve is in `delayed.png` and the JSON):",
-            "",
-            "| steps per worker | " + " | ".join(str(x) for x in picks) + " |",
-            "|---|" + "---:|" * len(picks),
-        ]
-        for n in names:
-            rows = [r for r in q["lockstep"] if r["mode"] == n]
-            means = [statistics.mean(dict(map(tuple, r["curve"]))[x] for r in rows) for x in picks]
-            lines.append(f"| {n} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
-        lines.append("")
-        if "wan" in q:
-            plain, late = q["wan"]
-            lines += [
-                f"On the `{plain['regime']}` regime (the daemon's {plain['policy']} deadline, seed {plain['seed']}; "
-                f"simulated clock): CE {plain['ce']:.4f} at once vs {late['ce']:.4f} {late['mode']}, simulated "
-                f"wall time {plain['sim_wall_s']:.1f} s vs {late['sim_wall_s']:.1f} s for the same rounds "
-                f"(ratio {q['wan_time_ratio']:.2f}), participation {plain['participation']:.2f} vs "
-                f"{late['participation']:.2f}.",
-                "",
-            ]
-    t = out.get("timing")
-    if t:
-        s = t["settings"]
-        lines += [
-            "### Time saved (real daemons)",
-            "",
-            *([f"Command: `{out['timing_command']}`.", ""] if "timing_command" in out else []),
-            f"N `python -m swarmd` processes (N = {', '.join(map(str, s['daemons']))}) on loopback (LocalSwarm, "
-            f"one block with N replicas, B=1, d=32, seq 32, batch 8, H={s['steps']}, {s['rounds']} rounds, int8), "
-            f"the modes alternated, {s['repeats']} runs of each. "
-            "Round = a peer's median merge-to-merge time (first round left out); "
-            "wall = first to last merge of a peer (median over peers); exchange = own delta ready -> merge.",
-            "",
-            "| run | N | overlap | round s (median) | first->last merge s | exchange s (median) | participation "
-            "| from-noise CE |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for i, r in enumerate(t["runs"]):
-            lines.append(
-                f"| {i + 1} | {r['daemons']} | {r['mode']} | {r['round_s_median']:.3f} "
-                f"| {r['first_to_last_merge_s']:.2f} | {r['exchange_s_median']:.3f} | {r['participation']:.2f} "
-                f"| {r['ce']:.4f} |"
-            )
-        lines.append("")
-        for n, per_mode in t["ratios"].items():
-            for m, r in per_mode.items():
-                lines.append(
-                    f"- N={n}, overlap {m} / off (medians over the runs): round time {r['round_s_ratio']:.2f}, wall "
-                    f"time for the same rounds {r['wall_ratio']:.2f}; CE {r['ce']:.4f} vs {t['ce_off'][n]:.4f} off "
-                    f"({r['ce_gap']:+.4f})."
-                )
-        lines.append("")
+    if out.get("quality"):
+        lines += quality_lines(out["quality"])
+    if out.get("timing"):
+        lines += timing_lines(out)
     lines += out.get("notes", [])
     lines.append("<!-- /delayed -->")
     return lines
 
 
+def quality_lines(q: dict) -> list[str]:
+    """The simulator part of the fragment."""
+    s = q["settings"]
+    lines = [
+        "### Quality cost (simulator)",
+        "",
+        f"B={s['blocks']} blocks x K={s['workers']} replicas, d={s['d_model']}, L_b=1, seq {s['seq_len']}, "
+        f"batch {s['batch_size']}, lr {s['lr']}, H={s['steps']}, {s['rounds']} rounds "
+        f"({s['rounds'] * s['steps']} steps per worker), int8 deltas, merge {s['merge']}, "
+        f"lockstep network; from-noise CE on {s['eval_tokens']} held-out bytes. With overlap each merge lands "
+        "after k of the next round's H steps (k = how long the exchange takes, in steps); k = H, a full round, "
+        "is the most a daemon ever delays one, so it bounds the cost.",
+        "",
+    ]
+    names = list(dict.fromkeys(r["mode"] for r in q["lockstep"]))
+    seeds = list(dict.fromkeys(r["seed"] for r in q["lockstep"]))
+    ce = {(r["mode"], r["seed"]): r["ce"] for r in q["lockstep"]}
+    lines += [
+        "| seed | " + " | ".join(f"CE, {n}" for n in names) + " | "
+        + " | ".join(f"{n} - at once" for n in names[1:]) + " |",
+        "|---:|" + "---:|" * (2 * len(names) - 1),
+    ]  # fmt: skip
+    for seed in seeds:
+        cells = [f"{ce[(n, seed)]:.4f}" for n in names]
+        cells += [f"{q['ce_gap'][n][str(seed)]:+.4f}" for n in names[1:]]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in names[1:]:
+        spread = f" (stdev {q['ce_gap_stdev'][n]:.4f} over {len(seeds)} seeds)" if "ce_gap_stdev" in q else ""
+        lines.append(f"- {n}: mean gap {q['ce_gap_mean'][n]:+.4f} nats/byte{spread}.")
+    steps = [x for x, _ in q["lockstep"][0]["curve"]]
+    picks = sorted({steps[0], steps[len(steps) // 4], steps[len(steps) // 2], steps[-1]})
+    lines += [
+        "",
+        "CE over the budget (mean over seeds; every curve is in `delayed.png` and the JSON):",
+        "",
+        "| steps per worker | " + " | ".join(str(x) for x in picks) + " |",
+        "|---|" + "---:|" * len(picks),
+    ]
+    for n in names:
+        rows = [r for r in q["lockstep"] if r["mode"] == n]
+        means = [statistics.mean(dict(map(tuple, r["curve"]))[x] for r in rows) for x in picks]
+        lines.append(f"| {n} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+    lines.append("")
+    if "wan" in q:
+        plain, late = q["wan"]
+        lines += [
+            f"On the `{plain['regime']}` regime (the daemon's {plain['policy']} deadline, seed {plain['seed']}; "
+            f"simulated clock): CE {plain['ce']:.4f} at once vs {late['ce']:.4f} {late['mode']}, simulated "
+            f"wall time {plain['sim_wall_s']:.1f} s vs {late['sim_wall_s']:.1f} s for the same rounds "
+            f"(ratio {q['wan_time_ratio']:.2f}), participation {plain['participation']:.2f} vs "
+            f"{late['participation']:.2f}.",
+            "",
+        ]
+    return lines
+
+
+def timing_lines(out: dict) -> list[str]:
+    """The real-daemon part of the fragment (out: the whole result, which names the timing command)."""
+    t = out["timing"]
+    s = t["settings"]
+    lines = [
+        "### Time saved (real daemons)",
+        "",
+        *([f"Command: `{out['timing_command']}`.", ""] if "timing_command" in out else []),
+        f"N `python -m swarmd` processes (N = {', '.join(map(str, s['daemons']))}) on loopback (LocalSwarm, "
+        f"one block with N replicas, B=1, d=32, seq 32, batch 8, H={s['steps']}, {s['rounds']} rounds, int8), "
+        f"the modes alternated, {s['repeats']} runs of each. "
+        "Round = a peer's median merge-to-merge time (first round left out); "
+        "wall = first to last merge of a peer (median over peers); exchange = own delta ready -> merge.",
+        "",
+        "| run | N | overlap | round s (median) | first->last merge s | exchange s (median) | participation "
+        "| from-noise CE |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for i, r in enumerate(t["runs"]):
+        lines.append(
+            f"| {i + 1} | {r['daemons']} | {r['mode']} | {r['round_s_median']:.3f} "
+            f"| {r['first_to_last_merge_s']:.2f} | {r['exchange_s_median']:.3f} | {r['participation']:.2f} "
+            f"| {r['ce']:.4f} |"
+        )
+    lines.append("")
+    for n, per_mode in t["ratios"].items():
+        for m, r in per_mode.items():
+            lines.append(
+                f"- N={n}, overlap {m} / off (medians over the runs): round time {r['round_s_ratio']:.2f}, wall "
+                f"time for the same rounds {r['wall_ratio']:.2f}; CE {r['ce']:.4f} vs {t['ce_off'][n]:.4f} off "
+                f"({r['ce_gap']:+.4f})."
+            )
+    lines.append("")
+    return lines
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
-    if a.render is not None:
-        out = json.loads(a.render.read_text())
-    else:
-        out = {"command": common.command_line("delayed.py", argv), "machine": common.machine()}
-        if a.quality_from is not None:
-            saved = json.loads(a.quality_from.read_text())
-            out["quality"], out["command"] = saved["quality"], saved["command"]
-        elif not a.skip_sim:
-            q = quality(a)
-            q["settings"] = {
-                k: getattr(a, k)
-                for k in ("blocks", "workers", "d_model", "seq_len", "batch_size", "lr", "steps", "eval_tokens")
-            }
-            q["settings"] |= {"rounds": a.sim_rounds, "merge": merge_label()}
-            out["quality"] = q
-        if a.timing_from is not None:
-            saved = json.loads(a.timing_from.read_text())
-            out["timing"], out["timing_command"] = saved["timing"], saved["command"]
-        elif not a.skip_daemons:
-            t = timing(a)
-            t["settings"] = {
-                "daemons": a.daemons, "rounds": a.daemon_rounds, "steps": a.daemon_steps, "repeats": a.repeats
-            }  # fmt: skip
-            out["timing"] = t
-        if a.notes is not None:
-            out["notes"] = a.notes.read_text().splitlines()
-        common.write_json(a.out, out)
+    out = common.rendered_or(a, lambda: run(a, argv))
     if out.get("quality"):
         plot(out, a.png)
-    a.md.parent.mkdir(parents=True, exist_ok=True)
-    a.md.write_text("\n".join(markdown(out)) + "\n")
+    common.write_text(a.md, "\n".join(markdown(out)) + "\n")
     print("\n".join(markdown(out)))
+
+
+def run(a, argv) -> dict:
+    """The result JSON: both parts, each run here or taken from a saved result."""
+    out = {"command": common.command_line("delayed.py", argv), "machine": common.machine()}
+    if a.quality_from is not None:
+        saved = json.loads(a.quality_from.read_text())
+        out["quality"], out["command"] = saved["quality"], saved["command"]
+    elif not a.skip_sim:
+        q = quality(a)
+        q["settings"] = common.picked(a, SIM_SETTINGS) | {"rounds": a.sim_rounds, "merge": merge_label()}
+        out["quality"] = q
+    if a.timing_from is not None:
+        saved = json.loads(a.timing_from.read_text())
+        out["timing"], out["timing_command"] = saved["timing"], saved["command"]
+    elif not a.skip_daemons:
+        t = timing(a)
+        t["settings"] = {
+            "daemons": a.daemons, "rounds": a.daemon_rounds, "steps": a.daemon_steps, "repeats": a.repeats
+        }  # fmt: skip
+        out["timing"] = t
+    if a.notes is not None:
+        out["notes"] = a.notes.read_text().splitlines()
+    return out
 
 
 if __name__ == "__main__":

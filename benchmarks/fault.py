@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks import common, daemons
 from swarmd.core import checkpoint as ck
 from swarmd.protocol import PeerState
 from swarmd.tools.launch import LocalSwarm
@@ -36,11 +36,11 @@ def parse_args(argv=None):
     common.add_schedule(p, rounds=30, steps=10)
     p.add_argument("--kill-after", type=int, default=3, help="kill the victim once it has merged this many rounds")
     p.add_argument("--deadline-max", type=float, default=10.0)
-    common.add_outputs(p, "fault")
+    common.add_outputs(p, "fault.json", "ISSUE3_swarm.md")
     return p.parse_args(argv)
 
 
-CFG = common.TINY_CFG
+CFG = daemons.TINY_CFG
 VICTIM = 5
 
 
@@ -87,7 +87,7 @@ PARTICIPATION_NOTE = (
 def main(argv=None) -> None:
     a = parse_args(argv)
     survivors = [i for i in range(6) if i != VICTIM]
-    with common.tiny_swarm("fault-", 6, a.data_dir, a.rounds, a.steps, deadline_max_s=a.deadline_max) as swarm:
+    with daemons.tiny_swarm("fault-", 6, a.data_dir, a.rounds, a.steps, deadline_max_s=a.deadline_max) as swarm:
         swarm.kill_after = a.kill_after
         try:
             swarm.start(timeout_s=300)
@@ -103,8 +103,7 @@ def main(argv=None) -> None:
             finished = swarm.wait(timeout_s=900)
         finally:
             swarm.stop()
-        if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
-            raise SystemExit(f"peers failed: {[(p.index, p.proc.returncode, swarm.tail(p)) for p in swarm.peers]}")
+        daemons.check_exit(swarm, finished, "peers failed")
         sums = swarm.summaries()
         replica = VICTIM % CFG.blocks  # peer 2 trains the same block
         victim_block = ck.load_block(swarm.peers[VICTIM].checkpoint_dir, CFG, replica)[0].state_dict()

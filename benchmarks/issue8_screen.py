@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import eval_noise, from_noise_ce
 from swarmd.core.local_run import BlockStack
 from swarmd.core.model import denoise, euler_update, sampler_plan
-
-ISSUE8_OPTIONS = ("context_input", "z_in_init", "pred_input", "noise_embedding", "pred_output")
 
 
 def eval_slice(path: Path, seq_len: int, offset: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +79,7 @@ def mi_proxy(blocks, emb, x, y, cfg: ModelConfig, seed: int = 1234, batch_size: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=Path("/work/shared/data/wikitext-2"))
+    p.add_argument("--data-dir", type=Path, default=Path(common.SHARED_DATA))
     p.add_argument("--name", default="run")
     p.add_argument("--log", type=Path, default=Path("benchmarks/results/issue8_screen.jsonl"))
     p.add_argument("--steps", type=int, default=200, help="steps per round per block")
@@ -88,22 +91,8 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--layers-per-block", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--sigma-lo", type=float, default=1.0)
-    p.add_argument("--sigma-hi", type=float, default=10.0)
-    p.add_argument("--context-input", default="scaled_unit")
-    p.add_argument("--z-in-init", default="default")
-    p.add_argument("--pred-input", default="none")
-    p.add_argument("--noise-embedding", default="default")
-    p.add_argument("--pred-output", default="none")
-    p.add_argument("--freeze-z-in", default="none")
-    p.add_argument("--trajectory-prob", type=float, default=1.0)
-    p.add_argument("--sigma-sampling", default="lognormal")
-    p.add_argument(
-        "--trajectory-source",
-        choices=("snapshot", "live"),
-        default="snapshot",
-        help="live: predecessors as they are now (diagnostic for staleness)",
-    )
+    common.add_block_options(p, ModelConfig.documented())  # the documented block, trained on trajectories
+    common.add_trajectory_options(p, replace(TrainConfig(), freeze_z_in="none", trajectory_prob=1.0))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -117,7 +106,7 @@ def main() -> None:
         n_heads=4,
         hidden=4 * d,
         seq_len=128,
-        **{k: getattr(a, k) for k in ("sigma_lo", "sigma_hi", *ISSUE8_OPTIONS)},
+        **common.picked(a, common.BLOCK_OPTIONS),
     )
     total = a.steps * a.rounds
     tcfg = TrainConfig(
@@ -126,7 +115,7 @@ def main() -> None:
         seed=a.seed,
         total_steps=total,
         warmup_steps=min(50, total // 10),
-        **{k: getattr(a, k) for k in ("trajectory_prob", "sigma_sampling", "freeze_z_in")},
+        **common.picked(a, common.TRAJECTORY_OPTIONS),
     )
     corpus = ByteData.from_path(a.data_dir / "train.txt", 128)
     ev = ByteData.from_path(a.data_dir / "eval.txt", 128).eval_windows(a.eval_tokens)

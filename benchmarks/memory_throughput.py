@@ -46,11 +46,10 @@ PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=20
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.parser(__doc__, holds="train.txt")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/memory_throughput.json"))
+    common.add_outputs(p, "memory_throughput.json")
     p.add_argument("--mem-steps", type=int, default=5, help="optimiser steps per memory case")
     p.add_argument("--tput-steps", type=int, default=12, help="timed steps per model (after 2 warm-up steps)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    common.add_torch(p)
     p.add_argument("--case", choices=("block", "block_trajectory", "e2e"), help=argparse.SUPPRESS)  # subprocess mode
     return common.parse_checked(p, argv, holds="train.txt")
 

@@ -9,7 +9,8 @@ announce the relay. Run once per delay in --delays (0 = the same relays, no dela
 fresh set of namespaces. Per run: the mean wall time of a round (between two merges of a peer,
 from the peers' round history, the first round left out: it includes the wait for all peers) and
 the mean exchange time (own delta ready -> merge). The DHT traffic (record lookups) goes direct.
-Needs root and iproute2.
+Needs root and iproute2. The swarm is benchmarks/daemons.py's netns_swarm; this file owns the runs,
+their timings and the fragment.
 
     python benchmarks/netns.py
 """
@@ -17,7 +18,6 @@ Needs root and iproute2.
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import sys
 import tempfile
@@ -27,53 +27,37 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
-from tests.netns_utils import NetnsLab, NetnsSwarm, unavailable
+from benchmarks import common, daemons
+from tests.netns_utils import NetnsLab, unavailable
 
-CFG = replace(common.TINY_CFG, blocks=1)  # one block, three replicas: every round moves block and table deltas
+CFG = replace(daemons.TINY_CFG, blocks=1)  # one block, three replicas: every round moves block and table deltas
 
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
     common.add_schedule(p, rounds=12, steps=5)
     p.add_argument("--delays", default="0,50", help="comma-separated one-way delays per hop, milliseconds")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/netns.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE10_netns.md"))
+    common.add_outputs(p, "netns.json", "ISSUE10_netns.md")
     p.add_argument("--render", type=Path, help="only rewrite --md from this saved result JSON")
     a = p.parse_args(argv)
     try:
         a.delays = [float(d) for d in a.delays.split(",")]
     except ValueError:
         p.error(f"--delays must be comma-separated numbers, got {a.delays!r}")
-    if a.render is None and (a.data_dir is None or not (Path(a.data_dir) / "train.txt").is_file()):
-        p.error(f"--data-dir must hold train.txt (got {a.data_dir}); set BLOCKTRAIN_DATA")
-    return a
+    return a if a.render is not None else common.check_data(p, a, "train.txt")
 
 
 def run_once(a, delay_ms: float) -> dict:
     """One swarm of 3 namespaced daemons behind relays of delay_ms; its round and exchange times."""
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="netns-") as workdir:
-        swarm = NetnsSwarm(
-            lab,
-            CFG,
-            Path(a.data_dir) / "train.txt",
-            Path(workdir),
-            rounds=a.rounds,
-            steps_per_round=a.steps,
-            codec="int8",
-            batch_size=8,
-            lr=3e-3,
-            deadline_max_s=20.0,
-            swarm_id="netns",
-            delay_ms=delay_ms,
-        )
+        options = dict(model=CFG, swarm_id="netns", delay_ms=delay_ms)
+        swarm = daemons.netns_swarm(lab, a.data_dir, Path(workdir), a.rounds, a.steps, 20.0, **options)
         started = time.monotonic()
         with swarm:
             swarm.start(timeout_s=300)
             ready_s = time.monotonic() - started
             finished = swarm.wait(timeout_s=600)
-        if not finished or any(p.process.returncode != 0 for p in swarm.peers):
-            raise SystemExit(f"peers failed: {[(p.index, p.process.returncode, swarm.tail(p)) for p in swarm.peers]}")
+        daemons.check_exit(swarm, finished, "peers failed")
         histories = [sorted(s.get("history", []), key=lambda h: h["round"]) for s in swarm.summaries()]
     round_s = [b["at_s"] - x["at_s"] for h in histories for x, b in itertools.pairwise(h)]
     exchange_s = [x["seconds"] for h in histories for x in h[1:]]
@@ -135,28 +119,28 @@ def markdown(out: dict) -> list[str]:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    if a.render is not None:
-        out = json.loads(a.render.read_text())
-    else:
-        if reason := unavailable():
-            raise SystemExit(f"error: {reason}")
-        runs = []
-        for delay in a.delays:
-            print(f"delay {delay:g} ms ...", flush=True)
-            runs.append(run_once(a, delay))
-            print(runs[-1], flush=True)
-        out = {
-            "command": common.command_line("netns.py", argv),
-            "config": CFG.to_dict(),
-            "hosts": 3,
-            "rounds": a.rounds,
-            "steps_per_round": a.steps,
-            "runs": runs,
-            "machine": common.machine(),
-        }
-        common.write_json(a.out, out)
-    a.md.parent.mkdir(parents=True, exist_ok=True)
-    a.md.write_text("\n".join(markdown(out)))
+    if a.render is None and (reason := unavailable()):
+        raise SystemExit(f"error: {reason}")
+    out = common.rendered_or(a, lambda: run(a, argv))
+    common.write_text(a.md, "\n".join(markdown(out)))
+
+
+def run(a, argv) -> dict:
+    """One run_once per delay: the result JSON."""
+    runs = []
+    for delay in a.delays:
+        print(f"delay {delay:g} ms ...", flush=True)
+        runs.append(run_once(a, delay))
+        print(runs[-1], flush=True)
+    return {
+        "command": common.command_line("netns.py", argv),
+        "config": CFG.to_dict(),
+        "hosts": 3,
+        "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "runs": runs,
+        "machine": common.machine(),
+    }
 
 
 if __name__ == "__main__":

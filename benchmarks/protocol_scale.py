@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common
+from benchmarks import common, daemons
 from swarmd.sim.protocol import DHT_OPS_PER_ROUND, ProtocolConfig, simulate
 
 
@@ -34,10 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--regime", default="wan-mid")
     p.add_argument("--merge", default="robust", choices=["robust", "mean"])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/protocol_scale.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_groups.md"))
-    p.add_argument("--section", default="protocol_scale.py", help="name of the fragment's section")
-    p.add_argument("--from-log", type=Path, default=None, help="the table from the rows a stopped run printed")
+    common.add_outputs(p, "protocol_scale.json", "ISSUE12_groups.md")
+    common.add_section(p, "protocol_scale.py")
+    common.add_from_log(p, "the table from the rows a stopped run printed")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
     p.add_argument(
         "--levels-sweep",
@@ -61,7 +60,7 @@ def levels_sweep(a) -> None:
             cfg = ProtocolConfig(
                 peers=a.levels_sweep, group_size=a.group_size, rounds=a.rounds, regime="lockstep", merge=a.merge
             )
-            out = simulate(cfg, common.TINY_CFG)
+            out = simulate(cfg, daemons.TINY_CFG)
             rows.append(
                 {
                     "levels": levels,
@@ -151,7 +150,7 @@ def main(argv=None) -> None:
         a.sizes = [r["peers"] for r in rows]
     for n in [] if a.render or a.from_log is not None else a.sizes:
         cfg = ProtocolConfig(peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge)
-        out = simulate(cfg, common.TINY_CFG)
+        out = simulate(cfg, daemons.TINY_CFG)
         runs.append(out)
         rows.append(row_of(out))
         print(json.dumps(rows[-1]), flush=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -36,6 +35,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
@@ -43,13 +45,7 @@ from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("BLOCKTRAIN_DATA"),
-        help="folder with train.txt and eval.txt (default $BLOCKTRAIN_DATA)",
-    )
+    p = common.parser(__doc__, holds="train.txt and eval.txt")
     p.add_argument(
         "--out",
         type=Path,
@@ -80,82 +76,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="assemble these result JSONs (separate --only runs) into --out; no training",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--seed", type=int, default=0)
+    common.add_torch(p)
     # model
-    p.add_argument("--blocks", type=int, default=3)
-    p.add_argument("--layers-per-block", type=int, default=2)
-    p.add_argument("--d-model", type=int, default=128)
+    common.add_shape(p, blocks=3, d_model=128, seq_len=128, layers_per_block=2)
     p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--sigma-lo", type=float, default=ModelConfig.sigma_lo)
-    p.add_argument("--sigma-hi", type=float, default=ModelConfig.sigma_hi)
+    common.add_block_options(p, ModelConfig())
     p.add_argument("--noise-feature-scale", type=float, default=ModelConfig.noise_feature_scale)
     p.add_argument("--logit-scale", type=float, default=ModelConfig.logit_scale)
-    p.add_argument("--context-input", choices=("scaled_unit", "own_table"), default=ModelConfig.context_input)
-    p.add_argument("--z-in-init", choices=("default", "zero"), default=ModelConfig.z_in_init)
-    p.add_argument("--pred-input", choices=("none", "feature"), default=ModelConfig.pred_input)
-    p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=ModelConfig.noise_embedding)
-    p.add_argument("--pred-output", choices=("none", "add"), default=ModelConfig.pred_output)
     # training
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument(
-        "--trajectory-prob",
-        type=float,
-        default=TrainConfig.trajectory_prob,
-        help="1 (default): train every block on the sampler's own trajectory; 0: the documented noisy targets",
-    )
+    common.add_trajectory_options(p, TrainConfig())
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
-    p.add_argument("--trajectory-source", choices=("snapshot", "live"), default="snapshot")
-    p.add_argument(
-        "--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=TrainConfig.sigma_sampling
-    )
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
-    p.add_argument("--freeze-z-in", choices=("none", "block0"), default=TrainConfig.freeze_z_in)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.rounds = args.rounds or 8
     args.steps_per_round = args.steps_per_round or (250 if args.long else 200)
-    if args.merge:
-        return args
-    if args.data_dir is None or not (Path(args.data_dir) / "train.txt").is_file():
-        p.error(f"--data-dir must hold train.txt and eval.txt (got {args.data_dir}); set BLOCKTRAIN_DATA")
-    return args
+    return args if args.merge else common.check_data(p, args, "train.txt and eval.txt")
 
 
 def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
-    mcfg = ModelConfig(
-        blocks=args.blocks,
-        layers_per_block=args.layers_per_block,
-        d_model=args.d_model,
-        n_heads=args.n_heads,
-        hidden=4 * args.d_model,
-        seq_len=args.seq_len,
-        sigma_lo=args.sigma_lo,
-        sigma_hi=args.sigma_hi,
-        noise_feature_scale=args.noise_feature_scale,
-        logit_scale=args.logit_scale,
-        context_input=args.context_input,
-        z_in_init=args.z_in_init,
-        pred_input=args.pred_input,
-        noise_embedding=args.noise_embedding,
-        pred_output=args.pred_output,
-    )
+    model = ("blocks", "layers_per_block", "d_model", "n_heads", "seq_len", "noise_feature_scale", "logit_scale")
+    mcfg = ModelConfig(hidden=4 * args.d_model, **common.picked(args, (*model, *common.BLOCK_OPTIONS)))
     total = args.steps_per_round * args.rounds
+    train = ("batch_size", "lr", "seed", "trajectory_steps", "sigma_jitter", "table_lr_scale")
     tcfg = TrainConfig(
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
         total_steps=total,
         warmup_steps=min(50, total // 10),
-        trajectory_prob=args.trajectory_prob,
-        trajectory_steps=args.trajectory_steps,
-        sigma_sampling=args.sigma_sampling,
-        sigma_jitter=args.sigma_jitter,
-        table_lr_scale=args.table_lr_scale,
-        freeze_z_in=args.freeze_z_in,
+        **common.picked(args, (*train, *common.TRAJECTORY_OPTIONS)),
     )
     return mcfg, tcfg
 

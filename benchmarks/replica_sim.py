@@ -32,7 +32,6 @@ import itertools
 
 from benchmarks import common
 from swarmd.averaging.config import GossipConfig
-from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData
 from swarmd.node.config import peer_train_config
 from swarmd.sim.engine import SimConfig, Simulator
@@ -66,23 +65,16 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
     p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/replica_sim.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE12_replicas.md"))
+    common.add_outputs(p, "replica_sim.json", "ISSUE12_replicas.md")
     a = p.parse_args(argv)
     a.argv = argv
     return a
 
 
-def model_config(a) -> ModelConfig:
-    return ModelConfig(
-        blocks=a.blocks, layers_per_block=1, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
-    )
-
-
 def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy) -> dict:
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr * v["lr"], seed=seed)
     sim_cfg = SimConfig(
-        model_config(a), train, workers=v["K"], rounds=rounds, steps_per_round=a.steps, eval_every=a.eval_every
+        common.model_of(a), train, workers=v["K"], rounds=rounds, steps_per_round=a.steps, eval_every=a.eval_every
     )
     gossip = GossipConfig(
         steps_per_round=a.steps, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"], group_size=0
@@ -130,7 +122,7 @@ def efficiency(row: dict, single: list[tuple[int, float]]) -> dict:
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = model_config(a)
+    cfg = common.model_of(a)
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
     variants = [] if a.report else [parse_variant(t) for t in a.variants]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks import common, daemons
 from swarmd.errors import SwarmdError
 
 
@@ -49,37 +49,19 @@ def parse_args(argv=None):
     p.add_argument("--quality-rounds", type=int, default=8)
     p.add_argument("--quality-steps", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=4096)
-    common.add_outputs(p, "scale")
-    p.add_argument(
-        "--from-log",
-        type=Path,
-        default=None,
-        help="write the JSON and table from the result lines a run printed (a run stopped before its end)",
-    )
-    p.add_argument("--section", default="scale.py", help="name of the fragment's section (a second variant's own)")
-    p.set_defaults(md=Path("benchmarks/results/ISSUE12_groups.md"))
+    common.add_outputs(p, "scale.json", "ISSUE12_groups.md")
+    common.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
+    common.add_section(p, "scale.py")
     return p.parse_args(argv)
 
 
-CFG = common.TINY_CFG
+CFG = daemons.TINY_CFG
 
 
 def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int):
-    """common.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
-    return common.temporary_swarm(
-        prefix,
-        n,
-        CFG,
-        a.data_dir / "train.txt",
-        rounds=rounds,
-        steps_per_round=steps,
-        codec="int8",
-        batch_size=8,
-        lr=3e-3,
-        deadline_max_s=30.0,
-        group_size=group_size,
-        **({} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}),
-    )
+    """daemons.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
+    trajectory = {} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}
+    return daemons.tiny_swarm(prefix, n, a.data_dir, rounds, steps, 30.0, group_size=group_size, **trajectory)
 
 
 def retried(what: str, run, tries: int = 3) -> dict:
@@ -95,28 +77,11 @@ def retried(what: str, run, tries: int = 3) -> dict:
     raise AssertionError("unreachable")
 
 
-def start_staggered(swarm, timeout_s: float, batch: int = 4) -> None:
-    """LocalSwarm.start, but the joiners start `batch` at a time, each batch bootstrapping through every peer
-    already up: 24 daemons dialling peer 0's DHT at once on 2 loaded cores time out its pings."""
-    first = swarm.peers[0]
-    swarm._spawn(first)
-    swarm._wait_ready(first, timeout_s)
-    swarm.bootstrap = list(first.info.get("multiaddrs", []))
-    rest = swarm.peers[1:]
-    for i in range(0, len(rest), batch):
-        group = rest[i : i + batch]
-        for p in group:
-            swarm._spawn(p)
-        for p in group:
-            swarm._wait_ready(p, timeout_s)
-        swarm.bootstrap = [m for p in swarm.peers[: i + batch + 1] for m in p.info.get("multiaddrs", [])[:1]][-8:]
-
-
 def run_size(a, n: int) -> dict:
     with swarm_of(a, f"scale-{n}-", n, a.rounds, a.steps, a.group_size) as swarm:
         start = time.monotonic()
         try:
-            start_staggered(swarm, timeout_s=600)
+            daemons.start_staggered(swarm, timeout_s=600)
             ready_s = time.monotonic() - start
             finished = swarm.wait(timeout_s=900)
         finally:
@@ -166,7 +131,7 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
     with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size) as swarm:
         start = time.monotonic()
         try:
-            start_staggered(swarm, timeout_s=600)
+            daemons.start_staggered(swarm, timeout_s=600)
             finished = swarm.wait(timeout_s=1800)
         finally:
             swarm.stop()

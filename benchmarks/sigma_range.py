@@ -35,13 +35,12 @@ from swarmd.core.local_run import train_blocktrain
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.parser(__doc__, holds="train.txt and eval.txt")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/sigma_range.json"))
+    common.add_outputs(p, "sigma_range.json")
     p.add_argument("--ranges", default="0.1:2,1:10", help="comma-separated lo:hi noise ranges")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps-per-round", type=int, default=50)
     p.add_argument("--eval-tokens", type=int, default=8192)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    common.add_torch(p)
     return common.parse_checked(p, argv, holds="train.txt and eval.txt")
 
 

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks import common, daemons
 from benchmarks.replica_sim import steps_to_reach
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -48,8 +48,7 @@ from swarmd.node.config import peer_train_config
 def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--peers", type=int, default=6)
-    common.add_swarm_config(p)
-    p.add_argument("--layers-per-block", type=int, default=1)
+    common.add_swarm_config(p, layers_per_block=1)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
     p.add_argument(
         "--trajectory-prob",
@@ -63,7 +62,7 @@ def parse_args(argv=None):
         help="the documented DiffusionBlocks block and noisy targets (ModelConfig.documented(), trajectory 0, "
         "block 0's noise path trained) instead of the default block",
     )
-    common.add_outputs(p, "swarm")
+    common.add_outputs(p, "swarm.json", "ISSUE3_swarm.md")
     p.add_argument(
         "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
     )
@@ -80,23 +79,12 @@ def parse_args(argv=None):
         help="replica efficiency in pieces: reuse the single-replica runs in --out (same schedule) and keep its other "
         "rows (a row of the same replicas and outer is replaced)",
     )
-    p.add_argument("--replica-md", type=Path, default=Path("benchmarks/results/ISSUE12_replicas.md"))
+    p.add_argument("--replica-md", type=Path, default=common.RESULTS / "ISSUE12_replicas.md")
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
         a.trajectory_prob = 0.0 if a.documented else TrainConfig.trajectory_prob
     a.freeze_z_in = "none" if a.documented else TrainConfig.freeze_z_in
     return a
-
-
-def model_config(a) -> ModelConfig:
-    return (ModelConfig.documented if a.documented else ModelConfig)(
-        blocks=a.blocks,
-        layers_per_block=a.layers_per_block,
-        d_model=a.d_model,
-        n_heads=4,
-        hidden=4 * a.d_model,
-        seq_len=a.seq_len,
-    )
 
 
 def train_config(a) -> TrainConfig:
@@ -118,7 +106,7 @@ def run_swarm(
 ) -> dict:
     """One LocalSwarm run (a.peers daemons, a.rounds rounds unless given; kw: more LocalSwarm options, e.g. outer)."""
     peers, rounds = peers or a.peers, rounds or a.rounds
-    with common.temporary_swarm(
+    with daemons.temporary_swarm(
         f"swarm-bench-{codec}-",
         peers,
         cfg,
@@ -140,10 +128,7 @@ def run_swarm(
         finally:
             swarm.stop()
         wall = time.monotonic() - start
-        if not finished or any(p.proc.returncode != 0 for p in swarm.peers):
-            raise SystemExit(
-                f"swarm run with {codec} failed: {[swarm.tail(p) for p in swarm.peers if p.proc.returncode != 0]}"
-            )
+        daemons.check_exit(swarm, finished, f"swarm run with {codec} failed")
         blocks, emb = swarm.assemble()
         ce = from_noise_ce(blocks, emb, *eval_xy, cfg)["ce"]
         sums = swarm.summaries()
@@ -173,7 +158,7 @@ def run_swarm(
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = model_config(a)
+    cfg = common.model_of(a, documented=a.documented)
     train_path, eval_path = a.data_dir / "train.txt", a.data_dir / "eval.txt"
     eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(a.eval_tokens)
     out = json.loads(a.out.read_text()) if a.only and a.out.exists() else {}  # --only: keep the other part

@@ -49,6 +49,18 @@ from swarmd.transport.framing import Encoded
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=1)
 MIB = 1 << 20
 
+NOTES = (  # the fragment's closing paragraph
+    "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 "
+    "encoder (step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round "
+    "error is what ErrorFeedback carries into the next round. The absmax/127 row is the same wire format "
+    "with the finest step (int8_rms_levels=None). What the gRPC path costs beyond TCP's two kernel copies: "
+    "the sender frames each chunk once (one copy; none on a repeat send) and grpc copies it into its slices; "
+    "the receiver gets each message as bytes from grpc (one copy), keeps a view of the chunk (no protobuf "
+    "copy), hashes it on a helper thread (sha256 of the whole payload, needed by the payload signature) and "
+    "joins the chunks once; plus grpc's HTTP/2 framing and flow control. Server and client run as two "
+    "processes on 2 CPUs shared with other jobs, so figures vary run to run."
+)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -61,8 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/transport.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE3_transport.md"))
+    common.add_outputs(p, "transport.json", "ISSUE3_transport.md")
     return p.parse_args(argv)
 
 
@@ -376,21 +387,7 @@ def markdown(result: dict) -> str:
             f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
             f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
         )
-    lines += [
-        "",
-        "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 "
-        "encoder (step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round "
-        "error is what ErrorFeedback carries into the next round. The absmax/127 row is the same wire format "
-        "with the finest step (int8_rms_levels=None). What the gRPC path costs beyond TCP's two kernel copies: "
-        "the sender frames each chunk once (one copy; none on a repeat send) and grpc copies it into its slices; "
-        "the receiver gets each message as bytes from grpc (one copy), keeps a view of the chunk (no protobuf "
-        "copy), hashes it on a helper thread (sha256 of the whole payload, needed by the payload signature) and "
-        "joins the chunks once; plus grpc's HTTP/2 framing and flow control. Server and client run as two "
-        "processes on 2 CPUs shared with other jobs, so figures vary run to run.",
-        "",
-        f"Machine: {result['machine']}",
-        "",
-    ]
+    lines += ["", NOTES, *common.machine_footer(result["machine"])]
     return "\n".join(lines)
 
 

@@ -58,8 +58,7 @@ def timed(fn, n: int) -> float:
 def main(argv=None) -> None:
     p = common.parser(__doc__)
     p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/trust_cost.json"))
-    p.add_argument("--md", type=Path, default=Path("benchmarks/results/ISSUE9_trust_cost.md"))
+    common.add_outputs(p, "trust_cost.json", "ISSUE9_trust_cost.md")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = ModelConfig(blocks=BLOCKS, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)
@@ -188,8 +187,7 @@ def main(argv=None) -> None:
         f" {100 * out['per_round_per_peer']['fraction_of_delta_bytes']:.2f} % of the {wire_bytes} delta bytes it sends",
         "",
     ]
-    a.md.parent.mkdir(parents=True, exist_ok=True)
-    a.md.write_text("\n".join(md))
+    common.write_text(a.md, "\n".join(md))
     print("\n".join(md))
 
 

@@ -135,7 +135,7 @@ class Metrics:
             seen.setdefault(block, set()).add(peer_id)
         self.peers_per_block = {b: len(ids) for b, ids in sorted(seen.items())}
 
-    def end_round(self, participation: float, seconds: float, **extra) -> None:
+    def end_round(self, participation: float, seconds: float, **extra: float) -> None:
         self.rounds += 1
         self.participation_sum += participation
         self.last_participation = participation

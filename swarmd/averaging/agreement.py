@@ -140,7 +140,7 @@ class Agreement:
             return best
         return None
 
-    async def _pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra) -> Encoded:
+    async def _pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
         """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current); the reply must come
         signed by that peer (ValidationError otherwise)."""
         p = self.peer

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import torch
@@ -309,7 +309,7 @@ class ButterflyRound:
             )
         return out
 
-    async def _each(self, step, peers: list[str], failed: set[str]) -> None:
+    async def _each(self, step: Callable[[str], Awaitable[object]], peers: list[str], failed: set[str]) -> None:
         results = await asyncio.gather(*(step(p) for p in peers), return_exceptions=True)
         for peer, result in zip(peers, results):
             if isinstance(result, BaseException):

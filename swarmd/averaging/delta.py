@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TypeVar
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import torch
 
@@ -128,7 +129,7 @@ def _encode_raw(
     return specs, b"".join(parts), raw
 
 
-def _decode_raw(specs, blob: bytes, codec: Codec) -> dict[str, torch.Tensor]:
+def _decode_raw(specs: Iterable[pb.Tensor], blob: bytes, codec: Codec) -> dict[str, torch.Tensor]:
     out, view, offset = {}, memoryview(blob), 0
     for spec in specs:
         shape = tuple(int(s) for s in spec.shape)
@@ -204,7 +205,7 @@ def _encode(
     kind: PayloadKind | str,
     zstd: bool = True,
     int8_rms_levels: float | None = INT8_RMS_LEVELS,
-    **meta,
+    **meta: Any,
 ) -> tuple[Encoded, bytes]:
     """encode, also returning the codec bytes before zstd (ErrorFeedback decodes those)."""
     kind_, codec_ = _member(PayloadKind, kind), _member(Codec, codec)
@@ -306,7 +307,7 @@ class ErrorFeedback:
         self.residual.clear()
 
     def compress(
-        self, delta: dict[str, torch.Tensor], codec: Codec | str, **header
+        self, delta: dict[str, torch.Tensor], codec: Codec | str, **header: Any
     ) -> tuple[Encoded, dict[str, torch.Tensor]]:
         """Encode delta + residual; return what is sent and its decoded fp32 value.
 

@@ -82,7 +82,9 @@ def fresh_majority(me: Held, fresh: list[Held], need: int) -> Held | None:
     return best
 
 
-def reconcile(states: dict[str, dict[str, torch.Tensor]], rounds: dict[str, int], trim_fraction: float = 0.1):
+def reconcile(
+    states: dict[str, dict[str, torch.Tensor]], rounds: dict[str, int], trim_fraction: float = 0.1
+) -> tuple[dict[str, torch.Tensor], int, str]:
     """The reconciliation of a set of member states: (merged tensors, round, weights hash).
 
     The robust merge of the states in sorted peer-id order (a clip at 2x the lower median norm, then a

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -231,7 +232,7 @@ class BlockState:
             self.trainer.train_cfg = self.train_cfg if on else replace(self.train_cfg, trajectory_prob=0.0)
 
     # -- persistence ---------------------------------------------------------------------------
-    def save(self, directory: str | Path, **progress) -> None:
+    def save(self, directory: str | Path, **progress: Any) -> None:
         """Write one checkpoint generation: merged block, byte table, AdamW state and progress, taken under the
         lock together and flipped in atomically (ck.save_peer_generation; blocking: worker thread).
 

@@ -13,8 +13,16 @@ does I/O or imports torch. swarmd.averaging.agreement applies these rules to a p
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from swarmd.membership.records import PeerRecord
+
+WeightsOf = Callable[[PeerRecord], str]  # the weights hash a record announces for a part (block or byte table)
+
+
+def block_weights(record: PeerRecord) -> str:
+    """The default part: the block weights its record announces."""
+    return record.base_hash
 
 
 def quorum(others: int) -> int:
@@ -23,7 +31,7 @@ def quorum(others: int) -> int:
     return 1 if others <= 1 else max(2, others // 2 + 1)
 
 
-def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRecord]:
+def agreeing(others: list[PeerRecord], key: WeightsOf = block_weights) -> list[PeerRecord]:
     """The records of `others` whose (round, weights) at least quorum(len(others)) distinct peers announce.
 
     A state only one record (or a minority) claims, e.g. a stranger's round 1,000,000, is never a
@@ -36,7 +44,10 @@ def agreeing(others: list[PeerRecord], key=lambda r: r.base_hash) -> list[PeerRe
 
 
 def diverged_majority(
-    me: PeerRecord, others: list[PeerRecord], own_history: dict[int, str], key=lambda r: r.base_hash
+    me: PeerRecord,
+    others: list[PeerRecord],
+    own_history: dict[int, str],
+    key: WeightsOf = block_weights,
 ) -> PeerRecord | None:
     """A state more than half of `[me] + others` hold (at least 2 peers), that is not one we held at its round:
     the majority we split from, whose highest-ranked dialable peer we adopt even at a lower round.
@@ -74,7 +85,7 @@ def rank(record: PeerRecord) -> tuple:
     return (record.round, not record.client_mode, record.peer_id)
 
 
-def reference(me: PeerRecord, others: list[PeerRecord], key=lambda r: r.base_hash) -> PeerRecord:
+def reference(me: PeerRecord, others: list[PeerRecord], key: WeightsOf = block_weights) -> PeerRecord:
     """The peer whose state everyone in `[me] + others` converges to (me if I am in its group).
 
     Among the records at the highest round, the weights (key: block or embedding hash) held by

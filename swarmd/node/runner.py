@@ -21,9 +21,13 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from swarmd.membership.addresses import preferred_multiaddr
 from swarmd.node.config import DaemonConfig
+
+if TYPE_CHECKING:  # torch stays unimported until a daemon runs
+    from swarmd.averaging.exchange import MergeReport
 
 
 def _print(line: str) -> None:
@@ -85,7 +89,7 @@ def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -
 async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     from swarmd.node.daemon import Daemon
 
-    def on_round(report) -> None:
+    def on_round(report: MergeReport) -> None:
         st, m = daemon.state, daemon.metrics
         echo(
             f"round {st.round}: block {st.block_index} train ce {m.last_train_ce:.4f} "
