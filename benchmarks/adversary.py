@@ -121,7 +121,7 @@ def run_byzantine(mode: str, config: str) -> int:
                     self.cfg.codec,
                     base_hash=rs.hashes[kind],
                     weight=float(self.cfg.steps_per_round),
-                    **self._hdr(kind, rs.round),
+                    **self.hdr(kind, rs.round),
                 )
                 rs.outgoing[kind] = sign_payload(enc, self.identity)
             past.append(sent)

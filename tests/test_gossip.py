@@ -192,7 +192,7 @@ def test_bad_deltas_are_rejected_and_leave_theta_bit_identical():
         await g.publish()
         # one signer per bad payload: a peer gets one delta per round and kind judged, each must fail on its own check
         signers = [INTRUDER, *(Identity.generate(bytes([90 + i]) * 32) for i in range(6))]
-        g.peer.remember([sign_record(replace(g.record(), peer_id=s.peer_id, address="mem:x"), s, 300) for s in signers])
+        g.remember([sign_record(replace(g.record(), peer_id=s.peer_id, address="mem:x"), s, 300) for s in signers])
         before = (weights_hash(g.state.current()[0]), weights_hash(g.state.current()[1]))
         good_shapes = g.state.block_shapes()
         bad = [

@@ -167,9 +167,7 @@ def test_gossip_counts_rejected_payloads_by_reason():
         # intruders sign, and hold signed records: the reasons below count (one intruder per payload: a peer gets
         # one delta per round and kind judged)
         intruders = [Identity.generate(bytes([99 - i]) * 32) for i in range(4)]
-        g.peer.remember(
-            [sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in intruders]
-        )
+        g.remember([sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in intruders])
         hdr = dict(swarm_id="test", config_hash=g.me.config_hash, kind=BLOCK, block_index=0)
         bad = [
             encode(zeros, "fp32", round=7, base_hash=rs.hashes[BLOCK], **hdr),  # far ahead: stale_round

@@ -166,7 +166,7 @@ def test_gossip_rejects_unsigned_tampered_and_recordless_deltas_before_decoding(
         records = list(board.values())
         for g in peers:
             await g.open_round()
-        a.peer.remember(records)  # what average() does first
+        a.remember(records)  # what average() does first
         await a.publish()
         rs = a.current
         h = dict(base_hash=rs.hashes[BLOCK], round=rs.round)
@@ -175,8 +175,8 @@ def test_gossip_rejects_unsigned_tampered_and_recordless_deltas_before_decoding(
         garbage._sha256 = ""
         stranger = Identity.generate()  # a valid signature, but no signed record in the swarm
         other_block, other_round = Identity.generate(), Identity.generate()  # signed records, but not for this
-        a.peer.remember([sign_record(replace(b.record(), peer_id=other_block.peer_id, block_index=1), other_block, 60)])
-        a.peer.remember([sign_record(replace(b.record(), peer_id=other_round.peer_id, round=7), other_round, 60)])
+        a.remember([sign_record(replace(b.record(), peer_id=other_block.peer_id, block_index=1), other_block, 60)])
+        a.remember([sign_record(replace(b.record(), peer_id=other_round.peer_id, round=7), other_round, 60)])
         cases = {
             "unsigned": fit(b.identity, **h),
             "tampered": garbage,
@@ -211,7 +211,7 @@ def test_a_peer_gets_one_delta_judged_per_round_and_a_rejected_one_does_not_hold
         a, b, _c = peers
         for g in peers:
             await g.open_round()
-        a.peer.remember(list(board.values()))
+        a.remember(list(board.values()))
         await a.publish()
         h = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
         hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
@@ -245,7 +245,7 @@ def test_a_delta_of_a_past_round_is_refused_and_the_round_does_not_wait_for_its_
         await memory_round(peers, board)  # round 0 done: every peer is at round 1
         for g in peers:
             await g.open_round()
-        a.peer.remember(list(board.values()))
+        a.remember(list(board.values()))
         await a.publish()
         hdr = dict(swarm_id=a.me.swarm_id, config_hash=a.me.config_hash, kind="block_delta", block_index=0)
         zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}
@@ -312,7 +312,7 @@ def test_resync_caps_the_round_jump_and_checks_the_pulled_state_against_the_reco
             if lie:
                 c.state.block_hash = announced.base_hash
             try:
-                await a.pull(announced, BLOCK.state, (announced.base_hash, announced.round))
+                await a.agreement.pull(announced, BLOCK.state, (announced.base_hash, announced.round))
             except SwarmdError as exc:
                 errors.append(str(exc))
         return pulled, capped, adopted_hash, b.state.block_hash, errors, a.state.block_hash
@@ -334,7 +334,7 @@ def test_a_sybil_of_ten_made_up_peers_without_signed_records_has_no_effect():
         before = (a.state.round, a.state.block_hash)
         pulled = await a.sync(list(board.values()))
         await a.open_round()
-        a.peer.remember(list(board.values()))
+        a.remember(list(board.values()))
         await a.publish()
         h = dict(base_hash=a.current.hashes[BLOCK], round=a.current.round)
         zeros = {k: torch.zeros(v) for k, v in a.state.block_shapes().items()}

@@ -20,17 +20,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
+from swarmd.transport import framing
 from swarmd.transport.auth import default_swarm_key, proof_metadata
-from swarmd.transport.framing import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_CHUNK_BYTES,
-    Encoded,
-    PayloadLimit,
-    parse_message,
-    read_payload,
-    serialize_message,
-    wire_messages,
-)
+from swarmd.transport.framing import Encoded
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
 from swarmd.transport.tls import fetch_pinned_cert, pinned_credentials
@@ -209,13 +201,13 @@ class PeerClient:
     def __init__(
         self,
         *,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+        max_payload_bytes: int = framing.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_chunk_bytes: int = framing.MAX_CHUNK_BYTES,
         swarm_key: bytes | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         meter: ByteMeter | None = None,
         wait_for_ready: bool = False,
-        payload_limit: PayloadLimit | None = None,
+        payload_limit: framing.PayloadLimit | None = None,
     ):
         self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
         self.payload_limit = payload_limit
@@ -333,7 +325,7 @@ class PeerClient:
         chunk = self.max_chunk_bytes
 
         async def requests():
-            for msg in wire_messages(outgoing, chunk):
+            for msg in framing.wire_messages(outgoing, chunk):
                 yield msg
 
         call = stub.ExchangeDeltas(
@@ -348,7 +340,9 @@ class PeerClient:
     async def _read(self, address: str, call) -> Encoded:
         """Read one payload from a response stream; cancel the call on any failure."""
         try:
-            enc = await read_payload(_responses(call), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit)
+            enc = await framing.read_payload(
+                _responses(call), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit
+            )
         except grpc.RpcError as exc:
             raise self._error(address, exc) from None
         except ValidationError as exc:
@@ -370,12 +364,14 @@ def _payload_stub(channel: grpc.aio.Channel) -> pb_grpc.SwarmStub:
     """The generated stub, with the Payload streams (de)serialized by framing (chunks without protobuf copies)."""
     stub = pb_grpc.SwarmStub(channel)
     stub.ExchangeDeltas = channel.stream_stream(
-        f"/{SERVICE_NAME}/ExchangeDeltas", request_serializer=serialize_message, response_deserializer=parse_message
+        f"/{SERVICE_NAME}/ExchangeDeltas",
+        request_serializer=framing.serialize_message,
+        response_deserializer=framing.parse_message,
     )
     stub.PullState = channel.unary_stream(
         f"/{SERVICE_NAME}/PullState",
         request_serializer=pb.PullStateRequest.SerializeToString,
-        response_deserializer=parse_message,
+        response_deserializer=framing.parse_message,
     )
     return stub
 
