@@ -199,6 +199,8 @@ async def open_sweeper(src: SourceOptions, device: str, steps: int | None):
     from swarmd.membership.discovery import connect_discovery
     from swarmd.serve.remote import connect_swarm
 
+    setup_logging(False)  # hivemind's own log lines (its DHT process's tracebacks) stay off the terminal
+
     return await connect_swarm(
         list(src.swarm or []), src.swarm_id, connect_discovery, steps=steps, timeout_s=src.timeout_s
     )

@@ -18,7 +18,7 @@ from typing import IO, Annotated, Any
 import typer
 
 from cli import options as o
-from cli.common import cli_errors, print_json, resolve_train_eval
+from cli.common import check_device, cli_errors, print_json, resolve_train_eval
 from cli.groups import with_groups
 from cli.options import GOSSIP
 
@@ -120,12 +120,13 @@ class LiveView(PlainView):
 @with_groups(model=o.ModelOptions.optional(), train=o.TrainOptions.optional())
 def demo(
     *,
-    peers: Annotated[int, typer.Option("--peers", help="Daemons to start (processes on loopback).")] = 6,
+    peers: Annotated[int, o.flag("--peers", "Daemons to start (processes on loopback).", bounds=o.AT_LEAST_1)] = 6,
     data: o.Data = None,
     eval_data: o.EvalData = None,
     rounds: o.Rounds = 5,
     steps_per_round: o.StepsPerRound = GOSSIP.steps_per_round,
     codec: o.CodecOpt = o.DEFAULT_CODEC,
+    device: o.DeviceOpt = o.DEFAULT_DEVICE,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -169,18 +170,21 @@ def demo(
             rounds=rounds,
             steps_per_round=steps_per_round,
             codec=codec.value,
+            device=device.value,
             train=tcfg,
             eval_tokens=eval_tokens,
             out=out,
             workdir=workdir,
             timeout_s=o.timeout_s(timeout_s, timeout),
         )
+        if device != o.Device.cpu:  # imports torch: only for a GPU (the default, cpu, needs no check)
+            check_device(device)
         view = PlainView(sys.stderr if json_out else sys.stdout)
         if not json_out and sys.stdout.isatty():
             view = LiveView(rounds)
         view.line(
             f"demo: {peers} peers on loopback, B={cfg.blocks} x L_b={cfg.layers_per_block}, d={cfg.d_model}, "
-            f"seq={cfg.seq_len}; {rounds} rounds x {steps_per_round} steps, {codec.value} deltas; "
+            f"seq={cfg.seq_len}; {rounds} rounds x {steps_per_round} steps, {codec.value} deltas, on {device.value}; "
             f"data {train_path}; model to {plan.out}" + (" (replacing the model there)" if plan.replaces_model else "")
         )
         with view:

@@ -25,9 +25,10 @@ def evaluate(
     eval_tokens: o.EvalTokens = 65536,
     steps: o.Steps = None,
     draws: Annotated[
-        int, typer.Option("--draws", help="Noise draws; >1 also reports the CE of their averaged probabilities.")
+        int,
+        o.flag("--draws", "Noise draws; >1 also reports the CE of their averaged probabilities.", bounds=o.AT_LEAST_1),
     ] = 1,
-    seed: Annotated[int, typer.Option("--seed", help="Noise seed of the sampler.")] = 1234,
+    seed: Annotated[int, o.flag("--seed", "Noise seed of the sampler.", bounds=o.SEED)] = 1234,
     trace: Annotated[bool, typer.Option("--trace", help="Report the CE after every sampler step.")] = False,
     device: o.DeviceOpt = o.Device.cpu,
     json_out: o.Json = False,

@@ -24,10 +24,12 @@ from swarmd.errors import ConfigError
 def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (UTF-8).")],
     src: o.SourceOptions,
-    max_bytes: Annotated[int, typer.Option("--max-bytes", help="Bytes to generate.")] = 128,
-    temperature: Annotated[float, typer.Option("--temperature", help="Softmax temperature; 0 = greedy.")] = 1.0,
+    max_bytes: Annotated[int, o.flag("--max-bytes", "Bytes to generate.", bounds=o.AT_LEAST_1)] = 128,
+    temperature: Annotated[
+        float, o.flag("--temperature", "Softmax temperature; 0 = greedy.", bounds=o.AT_LEAST_0)
+    ] = 1.0,
     seed: Annotated[
-        int, typer.Option("--seed", help="Seed of the per-position noise and byte draws (same seed, same text).")
+        int, o.flag("--seed", "Seed of the per-position noise and byte draws (same seed, same text).", bounds=o.SEED)
     ] = 0,
     steps: o.Steps = None,
     stats: Annotated[

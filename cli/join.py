@@ -44,6 +44,7 @@ def join(
         dht = not peer.client_mode and any(is_multiaddr(p) for p in peers)
         check_listen_ports(peer.listen, peer.dht_host, peer.dht_port, server=not peer.client_mode, dht=dht)
         check_data(peer.data)  # a missing, empty or binary file fails before torch loads
+        peer.check(train, list(peers))  # so does a bad combination of flags (the model's wait for the swarm's)
         setup_logging(verbose)  # imports hivemind (and torch): after the instant checks
         check_device(peer.device)
         swarm_model = asyncio.run(fetch_swarm_config(list(peers), peer.swarm_id))

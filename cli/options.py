@@ -6,12 +6,18 @@ travel together are fields of one group (ModelOptions, TrainOptions, PeerOptions
 see cli.groups): a command takes the group as one parameter, and the group builds the frozen
 config (`ModelOptions.config`, `PeerOptions.config`, ...) in one place, turning config validation
 errors into swarmd.errors.ConfigError. A flag of one command only stays in its signature, typed
-with the alias. Imports no torch (`--help` stays fast).
+with the alias. Every numeric flag declares the values it accepts (`bounds=`, a Bounds): a value
+outside them is refused while the command line is parsed, before the command runs (nothing loads,
+nothing starts), with one `error: bad value: --flag must be ..., got ...` line and exit code 2;
+tests/test_cli_numbers.py checks that every numeric flag of every command has bounds. Checks that
+relate two flags (--sigma-lo < --sigma-hi, --d-model divisible by --n-heads, ...) stay in the
+configs. Imports no torch (`--help` stays fast).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -38,22 +44,93 @@ class Device(str, Enum):
 DEFAULT_DEVICE, DEFAULT_CODEC = Device(DAEMON.device), Codec(GOSSIP.codec)
 
 
-def flag(name: str, help: str, panel: str | None = None, envvar: str | None = None, **more: Any) -> Any:
-    """One option: `typer.Option(name, help=help, rich_help_panel=panel, envvar=envvar, **more)`."""
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric flag accepts: finite, >= lo (> lo if lo_open), <= hi (< hi if hi_open); or_zero: 0 too."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    or_zero: bool = False  # 0 is accepted besides the range (e.g. --group-size: 0 = all-to-all, else >= 2)
+
+    def __contains__(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.or_zero and value == 0:
+            return True
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def __str__(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
+        if self.lo is not None and self.hi is not None:
+            text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {lo}"
+        elif self.hi is not None:
+            text = f"{'<' if self.hi_open else '<='} {hi}"
+        else:
+            text = "a finite number"
+        return f"0 or {text}" if self.or_zero else text
+
+
+def _num(x: float | None) -> str:
+    return "2^63 - 1" if x == SEED_MAX else f"{x:g}" if isinstance(x, float) else str(x)
+
+
+SEED_MAX = 2**63 - 1
+AT_LEAST_1, AT_LEAST_0, POSITIVE = Bounds(1), Bounds(0), Bounds(0, lo_open=True)
+UNIT, PORT, SEED = Bounds(0, 1), Bounds(0, 65535), Bounds(0, SEED_MAX)
+
+
+def check_bounds(name: str, bounds: Bounds) -> Callable[..., Any]:
+    """A typer callback refusing a value of flag `name` outside `bounds` (one `error:` line, exit 2) at parse time.
+
+    The callback carries `.bounds` (tests read it). None (a flag not given) and shell completion pass."""
+
+    def check(ctx: typer.Context, value: Any) -> Any:
+        if value is None or ctx.resilient_parsing or value in bounds:
+            return value
+        typer.echo(f"error: bad value: {name} must be {bounds}, got {value}", err=True)
+        raise typer.Exit(2)
+
+    check.bounds = bounds  # type: ignore[attr-defined]
+    return check
+
+
+def flag(
+    name: str,
+    help: str,
+    panel: str | None = None,
+    envvar: str | None = None,
+    *,
+    bounds: Bounds | None = None,
+    **more: Any,
+) -> Any:
+    """One option: `typer.Option(name, help=help, rich_help_panel=panel, envvar=envvar, **more)`.
+
+    :param bounds: a numeric flag's accepted values, checked while parsing (check_bounds)
+    """
     if panel is not None:
         more["rich_help_panel"] = panel
+    if bounds is not None:
+        more["callback"] = check_bounds(name, bounds)
     return typer.Option(name, help=help, envvar=envvar, **more)
 
 
 # -- model ---------------------------------------------------------------------------------------
-Blocks = Annotated[int | None, flag("--blocks", "B: number of denoising blocks.", M)]
-LayersPerBlock = Annotated[int | None, flag("--layers-per-block", "L_b: transformer layers per block.", M)]
-DModel = Annotated[int | None, flag("--d-model", "Model width d.", M)]
-NHeads = Annotated[int | None, flag("--n-heads", "Attention heads per layer.", M)]
-Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model).", M)]
-SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M)]
-SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M)]
-SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M)]
+Blocks = Annotated[int | None, flag("--blocks", "B: number of denoising blocks.", M, bounds=AT_LEAST_1)]
+LayersPerBlock = Annotated[
+    int | None, flag("--layers-per-block", "L_b: transformer layers per block.", M, bounds=AT_LEAST_1)
+]
+DModel = Annotated[int | None, flag("--d-model", "Model width d.", M, bounds=AT_LEAST_1)]
+NHeads = Annotated[int | None, flag("--n-heads", "Attention heads per layer.", M, bounds=AT_LEAST_1)]
+Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model).", M, bounds=AT_LEAST_1)]
+SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M, bounds=AT_LEAST_1)]
+SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M, bounds=POSITIVE)]
+SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M, bounds=POSITIVE)]
 # the block's mechanics (issue 8): defaults = the measured best; `--context-input scaled_unit --z-in-init default
 # --noise-embedding default --pred-input none --pred-output none --freeze-z-in none --trajectory-prob 0` = documented
 ContextInput = Annotated[
@@ -69,13 +146,16 @@ PredOutput = Annotated[
 ]
 
 # -- optimiser (TrainOptions) ------------------------------------------------------------------------
-BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T)]
-LR = Annotated[float | None, flag("--lr", "AdamW peak learning rate.", T)]
-Seed = Annotated[int | None, flag("--seed", "Seed for init, data order and noise.", T)]
+BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T, bounds=AT_LEAST_1)]
+LR = Annotated[float | None, flag("--lr", "AdamW peak learning rate.", T, bounds=POSITIVE)]
+Seed = Annotated[int | None, flag("--seed", "Seed for init, data order and noise.", T, bounds=SEED)]
 TrajectoryProb = Annotated[
     float | None,
     flag(
-        "--trajectory-prob", "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).", T
+        "--trajectory-prob",
+        "Chance a batch trains on the sampler's own trajectory (0 = documented noisy targets).",
+        T,
+        bounds=UNIT,
     ),
 ]
 FreezeZIn = Annotated[
@@ -104,17 +184,21 @@ EvalData = Annotated[
         T,
     ),
 ]
-StepsPerRound = Annotated[int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T)]
-Rounds = Annotated[
+StepsPerRound = Annotated[
+    int, flag("--steps-per-round", "H: local optimiser steps per block per round.", T, bounds=AT_LEAST_1)
+]
+Rounds = Annotated[int, flag("--rounds", "Rounds to run.", T, bounds=AT_LEAST_1)]  # train, demo, simulate
+PeerRounds = Annotated[  # run, join
     int,
     flag(
         "--rounds",
-        "Rounds to run (run / join: counted from where this run starts, a resumed --checkpoint-dir's round, "
-        "else 0, the swarm's round counter; 0 = until stopped).",
+        "Rounds to run, counted from where this run starts (a resumed --checkpoint-dir's round, else 0, the "
+        "swarm's round counter; 0 = until stopped).",
         T,
+        bounds=AT_LEAST_0,
     ),
 ]
-EvalTokens = Annotated[int, flag("--eval-tokens", "Held-out bytes scored for from-noise CE.", T)]
+EvalTokens = Annotated[int, flag("--eval-tokens", "Held-out bytes scored for from-noise CE.", T, bounds=AT_LEAST_1)]
 DeviceOpt = Annotated[Device, flag("--device", "Torch device.", T, case_sensitive=False)]
 Json = Annotated[bool, flag("--json", "Print one JSON object.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log every round and exchange to stderr.")]
@@ -167,13 +251,17 @@ PeerSeed = Annotated[
         "Seed of this peer's data stream and noise (default: derived from the peer id, so peers differ).",
         S,
         "BLOCKTRAIN_PEER_SEED",
+        bounds=SEED,
         show_default=False,
     ),
 ]
 DeadlineMax = Annotated[
     float,
     flag(
-        "--deadline-max", "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).", S
+        "--deadline-max",
+        "Longest a round waits for peers' deltas, in seconds (the adaptive deadline stays below).",
+        S,
+        bounds=POSITIVE,
     ),
 ]
 Overlap = Annotated[
@@ -186,7 +274,12 @@ Overlap = Annotated[
 ]
 OverlapSteps = Annotated[
     int,
-    flag("--overlap-steps", "With --overlap: at most this many steps before a merge lands (0 = the whole round).", S),
+    flag(
+        "--overlap-steps",
+        "With --overlap: at most this many steps before a merge lands (0 = the whole round).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
 ]
 GroupSize = Annotated[
     int,
@@ -195,11 +288,17 @@ GroupSize = Annotated[
         "Average in groups of at most this many peers each round, a new grid of groups every round "
         "(0 = every peer with every peer).",
         S,
+        bounds=Bounds(2, or_zero=True),
     ),
 ]
 GroupFullEvery = Annotated[
     int,
-    flag("--group-full-every", "Every this many rounds, one round of all peers together (re-anchors; 0 = never).", S),
+    flag(
+        "--group-full-every",
+        "Every this many rounds, one round of all peers together (re-anchors; 0 = never).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
 ]
 EvalEvery = Annotated[
     int,
@@ -208,10 +307,17 @@ EvalEvery = Annotated[
         "Every this many rounds, pull the other blocks from peers and measure the from-noise CE shown by "
         "`status` (0 = never).",
         S,
+        bounds=AT_LEAST_0,
     ),
 ]
 MinPeers = Annotated[
-    int, flag("--min-peers", "Wait before the first round until the swarm has this many peers (self included).", S)
+    int,
+    flag(
+        "--min-peers",
+        "Wait before the first round until the swarm has this many peers (self included).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
 ]
 OuterOpt = Annotated[
     str,
@@ -222,8 +328,16 @@ OuterOpt = Annotated[
         S,
     ),
 ]
-OuterLr = Annotated[float, flag("--outer-lr", "Learning rate of the outer optimizer (1 with momentum 0 = none).", S)]
-OuterMomentum = Annotated[float, flag("--outer-momentum", "Nesterov momentum of the outer optimizer, in [0, 1).", S)]
+OuterLr = Annotated[
+    float,
+    flag("--outer-lr", "Learning rate of the outer optimizer (1 with momentum 0 = none).", S, bounds=POSITIVE),
+]
+OuterMomentum = Annotated[
+    float,
+    flag(
+        "--outer-momentum", "Nesterov momentum of the outer optimizer, in [0, 1).", S, bounds=Bounds(0, 1, hi_open=True)
+    ),
+]
 
 # -- network ---------------------------------------------------------------------------------------
 Listen = Annotated[
@@ -243,6 +357,7 @@ DhtPort = Annotated[
         "TCP port of the DHT (0 = any free port; fix it, with --checkpoint-dir, so the multiaddr survives restarts).",
         N,
         "BLOCKTRAIN_DHT_PORT",
+        bounds=PORT,
     ),
 ]
 Announce = Annotated[
@@ -264,6 +379,7 @@ MetricsPort = Annotated[
         "default: off).",
         N,
         "BLOCKTRAIN_METRICS_PORT",
+        bounds=PORT,
         show_default=False,
     ),
 ]
@@ -299,15 +415,24 @@ TimeoutS = Annotated[
         "Seconds to wait: for each peer (status, dashboard), for one block step before failing over to a replica "
         "(score, generate), for the whole swarm to finish (demo).",
         N,
+        bounds=POSITIVE,
     ),
 ]
-TimeoutAlias = Annotated[float | None, typer.Option("--timeout", hidden=True)]  # the older spelling of --timeout-s
+TimeoutAlias = Annotated[  # the older spelling of --timeout-s
+    float | None, typer.Option("--timeout", hidden=True, callback=check_bounds("--timeout", POSITIVE))
+]
 DashboardHost = Annotated[
     str, flag("--host", "Interface the dashboard's web page listens on.", N, "BLOCKTRAIN_DASHBOARD_HOST")
 ]
 DashboardPort = Annotated[
     int,
-    flag("--port", "TCP port of the dashboard's web page (0 = any free port).", N, "BLOCKTRAIN_DASHBOARD_PORT"),
+    flag(
+        "--port",
+        "TCP port of the dashboard's web page (0 = any free port).",
+        N,
+        "BLOCKTRAIN_DASHBOARD_PORT",
+        bounds=PORT,
+    ),
 ]
 
 
@@ -315,7 +440,7 @@ DashboardPort = Annotated[
 Checkpoint = Annotated[
     Path | None, flag("--checkpoint", "Run locally from this checkpoint directory instead of a swarm.")
 ]
-Steps = Annotated[int | None, flag("--steps", "Sampler steps (default: one per block).")]
+Steps = Annotated[int | None, flag("--steps", "Sampler steps (default: one per block).", bounds=AT_LEAST_1)]
 
 
 # -- simulator (blocktrain simulate) ---------------------------------------------------------------
@@ -329,7 +454,7 @@ RegimeOpt = Annotated[
         SIM,
     ),
 ]
-Workers = Annotated[int, flag("--workers", "K: virtual workers (replicas) per block.", SIM)]
+Workers = Annotated[int, flag("--workers", "K: virtual workers (replicas) per block.", SIM, bounds=AT_LEAST_1)]
 PolicyOpt = Annotated[
     str | None,
     flag(
@@ -341,18 +466,41 @@ PolicyOpt = Annotated[
     ),
 ]
 TargetParticipation = Annotated[
-    float, flag("--target-participation", "The quantile policy's target: fraction of arrivals to wait for.", SIM)
+    float,
+    flag(
+        "--target-participation",
+        "The quantile policy's target: fraction of arrivals to wait for.",
+        SIM,
+        bounds=Bounds(0, 1, lo_open=True),
+    ),
 ]
-ComputeS = Annotated[float | None, flag("--compute-s", "custom: median seconds per local step.", SIM)]
-ComputeSigma = Annotated[float | None, flag("--compute-sigma", "custom: log-std of the step time.", SIM)]
-LatencyS = Annotated[float | None, flag("--latency-s", "custom: median one-way latency, seconds.", SIM)]
-LatencySigma = Annotated[float | None, flag("--latency-sigma", "custom: log-std of the latency.", SIM)]
-BandwidthKBps = Annotated[float | None, flag("--bandwidth-kbps", "custom: median upload bandwidth, kB/s.", SIM)]
-BandwidthSigma = Annotated[float | None, flag("--bandwidth-sigma", "custom: log-std of the bandwidth.", SIM)]
-Dropout = Annotated[float | None, flag("--dropout", "custom: chance a worker drops out of a round.", SIM)]
+ComputeS = Annotated[
+    float | None, flag("--compute-s", "custom: median seconds per local step.", SIM, bounds=AT_LEAST_0)
+]
+ComputeSigma = Annotated[
+    float | None, flag("--compute-sigma", "custom: log-std of the step time.", SIM, bounds=AT_LEAST_0)
+]
+LatencyS = Annotated[
+    float | None, flag("--latency-s", "custom: median one-way latency, seconds.", SIM, bounds=AT_LEAST_0)
+]
+LatencySigma = Annotated[
+    float | None, flag("--latency-sigma", "custom: log-std of the latency.", SIM, bounds=AT_LEAST_0)
+]
+BandwidthKBps = Annotated[
+    float | None, flag("--bandwidth-kbps", "custom: median upload bandwidth, kB/s.", SIM, bounds=POSITIVE)
+]
+BandwidthSigma = Annotated[
+    float | None, flag("--bandwidth-sigma", "custom: log-std of the bandwidth.", SIM, bounds=AT_LEAST_0)
+]
+Dropout = Annotated[float | None, flag("--dropout", "custom: chance a worker drops out of a round.", SIM, bounds=UNIT)]
 DeadlineX = Annotated[
     float | None,
-    flag("--deadline", "custom: fixed deadline as a multiple of a round's median compute time (H x --compute-s).", SIM),
+    flag(
+        "--deadline",
+        "custom: fixed deadline as a multiple of a round's median compute time (H x --compute-s).",
+        SIM,
+        bounds=POSITIVE,
+    ),
 ]
 
 
@@ -437,7 +585,7 @@ class PeerOptions(OptionGroup):
     data: Data
     device: DeviceOpt
     steps_per_round: StepsPerRound
-    rounds: Rounds
+    rounds: PeerRounds
     eval_data: EvalData
     block: BlockOpt
     checkpoint_dir: CheckpointDir
@@ -466,43 +614,58 @@ class PeerOptions(OptionGroup):
     group_size: GroupSize
     group_full_every: GroupFullEvery
 
-    def config(
-        self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
-    ) -> DaemonConfig:
-        """The DaemonConfig of this peer; PEERS are gRPC addresses with --static or when none is a /multiaddr."""
+    def check(self, train: TrainOptions, initial_peers: list[str]) -> None:
+        """Build what config() builds but the model-dependent part (ConfigError): for join, before the swarm's
+        model is known, so a bad combination of flags fails before anything loads or connects."""
+        self._parts(train, initial_peers)
+
+    def _parts(self, train: TrainOptions, initial_peers: list[str]) -> tuple[TrainConfig, GossipConfig, NetConfig]:
         if self.block != "auto" and not self.block.isdigit():
             raise ConfigError(f"--block must be a number or 'auto', got {self.block!r}")
         static = self.static or (bool(initial_peers) and not any(p.startswith("/") for p in initial_peers))
         steps = self.steps_per_round
+        try:
+            base = peer_train_config(steps)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        gossip = GossipConfig(
+            steps_per_round=steps,
+            codec=self.codec.value,
+            deadline_max_s=self.deadline_max,
+            outer=self.outer,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+            overlap=self.overlap,
+            overlap_steps=self.overlap_steps,
+            group_size=self.group_size,
+            group_full_every=self.group_full_every,
+        )
+        net = NetConfig(
+            swarm_id=self.swarm_id,
+            listen=self.listen,
+            initial_peers=tuple(initial_peers),
+            discovery="static" if static else "hivemind",
+            client_mode=self.client_mode,
+            dht_host=self.dht_host,
+            dht_port=self.dht_port,
+            announce=self.announce or "",
+            metrics_port=self.metrics_port,
+            swarm_key=str(self.swarm_key or ""),
+            tls_cert=str(self.tls_cert or ""),
+            tls_key=str(self.tls_key or ""),
+        )
+        return train.config(base), gossip, net
+
+    def config(
+        self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None
+    ) -> DaemonConfig:
+        """The DaemonConfig of this peer; PEERS are gRPC addresses with --static or when none is a /multiaddr."""
+        train_config, gossip, net = self._parts(train, initial_peers)
         return DaemonConfig(
             model=model,
-            train=train.config(peer_train_config(steps)),
-            gossip=GossipConfig(
-                steps_per_round=steps,
-                codec=self.codec.value,
-                deadline_max_s=self.deadline_max,
-                outer=self.outer,
-                outer_lr=self.outer_lr,
-                outer_momentum=self.outer_momentum,
-                overlap=self.overlap,
-                overlap_steps=self.overlap_steps,
-                group_size=self.group_size,
-                group_full_every=self.group_full_every,
-            ),
-            net=NetConfig(
-                swarm_id=self.swarm_id,
-                listen=self.listen,
-                initial_peers=tuple(initial_peers),
-                discovery="static" if static else "hivemind",
-                client_mode=self.client_mode,
-                dht_host=self.dht_host,
-                dht_port=self.dht_port,
-                announce=self.announce or "",
-                metrics_port=self.metrics_port,
-                swarm_key=str(self.swarm_key or ""),
-                tls_cert=str(self.tls_cert or ""),
-                tls_key=str(self.tls_key or ""),
-            ),
+            train=train_config,
+            gossip=gossip,
+            net=net,
             data_path=str(data_path),
             eval_path=str(eval_path) if eval_path else "",
             eval_every=self.eval_every,

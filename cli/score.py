@@ -24,10 +24,10 @@ def score(
     file: Annotated[Path, typer.Argument(help="Text file to score (bytes).")],
     src: o.SourceOptions,
     max_bytes: Annotated[
-        int | None, typer.Option("--max-bytes", help="Score at most this many bytes (whole windows).")
+        int | None, o.flag("--max-bytes", "Score at most this many bytes (whole windows).", bounds=o.AT_LEAST_1)
     ] = None,
     seed: Annotated[
-        int, typer.Option("--seed", help="Noise seed of the sampler (same as `blocktrain eval --seed`).")
+        int, o.flag("--seed", "Noise seed of the sampler (same as `blocktrain eval --seed`).", bounds=o.SEED)
     ] = 1234,
     steps: o.Steps = None,
     json_out: o.Json = False,

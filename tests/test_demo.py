@@ -41,7 +41,7 @@ def demo_args(data: Path, out: Path, *extra: str) -> list[str]:
     "extra, needle",
     [
         (["--peers", "2", "--blocks", "3"], "--peers 2 cannot train --blocks 3"),
-        (["--trajectory-prob", "5"], "trajectory_prob must be in [0, 1]"),
+        (["--trajectory-prob", "5"], "--trajectory-prob must be in [0, 1]"),
         (["--peers", "0"], "must be >= 1"),
         (["--steps-per-round", "0"], "must be >= 1"),
         (["--d-model", "30", "--n-heads", "4"], "must be divisible by n_heads"),
@@ -82,7 +82,7 @@ def test_bad_demo_input_is_refused_without_torch(tmp_path):
         f"r = CliRunner().invoke(app, {demo_args(data, tmp_path / 'm', '--peers', '1', '--blocks', '2')!r})\n"
         "assert r.exit_code == 2 and 'cannot train' in r.output, r.output\n"
         f"r = CliRunner().invoke(app, {demo_args(data, tmp_path / 'm', '--trajectory-prob', '5')!r})\n"
-        "assert r.exit_code == 2 and 'trajectory_prob' in r.output, r.output\n"
+        "assert r.exit_code == 2 and '--trajectory-prob' in r.output, r.output\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -110,8 +110,10 @@ def test_plan_checks_the_out_dir(tmp_path):
 
 
 def test_round_lines_of_the_daemon_parse():
-    line = "round 3: block 1 train ce 4.1234 participation 0.50 sent 123456 B in 1.25s"
-    assert parse_round_line(line) == {"round": 3, "train_ce": 4.1234, "participation": 0.5, "bytes_sent": 123456}
+    line = "round 3: block 1 train ce 4.1234 participation 0.50 sent 0.12 MB in 1.25s"  # swarmd.node.runner's
+    assert parse_round_line(line) == {"round": 3, "train_ce": 4.1234, "participation": 0.5, "bytes_sent": 120000}
+    older = "round 3: block 1 train ce 4.1234 participation 0.50 sent 123456 B in 1.25s"  # bytes, before issue 22
+    assert parse_round_line(older)["bytes_sent"] == 123456
     nan = parse_round_line("round 2: block 0 train ce nan")
     assert nan["round"] == 2 and nan["train_ce"] != nan["train_ce"]
 

@@ -28,7 +28,7 @@ from tests.swarm_utils import tiny_model
 
 needs_netns = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
 
-ROUND = re.compile(r"round (\d+): block (\d+) train ce \S+ participation ([\d.]+) sent (\d+) B in ([\d.]+)s")
+ROUND = re.compile(r"round (\d+): block (\d+) train ce \S+ participation ([\d.]+) sent ([\d.]+) MB in ([\d.]+)s")
 
 
 @pytest.fixture

@@ -170,8 +170,8 @@ def test_simulator_applies_the_daemons_outer_step(text_data):
     "args, needle",
     [
         (["--outer", "adam"], "outer must be 'none' or 'nesterov'"),
-        (["--outer", "nesterov", "--outer-momentum", "1"], "0 <= outer_momentum < 1"),
-        (["--outer-lr", "0"], "outer_lr > 0"),
+        (["--outer", "nesterov", "--outer-momentum", "1"], "--outer-momentum must be in [0, 1)"),
+        (["--outer-lr", "0"], "--outer-lr must be > 0"),
     ],
 )
 def test_outer_flags_reach_the_gossip_config(tmp_path, args, needle):

@@ -55,20 +55,37 @@ def _record():
 
 @pytest.fixture
 def root_logging():
-    """Put the root logger's level and handlers back after a test that configures logging."""
+    """Put the root logger's level and handlers back after a test that configures logging (hivemind's, grpc's too)."""
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
+    libraries = {name: logging.getLogger(name).level for name in ("hivemind", "grpc")}
     yield root
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, library_level in libraries.items():
+        logging.getLogger(name).setLevel(library_level)
 
 
 @pytest.mark.parametrize(("verbose", "level"), [(False, logging.WARNING), (True, logging.INFO)])
-def test_setup_logging_keeps_its_level_after_routing_hivemind_logs(root_logging, verbose, level):
+def test_setup_logging_keeps_its_level_after_routing_hivemind_logs(root_logging, monkeypatch, verbose, level):
+    monkeypatch.delenv("HIVEMIND_LOGLEVEL", raising=False)
+    monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")  # setup_logging sets it only where unset
     setup_logging(verbose)
     assert root_logging.level == level
     assert logging.getLogger("swarmd.averaging.gossip").getEffectiveLevel() == level
-    assert logging.getLogger("hivemind.dht").getEffectiveLevel() == level
+    # hivemind's and grpc's own lines (e.g. the DHT process's ERROR + traceback for a client-mode node's
+    # multiaddrs) reach stderr only with -v (issue 22)
+    library = level if verbose else logging.CRITICAL
+    assert logging.getLogger("hivemind.dht").getEffectiveLevel() == library
+    assert logging.getLogger("grpc._cython.cygrpc").getEffectiveLevel() == library
+
+
+def test_an_explicit_hivemind_loglevel_is_kept(root_logging, monkeypatch):
+    monkeypatch.setenv("HIVEMIND_LOGLEVEL", "DEBUG")
+    monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")
+    setup_logging(False)
+    assert logging.getLogger("hivemind.p2p").getEffectiveLevel() == logging.DEBUG
+    assert logging.getLogger("swarmd").getEffectiveLevel() == logging.WARNING
 
 
 def test_a_daemon_prints_each_round_once_and_keeps_stderr_quiet_without_verbose(tmp_path):

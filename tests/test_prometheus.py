@@ -239,7 +239,7 @@ def test_the_runner_prints_the_metrics_url_and_the_cli_refuses_a_bad_port(tmp_pa
     assert not any(line.startswith("metrics:") for line in plain)
     data = str(tmp_path / "train.txt")
     bad = CliRunner().invoke(app, ["run", "--data", data, "--static", "--metrics-port", "70000"])
-    assert bad.exit_code == 2 and "metrics_port must be in [0, 65535]" in bad.output, bad.output
+    assert bad.exit_code == 2 and "--metrics-port must be in [0, 65535]" in bad.output, bad.output
     assert "Traceback" not in bad.output
     help_text = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output.split())
     assert "--metrics-port" in help_text

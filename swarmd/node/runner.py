@@ -5,8 +5,9 @@ Owns the stdout of a daemon process, shared by `blocktrain run` / `blocktrain jo
   swarm: ID / peer: ID / block: N / round: N / address: HOST:PORT or (client mode)
   metrics: http://HOST:PORT/metrics (with --metrics-port)
   multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr) / ready
-then one `round R: block B train ce ... participation ... sent ... B in ...s` line per merged
-round and a final `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
+then one `round R: block B train ce ... participation ... sent X.XX MB in ...s` line per merged
+round (bytes sent so far, in MB = 10^6 bytes as `blocktrain demo` shows them) and a final
+`stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
 (it checkpoints and leaves). Torch is imported only when a daemon runs, so importing this module
 (for setup_logging) stays light.
 """
@@ -21,12 +22,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarmd.membership.addresses import preferred_multiaddr
 from swarmd.node.config import DaemonConfig
 
-if TYPE_CHECKING:  # torch stays unimported until a daemon runs
+if TYPE_CHECKING:  # the round loop's report (importing gossip at run time would load torch)
     from swarmd.averaging.exchange import MergeReport
 
 
@@ -34,22 +35,58 @@ def _print(line: str) -> None:
     print(line, flush=True)  # a parent process reads these lines as they come
 
 
+LIBRARY_LOGGERS = ("hivemind", "grpc")  # their own log lines reach stderr only with verbose
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever sys.stderr is when a record comes (a CLI test runner swaps and closes it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     """Log to stderr (INFO with verbose, else WARNING), hivemind's logger routed into the root logger.
 
-    Without verbose a daemon's stderr shows only warnings and errors (its rounds are the stdout
-    lines); verbose adds the INFO logs of every exchange, merge and re-sync.
+    Without verbose a daemon's stderr shows only our warnings and errors (its rounds are the stdout
+    lines), none of hivemind's or grpc's own log lines (e.g. the ERROR and traceback hivemind's DHT
+    process logs when a client-mode node has no multiaddr to show); verbose adds the INFO logs of
+    every exchange, merge and re-sync, hivemind's and grpc's included. `HIVEMIND_LOGLEVEL`, when set,
+    is the hivemind loggers' level either way; `GRPC_VERBOSITY` (gRPC core's own stderr lines), when
+    set, is left alone, else it is NONE without verbose (for the channels and servers created after).
 
     :param hivemind: route hivemind's logger (imports hivemind, and so torch: off for a peer status)
     """
     level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=[_Stderr()])
+    if not verbose:
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    quiet_library_logs(verbose)
     if not hivemind:
         return
     from swarmd.membership.dht import route_hivemind_logs
 
-    route_hivemind_logs()
-    logging.getLogger().setLevel(level)  # routing set the root level to $HIVEMIND_LOGLEVEL (INFO): ours wins
+    route_hivemind_logs()  # resets the hivemind logger's level, and the root's to $HIVEMIND_LOGLEVEL (INFO)
+    logging.getLogger().setLevel(level)  # ours wins
+    quiet_library_logs(verbose)
+
+
+def quiet_library_logs(verbose: bool) -> None:
+    """hivemind's and grpc's Python loggers: CRITICAL only without verbose, else the root's level.
+
+    An explicit $HIVEMIND_LOGLEVEL sets the hivemind loggers' level instead (a debugging user asked
+    for it). Setting a level, not a handler: the DHT process, forked after this, inherits it.
+    """
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.CRITICAL)
+    explicit = os.environ.get("HIVEMIND_LOGLEVEL", "").strip().upper()
+    if explicit and isinstance(logging.getLevelName(explicit), int):
+        logging.getLogger("hivemind").setLevel(explicit)
 
 
 EXIT_GRACE_S = 2.0  # a process entry point ends at most this long after its daemon has shut down
@@ -93,7 +130,7 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
         st, m = daemon.state, daemon.metrics
         echo(
             f"round {st.round}: block {st.block_index} train ce {m.last_train_ce:.4f} "
-            f"participation {report.participation:.2f} sent {m.bytes_sent} B in {report.seconds:.2f}s"
+            f"participation {report.participation:.2f} sent {m.bytes_sent / 1e6:.2f} MB in {report.seconds:.2f}s"
         )
 
     daemon = Daemon(config, on_round=on_round)

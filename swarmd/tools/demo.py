@@ -62,6 +62,7 @@ class DemoPlan:
     rounds: int
     steps_per_round: int
     codec: Codec
+    device: str  # torch device of every peer (cpu, cuda)
     eval_tokens: int  # held-out bytes scored before and after
     timeout_s: float  # give up and stop every peer after this many seconds
     workdir: Path | None  # peer checkpoints and logs (None = a temp dir, removed after a success)
@@ -76,6 +77,7 @@ def plan_demo(
     rounds: int,
     steps_per_round: int,
     codec: Codec | str,
+    device: str = "cpu",
     train: TrainConfig = DEMO_TRAIN,
     eval_tokens: int = 4096,
     out: Path | None = None,
@@ -106,6 +108,7 @@ def plan_demo(
             gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec),
             net=NetConfig(swarm_id=DEMO_SWARM_ID),
             data_path=str(Path(train_path).resolve()),
+            device=device,
             max_rounds=rounds,
             min_peers=peers,
         )
@@ -128,6 +131,7 @@ def plan_demo(
         rounds=rounds,
         steps_per_round=steps_per_round,
         codec=codec,
+        device=device,
         eval_tokens=eval_tokens,
         timeout_s=timeout_s,
         workdir=Path(workdir) if workdir is not None else None,
@@ -181,19 +185,24 @@ _ROUND_FIELDS = {
     "round": r"round (\d+)",
     "train_ce": r"train ce (\S+)",
     "participation": r"participation (\S+)",
-    "bytes_sent": r"sent (\d+) B",
+    "bytes_sent": r"sent ([\d.]+ MB|\d+ B)\b",  # X.XX MB (swarmd.node.runner), or N B (daemons before it)
 }
 
 
 def parse_round_line(line: str) -> dict[str, Any]:
-    """The fields of a daemon's `round R: block B train ce X participation P sent N B in S s` line (those found)."""
+    """The fields of a daemon's `round R: block B train ce X participation P sent M MB in S s` line (those found);
+    bytes_sent in bytes (M MB, 2 decimals, is read as round(M * 10^6); an `N B` line gives N)."""
     found: dict[str, Any] = {}
     for key, pattern in _ROUND_FIELDS.items():
         m = re.search(pattern, line)
         if m is None:
             continue
         try:
-            found[key] = int(m.group(1)) if key in ("round", "bytes_sent") else float(m.group(1))
+            if key == "bytes_sent":
+                number, unit = m.group(1).split()
+                found[key] = round(float(number) * 1e6) if unit == "MB" else int(number)
+            else:
+                found[key] = int(m.group(1)) if key == "round" else float(m.group(1))
         except ValueError:
             continue
     return found
@@ -246,6 +255,7 @@ def run_demo(plan: DemoPlan, on_event: OnEvent | None = None, poll_s: float = 0.
         seed=plan.train.seed,
         swarm_id=DEMO_SWARM_ID,
         trajectory_prob=plan.train.trajectory_prob,
+        device=plan.device,
     )
     kept = True  # the work dir stays (and is named) unless the run succeeds or is interrupted
     try:

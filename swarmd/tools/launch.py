@@ -70,6 +70,7 @@ class LocalSwarm:
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
         with overlap or an outer optimizer, which run all-to-all only)
+    :param device: torch device of every peer (cpu, cuda)
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class LocalSwarm:
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
         group_size: int | None = None,
+        device: str = "cpu",
     ):
         if peers < 1:
             raise ConfigError("need at least one peer")
@@ -128,6 +130,7 @@ class LocalSwarm:
             data_path=str(self.data),
             stop_at_round=rounds,  # the swarm's round counter: a restarted peer stops with the rest
             min_peers=peers,
+            device=device,
         )
         self.peers = [
             PeerProc(i, i % model.blocks, self.workdir / f"peer{i}", self.workdir / f"peer{i}.log")
