@@ -249,7 +249,7 @@ def test_raw_tensor_decoders_raise_validation_errors_only(examples):
 # -- DHT records -------------------------------------------------------------------------------------------------
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.binary(max_size=8))
 record_fields = ["peer_id", "address", "block_index", "round", "samples_per_s", "config_hash", "base_hash"]
-record_fields += ["client_mode", "swarm_id", "emb_hash", "tls_fingerprint", "expires", "signature", "extra"]
+record_fields += ["client_mode", "swarm_id", "emb_hash", "tls_fingerprint", "pinned", "expires", "signature", "extra"]
 
 
 @pytest.mark.parametrize("examples", EXAMPLES)

@@ -2,6 +2,7 @@
 
 identity.py   Ed25519 peer identities: peer ids, signing, verifying, the identity file
 records.py    PeerRecord (what a peer announces), DHT block keys, block choice from the records
+balance.py    pure rule over the records: which --block auto peer moves where, so no block goes unserved
 trust.py      signing and checking records and payloads (signature, expiry, DHT key)
 addresses.py  announce addresses, host:port parsing, peer-address checks
 discovery.py  the Discovery protocol: in-memory and static discovery, connect_discovery (the CLI clients')

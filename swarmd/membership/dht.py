@@ -41,10 +41,12 @@ logger = logging.getLogger(__name__)
 
 
 def route_hivemind_logs() -> None:
-    """Send hivemind's log records through the root logger (as hivemind's own CLI does)."""
+    """Send hivemind's log records through the root logger and its handlers (ours: swarmd.node.runner), not
+    hivemind's own handler, which holds the stderr of the moment hivemind was imported (a closed one under a
+    CLI test runner) and would replace ours."""
     from hivemind.utils.logging import use_hivemind_log_handler
 
-    use_hivemind_log_handler("in_root_logger")
+    use_hivemind_log_handler("nowhere")
 
 
 def _socket_tag() -> str:

@@ -2,7 +2,8 @@
 
 The DHT key of a block (block_key / parse_block_key), the record's schema check (PeerRecord.from_value:
 anything malformed is None), the record a peer's GetStatus carries (record_from_status), and the
-throughput view a joiner chooses its block from (choose_block, block_throughput). Signing and checking
+throughput view a joiner chooses its block from (choose_block, block_throughput; who moves once it has
+announced is swarmd.membership.balance). Signing and checking
 records is swarmd.membership.trust; finding them is swarmd.membership.discovery. No torch, grpc or hivemind.
 """
 
@@ -51,6 +52,8 @@ class PeerRecord:
     # issue 9: the record is signed by the Ed25519 key its peer_id names (swarmd.membership.trust); readers drop
     # unsigned, forged and expired records. tls_fingerprint: sha256 of the gRPC server's certificate ("" = no TLS)
     tls_fingerprint: str = ""
+    # issue 22: started on an explicit --block, so it never moves to another block (swarmd.membership.balance)
+    pinned: bool = False
     expires: float = 0.0  # unix time the owner signed this record to be valid until
     signature: str = ""  # hex Ed25519 signature over swarmd.membership.trust.record_bytes(self)
 
@@ -73,7 +76,9 @@ class PeerRecord:
             if rec.samples_per_s < 0:
                 raise ValueError("negative samples_per_s")
             rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
-            if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not isinstance(rec.client_mode, bool):
+            if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not all(
+                isinstance(getattr(rec, k), bool) for k in _BOOLS
+            ):
                 raise ValueError("wrong field types")
             return rec
         except (TypeError, ValueError, OverflowError) as exc:
@@ -82,6 +87,7 @@ class PeerRecord:
 
 
 _INTS = ("block_index", "round")
+_BOOLS = ("client_mode", "pinned")
 _STRS = ("peer_id", "address", "config_hash", "base_hash", "swarm_id", "emb_hash", "tls_fingerprint", "signature")
 _REQUIRED = (
     *("peer_id", "address", "block_index", "round", "samples_per_s"),

@@ -3,7 +3,8 @@
 config.py         NetConfig, DaemonConfig (GossipConfig is swarmd.averaging.config), peer_train_config
 service.py        SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward)
 credentials.py    where a peer's credentials come from: identity, libp2p key file, swarm key, TLS and its pin
-startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState)
+startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState);
+                  the fresh BlockState of a block a peer moves to (new_state)
 presence.py       Presence: the running peer in discovery (announce, lookups, the announce loop, min_peers wait)
 peers.py          pulls from the other peers: their merged blocks, trajectory training's predecessors
 measure.py        the round's measurements: consensus distance to replicas, the assembled model's CE
@@ -11,6 +12,7 @@ checkpoints.py    CheckpointWriter: checkpoint writes with the progress counters
 overlap.py        delayed averaging's round loop (training goes on while a round is collected), over a RoundPeer
 http_endpoint.py  the thread-served HTTP endpoint the metrics server and the dashboard share
 prometheus.py     the Prometheus endpoint (--metrics-port) over swarmd.metrics.Metrics
+rebalance.py      when a --block auto peer moves block (confirmed twice once trained) and the state it takes
 daemon.py         Daemon: wires membership + averaging + serve + transport, owns the tasks and the training thread
 runner.py         one daemon in the foreground: signals, the stdout lines (`blocktrain run`, `python -m swarmd`)
 The only layer that imports serving (daemon.py); the tools build on it.

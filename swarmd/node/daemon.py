@@ -6,10 +6,14 @@ announces and lookups in presence, the checkpoint failures in checkpoints):
   start()      the address plan, discovery, block choice and BlockState (swarmd.node.startup: a taken
                --listen / --dht-port fails first; --block auto picks the least combined throughput; a
                checkpoint dir resumes), the identity and TLS (swarmd.node.credentials), the gRPC server
-               over a SwarmService (none in client mode), Gossip, BlockServing, first announce, the
+               over a SwarmService (none in client mode), Gossip, BlockServing, first announce, then (a
+               fresh --block auto peer) one announce period later the block balance check, the
                Prometheus endpoint (swarmd.node.prometheus);
   serve()      one asyncio TaskGroup: the announce loop (swarmd.node.presence) and the round loop,
                until stop() or max_rounds; then a final checkpoint and a clean shutdown;
+  rebalance()  before every round (and once at start): swarmd.node.rebalance says whether this --block
+               auto peer moves (joiners arriving together, a block that lost its last peer) and the state
+               it trains there (a fresh one of the new block with our round and byte table);
   run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training
                (swarmd.node.peers), H local steps in the worker thread, gossip average, serving update,
                announce, checkpoint, consensus distance and held-out CE (swarmd.node.measure), then
@@ -27,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 
@@ -40,6 +45,7 @@ from swarmd.errors import SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import verified
 from swarmd.metrics import Metrics
 from swarmd.node.checkpoints import CheckpointWriter
 from swarmd.node.config import DaemonConfig
@@ -49,6 +55,7 @@ from swarmd.node.overlap import OverlapRounds
 from swarmd.node.peers import load_predecessors
 from swarmd.node.presence import Presence
 from swarmd.node.prometheus import MetricsServer, start_metrics_server
+from swarmd.node.rebalance import Rebalancer, moved_state
 from swarmd.node.service import SwarmService
 from swarmd.node.startup import address_plan, open_discovery, open_state
 from swarmd.protocol import PeerState
@@ -71,6 +78,9 @@ class Daemon:
     server: SwarmServer | None
     presence: Presence
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    me: PeerRecord  # our record's fields Gossip signs the rest into (block_index: the block trained now)
+    data: ByteData  # the training text the batch streams draw from
+    peer_seed: int  # seeds this peer's data streams and noise
 
     def __init__(self, config: DaemonConfig, on_round: Callable[[MergeReport], None] | None = None):
         self.config, self.cfg, self.on_round = config, config.model, on_round
@@ -80,6 +90,8 @@ class Daemon:
         self.stopping = asyncio.Event()
         self._stop_thread = threading.Event()
         self.server = self.discovery = self.gossip = self.state = self.serving = None  # type: ignore[assignment]
+        self.presence = None  # type: ignore[assignment]
+        self.rebalancer = Rebalancer()  # when this --block auto peer moves (swarmd.node.rebalance)
         self.swarm_key = load_swarm_key(config.net)  # None: a public swarm
         self.tls = load_tls(config.net)  # (cert, key) PEM: serve TLS; None: plaintext
         self.client = PeerClient(
@@ -115,10 +127,9 @@ class Daemon:
         status = lambda a: self.client.status(a, c.gossip.rpc_timeout_s)
         self.discovery = await open_discovery(net, plan, status, c.checkpoint_dir)
         self.peer_id = self.identity.peer_id  # the Ed25519 key's id (the DHT node keeps its own libp2p id)
-        peer_seed = c.peer_seed if c.peer_seed is not None else seed_for("peer", self.peer_id)
+        self.peer_seed = c.peer_seed if c.peer_seed is not None else seed_for("peer", self.peer_id)
         resumed = saved_block is not None
-        self.state = await open_state(c, saved_block, self.discovery, peer_seed)
-        block = self.state.block_index
+        state = await open_state(c, saved_block, self.discovery, self.peer_seed)
         if not net.client_mode:
             host, _, port = net.listen.rpartition(":")
             limits = {"max_payload_bytes": c.gossip.max_payload_bytes, **self.service.server_limits()}
@@ -126,20 +137,18 @@ class Daemon:
                 self.service, host, int(port), swarm_key=self.swarm_key, tls=self.tls, **limits
             )
             self.announced = plan.grpc_address(self.server.port)
-        record = (self.peer_id, self.address, block, 0, 0.0, self.cfg.config_hash(), "", net.client_mode, net.swarm_id)
-        me = PeerRecord(*record, tls_fingerprint=tls_fingerprint(self.tls, self.server is not None))  # pins our cert
-        self.gossip = Gossip(
-            self.state, self.client, c.gossip, me, self.metrics, identity=self.identity, lookup=self.records
-        )
-        self.presence = Presence(self.discovery, self.gossip, self.client, self.metrics, net, self.stopping)
-        self.serving = BlockServing(
-            self.cfg, block, c.device, peer_id=self.peer_id, max_cache_bytes=c.net.serve_cache_bytes
-        )
-        self.update_serving()
+        block, config_hash = state.block_index, self.cfg.config_hash()
+        record = (self.peer_id, self.address, block, 0, 0.0, config_hash, "", net.client_mode, net.swarm_id)
+        fingerprint = tls_fingerprint(self.tls, self.server is not None)  # pins our cert
+        # pinned: an explicit --block never moves (swarmd.membership.balance); --block auto may
+        self.me = PeerRecord(*record, tls_fingerprint=fingerprint, pinned=c.block >= 0)
+        self.data = data
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
-        resume = (self.state.round,) if resumed else ()
-        self.batches = data.stream(seed_for("data", c.train.seed, block, peer_seed, *resume), c.train.batch_size)
+        self.use_state(state, resume=(state.round,) if resumed else ())
         await self.announce()
+        if self.movable and not resumed:  # joiners that chose a block together: re-check once their records are out
+            await self.presence.pause(net.announce_period_s)
+            await self.rebalance(max_age_s=0.0)
         self.metrics_server = start_metrics_server(self.metrics, net, self.state.block_index, self.peer_id)
         resumed_msg = ", resumed" if resumed else ""
         logger.info("%s started (round %d%s), address %s", self.gossip.tag, self.state.round, resumed_msg, self.address)
@@ -148,6 +157,54 @@ class Daemon:
     def metrics_url(self) -> str:
         """http://HOST:PORT/metrics of the Prometheus endpoint ("" when off)."""
         return self.metrics_server.url if self.metrics_server else ""
+
+    @property
+    def movable(self) -> bool:
+        """Whether this peer may move to another block: --block auto, server mode, more than one block."""
+        return not self.me.pinned and self.server is not None and self.cfg.blocks > 1
+
+    def use_state(self, state: BlockState, resume: tuple[int, ...] = ()) -> None:
+        """Train `state` from now on: its Gossip (our record for its block), the announce loop's gossip, a BlockServing
+        of its block, and its batch stream (resume: a resumed peer's round, so it does not replay its batches)."""
+        c, block = self.config, state.block_index
+        self.state, self.me = state, replace(self.me, block_index=block)
+        self.gossip = Gossip(
+            state, self.client, c.gossip, self.me, self.metrics, identity=self.identity, lookup=self.records
+        )
+        if self.presence is None:
+            self.presence = Presence(self.discovery, self.gossip, self.client, self.metrics, c.net, self.stopping)
+        self.presence.gossip = self.gossip
+        self.serving = BlockServing(
+            self.cfg, block, c.device, peer_id=self.peer_id, max_cache_bytes=c.net.serve_cache_bytes
+        )
+        self.update_serving()
+        seed = seed_for("data", c.train.seed, block, self.peer_seed, *resume)
+        self.batches = self.data.stream(seed, c.train.batch_size)
+
+    async def rebalance(self, max_age_s: float | None = None) -> bool:
+        """Move to the block swarmd.node.rebalance names for this --block auto server-mode peer, if any; whether
+        it moved. :param max_age_s: how old the last lookup may be (default: one announce period; 0: look up now)"""
+        if not self.movable or self.stopping.is_set():
+            return False
+        net = self.config.net
+        found = await self.presence.recent(net.announce_period_s if max_age_s is None else max_age_s)
+        records = [r for r in verified(found) if r.config_hash == self.me.config_hash and r.swarm_id == net.swarm_id]
+        looked_up = self.presence.last[0] if self.presence.last is not None else 0.0
+        me, trained = self.gossip.record(net.record_ttl_s), self.state.local_steps > 0
+        move = self.rebalancer.decide(records, me, self.cfg.blocks, trained=trained, looked_up=looked_up)
+        if move is None:
+            return False
+        logger.warning("%s %s", self.gossip.tag, move)
+        if self.overlap is not None:
+            await self.overlap.drain()  # the round in flight lands on the block it was trained for
+        self.use_state(await asyncio.to_thread(moved_state, self.state, self.config, move.target, self.peer_seed))
+        if self.metrics_server is not None:
+            self.metrics_server.set_block(move.target)
+        try:
+            await self.announce()
+        except SwarmdError as exc:  # the DHT is unreachable (timeout): the announce loop tries again
+            logger.warning("%s announce failed: %s", self.gossip.tag, exc)
+        return True
 
     def update_serving(self) -> None:
         """Serve the merged base: inference and Forward read the weights the last merge (or re-sync) produced."""
@@ -217,6 +274,7 @@ class Daemon:
         started = overlap.rounds_started if overlap is not None else (lambda: self.state.round)
         try:
             while not self.stopping.is_set() and not (last and started() >= last):
+                await self.rebalance()
                 await self.run_round()
             if self.overlap is not None:
                 await self.overlap.drain()  # the last round's merge lands (within the stop grace when stopping)

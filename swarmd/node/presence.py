@@ -5,10 +5,13 @@ Owns what the daemon does with its Discovery once it has started:
                     the announce period);
   records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
                     per block in the metrics, their certificates pinned for TLS (swarmd.membership.trust);
+  recent()          the last lookup's records while they are fresh enough, else a new lookup (the
+                    block balance check before each round reuses the round's own lookups);
   announce_loop()   until the daemon stops: every announce period (with jitter) a DHT node first checks
                     its neighbours (re-bootstrapping after a partition, restarting a DHT process that died
                     alone), then announces; a failed pass is a warning and the next one tries again;
-  wait_for_peers()  the first round waits until min_peers peers are known (or the timeout passes).
+  wait_for_peers()  the first round waits until min_peers peers are known (or the timeout passes);
+  pause()           a wait that ends early when the daemon stops.
 Which discovery runs, and when it is shut down, is the daemon's (swarmd.node.startup opens it).
 """
 
@@ -45,6 +48,7 @@ class Presence:
     ):
         self.discovery, self.gossip, self.client, self.metrics = discovery, gossip, client, metrics
         self.net, self.stopping = net, stopping
+        self.last: tuple[float, list[PeerRecord]] | None = None  # (monotonic time, records) of the last good lookup
 
     async def announce(self) -> None:
         started = time.monotonic()
@@ -60,9 +64,16 @@ class Presence:
         except Exception as exc:
             logger.warning("%s peer lookup failed: %s", self.gossip.tag, exc)
             return []
+        self.last = (time.monotonic(), found)
         self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
         await pin_tls(self.client, found, skip=self.gossip.me.peer_id)
         return found
+
+    async def recent(self, max_age_s: float) -> list[PeerRecord]:
+        """The records of the last good lookup if it is at most max_age_s old, else those of a new one (records())."""
+        if self.last is not None and time.monotonic() - self.last[0] <= max_age_s:
+            return self.last[1]
+        return await self.records()
 
     async def announce_loop(self) -> None:
         period = self.net.announce_period_s
@@ -76,7 +87,7 @@ class Presence:
                 await self.announce()
             except Exception as exc:
                 logger.warning("%s announce failed: %s", self.gossip.tag, exc)
-            await self._wait_stopping(period * (1 + 0.2 * random.random()))
+            await self.pause(period * (1 + 0.2 * random.random()))
 
     async def wait_for_peers(self, want: int, timeout_s: float) -> None:
         """Block until discovery sees `want` peers, this one included (or timeout_s passes, with a warning)."""
@@ -85,11 +96,12 @@ class Presence:
             if len({r.peer_id for r in await self.records()} | {self.gossip.me.peer_id}) >= want:
                 self.metrics.discovery_s = self.metrics.uptime_s
                 return
-            await self._wait_stopping(1.0)  # each lookup is a DHT traversal: do not hammer it
+            await self.pause(1.0)  # each lookup is a DHT traversal: do not hammer it
         if want > 1 and time.monotonic() >= deadline:
             logger.warning("%s started with fewer than %d peers (timeout)", self.gossip.tag, want)
 
-    async def _wait_stopping(self, timeout_s: float) -> None:
+    async def pause(self, timeout_s: float) -> None:
+        """Wait timeout_s, or less once the daemon stops."""
         try:
             await asyncio.wait_for(self.stopping.wait(), timeout_s)
         except TimeoutError:

@@ -53,6 +53,10 @@ class MetricsCollector(Collector):
         self.label_names = ["swarm_id", "block"]
         self.label_values = [swarm_id, str(block_index)]
 
+    def set_block(self, block_index: int) -> None:
+        """Label the samples with another block (the peer moved: swarmd.membership.balance)."""
+        self.label_values = [self.label_values[0], str(block_index)]
+
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=self.label_names)
         family.add_metric(self.label_values, value)
@@ -139,8 +143,14 @@ class MetricsServer(HttpEndpoint):
 
     def __init__(self, collector: Collector):
         super().__init__()
+        self.collector = collector
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
+
+    def set_block(self, block_index: int) -> None:
+        """The block label of every sample from now on (a MetricsCollector's; other collectors have none)."""
+        if isinstance(self.collector, MetricsCollector):
+            self.collector.set_block(block_index)
 
     def start(self, host: str, port: int) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.

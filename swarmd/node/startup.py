@@ -6,7 +6,9 @@ Owns what Daemon.start() decides before it wires anything: address_plan checks t
 open_discovery starts the discovery NetConfig names: a StaticDiscovery over initial_peers, asked for
 their status, or a hivemind DHT node (swarmd.membership.dht) listening and announcing where the plan
 says, its libp2p key in the checkpoint dir; open_state builds the BlockState of the checkpoint's
-block (resumed from it), else of --block, else of the block --block auto picks from the records.
+block (resumed from it), else of --block, else of the block --block auto picks from the records;
+new_state is the fresh BlockState of one block (initial weights, round 0), the one a peer that moves
+to another block (swarmd.membership.balance) trains from then on.
 """
 
 from __future__ import annotations
@@ -61,8 +63,14 @@ async def open_state(
     if block is None or block < 0:
         records = [r for r in await discovery.find_all() if r.config_hash == cfg.config_hash()]
         block = choose_block(records, cfg.blocks)
-    outer = make_outer(config.gossip.outer, config.gossip.outer_lr, config.gossip.outer_momentum)
-    state = BlockState(BlockTrainer(cfg, config.train, block, config.device, worker_seed=peer_seed), outer)
+    state = new_state(config, block, peer_seed)
     if saved_block is not None:
         await asyncio.to_thread(state.restore, config.checkpoint_dir)
     return state
+
+
+def new_state(config: DaemonConfig, block: int, peer_seed: int) -> BlockState:
+    """A fresh BlockState of `block`: its initial weights at round 0 (a joiner's; the first re-sync adopts the state
+    the block's and the byte table's peers hold, if any)."""
+    outer = make_outer(config.gossip.outer, config.gossip.outer_lr, config.gossip.outer_momentum)
+    return BlockState(BlockTrainer(config.model, config.train, block, config.device, worker_seed=peer_seed), outer)
