@@ -2,7 +2,8 @@
 
 Model flags are optional here: each one given must match the swarm's config (else a clear error),
 the rest come from the swarm. Then it runs exactly like `blocktrain run`: picks a block, downloads
-the block and embedding state from peers before its first step, and starts contributing.
+the block and embedding state from peers before its first step, and starts contributing. With
+--swarm-key the config is asked with a proof of that key too (a private swarm answers nothing else).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def join(
         peer.check(train, list(peers))  # so does a bad combination of flags (the model's wait for the swarm's)
         setup_logging(verbose)  # imports hivemind (and torch): after the instant checks
         check_device(peer.device)
+        if peer.swarm_key is not None:  # the config request proves the key as well (not only the daemon's calls)
+            from swarmd.transport.auth import load_swarm_key, use_swarm_key
+
+            use_swarm_key(load_swarm_key(peer.swarm_key))
         swarm_model = asyncio.run(fetch_swarm_config(list(peers), peer.swarm_id))
         swarm_values = swarm_model.to_dict()
         wrong = {k: (v, swarm_values[k]) for k, v in model.given().items() if v != swarm_values[k]}

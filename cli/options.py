@@ -319,6 +319,15 @@ MinPeers = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
+KeepTrying = Annotated[
+    bool,
+    flag(
+        "--keep-trying",
+        "When every exchange of a few rounds fails for a known cause (another swarm key, model config or swarm "
+        "id), warn and go on instead of stopping with exit code 3.",
+        S,
+    ),
+]
 OuterOpt = Annotated[
     str,
     flag(
@@ -349,7 +358,17 @@ ClientMode = Annotated[
 Static = Annotated[
     bool, flag("--static", "PEERS are HOST:PORT gRPC addresses of a fixed peer list instead of DHT multiaddrs.", N)
 ]
-DhtHost = Annotated[str, flag("--dht-host", "Interface the DHT listens on.", N, "BLOCKTRAIN_DHT_HOST")]
+DhtHost = Annotated[
+    str,
+    flag(
+        "--dht-host",
+        "Interface the DHT listens on (default: the --listen host's: 0.0.0.0 with 0.0.0.0, 127.0.0.1 with loopback, "
+        "else that address).",
+        N,
+        "BLOCKTRAIN_DHT_HOST",
+        show_default=False,
+    ),
+]
 DhtPort = Annotated[
     int,
     flag(
@@ -581,6 +600,7 @@ class PeerOptions(OptionGroup):
         "overlap_steps": GOSSIP.overlap_steps,
         "group_size": GOSSIP.group_size,
         "group_full_every": GOSSIP.group_full_every,
+        "keep_trying": DAEMON.keep_trying,
     }
     data: Data
     device: DeviceOpt
@@ -613,6 +633,7 @@ class PeerOptions(OptionGroup):
     overlap_steps: OverlapSteps
     group_size: GroupSize
     group_full_every: GroupFullEvery
+    keep_trying: KeepTrying
 
     def check(self, train: TrainOptions, initial_peers: list[str]) -> None:
         """Build what config() builds but the model-dependent part (ConfigError): for join, before the swarm's
@@ -676,6 +697,7 @@ class PeerOptions(OptionGroup):
             peer_seed=self.peer_seed,
             max_rounds=self.rounds,
             min_peers=self.min_peers,
+            keep_trying=self.keep_trying,
         )
 
 

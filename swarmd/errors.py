@@ -12,7 +12,9 @@ SwarmdError to exit code 1 (2 for bad input) without a traceback. Nothing here i
       ConfigMismatch (FAILED_PRECONDITION): StaleRound, BaseMismatch
       ValidationError (INVALID_ARGUMENT): PeerRejected, SessionMissing
       PeerUnavailable (UNAVAILABLE): DeadlineExceeded, NotFound (WrongBlock), Busy (NotReady), PeerFailed
-      Unauthenticated (UNAUTHENTICATED): a private swarm refused a call without a valid proof of its key
+      Unauthenticated (UNAUTHENTICATED): a private swarm refused a call without a valid proof of its key:
+        SwarmKeyRequired (the call carried no proof), SwarmKeyMismatch (a proof made with another key)
+      NothingMerges (exit code 3): every exchange of a few rounds failed for a known cause (swarmd.node.diagnosis)
 """
 
 
@@ -113,3 +115,18 @@ class Unauthenticated(SwarmdError):
 
     exit_code = 2
     status = "UNAUTHENTICATED"
+
+
+class SwarmKeyRequired(Unauthenticated):
+    """A private swarm refused a call that carried no proof of its key (the caller has no --swarm-key)."""
+
+
+class SwarmKeyMismatch(Unauthenticated):
+    """A private swarm refused a call whose proof was made with another swarm key."""
+
+
+class NothingMerges(SwarmdError):
+    """A peer stopped: every exchange of its last rounds failed for the cause the message names (--keep-trying
+    goes on instead)."""
+
+    exit_code = 3

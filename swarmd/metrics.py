@@ -4,8 +4,10 @@ Owns the numbers behind the GetStatus RPC (`blocktrain status`) and the Promethe
 (swarmd.node.prometheus reads them at scrape time): a samples/s EMA in the style of hivemind's
 utils/performance_ema.py, local steps, bytes sent/received on the wire and the raw fp32 bytes
 behind them (the only byte counters: the PeerClient reports what it dials as a ByteMeter, gossip
-what it answers), rejected payloads by reason, mean and last participation, exchange and round
-durations as fixed-bucket histograms, peers seen per block, the last round's wall time. Plain
+what it answers), rejected payloads by reason, exchanges this peer dialled that failed and calls its
+server refused for their swarm key proof (by reason: swarmd.node.diagnosis reads them), mean and last
+participation, exchange and round durations as fixed-bucket histograms, peers seen per block, the last
+round's wall time. Plain
 counters, written only from the daemon's event loop (the worker thread reports through the loop);
 the metrics HTTP thread only reads them. No torch, no grpc, no prometheus_client.
 """
@@ -18,7 +20,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from swarmd.errors import BaseMismatch, StaleRound, ValidationError, WrongBlock
+from swarmd.errors import (
+    BaseMismatch,
+    DeadlineExceeded,
+    PeerUnavailable,
+    StaleRound,
+    SwarmKeyMismatch,
+    SwarmKeyRequired,
+    Unauthenticated,
+    ValidationError,
+    WrongBlock,
+)
 
 # histogram bucket upper bounds, seconds (an implicit +Inf bucket follows the last)
 EXCHANGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -37,6 +49,21 @@ REJECT_REASONS = (*(reason for _, reason in _REASONS), "other")
 def reject_reason(exc: BaseException) -> str:
     """The REJECT_REASONS word for an error gossip refused a payload with ("other" for any other error)."""
     return next((reason for cls, reason in _REASONS if isinstance(exc, cls)), "other")
+
+
+# why a call failed beyond the payload judgements: a private swarm's refusal, a peer out of reach
+_FAILURES: tuple[tuple[type[Exception], str], ...] = (
+    (SwarmKeyRequired, "swarm_key_required"),  # the call carried no proof of the swarm key the callee requires
+    (SwarmKeyMismatch, "swarm_key_mismatch"),  # ... a proof made with another swarm key
+    (Unauthenticated, "unauthenticated"),  # ... a stale, replayed or malformed proof
+    (DeadlineExceeded, "deadline"),
+    (PeerUnavailable, "unavailable"),  # unreachable, busy, not ready, failed
+)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The word for a failed call (Metrics.dial_failed, refuse_call): a _FAILURES one, else reject_reason's."""
+    return next((reason for cls, reason in _FAILURES if isinstance(exc, cls)), None) or reject_reason(exc)
 
 
 @dataclass
@@ -81,6 +108,8 @@ class Metrics:
     raw_bytes_received: int = 0  # fp32 size the received payloads' headers declare (validated on decode)
     rejected: int = 0  # payloads refused (validation, stale round, other base)
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> count; sums to rejected
+    dial_failures: dict[str, int] = field(default_factory=dict)  # failure_reason -> exchanges we dialled that failed
+    refused_calls: dict[str, int] = field(default_factory=dict)  # failure_reason -> calls our server refused (key)
     rounds: int = 0  # rounds this process merged
     participation_sum: float = 0.0
     last_participation: float = float("nan")  # participation of the last merged round
@@ -119,6 +148,14 @@ class Metrics:
         """Count one refused payload under `reason` (a short snake_case word, e.g. stale_round)."""
         self.rejected += 1
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+
+    def dial_failed(self, reason: str) -> None:
+        """Count one exchange this peer dialled that failed, under `reason` (failure_reason)."""
+        self.dial_failures[reason] = self.dial_failures.get(reason, 0) + 1
+
+    def refuse_call(self, reason: str) -> None:
+        """Count one call this peer's server refused before its handler (no valid swarm key proof)."""
+        self.refused_calls[reason] = self.refused_calls.get(reason, 0) + 1
 
     def observe_exchange(self, seconds: float) -> None:
         """Wall time of one exchange this peer dialled (send own delta, receive the reply)."""

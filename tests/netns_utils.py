@@ -12,7 +12,9 @@ Relay runs tests/delay_relay.py inside a host namespace: a user-space delay on e
 to one port (the kernel here has no tc netem). NetnsSwarm is a LocalSwarm (swarmd/tools/launch.py)
 whose peer i runs as `ip netns exec bt<tag>-h<i> python -m swarmd ...`, listening and announcing
 on host i's address; with a delay, each host's gRPC server sits behind a Relay, so every exchange,
-pull and status call to a peer crosses one delayed hop. Every wait has a deadline.
+pull and status call to a peer crosses one delayed hop. CliDaemon runs one `blocktrain run` /
+`blocktrain join` command line on a host and reads the lines it prints (`join with:` among them).
+Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -152,6 +155,76 @@ class NetnsLab:
 
     def __exit__(self, *exc: Any) -> None:
         self.destroy()
+
+
+BLOCKTRAIN = Path(sys.executable).parent / "blocktrain"  # the console script of this environment
+
+
+class CliDaemon:
+    """`blocktrain ARGS...` on a host, its stdout lines read as they come (key: value lines into info), its stderr
+    in a file; stop_all() ends its whole process group (the daemon, its DHT process, p2pd)."""
+
+    def __init__(self, host: Host, args: list[str], log_path: Path):
+        self.host, self.args, self.log_path = host, args, log_path
+        self.info: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*host.prefix(), str(BLOCKTRAIN), *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                cwd=ROOT,
+                env=_child_env(),
+                start_new_session=True,
+            )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            if line == "ready":
+                self.ready.set()
+            key, sep, value = line.partition(": ")
+            if sep:
+                self.info.setdefault(key, value)
+        self.proc.stdout.close()
+
+    def wait_ready(self, timeout_s: float) -> CliDaemon:
+        """Until it printed `ready` (RuntimeError, with its output, if it exits first or after timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                why = f"exited {self.proc.returncode}" if self.proc.poll() is not None else f"not ready in {timeout_s}s"
+                err = self.log_path.read_text(errors="replace").strip()[-800:]
+                raise RuntimeError(
+                    f"blocktrain {' '.join(self.args[:2])} on {self.host.netns} {why}: {self.lines} {err}"
+                )
+        return self
+
+    def kill_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_all(daemons: list[CliDaemon], grace_s: float = 10.0) -> None:
+    """SIGTERM every daemon at once, SIGKILL each group after grace_s (whatever of it is left)."""
+    for d in daemons:
+        if d.proc.poll() is None:
+            d.kill_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for d in daemons:
+        try:
+            d.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        d.kill_group(signal.SIGKILL)
+        d.proc.wait(timeout=10)
 
 
 def _child_env() -> dict[str, str]:

@@ -26,6 +26,7 @@ from swarmd.membership import addresses, dht
 from swarmd.membership.addresses import (
     check_bindable,
     check_peer_address,
+    dht_listen_host,
     multiaddr,
     plan_addresses,
     preferred_multiaddr,
@@ -33,7 +34,8 @@ from swarmd.membership.addresses import (
 )
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import connect_discovery
-from swarmd.node.config import NetConfig
+from swarmd.node.config import DaemonConfig, NetConfig
+from swarmd.node.runner import join_hint
 from swarmd.transport import PeerClient
 
 runner = CliRunner()
@@ -81,8 +83,9 @@ def test_plan_announces_a_dialable_host(monkeypatch):
     assert not everywhere.warnings
     told = plan_addresses("0.0.0.0:0", "203.0.113.7:6000", "0.0.0.0")  # a NAT's forwarded address and port
     assert told.grpc_address(41234) == "203.0.113.7:6000" and told.dht_announce_host == "203.0.113.7"
-    dht_on_loopback = plan_addresses("0.0.0.0:0")
+    dht_on_loopback = plan_addresses("0.0.0.0:0", "", "127.0.0.1")  # an explicit --dht-host 127.0.0.1
     assert dht_on_loopback.grpc_host == "192.168.1.4" and dht_on_loopback.dht_announce_host == ""
+    assert dht_on_loopback.dht_host == "127.0.0.1"
     assert any("--dht-host 0.0.0.0" in w for w in dht_on_loopback.warnings)
     grpc_on_loopback = plan_addresses("127.0.0.1:0", "", "0.0.0.0")
     assert any("--listen 0.0.0.0" in w for w in grpc_on_loopback.warnings)
@@ -91,9 +94,41 @@ def test_plan_announces_a_dialable_host(monkeypatch):
     assert alone.grpc_host == "127.0.0.1" and any("--announce HOST" in w for w in alone.warnings)
 
 
+def test_the_dht_follows_the_listen_host_unless_told(monkeypatch):
+    """No --dht-host: the DHT listens where gRPC does (its kind), so `--listen 0.0.0.0:PORT` alone is joinable."""
+    monkeypatch.setattr(addresses, "detect_host", lambda: "192.168.1.4")
+    assert dht_listen_host("0.0.0.0:50051") == "0.0.0.0" and dht_listen_host("[::]:1") == "0.0.0.0"
+    assert dht_listen_host("127.0.0.1:0") == dht_listen_host("[::1]:0") == dht_listen_host("localhost:0") == "127.0.0.1"
+    assert dht_listen_host("10.0.0.5:50051") == "10.0.0.5"
+    assert (
+        dht_listen_host("0.0.0.0:0", "127.0.0.1") == "127.0.0.1"
+        and dht_listen_host("127.0.0.1:0", "0.0.0.0") == "0.0.0.0"
+    )
+    everywhere = plan_addresses("0.0.0.0:50051")  # `blocktrain run --listen 0.0.0.0:50051`, no other flag
+    assert (everywhere.dht_host, everywhere.dht_announce_host) == ("0.0.0.0", "192.168.1.4")
+    assert everywhere.grpc_address(50051) == "192.168.1.4:50051" and not everywhere.warnings
+    local = plan_addresses("127.0.0.1:0")  # the default --listen stays on loopback
+    assert (local.dht_host, local.dht_announce_host, local.warnings) == ("127.0.0.1", "", [])
+    assert NetConfig().dht_host == "" and plan_addresses(NetConfig().listen, "", NetConfig().dht_host) == local
+    # a config written before the default followed --listen says 127.0.0.1 outright, and keeps meaning it
+    old = DaemonConfig.from_dict({"net": {"listen": "0.0.0.0:50051", "dht_host": "127.0.0.1"}}).net
+    assert (
+        old.dht_host == "127.0.0.1" and plan_addresses(old.listen, old.announce, old.dht_host).dht_host == "127.0.0.1"
+    )
+    assert DaemonConfig.from_dict(DaemonConfig().to_dict()).net.dht_host == ""
+
+
+def test_the_join_hint_is_dialable_from_another_host():
+    loop, lan = "/ip4/127.0.0.1/tcp/5/p2p/Qm1", "/ip4/192.168.1.4/tcp/5/p2p/Qm1"
+    assert join_hint([loop, lan], "sw") == f"blocktrain join {lan} --data FILE --swarm-id sw --listen 0.0.0.0:0"
+    assert join_hint([loop], "sw") == f"blocktrain join {loop} --data FILE --swarm-id sw"
+
+
 def test_detect_host_is_not_loopback_or_none():
     found = addresses.detect_host()
     assert found is None or not (addresses.is_loopback(found) or addresses.is_unspecified(found))
+    assert all(not addresses.is_unspecified(a) for a in addresses.interface_addresses())
+    assert "127.0.0.1" in addresses.interface_addresses() or not sys.platform.startswith("linux")
 
 
 def test_peer_addresses_are_checked():

@@ -5,8 +5,10 @@ Each daemon listens on 0.0.0.0 in its own namespace and announces its namespace 
 peer 0's announced multiaddr), train one block as three replicas, exchange deltas across the
 bridge every round, and `blocktrain status --swarm MULTIADDR`, run in a namespace, lists all three
 at their own addresses. A second test puts a 50 ms user-space delay (tests/delay_relay.py) in
-front of every host's gRPC server and checks the rounds still complete, through the relays.
-Those two need root and iproute2 (skipped otherwise; CI runs as root) and are slow (daemons start
+front of every host's gRPC server and checks the rounds still complete, through the relays. A
+third runs `blocktrain run --listen 0.0.0.0:PORT` with no other address flag, joins two daemons on
+two other hosts with the very `join with:` command it printed, and lists all three from a fourth.
+Those three need root and iproute2 (skipped otherwise; CI runs as root) and are slow (daemons start
 in namespaces): `python -m pytest -m slow tests/test_netns.py`. The relay's own test (latency,
 bytes intact, half-close) is fast, needs neither, and runs in the default suite.
 """
@@ -14,6 +16,8 @@ bytes intact, half-close) is fast, needs neither, and runs in the default suite.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import time
@@ -23,7 +27,18 @@ from pathlib import Path
 import pytest
 
 from tests.delay_relay import start_relay
-from tests.netns_utils import DHT_PORT, RELAY_PORT, NetnsLab, NetnsSwarm, NetnsUnavailable, unavailable
+from tests.netns_utils import (
+    BLOCKTRAIN,
+    DHT_PORT,
+    GRPC_PORT,
+    RELAY_PORT,
+    CliDaemon,
+    NetnsLab,
+    NetnsSwarm,
+    NetnsUnavailable,
+    stop_all,
+    unavailable,
+)
 from tests.swarm_utils import tiny_model
 
 needs_netns = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
@@ -31,16 +46,22 @@ needs_netns = pytest.mark.skipif(unavailable() is not None, reason=unavailable()
 ROUND = re.compile(r"round (\d+): block (\d+) train ce \S+ participation ([\d.]+) sent ([\d.]+) MB in ([\d.]+)s")
 
 
-@pytest.fixture
-def lab() -> Iterator[NetnsLab]:
+@contextlib.contextmanager
+def made_lab(hosts: int) -> Iterator[NetnsLab]:
     try:
-        lab = NetnsLab(3).create()
+        lab = NetnsLab(hosts).create()
     except NetnsUnavailable as exc:
         pytest.skip(f"cannot create network namespaces here: {exc}")
     try:
         yield lab
     finally:
         lab.destroy()
+
+
+@pytest.fixture
+def lab() -> Iterator[NetnsLab]:
+    with made_lab(3) as made:
+        yield made
 
 
 def swarm_on(lab: NetnsLab, text_data: Path, tmp_path: Path, delay_ms: float | None) -> NetnsSwarm:
@@ -95,6 +116,60 @@ def test_rounds_complete_behind_a_50ms_relay_on_every_host(lab, text_data, tmp_p
         check_rounds(swarm, 2)
         status = swarm.swarm_status(host=1)
     assert sorted(r["address"] for r in status["peers"]) == [f"{h.address}:{RELAY_PORT}" for h in lab.hosts]
+
+
+# the tiny model of swarm_on (tiny_model(1)) and its fast rounds, as flags
+TINY_FLAGS = ["--blocks", "1", "--layers-per-block", "1", "--d-model", "32", "--n-heads", "2", "--hidden", "64"]
+TINY_FLAGS += ["--seq-len", "16"]
+FAST_FLAGS = ["--steps-per-round", "3", "--batch-size", "4", "--deadline-max", "20"]
+
+
+def status_until(lab: NetnsLab, on: int, maddr: str, swarm_id: str, peers: int, timeout_s: float) -> list[dict]:
+    """`blocktrain status --swarm MADDR --json` on lab host `on`, again until it lists `peers` peers, each reached
+    at its address (not "unreachable"); their rows (RuntimeError with the last answer after timeout_s)."""
+    cmd = [str(BLOCKTRAIN), "status", "--swarm", maddr, "--swarm-id", swarm_id, "--json"]
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        result = lab.run(lab.hosts[on], cmd, timeout_s=max(5.0, deadline - time.monotonic()))
+        last = result.stdout.strip() or result.stderr.strip()[-500:]
+        if result.returncode == 0:
+            rows = json.loads(result.stdout)["peers"]
+            if len(rows) == peers and all(r["state"] != "unreachable" for r in rows):
+                return rows
+    raise RuntimeError(f"status --swarm did not list {peers} reachable peers in {timeout_s:.0f}s: {last}")
+
+
+@pytest.mark.slow
+@needs_netns
+def test_a_daemon_on_every_interface_is_joinable_with_the_hint_it_prints(text_data, tmp_path):
+    """`blocktrain run --listen 0.0.0.0:PORT`, no other address flag: its DHT listens on every interface too and
+    its hint names its host's address; the hint, run as printed on two other hosts (with the data and fast-round
+    flags), joins them, and `status --swarm` from a fourth host lists all three at their own addresses."""
+    data = str(text_data / "train.txt")
+    with made_lab(4) as lab:
+        first_host, *joiner_hosts, viewer = lab.hosts
+        run = ["run", "--listen", f"0.0.0.0:{GRPC_PORT}", "--data", data, "--swarm-id", "hint", *TINY_FLAGS]
+        # --min-peers 3: no solo rounds burning the CPU the joiners start on (not an address flag)
+        daemons = [CliDaemon(first_host, [*run, *FAST_FLAGS, "--min-peers", "3"], tmp_path / "run.log")]
+        try:
+            first = daemons[0].wait_ready(120)
+            maddr = first.info["multiaddr"]
+            assert maddr.startswith(f"/ip4/{first_host.address}/tcp/"), first.lines  # not 127.0.0.1
+            assert first.info["address"] == f"{first_host.address}:{GRPC_PORT}"
+            hint = first.info["join with"]
+            assert hint == f"blocktrain join {maddr} --data FILE --swarm-id hint --listen 0.0.0.0:0"
+            program, *join = (data if word == "FILE" else word for word in hint.split())
+            assert program == "blocktrain"
+            for h in joiner_hosts:
+                daemons.append(CliDaemon(h, [*join, *FAST_FLAGS], tmp_path / f"join{h.index}.log"))
+            for d in daemons[1:]:
+                d.wait_ready(120)
+                assert d.info["address"].startswith(f"{d.host.address}:"), d.lines
+                assert d.info["multiaddr"].startswith(f"/ip4/{d.host.address}/tcp/"), d.lines
+            rows = status_until(lab, viewer.index, maddr, "hint", peers=3, timeout_s=90)
+        finally:
+            stop_all(daemons)
+    assert {r["address"]: r["peer_id"] for r in rows} == {d.info["address"]: d.info["peer"] for d in daemons}
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

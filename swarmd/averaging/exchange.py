@@ -44,7 +44,7 @@ from swarmd.averaging.state import relative_distance
 from swarmd.errors import BaseMismatch, NotReady, PeerUnavailable, StaleRound, SwarmdError, ValidationError, WrongBlock
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_payload, verify_payload
-from swarmd.metrics import reject_reason
+from swarmd.metrics import failure_reason, reject_reason
 from swarmd.protocol import PayloadKind
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
@@ -307,6 +307,7 @@ class Exchange:
             reply = await p.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))
         except SwarmdError as exc:
             rs.judged(kind, peer.peer_id)
+            p.metrics.dial_failed(failure_reason(exc))  # swarmd.node.diagnosis names a cause they share
             if exc.status == PeerUnavailable.status:  # unreachable; a slow, busy or failing peer is not banned
                 p.bans.fail(peer.peer_id)
             logger.warning("%s exchange of %s with %s failed: %s", p.tag, kind, peer.peer_id[-6:], exc)

@@ -1,15 +1,19 @@
 """Network addresses of a peer: what it binds, what it tells others to dial, and checks of given addresses.
 
 Owns the rules (plain sockets and strings; no grpc, hivemind or torch here):
+  dht_listen_host    the interface the DHT listens on: --dht-host, else the --listen host's kind (every
+                     interface, loopback, or that address), so a peer listening on 0.0.0.0 is joinable as is
   plan_addresses     the gRPC host others are told to dial (--announce, else the --listen host, else, when
-                     listening on 0.0.0.0 / ::, an interface address found by detect_host) and the host the
-                     DHT announces (only where another host can reach its listener), with the warnings to log
+                     listening on 0.0.0.0 / ::, an interface address found by detect_host), where the DHT
+                     listens and the host it announces (only where another host can reach its listener),
+                     with the warnings to log
   multiaddr          /ip4|ip6|dns/HOST/tcp/PORT of a host and port
   preferred_multiaddr  the multiaddr the `join with:` hint shows (not loopback when there is another)
   check_peer_address   a peer address is a multiaddr (/ip4/HOST/tcp/PORT/p2p/PEER_ID) or HOST:PORT
   check_listen_ports fail in milliseconds when a --listen / --dht-port port is taken, before anything starts
 detect_host sends no packet: the source address of a UDP socket "connected" to a private-range
-address is the interface the host would route through.
+address is the interface the host would route through; without such a route (a host on one subnet
+only, e.g. a network namespace on a bridge), the first interface's address (interface_addresses).
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def detect_host(probes: tuple[str, ...] = PROBE_ADDRESSES) -> str | None:
     """An IPv4 address of this host that other hosts can dial (None if it has only loopback).
 
     First the source address of a UDP socket "connected" to a private-range address (no packet
-    leaves), then the addresses the host name resolves to.
+    leaves), then the first interface's address, then the addresses the host name resolves to that
+    are this host's (in a network namespace the name may resolve to another namespace's address).
     """
     for probe in probes:
         try:
@@ -88,11 +93,70 @@ def detect_host(probes: tuple[str, ...] = PROBE_ADDRESSES) -> str | None:
             continue
         if not is_loopback(found) and not is_unspecified(found):
             return found
+    for found in interface_addresses():
+        if not is_loopback(found) and not is_unspecified(found):
+            return found
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
         return None
-    return next((str(i[4][0]) for i in infos if not is_loopback(str(i[4][0]))), None)
+    return next((h for h in (str(i[4][0]) for i in infos) if not is_loopback(h) and _is_local(h)), None)
+
+
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def interface_addresses() -> list[str]:
+    """The IPv4 address of each interface that has one, in interface order (Linux; [] elsewhere)."""
+    try:
+        import fcntl
+        import struct
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError, AttributeError):
+        return []
+    found: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                reply = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address (EADDRNOTAVAIL), or not Linux
+                continue
+            found.append(socket.inet_ntoa(reply[20:24]))
+    return found
+
+
+def _is_local(host: str) -> bool:
+    """host is an address of this machine (a socket can bind it)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+def dht_listen_host(listen: str, dht_host: str = "") -> str:
+    """The interface the DHT listens on: dht_host (--dht-host) when given, else the --listen host's kind.
+
+    Every interface (0.0.0.0 or ::) gives 0.0.0.0, loopback 127.0.0.1, an address that address and
+    a name the IPv4 address it resolves to: a peer listening on 0.0.0.0 is joinable from other hosts
+    without --dht-host, one on loopback stays on loopback.
+    """
+    if dht_host:
+        return dht_host
+    host = listen.rpartition(":")[0].strip("[]")
+    if is_unspecified(host):
+        return "0.0.0.0"
+    if is_loopback(host):
+        return "127.0.0.1"
+    if _ip(host) is not None:
+        return host
+    try:  # a name: libp2p listens on addresses only
+        resolved = str(socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError):
+        return host  # unknown: check_bindable says so (for --listen, checked first)
+    return "127.0.0.1" if is_loopback(resolved) else resolved
 
 
 @dataclass(frozen=True)
@@ -101,17 +165,20 @@ class AddressPlan:
     grpc_port: int | None  # the port they dial (None = the port the server bound)
     dht_announce_host: str  # the host the DHT announces in its multiaddrs ("" = let libp2p list its listeners)
     warnings: list[str] = field(default_factory=list)  # to log once at start
+    dht_host: str = "127.0.0.1"  # the interface the DHT listens on (dht_listen_host)
 
     def grpc_address(self, bound_port: int) -> str:
         return join_host_port(self.grpc_host, self.grpc_port or bound_port)
 
 
-def plan_addresses(listen: str, announce: str = "", dht_host: str = "127.0.0.1", dht: bool = True) -> AddressPlan:
+def plan_addresses(listen: str, announce: str = "", dht_host: str = "", dht: bool = True) -> AddressPlan:
     """Where others reach this peer, from --listen HOST:PORT, --announce HOST[:PORT] and --dht-host.
 
+    :param dht_host: the --dht-host given ("" = follow the --listen host: dht_listen_host)
     :param dht: the peer runs a DHT listener (not in client mode nor with static discovery)
     """
     listen_host = listen.rpartition(":")[0].strip("[]")
+    dht_host = dht_listen_host(listen, dht_host)
     explicit, explicit_port = split_host_port(announce) if announce else ("", None)
     warnings: list[str] = []
     detected: str | None = None
@@ -144,7 +211,7 @@ def plan_addresses(listen: str, announce: str = "", dht_host: str = "127.0.0.1",
                 f"the gRPC server listens on {grpc_host} only: peers on other hosts find this peer through the DHT "
                 "but cannot dial it (pass --listen 0.0.0.0:PORT)"
             )
-    return AddressPlan(grpc_host, explicit_port, dht_announce, warnings)
+    return AddressPlan(grpc_host, explicit_port, dht_announce, warnings, dht_host)
 
 
 def multiaddr(host: str, port: int) -> str:
@@ -199,12 +266,13 @@ def check_bindable(host: str, port: int, flag: str = "--listen") -> None:
 
 
 def check_listen_ports(listen: str, dht_host: str, dht_port: int, *, server: bool = True, dht: bool = True) -> None:
-    """check_bindable for the gRPC --listen address (when there is a server) and the --dht-port (when a DHT listens)."""
+    """check_bindable for the gRPC --listen address (when there is a server) and the --dht-port (when a DHT listens,
+    on dht_listen_host: dht_host "" follows --listen)."""
     if server:
         host, _, port = listen.rpartition(":")
         check_bindable(host.strip("[]"), int(port), "--listen")
     if dht:
-        check_bindable(dht_host, dht_port, "--dht-port")
+        check_bindable(dht_listen_host(listen, dht_host), dht_port, "--dht-port")
 
 
 def is_multiaddr(text: str) -> bool:

@@ -67,6 +67,10 @@ StatusFn = Callable[[str], Awaitable[Any]]  # address -> pb.PeerStatus (PeerClie
 class StaticDiscovery:
     """A fixed list of "host:port" peers; find_all asks each for its status (unreachable ones are skipped).
 
+    What the last find_all skipped stays readable (swarmd.node.diagnosis names the cause): `failures`, the error
+    of each peer whose status call failed (a private swarm's refusal included), and `foreign`, the records of
+    peers of another swarm id.
+
     :param status_fn: coroutine address -> pb.PeerStatus, e.g. a bound PeerClient.status with a timeout.
     """
 
@@ -75,6 +79,8 @@ class StaticDiscovery:
         self.status_fn, self.swarm_id = status_fn, swarm_id
         self.peer_id = peer_id or uuid.uuid4().hex[:12]
         self.own: PeerRecord | None = None
+        self.failures: dict[str, BaseException] = {}  # address -> why its status call failed (last find_all)
+        self.foreign: list[PeerRecord] = []  # records of peers of another swarm id (last find_all)
 
     async def announce(self, record: PeerRecord, ttl_s: float) -> None:
         self.own = record  # nothing to publish: peers find us by asking our status
@@ -86,11 +92,15 @@ class StaticDiscovery:
         others = [a for a in self.addresses if not self.own or a != self.own.address]
         results = await asyncio.gather(*(self.status_fn(a) for a in others), return_exceptions=True)
         records = [self.own] if self.own else []
+        failures: dict[str, BaseException] = {}
+        foreign: list[PeerRecord] = []
         for address, st in zip(others, results):
             if isinstance(st, BaseException):
                 logger.debug("static peer %s unreachable: %s", address, st)
+                failures[address] = st
                 continue
             if self.swarm_id and st.swarm_id != self.swarm_id:
+                foreign.append(record_from_status(st, address))
                 continue
             rec = record_from_status(st, address)
             if st.signed_record and not is_valid(rec):
@@ -98,6 +108,7 @@ class StaticDiscovery:
                 continue
             records.append(rec)  # a status without a signed record (an inference-only peer) is kept unsigned:
         # gossip and re-sync use signed records only (Gossip._remember), the survey and inference may use it
+        self.failures, self.foreign = failures, foreign
         return sorted({r.peer_id: r for r in records}.values(), key=lambda r: r.peer_id)
 
     def multiaddrs(self) -> list[str]:

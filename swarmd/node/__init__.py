@@ -12,6 +12,7 @@ checkpoints.py    CheckpointWriter: checkpoint writes with the progress counters
 overlap.py        delayed averaging's round loop (training goes on while a round is collected), over a RoundPeer
 http_endpoint.py  the thread-served HTTP endpoint the metrics server and the dashboard share
 prometheus.py     the Prometheus endpoint (--metrics-port) over swarmd.metrics.Metrics
+diagnosis.py      why nothing merges (another swarm key, model config, swarm id): one line, stop or warn
 rebalance.py      when a --block auto peer moves block (confirmed twice once trained) and the state it takes
 daemon.py         Daemon: wires membership + averaging + serve + transport, owns the tasks and the training thread
 runner.py         one daemon in the foreground: signals, the stdout lines (`blocktrain run`, `python -m swarmd`)

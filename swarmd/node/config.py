@@ -23,7 +23,9 @@ class NetConfig:
     swarm_id: str = "blocktrain"  # peers only talk to peers of the same swarm id (DHT keys are scoped by it)
     listen: str = "127.0.0.1:0"  # host:port of the gRPC server (port 0 = pick a free one)
     initial_peers: tuple[str, ...] = ()  # DHT multiaddrs to join through ("host:port" entries mean static discovery)
-    dht_host: str = "127.0.0.1"  # interface the DHT's libp2p node listens on
+    # interface the DHT's libp2p node listens on ("" = the --listen host's kind: 0.0.0.0 for 0.0.0.0 / ::, 127.0.0.1
+    # for loopback, else that address; swarmd.membership.addresses.dht_listen_host)
+    dht_host: str = ""
     dht_port: int = 0  # tcp port of the DHT's libp2p node (0 = any free one; fix it so the multiaddr survives restarts)
     # HOST[:PORT] other peers are told to dial for gRPC, and the host the DHT announces ("" = the --listen host, or
     # when listening on 0.0.0.0 an address of this host's outgoing interface); see swarmd.membership.addresses
@@ -107,6 +109,9 @@ class DaemonConfig:
     eval_every: int = 0
     min_peers: int = 0  # before the first round, wait until discovery sees this many peers (self included)
     min_peers_timeout_s: float = 300.0  # ... but start anyway after this long
+    # when every exchange of a few rounds fails for a known cause (another swarm key, config, swarm id:
+    # swarmd.node.diagnosis), warn and go on instead of stopping with exit code 3
+    keep_trying: bool = False
 
     def __post_init__(self) -> None:
         if self.block < -1 or self.block >= self.model.blocks:

@@ -18,7 +18,10 @@ announces and lookups in presence, the checkpoint failures in checkpoints):
                (swarmd.node.peers), H local steps in the worker thread, gossip average, serving update,
                announce, checkpoint, consensus distance and held-out CE (swarmd.node.measure), then
                on_round(report); with gossip.overlap the next round's steps run while a round's
-               exchange does (swarmd.node.overlap.OverlapRounds, driving this Daemon as its RoundPeer).
+               exchange does (swarmd.node.overlap.OverlapRounds, driving this Daemon as its RoundPeer);
+               then swarmd.node.diagnosis says why nothing merges, if it knows: a joiner that never merged
+               stops with that line (serve() raises NothingMerges after its clean shutdown) unless
+               keep_trying, anyone else warns.
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """
@@ -41,15 +44,16 @@ from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
 from swarmd.core.train import seed_for
-from swarmd.errors import SwarmdError
+from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import verified
-from swarmd.metrics import Metrics
+from swarmd.metrics import Metrics, failure_reason
 from swarmd.node.checkpoints import CheckpointWriter
 from swarmd.node.config import DaemonConfig
 from swarmd.node.credentials import load_identity, load_swarm_key, load_tls, tls_fingerprint
+from swarmd.node.diagnosis import PeerFacts, Watch, counts_since, round_outcome
 from swarmd.node.measure import measure_assembled_ce, measure_consensus
 from swarmd.node.overlap import OverlapRounds
 from swarmd.node.peers import load_predecessors
@@ -104,6 +108,12 @@ class Daemon:
         self.checkpoints = CheckpointWriter(config.checkpoint_dir, self.metrics)
         # gossip.overlap: rounds train while the previous round's exchange runs (swarmd.node.overlap)
         self.overlap = OverlapRounds(self, config.gossip) if config.gossip.overlap else None
+        # why nothing merges, after every round (swarmd.node.diagnosis); failure: the line this peer stopped with
+        net = config.net
+        facts = PeerFacts(net.swarm_id, self.cfg.config_hash(), self.swarm_key is not None, bool(net.initial_peers))
+        self.watch = Watch(facts, keep_trying=config.keep_trying, alone_s=2 * net.record_ttl_s)
+        self.failure = ""
+        self._counted: tuple[dict[str, int], dict[str, int]] = ({}, {})  # the failure counts of the last round
 
     @property
     def address(self) -> str:  # the announced HOST:PORT; "" in client mode
@@ -133,8 +143,9 @@ class Daemon:
         if not net.client_mode:
             host, _, port = net.listen.rpartition(":")
             limits = {"max_payload_bytes": c.gossip.max_payload_bytes, **self.service.server_limits()}
+            refused = lambda exc: self.metrics.refuse_call(failure_reason(exc))  # a call without a valid key proof
             self.server = await start_server(
-                self.service, host, int(port), swarm_key=self.swarm_key, tls=self.tls, **limits
+                self.service, host, int(port), swarm_key=self.swarm_key, tls=self.tls, on_refusal=refused, **limits
             )
             self.announced = plan.grpc_address(self.server.port)
         block, config_hash = state.block_index, self.cfg.config_hash()
@@ -216,7 +227,10 @@ class Daemon:
         return await asyncio.to_thread(self.state.train_steps, steps, self.batches, self._stop_thread)
 
     async def serve(self) -> None:
-        """Run until stop() (or max_rounds), then checkpoint and shut down."""
+        """Run until stop() (or max_rounds), then checkpoint and shut down.
+
+        :raises NothingMerges: after the shutdown, when the peer stopped because nothing merges (self.failure)
+        """
         if self.state is None:
             await self.start()
         try:
@@ -227,6 +241,8 @@ class Daemon:
                 tg.create_task(self._cancel_on_stop(rounds))
         finally:
             await self.shutdown()
+        if self.failure:
+            raise NothingMerges(self.failure)
 
     async def _cancel_on_stop(self, rounds: asyncio.Task) -> None:
         """After stop(), give the round STOP_GRACE_S to finish, then cancel it (an exchange or pull waiting on a
@@ -336,6 +352,32 @@ class Daemon:
             await self.measure_ce(records)
         if self.on_round is not None:
             self.on_round(report)
+        self.watch_merges(report, records)
+
+    def watch_merges(self, report: MergeReport, records: list[PeerRecord]) -> None:
+        """After a round: why nothing merges, if swarmd.node.diagnosis knows; stop with that line (self.failure) or
+        warn. The round's failed calls, static discovery's skipped peers included, are what it goes by."""
+        m, (dialled, refused) = self.metrics, self._counted
+        failures = counts_since(m.dial_failures, dialled)
+        foreign: list[PeerRecord] = []
+        if isinstance(self.discovery, StaticDiscovery):  # the peers its last lookup skipped, and why
+            foreign = self.discovery.foreign
+            for exc in self.discovery.failures.values():
+                failures[failure_reason(exc)] = failures.get(failure_reason(exc), 0) + 1
+        self._counted = (dict(m.dial_failures), dict(m.refused_calls))
+        expected = len(report.expected_block) + len(report.expected_emb)
+        accepted = len(report.accepted_block) + len(report.accepted_emb)
+        refusals = counts_since(m.refused_calls, refused)
+        outcome = round_outcome(expected, accepted, records, self.me, failures, refusals, m.uptime_s, foreign)
+        verdict = self.watch.observe(outcome)
+        if verdict is None:
+            return
+        if verdict.stop:
+            self.failure = verdict.line
+            logger.info("%s stopping: %s", self.gossip.tag, verdict.line)
+            self.stop()
+        else:
+            logger.warning("%s %s", self.gossip.tag, verdict.line)
 
     @property
     def checkpoint_failures(self) -> int:

@@ -4,11 +4,13 @@ Owns the stdout of a daemon process, shared by `blocktrain run` / `blocktrain jo
 `python -m swarmd`, which LocalSwarm (launch.py) and the tests parse:
   swarm: ID / peer: ID / block: N / round: N / address: HOST:PORT or (client mode)
   metrics: http://HOST:PORT/metrics (with --metrics-port)
-  multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr) / ready
+  multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr; join_hint) / ready
 then one `round R: block B train ce ... participation ... sent X.XX MB in ...s` line per merged
 round (bytes sent so far, in MB = 10^6 bytes as `blocktrain demo` shows them) and a final
 `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
-(it checkpoints and leaves). Torch is imported only when a daemon runs, so importing this module
+(it checkpoints and leaves). A joiner that merges nothing for a known cause (swarmd.node.diagnosis) stops
+the same way, and run_foreground then raises NothingMerges: one `error: ...` line on stderr, exit code 3
+(unless --keep-trying). Torch is imported only when a daemon runs, so importing this module
 (for setup_logging) stays light.
 """
 
@@ -24,7 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from swarmd.membership.addresses import preferred_multiaddr
+from swarmd.errors import NothingMerges
+from swarmd.membership.addresses import is_loopback, multiaddr_host, preferred_multiaddr
 from swarmd.node.config import DaemonConfig
 
 if TYPE_CHECKING:  # the round loop's report (importing gossip at run time would load torch)
@@ -102,8 +105,8 @@ def end_process_after_shutdown() -> None:
     _end_process = True
 
 
-def _exit_now() -> None:
-    """End the process (code 0) without waiting on threads that outlived the daemon (see run_foreground).
+def _exit_now(code: int = 0) -> None:
+    """End the process (with `code`) without waiting on threads that outlived the daemon (see run_foreground).
 
     Runs on a timer thread, maybe while the interpreter is finalizing: no logging (its handlers' streams may be
     closed, and a logging error prints a traceback), one raw write to fd 2, then os._exit."""
@@ -111,13 +114,14 @@ def _exit_now() -> None:
         sys.stdout.flush()
     with contextlib.suppress(OSError):
         os.write(2, f"ending the process: still running {EXIT_GRACE_S:.0f}s after the daemon's shutdown\n".encode())
-    os._exit(0)
+    os._exit(code)
 
 
 def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -> None:
     """Start a Daemon, print how to reach it, serve until SIGINT/SIGTERM or max_rounds, print how it stopped.
 
     :param echo: where each stdout line goes (default: print and flush)
+    :raises NothingMerges: after the `stopped at round` line, when the daemon stopped because nothing merges
     :note: blocks the calling thread (asyncio.run); errors from start() propagate after a clean shutdown.
     """
     asyncio.run(_main(config, echo))
@@ -155,18 +159,36 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     multiaddrs = daemon.multiaddrs()
     for m in multiaddrs:
         echo(f"multiaddr: {m}")
-    if multiaddrs:  # the one another host can dial (not loopback when the DHT announces another address)
-        echo(f"join with: blocktrain join {preferred_multiaddr(multiaddrs)} --data FILE --swarm-id {swarm_id}")
+    if multiaddrs:
+        echo(f"join with: {join_hint(multiaddrs, swarm_id, keyed=daemon.swarm_key is not None)}")
     echo("ready")
-    await daemon.serve()
+    failure: NothingMerges | None = None
+    try:
+        await daemon.serve()
+    except NothingMerges as exc:  # stopped cleanly (checkpoint written, DHT stopped): say why after the last line
+        failure = exc
     where = f", checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""
     echo(f"stopped at round {daemon.state.round}{where}")
-    arm_process_end()
+    arm_process_end(failure.exit_code if failure else 0)
+    if failure is not None:
+        raise failure
 
 
-def arm_process_end() -> None:
-    """After a daemon's shutdown: if this is a process entry point, end the process within EXIT_GRACE_S."""
+def join_hint(multiaddrs: list[str], swarm_id: str, keyed: bool = False) -> str:
+    """The `blocktrain join` command the `join with:` line shows: the multiaddr another host can dial (not loopback
+    when the DHT announces another address) and, with such a one, `--listen 0.0.0.0:0`, so that the joiner on
+    another host is reachable in turn (its default --listen is loopback); with `keyed` (this swarm has a key),
+    ` --swarm-key FILE`, a placeholder: the key never shows."""
+    maddr = preferred_multiaddr(multiaddrs)
+    everywhere = "" if is_loopback(multiaddr_host(maddr)) else " --listen 0.0.0.0:0"
+    key = " --swarm-key FILE" if keyed else ""
+    return f"blocktrain join {maddr} --data FILE --swarm-id {swarm_id}{key}{everywhere}"
+
+
+def arm_process_end(code: int = 0) -> None:
+    """After a daemon's shutdown: if this is a process entry point, end the process within EXIT_GRACE_S (with
+    `code` if it has not ended by then)."""
     if _end_process:
-        timer = threading.Timer(EXIT_GRACE_S, _exit_now)
+        timer = threading.Timer(EXIT_GRACE_S, _exit_now, args=(code,))
         timer.daemon = True
         timer.start()

@@ -44,7 +44,7 @@ async def open_discovery(
     return await HivemindDiscovery.create(
         net.swarm_id,
         net.initial_peers,
-        net.dht_host,
+        plan.dht_host,
         net.dht_start_timeout_s,
         net.client_mode,
         port=net.dht_port,

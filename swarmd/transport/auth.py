@@ -5,8 +5,11 @@ BLOCKTRAIN_SWARM_KEY=FILE). Every call a PeerClient makes then carries, in metad
 proof: "v1.<unix ms>.<nonce>.<HMAC-SHA256(key, v1|ms|nonce|method)>". The server's SwarmKeyInterceptor
 refuses any call on any service but grpc.health.v1 whose proof is missing, for another method, made with
 another key, outside +-WINDOW_S of its clock, or seen before (a nonce is remembered for the window), with
-UNAUTHENTICATED and a message that says what to pass. Without a key the swarm is public and nothing is
-checked. The key never travels; a proof is bound to one method and usable once.
+UNAUTHENTICATED and a message that says what to pass; its trailing metadata names the error class
+(SwarmKeyRequired: no proof, SwarmKeyMismatch: another key, else Unauthenticated), so the caller can tell
+why, and the server's on_refusal callback hears of each refusal (a daemon counts them: swarmd.node.diagnosis).
+Without a key the swarm is public and nothing is checked. The key never travels; a proof is bound to one
+method and usable once.
 Pure Python + grpc; no torch.
 """
 
@@ -20,11 +23,13 @@ import os
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from swarmd.errors import ConfigError
+from swarmd.errors import ConfigError, SwarmKeyMismatch, SwarmKeyRequired, Unauthenticated
+from swarmd.transport.status import trailing_metadata
 
 AUTH_HEADER = "x-blocktrain-swarm-proof"  # metadata key (lower case, as gRPC requires)
 ENV_VAR = "BLOCKTRAIN_SWARM_KEY"  # a swarm key FILE, used wherever no key is passed explicitly
@@ -34,6 +39,9 @@ KEY_BYTES = 32
 _PREFIX = "blocktrain-swarm-key-v1:"
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # answered without a proof
 DRAIN_MESSAGES, DRAIN_S = 64, 2.0  # a refused stream's messages read and dropped before the refusal
+NO_PROOF = "no proof of the swarm key"  # ProofChecker.problem's reasons that name a class of their own
+OTHER_KEY = "a proof made with another swarm key"
+OnRefusal = Callable[[Unauthenticated], None]  # told of every call a SwarmKeyInterceptor refuses
 
 
 def new_swarm_key() -> str:
@@ -118,7 +126,7 @@ class ProofChecker:
     def problem(self, method: str, proof: str | None, now: float | None = None) -> str:
         """Why a call must be refused ("" when its proof is good; the proof is then used up)."""
         if not proof:
-            return "no proof of the swarm key"
+            return NO_PROOF
         parts = proof.split(".")
         if len(parts) != 4 or parts[0] != "v1" or not parts[1].isdigit() or not 8 <= len(parts[2]) <= 64:
             return "a malformed proof of the swarm key"
@@ -128,7 +136,7 @@ class ProofChecker:
         if abs(now - when) > self.window_s:
             return f"a proof made {now - when:+.0f} s from now (allowed: +-{self.window_s:.0f} s; check the clocks)"
         if not hmac.compare_digest(mac, _mac(self.key, stamp, nonce, method)):
-            return "a proof made with another swarm key"
+            return OTHER_KEY
         if nonce in self._seen:
             return "a replayed proof"
         self._seen[nonce] = when
@@ -145,11 +153,22 @@ def refusal(reason: str) -> str:
     )
 
 
-class SwarmKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every call but health checks without a valid proof of the swarm key (UNAUTHENTICATED)."""
+def refusal_error(reason: str) -> Unauthenticated:
+    """The error a call refused for `reason` (ProofChecker.problem) ends with: SwarmKeyRequired for no proof,
+    SwarmKeyMismatch for another key, Unauthenticated for the rest (stale, replayed, malformed)."""
+    cls = {NO_PROOF: SwarmKeyRequired, OTHER_KEY: SwarmKeyMismatch}.get(reason, Unauthenticated)
+    return cls(refusal(reason))
 
-    def __init__(self, key: bytes, window_s: float = WINDOW_S):
+
+class SwarmKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call but health checks without a valid proof of the swarm key (UNAUTHENTICATED).
+
+    :param on_refusal: called with the error of every call refused (on the server's loop)
+    """
+
+    def __init__(self, key: bytes, window_s: float = WINDOW_S, on_refusal: OnRefusal | None = None):
         self.checker = ProofChecker(key, window_s)
+        self.on_refusal = on_refusal
 
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
@@ -162,14 +181,19 @@ class SwarmKeyInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if not reason or handler is None:
             return handler
-        return _refusing(handler, refusal(reason))
+        error = refusal_error(reason)
+        if self.on_refusal is not None:
+            self.on_refusal(error)
+        return _refusing(handler, error)
 
 
-def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that aborts with UNAUTHENTICATED before reading anything."""
+def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that aborts with UNAUTHENTICATED (naming the error's class in the
+    trailing metadata) before reading anything."""
+    message, metadata = str(error), trailing_metadata(error)
 
     async def abort(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, metadata)
 
     async def abort_stream(request, context):  # a streaming answer is an async generator in grpc.aio
         if hasattr(request, "__aiter__"):
@@ -182,7 +206,7 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
                         n += 1
                         if n >= DRAIN_MESSAGES:
                             break
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, metadata)
         yield  # never reached
 
     args = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
@@ -195,9 +219,9 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
     return grpc.stream_stream_rpc_method_handler(abort_stream, **args)
 
 
-def server_interceptors(key: bytes | None) -> list[grpc.aio.ServerInterceptor]:
+def server_interceptors(key: bytes | None, on_refusal: OnRefusal | None = None) -> list[grpc.aio.ServerInterceptor]:
     """The interceptors a server of a swarm with this key runs (none for a public swarm)."""
-    return [SwarmKeyInterceptor(key)] if key is not None else []
+    return [SwarmKeyInterceptor(key, on_refusal=on_refusal)] if key is not None else []
 
 
 def proof_metadata(key: bytes | None, method: str) -> tuple[tuple[str, str], ...] | None:

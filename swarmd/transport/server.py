@@ -20,7 +20,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -41,6 +41,9 @@ from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host, for
 from swarmd.transport.status import status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from swarmd.transport.auth import OnRefusal
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +310,7 @@ async def start_server(
     streams: StreamLimiter | None = None,
     forward_rate: RateLimiter | None = None,
     payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
+    on_refusal: OnRefusal | None = None,
 ) -> SwarmServer:
     """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
 
@@ -320,12 +324,14 @@ async def start_server(
     :param streams: caps on payload streams at once (default: StreamLimiter())
     :param forward_rate: Forward requests per second per caller host (default: RateLimiter())
     :param payload_timeout_s: a caller's payload must have arrived this long after its stream opened
+    :param on_refusal: with a swarm key, called with the error of every call refused for its proof
     :raises SwarmdError: the address cannot be bound
     """
     from swarmd.transport.auth import server_interceptors
     from swarmd.transport.tls import add_port
 
-    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=server_interceptors(swarm_key))
+    interceptors = server_interceptors(swarm_key, on_refusal)
+    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=interceptors)
     servicer = SwarmServicer(
         handler,
         max_payload_bytes,
