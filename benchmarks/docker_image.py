@@ -1,0 +1,552 @@
+"""The Docker image, built and run for real: build time, image size, time to healthy, time to join.
+
+Where Docker Hub cannot be reached (this machine), the image's base is built from Debian's own
+packages: `debootstrap --variant=minbase bookworm` with python3, python3-venv and ca-certificates
+(plus this host's extra CA certificates from /usr/local/share/ca-certificates, so pip in the
+build trusts the TLS proxy the host trusts), imported with `docker import` as --base-tag (kept:
+skipped when the tag exists, --rebuild-base forces it). The project image is then built from a
+staged copy of the build context (the files the Dockerfile copies, plus wheels/ holding the local
+torch wheel) with --build-arg BASE_IMAGE=--base-tag TORCH_INDEX= TORCH_WHEELS=wheels, without the
+layer cache unless --cache (a cold build of every project layer; the other dependencies come from
+PyPI). Then, on a fresh user-defined docker network:
+
+  A  the image's own CMD (`blocktrain run --data /data/train.txt --listen 0.0.0.0:50051 --dht-host
+     0.0.0.0 --dht-port 31337 --checkpoint-dir /data/checkpoint`), a small generated text mounted at
+     /data/train.txt, run until `docker inspect` reports its HEALTHCHECK healthy (interval and start
+     period shortened with docker run's --health-interval / --health-start-period);
+  B  `blocktrain join MULTIADDR --block N` with the multiaddr and block from A's `join with:` and
+     `block:` lines (the container's address on the network), no --data (the stdlib corpus the image's
+     own Python provides), until it prints a merged round with both peers in it (participation 1.00)
+     and `blocktrain status --swarm MULTIADDR`, run inside A, lists 2 peers.
+
+Both containers are stopped (SIGTERM, the seconds to exit recorded), removed with their volumes,
+and the network removed, always. Everything is bounded by --timeout-s. Needs root (debootstrap,
+chroot, the docker socket); starts dockerd (`dockerd > /tmp/dockerd.log 2>&1 &`) when none runs.
+Writes --out (JSON) and prints a markdown table.
+
+    python benchmarks/docker_image.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md"]
+CONTEXT_DIRS = ["swarmd", "cli", "proto"]  # the Dockerfile's COPY sources
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+JOIN_RE = re.compile(r"^join with: blocktrain join (\S+) --data FILE --swarm-id (\S+)", re.M)
+BLOCK_RE = re.compile(r"^block: (\d+)", re.M)
+ROUND_RE = re.compile(r"^round (\d+): block (\d+) train ce (\S+) participation ([\d.]+)", re.M)
+
+
+class Failed(Exception):
+    """A step of the run failed (the message says which and why)."""
+
+
+class Budget:
+    """The wall-clock deadline of the whole run (--timeout-s)."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def left(self, floor: float = 1.0) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Failed("out of --timeout-s")
+        return max(floor, left)
+
+
+def sh(args: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Run args (text output captured); Failed with the output's tail when it fails or times out."""
+    try:
+        res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise Failed(f"{' '.join(args[:4])} ...: no result within {timeout:.0f}s") from e
+    if check and res.returncode != 0:
+        tail = (res.stdout + res.stderr).strip()[-2000:]
+        raise Failed(f"{' '.join(args[:4])} ... exited {res.returncode}: {tail}")
+    return res
+
+
+def docker_ok() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def unavailable() -> str | None:
+    """Why this benchmark cannot run here (None when it can): docker, root, a daemon or a way to start one."""
+    if shutil.which("docker") is None:
+        return "no docker client on PATH (Debian: apt-get install docker.io)"
+    if os.geteuid() != 0:
+        return "needs root (debootstrap, chroot and the docker socket)"
+    if not docker_ok() and shutil.which("dockerd") is None:
+        return "no docker daemon answers `docker info` and there is no dockerd to start"
+    return None
+
+
+def ensure_dockerd(wait_s: float = 60.0) -> bool:
+    """A docker daemon that answers; started as `dockerd > /tmp/dockerd.log 2>&1 &` when none does (True then)."""
+    if docker_ok():
+        return False
+    with open("/tmp/dockerd.log", "ab") as log:
+        subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if docker_ok():
+            return True
+        time.sleep(1)
+    raise Failed(f"started dockerd, but `docker info` failed for {wait_s:.0f}s (see /tmp/dockerd.log)")
+
+
+def image_exists(tag: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
+
+
+def image_size(tag: str) -> int:
+    return int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", tag], 30).stdout.strip())
+
+
+def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget) -> float:
+    """debootstrap a minimal Debian with python3 + venv into a temporary folder, `docker import` it as tag.
+
+    :returns: seconds it took
+    """
+    if shutil.which("debootstrap") is None:
+        raise Failed("no debootstrap (apt-get install debootstrap) to build the base image")
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="blocktrain-rootfs-", dir="/var/tmp"))
+    rootfs = work / "rootfs"
+    try:
+        include = "python3,python3-venv,ca-certificates"
+        sh(["debootstrap", "--variant=minbase", f"--include={include}", suite, str(rootfs), mirror], budget.left())
+        extra = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")) if host_ca else []
+        for crt in extra:
+            shutil.copy2(crt, rootfs / "usr/local/share/ca-certificates" / Path(crt).name)
+        if extra:
+            sh(["chroot", str(rootfs), "update-ca-certificates"], budget.left())
+        for leftovers in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for p in (rootfs / leftovers).glob("*"):
+                if p.is_file():
+                    p.unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+        try:
+            changes = ["--change", f"ENV {PATH_ENV}", "--change", 'CMD ["/bin/bash"]']
+            msg = f"debootstrap --variant=minbase {suite} +{include}" + (" + host CA certificates" if extra else "")
+            sh(["docker", "import", *changes, "--message", msg, "-", tag], budget.left(), stdin=tar.stdout)
+        finally:
+            tar.stdout.close()
+            tar.wait()
+        return time.monotonic() - started
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def stage_context(ctx: Path, wheel: Path | None) -> int:
+    """The build context: the files the Dockerfile copies (no bytecode), wheels/ with the torch wheel.
+
+    :returns: the context's bytes without the wheel
+    """
+    for name in CONTEXT_FILES:
+        shutil.copy2(ROOT / name, ctx / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+    for name in CONTEXT_DIRS:
+        shutil.copytree(ROOT / name, ctx / name, ignore=skip)
+    size = sum(p.stat().st_size for p in ctx.rglob("*") if p.is_file())
+    (ctx / "wheels").mkdir()
+    if wheel is not None:
+        try:
+            os.link(wheel, ctx / "wheels" / wheel.name)  # same file system: no 200 MB copy
+        except OSError:
+            shutil.copy2(wheel, ctx / "wheels" / wheel.name)
+    return size
+
+
+def docker_build(args: list[str], budget: Budget, log_path: Path) -> float:
+    """Run one `docker build` (its output to log_path); its seconds."""
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        try:
+            res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=budget.left())
+        except subprocess.TimeoutExpired as e:
+            raise Failed(f"docker build ran past the budget (log: {log_path})") from e
+    if res.returncode != 0:
+        raise Failed(f"docker build exited {res.returncode} (log: {log_path}):\n{log_path.read_text()[-3000:]}")
+    return time.monotonic() - started
+
+
+def layers(tag: str) -> list[dict]:
+    """The image's layers that hold bytes, top first: size and the instruction that made it."""
+    res = sh(["docker", "history", "--no-trunc", "--format", "{{json .}}", tag], 30)
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    out = []
+    for row in rows:
+        if row.get("Size") not in ("0B", "0"):
+            out.append({"size": row.get("Size"), "created_by": row.get("CreatedBy", "")[:160]})
+    return out
+
+
+def build_image(a, budget: Budget, log_path: Path) -> dict:
+    """The project image from a staged context: cold (--no-cache unless --cache); then, unless
+    --no-rebuild, the rebuild a change of the code costs (one line appended to cli/__init__.py,
+    layer cache on, tagged IMAGE-rebuild and removed again)."""
+    with tempfile.TemporaryDirectory(prefix="blocktrain-ctx-", dir="/var/tmp") as tmp:
+        ctx = Path(tmp)
+        context_bytes = stage_context(ctx, a.torch_wheel)
+        args = ["docker", "build", "--build-arg", f"BASE_IMAGE={a.base_tag}"]
+        if a.torch_wheel is not None:
+            args += ["--build-arg", "TORCH_INDEX=", "--build-arg", "TORCH_WHEELS=wheels"]
+        elif a.torch_index:
+            args += ["--build-arg", f"TORCH_INDEX={a.torch_index}"]
+        if a.build_network:
+            args += ["--network", a.build_network]
+        cold = [*args, "-t", a.image_tag, *([] if a.cache else ["--no-cache"])]
+        out = {"build_s": round(docker_build([*cold, str(ctx)], budget, log_path), 1)}
+        out.update(context_bytes_without_wheel=context_bytes, build_command=cold)
+        if a.rebuild:
+            with open(ctx / "cli" / "__init__.py", "a") as f:
+                f.write("# a change of the code\n")
+            rebuild_tag = f"{a.image_tag}-rebuild"
+            seconds = docker_build([*args, "-t", rebuild_tag, str(ctx)], budget, log_path.with_suffix(".rebuild.log"))
+            out["rebuild_after_code_change_s"] = round(seconds, 1)
+            with contextlib.suppress(Failed):  # slow under load (its own copy of the venv layer): never fatal
+                sh(["docker", "rmi", rebuild_tag], 300, check=False)
+    return out
+
+
+def state(name: str) -> dict:
+    return json.loads(sh(["docker", "inspect", "-f", "{{json .State}}", name], 30).stdout)
+
+
+def logs(name: str, stderr: bool = True) -> str:
+    """A container's output: its stdout, then (stderr) its stderr."""
+    res = sh(["docker", "logs", name], 30, check=False)
+    return res.stdout + (res.stderr if stderr else "")
+
+
+def check_running(name: str) -> dict:
+    st = state(name)
+    if st.get("Status") != "running":
+        raise Failed(f"container {name} is {st.get('Status')} (exit {st.get('ExitCode')}):\n{logs(name)[-3000:]}")
+    return st
+
+
+def wait_for(what: str, probe, budget: Budget, limit_s: float, every_s: float = 0.5):
+    """Poll probe() (returns a truthy value when done) until it is done, limit_s or the budget run out."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Failed(f"timed out after {limit_s:.0f}s waiting for {what}")
+        budget.left()
+        time.sleep(every_s)
+
+
+def train_text(path: Path, size: int = 256 << 10) -> None:
+    """A small deterministic English-like text for container A (mounted at /data/train.txt)."""
+    words = "the swarm trains one block of a byte level model and merges its deltas with its peers each round"
+    words = words.split(" ")
+    lines, n, i = [], 0, 0
+    while n < size:
+        line = " ".join(words[(i * 7 + k * 3) % len(words)] for k in range(12)) + f" ({i})."
+        lines.append(line)
+        n += len(line) + 1
+        i += 1
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o644)
+
+
+def docker_run(name: str, net: str, a, extra: list[str], cmd: list[str]) -> None:
+    health = ["--health-interval", f"{a.health_interval_s}s", "--health-start-period", f"{a.health_start_s}s"]
+    limits = ["--cpus", str(a.cpus)] if a.cpus else []
+    env = ["-e", "OMP_NUM_THREADS=1", "-e", "MKL_NUM_THREADS=1"]
+    sh(["docker", "run", "-d", "--name", name, "--network", net, *health, *limits, *env, *extra, a.image_tag, *cmd], 60)
+
+
+def swarm_status(container: str, multiaddr: str, swarm_id: str) -> dict | None:
+    cmd = ["blocktrain", "status", "--swarm", multiaddr, "--swarm-id", swarm_id, "--json", "--timeout-s", "10"]
+    res = sh(["docker", "exec", container, *cmd], 90, check=False)
+    if res.returncode != 0:
+        return None
+    try:
+        return json.loads(res.stdout)
+    except json.JSONDecodeError:
+        return None
+
+
+def round_line(match: tuple[str, ...]) -> dict:
+    """A `round R: block B train ce X participation P` line's numbers."""
+    return {
+        "round": int(match[0]),
+        "block": int(match[1]),
+        "train_ce": float(match[2]),
+        "participation": float(match[3]),
+    }
+
+
+class Watch:
+    """One container's milestones, each timed from its `docker run` the first time a poll sees it."""
+
+    def __init__(self, name: str):
+        self.name, self.started, self.seen = name, time.monotonic(), {}
+
+    def poll(self) -> str:
+        st = check_running(self.name)
+        text = logs(self.name, stderr=False)
+        now = round(time.monotonic() - self.started, 1)
+        events = {
+            "ready": "\nready" in "\n" + text,
+            "healthy": st.get("Health", {}).get("Status") == "healthy",
+            "first_round": bool(ROUND_RE.search(text)),
+            "full_round": any(float(r[3]) >= 0.99 for r in ROUND_RE.findall(text)),
+        }
+        for key, happened in events.items():
+            if happened:
+                self.seen.setdefault(key, now)
+        return text
+
+    def until(self, keys: list[str], what: str, budget: Budget, limit_s: float) -> str:
+        return wait_for(
+            what, lambda: (text := self.poll()) and all(k in self.seen for k in keys) and text, budget, limit_s
+        )
+
+
+def run_swarm(a, budget: Budget, out: dict, workdir: Path) -> None:
+    tag = f"{os.getpid()}"
+    net, ca, cb = f"blocktrain-bench-{tag}", f"blocktrain-a-{tag}", f"blocktrain-b-{tag}"
+    data = workdir / "train.txt"
+    train_text(data)
+    created: list[str] = []
+    watches: dict[str, Watch] = {}
+    try:
+        sh(["docker", "network", "create", net], 30)
+        created.append("network")
+        wa = watches["a"] = Watch(ca)
+        docker_run(ca, net, a, ["-v", f"{data}:/data/train.txt:ro"], [])  # the image's own CMD
+        created.append(ca)
+        text = wa.until(["ready", "healthy"], "A's `ready` line and HEALTHCHECK healthy", budget, a.wait_s)
+        out["a_ready_s"], out["a_healthy_s"] = wa.seen["ready"], wa.seen["healthy"]
+        join, block = JOIN_RE.search(text), BLOCK_RE.search(text)
+        if not join or not block:
+            raise Failed(f"no `join with:` / `block:` line in A's output:\n{text[-2000:]}")
+        multiaddr, swarm_id, block_index = join.group(1), join.group(2), int(block.group(1))
+        out.update(a_multiaddr=multiaddr, swarm_id=swarm_id, block=block_index)
+
+        listen = ["--listen", "0.0.0.0:50051", "--dht-host", "0.0.0.0", "--dht-port", "31337"]
+        b_cmd = ["join", multiaddr, "--swarm-id", swarm_id, "--block", str(block_index), *listen]
+        b_cmd += ["--checkpoint-dir", "/data/checkpoint"]
+        wb = watches["b"] = Watch(cb)
+        docker_run(cb, net, a, [], b_cmd)
+        created.append(cb)
+        out["b_command"] = ["docker", "run", "...", a.image_tag, *b_cmd]
+        keys = ["ready", "healthy", "first_round", "full_round"]
+        what = "B's `ready`, HEALTHCHECK healthy and a merged round with both peers (participation 1.00)"
+        text = wb.until(keys, what, budget, a.wait_s)
+        out.update({f"b_{k}_s": wb.seen[k] for k in keys})
+        rounds = ROUND_RE.findall(text)
+        out["b_first_round"] = round_line(rounds[0])
+        out["b_merged_round"] = round_line(next(r for r in rounds if float(r[3]) >= 0.99))
+        out["b_corpus"] = next((ln for ln in logs(cb).splitlines() if ln.startswith("data: ")), None)
+
+        def two_peers():
+            summary = swarm_status(ca, multiaddr, swarm_id)
+            return summary if summary and len(summary.get("peers", [])) >= 2 else None
+
+        summary = wait_for("A's `blocktrain status --swarm` listing 2 peers", two_peers, budget, a.wait_s, 2.0)
+        out["status_peers"] = [
+            {k: p.get(k) for k in ("peer_id", "block", "round", "state", "participation", "address")}
+            for p in summary["peers"]
+        ]
+    finally:
+        out["milestones_s"] = {k: w.seen for k, w in watches.items()}  # what each reached, also on a failure
+        out["stop"] = {}
+        for key, name in (("b", cb), ("a", ca)):
+            if name in created:
+                with contextlib.suppress(Failed, subprocess.TimeoutExpired, OSError):
+                    out["stop"][key] = stop(name, a.stop_timeout_s)
+                subprocess.run(["docker", "rm", "-f", "-v", name], capture_output=True, timeout=60)
+        if "network" in created:
+            subprocess.run(["docker", "network", "rm", net], capture_output=True, timeout=60)
+
+
+def _utc(stamp: str) -> float:
+    """Docker's RFC 3339 nanosecond timestamp as POSIX seconds."""
+    day, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(day).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
+
+
+def stop(name: str, timeout_s: float) -> dict:
+    """`docker stop -t timeout_s` (SIGTERM, SIGKILL after timeout_s): seconds to the daemon's `stopped at`
+    line and to the container's exit (both from docker's clock), exit code (137: killed), last line."""
+    sent = time.time()
+    subprocess.run(["docker", "stop", "-t", str(int(timeout_s)), name], capture_output=True, timeout=timeout_s + 60)
+    st = state(name)
+    stamped = sh(["docker", "logs", "-t", name], 30, check=False)
+    stopped_at = next((ln.split(" ", 1)[0] for ln in stamped.stdout.splitlines() if " stopped at round " in ln), None)
+    lines = logs(name, stderr=False).strip().splitlines()
+    return {
+        "to_stopped_line_s": round(_utc(stopped_at) - sent, 1) if stopped_at else None,
+        "to_exit_s": round(_utc(st["FinishedAt"]) - sent, 1),
+        "exit_code": st.get("ExitCode"),
+        "last_line": lines[-1] if lines else None,
+        "stderr_after_sigterm": [  # what the daemon logged while it stopped, with docker's timestamps
+            ln[:300] for ln in stamped.stderr.splitlines() if _utc(ln.split(" ", 1)[0]) >= sent
+        ][-5:],
+    }
+
+
+def default_wheel() -> Path | None:
+    env = os.environ.get("BLOCKTRAIN_TORCH_WHEEL")
+    if env:
+        return Path(env)
+    found = sorted(glob.glob("/opt/wheels/torch-*-cp311-cp311-*x86_64.whl"))
+    return Path(found[-1]) if found else None
+
+
+def table(r: dict) -> list[str]:
+    mib = 1 << 20
+
+    def fig(key: str, unit: str = " s") -> str:
+        v = r.get(key)
+        return "-" if v is None else f"{v}{unit}"
+
+    def stops(key: str, code: bool = False) -> str:
+        parts = []
+        for k in ("a", "b"):
+            st = r.get("stop", {}).get(k) or {}
+            v = "-" if st.get(key) is None else f"{st[key]} s"
+            parts.append(f"{v} ({st.get('exit_code', '-')})" if code else v)
+        return " / ".join(parts)
+
+    base = f"{r['base_size_bytes'] / mib:.0f} MiB" if r.get("base_size_bytes") else "-"
+    size = f"{r['image_size_bytes'] / mib:.0f} MiB" if r.get("image_size_bytes") else "-"
+    base_build = "cached" if r.get("base_cached") else fig("base_build_s")
+    rows = [
+        ("base image (debootstrap bookworm + python3, `docker import`)", f"{base}, built in {base_build}"),
+        ("project image (`docker image inspect` Size)", size),
+        (
+            "build time, project layers" + (" (layer cache on)" if r.get("cache") else " (--no-cache: cold)"),
+            fig("build_s"),
+        ),
+        ("rebuild after a change of the code (layer cache on)", fig("rebuild_after_code_change_s")),
+        ("A: `docker run` -> `ready` line", fig("a_ready_s")),
+        ("A: `docker run` -> HEALTHCHECK healthy", fig("a_healthy_s")),
+        ("B: `docker run ... join` -> `ready` line", fig("b_ready_s")),
+        ("B: `docker run ... join` -> HEALTHCHECK healthy", fig("b_healthy_s")),
+        ("B: `docker run ... join` -> first merged round", fig("b_first_round_s")),
+        ("B: `docker run ... join` -> a round with both peers (participation 1.00)", fig("b_full_round_s")),
+        (
+            "peers listed by `blocktrain status --swarm` in A",
+            str(len(r["status_peers"])) if "status_peers" in r else "-",
+        ),
+        ("`docker stop` (SIGTERM) -> `stopped at` line, A / B", stops("to_stopped_line_s")),
+        ("`docker stop` (SIGTERM) -> exit (exit code), A / B", stops("to_exit_s", True)),
+    ]
+    return ["| step | figure |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="bound on the whole run, seconds")
+    p.add_argument("--base-tag", default="blocktrain-base:bookworm", help="the debootstrap base image's tag")
+    p.add_argument("--rebuild-base", action="store_true", help="rebuild the base even if --base-tag exists")
+    p.add_argument("--suite", default="bookworm")
+    p.add_argument("--mirror", default="http://deb.debian.org/debian")
+    p.add_argument(
+        "--no-host-ca",
+        dest="host_ca",
+        action="store_false",
+        help="do not copy /usr/local/share/ca-certificates/*.crt into the base",
+    )
+    p.add_argument("--image-tag", default="blocktrain:local")
+    p.add_argument(
+        "--torch-wheel",
+        type=Path,
+        default=default_wheel(),
+        help="a local torch wheel (default: $BLOCKTRAIN_TORCH_WHEEL, else /opt/wheels/torch-*cp311*.whl)",
+    )
+    p.add_argument("--torch-index", default="", help="without a wheel: the index torch comes from (else the default)")
+    p.add_argument("--build-network", default="", help="docker build --network (host: where the bridge has no way out)")
+    p.add_argument("--cache", action="store_true", help="let docker build use its layer cache (not a cold build)")
+    p.add_argument(
+        "--no-rebuild", dest="rebuild", action="store_false", help="skip the rebuild after a change of the code"
+    )
+    p.add_argument("--skip-build", action="store_true", help="run the containers on an existing --image-tag")
+    p.add_argument("--health-interval-s", type=float, default=2.0, help="docker run --health-interval (image: 30s)")
+    p.add_argument("--health-start-s", type=float, default=120.0, help="docker run --health-start-period")
+    p.add_argument("--cpus", type=float, default=1.0, help="docker run --cpus per container (0: no limit)")
+    p.add_argument("--stop-timeout-s", type=float, default=30.0, help="docker stop -t (docker's default: 10)")
+    p.add_argument("--wait-s", type=float, default=600.0, help="the longest one wait (healthy, a round, ...) may take")
+    p.add_argument("--out", type=Path, default=RESULTS / "docker_image.json")
+    p.add_argument("--build-log", type=Path, default=Path("/tmp/blocktrain-docker-build.log"))
+    a = p.parse_args(argv)
+    if a.torch_wheel is not None and not a.torch_wheel.is_file():
+        p.error(f"--torch-wheel {a.torch_wheel}: no such file")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    why = unavailable()
+    if why:
+        print(f"docker_image.py: cannot run here: {why}", file=sys.stderr)
+        return 2
+    budget = Budget(a.timeout_s)
+    r: dict = {
+        "command": "python benchmarks/docker_image.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "base_tag": a.base_tag,
+        "image_tag": a.image_tag,
+        "torch_wheel": str(a.torch_wheel) if a.torch_wheel else None,
+        "cache": a.cache,
+        "ok": False,
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    started = time.monotonic()
+    try:
+        r["started_dockerd"] = ensure_dockerd()
+        r["docker"] = sh(["docker", "version", "-f", "{{.Server.Version}}"], 30).stdout.strip()
+        r["base_cached"] = image_exists(a.base_tag) and not a.rebuild_base
+        if not r["base_cached"]:
+            r["base_build_s"] = round(build_base(a.base_tag, a.suite, a.mirror, a.host_ca, budget), 1)
+        r["base_size_bytes"] = image_size(a.base_tag)
+        if not a.skip_build:
+            r.update(build_image(a, budget, a.build_log))
+        r["image_size_bytes"] = image_size(a.image_tag)
+        r["layers"] = layers(a.image_tag)
+        r["python"] = sh(["docker", "run", "--rm", "--entrypoint", "python3", a.image_tag, "-V"], 60).stdout.strip()
+        with tempfile.TemporaryDirectory(prefix="blocktrain-docker-") as tmp:
+            run_swarm(a, budget, r, Path(tmp))
+        r["ok"] = True
+    except Failed as e:
+        r["error"] = str(e)
+    r["total_s"] = round(time.monotonic() - started, 1)
+    r["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(r, indent=2) + "\n")
+    print("\n".join(table(r)))
+    print(f"-> {a.out}" + ("" if r["ok"] else f"\nFAILED: {r['error']}"))
+    return 0 if r["ok"] else 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
