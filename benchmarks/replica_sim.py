@@ -14,6 +14,21 @@ every variant ("--variants": K replicas, outer none|nesterov, outer lr, momentum
 (JSON, every curve) and its section of --md.
 
     python benchmarks/replica_sim.py --variants K=2,outer=none K=2,outer=nesterov K=4,outer=nesterov,lr=2
+
+--sync-dp (issue 20): a synchronous data-parallel reference. For each K of --ks, in the same run and with the
+same seeds, the swarm (K replicas per block, plain averaging: "K=<K>") and one replica at K x --batch-size
+for the same steps, at each inner-lr multiplier of --sync-lrs (the best CE is the reference: sync DP's CE at
+that batch, as far as the sweep finds it). Both go through the same simulator (a one-replica run still
+sends its delta through the int8 codec + error feedback and the merge of one delta, as the single-replica
+reference does). Each K is a row of the JSON's "sync_dp" list with K, steps_per_replica, ce (the swarm's),
+sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency (the swarm's, as above;
+sync_dp_efficiency: the same for the reference), the lr chosen and the sweep; its section of --md (default
+results/ISSUE20_sync_dp.md) has the table and the commands. Its single-replica runs (1x / 2x / 4x the rounds at
+--batch-size) are its own, in the JSON's "sync_dp_single" (run when missing, unless --no-single): the issue-12
+ones in "single" were measured before later merge changes and no longer reproduce to the last digit.
+
+    python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2
+    python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --rounds 64   # 1,600 steps per replica
 """
 
 from __future__ import annotations
@@ -57,6 +72,17 @@ def label(v: dict) -> str:
     return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}"
 
 
+def parse_lrs(text: str) -> list[float]:
+    """'1,1.41,2' -> [1.0, 1.41, 2.0]: the inner-lr multipliers of the sync-DP sweep."""
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise SystemExit(f"--sync-lrs: {e}") from None
+    if not lrs or any(x <= 0 for x in lrs):
+        raise SystemExit(f"--sync-lrs wants positive multipliers, got {text!r}")
+    return lrs
+
+
 def parse_args(argv=None):
     p = common.parser(__doc__)
     common.add_swarm_config(p)
@@ -65,14 +91,35 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
     p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
-    common.add_outputs(p, "replica_sim.json", "ISSUE12_replicas.md")
+    p.add_argument(
+        "--sync-dp",
+        action="store_true",
+        help="per K of --ks: the swarm and one replica at K x the batch (best of --sync-lrs), side by side",
+    )
+    p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8], help="replica counts of --sync-dp")
+    p.add_argument(
+        "--sync-lrs",
+        type=parse_lrs,
+        default=[1.0, 1.41, 2.0],
+        help="inner-lr multipliers of the sync-DP reference's sweep (comma-separated); best CE wins",
+    )
+    common.add_outputs(p, "replica_sim.json")
+    p.add_argument(
+        "--md", type=Path, default=None, help="default results/ISSUE12_replicas.md (--sync-dp: ISSUE20_sync_dp.md)"
+    )
     a = p.parse_args(argv)
+    if a.md is None:
+        a.md = common.RESULTS / ("ISSUE20_sync_dp.md" if a.sync_dp else "ISSUE12_replicas.md")
+    if any(k < 1 for k in a.ks):
+        raise SystemExit(f"--ks wants replica counts >= 1, got {a.ks}")
     a.argv = argv
     return a
 
 
-def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy) -> dict:
-    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr * v["lr"], seed=seed)
+def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_size: int | None = None) -> dict:
+    """One simulator run of variant v for `rounds` rounds; batch_size: per replica (default --batch-size)."""
+    batch = a.batch_size if batch_size is None else batch_size
+    train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed)
     sim_cfg = SimConfig(
         common.model_of(a), train, workers=v["K"], rounds=rounds, steps_per_round=a.steps, eval_every=a.eval_every
     )
@@ -93,6 +140,7 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy) -> dict
         "steps_per_replica": rounds * a.steps,
         "ce": result.ce,
         "curve": curve,
+        **({} if batch_size is None else {"batch_size": batch}),
         "wall_s": time.perf_counter() - start,
     }
 
@@ -125,22 +173,33 @@ def main(argv=None) -> None:
     cfg = common.model_of(a)
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
-    variants = [] if a.report else [parse_variant(t) for t in a.variants]
+    variants = [] if a.report or a.sync_dp else [parse_variant(t) for t in a.variants]
     out: dict = {"command": common.command_line("replica_sim.py", argv), "single": {}, "rows": []}
     if a.out.exists():  # keep earlier rows of other commands (the sweep is run in pieces)
         out["single"] = json.loads(a.out.read_text()).get("single", {})
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
+        earlier = json.loads(a.out.read_text())
+        out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single") if k in earlier})
+    if a.sync_dp:  # its own reference runs, measured by this code (the issue-12 ones predate merge changes)
+        out.setdefault("sync_dp_single", {})
+    store = out["sync_dp_single"] if a.sync_dp else out["single"]
     for seed in [] if a.report else a.seeds:
-        key = f"seed{seed}_r{a.rounds}_H{a.steps}"
-        if not a.no_single and key not in out["single"]:
+        key = sync_single_key(a, seed) if a.sync_dp else single_key(a, seed)
+        if not a.no_single and key not in store:
             runs = []
             for mult in (1, 2, 4):
                 r = run_one(a, parse_variant("K=1"), a.rounds * mult, seed, data, eval_xy)
                 print(f"single x{mult} seed {seed}: ce {r['ce']:.4f} ({r['wall_s']:.0f}s)", flush=True)
                 runs.append(r)
-            out["single"][key] = runs
+            store[key] = runs
             common.write_json(a.out, out)
-        single = [(r["steps_per_replica"], r["ce"]) for r in out["single"].get(key, [])]
+        single = [(r["steps_per_replica"], r["ce"]) for r in store.get(key, [])]
+        if a.sync_dp:
+            for k in a.ks:
+                row = sync_dp_row(a, k, seed, data, eval_xy, single, key)
+                out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
+                common.write_json(a.out, out)
+            continue
         for v in variants:
             r = run_one(a, v, a.rounds, seed, data, eval_xy)
             if single:
@@ -152,7 +211,152 @@ def main(argv=None) -> None:
             print(f"{r['label']} seed {seed}: ce {r['ce']:.4f} {eff} ({r['wall_s']:.0f}s) curve {curve}", flush=True)
     out["machine"] = f"{common.machine()}, torch {torch.__version__}"
     common.write_json(a.out, out)
-    write_md(a, out)
+    if a.sync_dp:
+        write_sync_md(a, out)
+    else:
+        write_md(a, out)
+
+
+def single_key(a, seed: int) -> str:
+    """The key of the single-replica reference runs in the JSON's "single": seed, rounds and H only (a run at
+    another --batch-size or --lr reads the stored reference of the same schedule: its efficiency is counted in
+    steps of that reference; pass another --out for a reference of its own)."""
+    return f"seed{seed}_r{a.rounds}_H{a.steps}"
+
+
+def sync_single_key(a, seed: int) -> str:
+    """The key of --sync-dp's single-replica reference (the JSON's "sync_dp_single"): schedule, batch, lr, shape."""
+    return f"{single_key(a, seed)}_b{a.batch_size}_lr{a.lr:g}_B{a.blocks}_d{a.d_model}_seq{a.seq_len}"
+
+
+def sync_id(row: dict) -> tuple:
+    """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
+    return tuple(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model"))
+
+
+def excess_pct(ce: float, ref_ce: float) -> float:
+    """The swarm's excess loss over the reference, in percent of the reference's CE (negative: the swarm is lower)."""
+    return 100.0 * (ce - ref_ce) / ref_ce
+
+
+def sync_dp_summary(k: int, swarm: dict, sweep: list[dict], single: list[tuple[int, float]]) -> dict:
+    """The row's figures from the swarm run, the sync-DP sweep runs (one per lr multiplier) and the single-replica
+    (steps, CE) points (empty: no efficiencies)."""
+    best = min(sweep, key=lambda r: r["ce"])
+    mults = [r["lr_mult"] for r in sweep]
+    row = {
+        "K": k,
+        "steps_per_replica": swarm["steps_per_replica"],
+        "ce": swarm["ce"],
+        "sync_dp_ce": best["ce"],
+        "excess_pct": excess_pct(swarm["ce"], best["ce"]),
+        "sync_dp_lr_mult": best["lr_mult"],
+        "sync_dp_lr": best["lr_abs"],
+        "sync_dp_lr_at_edge": len(mults) > 1 and best["lr_mult"] in (min(mults), max(mults)),
+        "sync_dp_sweep": sweep,
+        "efficiency": None,
+        "sync_dp_efficiency": None,
+    }
+    if len(single) >= 2:
+        eff = efficiency({"K": k, "ce": swarm["ce"], "steps_per_replica": swarm["steps_per_replica"]}, single)
+        ref = efficiency({"K": k, "ce": best["ce"], "steps_per_replica": swarm["steps_per_replica"]}, single)
+        row.update(eff)
+        row.update(
+            sync_dp_efficiency=ref["efficiency"],
+            sync_dp_single_steps_equiv=ref["single_steps_equiv"],
+            sync_dp_extrapolated=ref["extrapolated"],
+        )
+    return row
+
+
+def sync_dp_row(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str) -> dict:
+    """Swarm of K replicas per block, then one replica at K x the batch for each lr multiplier: one row."""
+    start = time.perf_counter()
+    swarm = run_one(a, parse_variant(f"K={k}"), a.rounds, seed, data, eval_xy)
+    print(f"swarm K={k} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}", flush=True)
+    sweep = []
+    for mult in a.sync_lrs:
+        r = run_one(a, parse_variant(f"K=1,lr={mult:g}"), a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
+        print(
+            f"sync DP K={k} (batch {k * a.batch_size}, lr x{mult:g}) seed {seed}: ce {r['ce']:.4f} "
+            f"({r['wall_s']:.0f}s) {fmt_curve(r)}",
+            flush=True,
+        )
+        sweep.append(
+            {"lr_mult": mult, "lr_abs": a.lr * mult, "ce": r["ce"], "curve": r["curve"], "wall_s": r["wall_s"]}
+        )
+    row = {
+        **sync_dp_summary(k, swarm, sweep, single),
+        "seed": seed,
+        "rounds": a.rounds,
+        "H": a.steps,
+        "batch_size": a.batch_size,
+        "sync_dp_batch_size": k * a.batch_size,
+        "lr": a.lr,
+        "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}",
+        "swarm_curve": swarm["curve"],
+        "swarm_wall_s": swarm["wall_s"],
+        "single_key": key if single else None,
+        "single": single,
+        "wall_s": time.perf_counter() - start,
+        "command": common.command_line("replica_sim.py", a.argv),
+    }
+    eff = f"efficiency {row['efficiency']:.3f}" if row["efficiency"] is not None else "no single reference"
+    print(
+        f"K={k} seed {seed}: swarm {row['ce']:.4f} sync DP {row['sync_dp_ce']:.4f} (lr x{row['sync_dp_lr_mult']:g}) "
+        f"excess {row['excess_pct']:+.2f}% {eff} ({row['wall_s']:.0f}s)",
+        flush=True,
+    )
+    return row
+
+
+def fmt_curve(r: dict) -> str:
+    return "curve " + " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
+
+
+def write_sync_md(a, out: dict) -> None:
+    """The sync-DP section of --md: one line per (K, seed, budget) row, the sweep, the commands."""
+    rows = sorted(out.get("sync_dp", []), key=lambda r: (r["steps_per_replica"], r["K"], r["seed"]))
+
+    def eff(r: dict, name: str, extrap: str) -> str:
+        return "-" if r.get(name) is None else f"{r[name]:.3f}{' (extrap.)' if r.get(extrap) else ''}"
+
+    lines = [
+        "### Swarm vs synchronous data parallelism (issue 20): one replica at K x the batch",
+        "",
+        "Per K: the swarm (K replicas per block, plain averaging, H local steps per round, lockstep network, int8 + "
+        "error feedback, robust merge) and, in the same run with the same seed, one replica per block at K x the "
+        "batch for the same steps (sync DP), at each inner-lr multiplier of the sweep; sync DP CE = the best. "
+        "excess % = 100 (swarm CE - sync DP CE) / sync DP CE. Efficiency = single-replica (batch of the swarm's "
+        "replicas) steps to reach the CE, log-steps interpolation between its 1x / 2x / 4x runs, "
+        "/ (K x steps per replica); the sync DP column is the same for the reference's CE.",
+        "",
+        "| K | seed | model | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr) | sweep (lr x: CE) "
+        "| excess % | efficiency | sync DP efficiency | wall s |",
+        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        sweep = ", ".join(f"x{s['lr_mult']:g}: {s['ce']:.4f}" for s in r["sync_dp_sweep"])
+        edge = ", sweep edge" if r.get("sync_dp_lr_at_edge") else ""
+        lines.append(
+            f"| {r['K']} | {r['seed']} | {r['model']}, H={r['H']}, lr {r['lr']:g} | {r['batch_size']} "
+            f"| {r['steps_per_replica']} | {r['ce']:.4f} "
+            f"| {r['sync_dp_ce']:.4f} ({r['sync_dp_batch_size']}, x{r['sync_dp_lr_mult']:g}{edge}) | {sweep} "
+            f"| {r['excess_pct']:+.2f} | {eff(r, 'efficiency', 'extrapolated')} "
+            f"| {eff(r, 'sync_dp_efficiency', 'sync_dp_extrapolated')} | {r['wall_s']:.0f} |"
+        )
+    refs = sorted({(r["single_key"], tuple(c for _, c in r["single"])) for r in rows if r.get("single_key")})
+    if refs:
+        lines += [
+            "",
+            "Single-replica reference (final CE at 1x / 2x / 4x the steps, separate runs by the same code; the "
+            'JSON\'s "sync_dp_single"): '
+            + "; ".join(f"{k}: " + " / ".join(f"{c:.4f}" for c in ces) for k, ces in refs),
+        ]
+    commands = sorted({r["command"] for r in rows})
+    lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
+    lines += common.machine_footer(out.get("machine", ""))
+    common.replace_section(a.md, "replica_sim.py sync-dp", lines)
 
 
 def write_md(a, out: dict) -> None:

@@ -1,0 +1,94 @@
+"""benchmarks/replica_sim.py --sync-dp (issue 20): the swarm against one replica at K x the batch.
+
+The row's arithmetic (best of the sweep, excess in percent, both efficiencies, the sweep-edge flag) on
+made-up figures; then one tiny real run (d=16, seq 16, one round of two steps) that writes the JSON rows
+with the promised keys beside the rows already there, and its markdown section with the command; a rerun
+replaces its own rows instead of adding copies.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--blocks", "2", "--d-model", "16", "--seq-len", "16", "--rounds", "1", "--steps", "2",
+    "--batch-size", "2", "--eval-tokens", "64", "--eval-every", "1",
+]  # fmt: skip
+KEYS = {"K", "steps_per_replica", "ce", "sync_dp_ce", "excess_pct", "efficiency"}
+
+
+@pytest.fixture(scope="module")
+def rs():
+    spec = importlib.util.spec_from_file_location("replica_sim", ROOT / "benchmarks" / "replica_sim.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sweep(*ces: float) -> list[dict]:
+    return [{"lr_mult": m, "lr_abs": 3e-3 * m, "ce": c} for m, c in zip((1.0, 1.41, 2.0), ces, strict=False)]
+
+
+def test_summary_picks_the_best_lr_and_counts_excess_and_efficiency(rs):
+    single = [(200, 2.4), (400, 2.2), (800, 2.0)]
+    row = rs.sync_dp_summary(4, {"steps_per_replica": 200, "ce": 2.2}, sweep(2.15, 2.0, 2.1), single)
+    assert set(row) >= KEYS
+    assert row["sync_dp_ce"] == 2.0 and row["sync_dp_lr_mult"] == 1.41 and not row["sync_dp_lr_at_edge"]
+    assert row["excess_pct"] == pytest.approx(10.0)
+    assert row["efficiency"] == pytest.approx(400 / 800)  # the single replica reaches 2.2 at 400 steps
+    assert row["sync_dp_efficiency"] == pytest.approx(800 / 800)
+    assert not row["extrapolated"] and not row["sync_dp_extrapolated"]
+
+
+def test_summary_flags_the_sweep_edge_and_goes_without_a_reference(rs):
+    row = rs.sync_dp_summary(2, {"steps_per_replica": 200, "ce": 2.0}, sweep(2.3, 2.2, 2.1), [])
+    assert row["sync_dp_lr_mult"] == 2.0 and row["sync_dp_lr_at_edge"]
+    assert row["efficiency"] is None and row["sync_dp_efficiency"] is None
+    assert row["excess_pct"] == pytest.approx(100 * (2.0 - 2.1) / 2.1)  # negative: the swarm is below sync DP
+
+
+def test_parse_lrs(rs):
+    assert rs.parse_lrs("1,1.41,2") == [1.0, 1.41, 2.0]
+    for bad in ("", "1,x", "1,-2"):
+        with pytest.raises(SystemExit):
+            rs.parse_lrs(bad)
+
+
+def test_defaults_keep_the_issue_12_outputs(rs, tmp_path):
+    a = rs.parse_args(["--data-dir", str(tmp_path)])
+    assert a.md.name == "ISSUE12_replicas.md" and not a.sync_dp
+    a = rs.parse_args(["--data-dir", str(tmp_path), "--sync-dp"])
+    assert a.md.name == "ISSUE20_sync_dp.md" and a.ks == [2, 4, 8] and a.sync_lrs == [1.0, 1.41, 2.0]
+
+
+def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
+    (data / "train.txt").write_text(text)
+    (data / "eval.txt").write_text(text[::-1])
+    out, md = tmp_path / "rs.json", tmp_path / "rs.md"
+    out.write_text(json.dumps({"rows": [{"label": "earlier"}], "single": {}}))
+    argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--ks", "2", "--sync-lrs", "1,2", "--out", str(out)]
+    argv += ["--md", str(md)]
+    rs.main(argv)
+    rs.main(argv)  # a rerun replaces its rows
+    result = json.loads(out.read_text())
+    assert result["rows"] == [{"label": "earlier"}]
+    assert result["single"] == {}  # the issue-12 reference is left alone; --sync-dp has its own
+    assert list(result["sync_dp_single"]) == ["seed0_r1_H2_b2_lr0.003_B2_d16_seq16"]
+    (row,) = result["sync_dp"]
+    assert set(row) >= KEYS
+    assert row["K"] == 2 and row["steps_per_replica"] == 2 and row["sync_dp_batch_size"] == 4
+    assert [s["lr_mult"] for s in row["sync_dp_sweep"]] == [1.0, 2.0]
+    assert row["sync_dp_ce"] == min(s["ce"] for s in row["sync_dp_sweep"])
+    assert math.isfinite(row["efficiency"]) and math.isfinite(row["excess_pct"])
+    section = md.read_text()
+    assert "<!-- replica_sim.py sync-dp -->" in section and "python benchmarks/replica_sim.py" in section
+    assert "--sync-dp --ks 2 --sync-lrs 1,2" in section
