@@ -5,6 +5,7 @@ produced every figure); this script only concatenates them in issue order:
     python benchmarks/compose.py
 """
 
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,7 +17,7 @@ PARTS = [
     ("Serving across the swarm (issue 4)", "ISSUE4.md"),
     ("Quality at realistic budgets: block-0 fix, messages between blocks (issue 8)", "ISSUE8.md"),
     ("A swarm across hosts: network namespaces, user-space delay (issue 10)", "ISSUE10_netns.md"),
-    ("Bad input: exit codes, messages and seconds to the message (issue 10)", "ISSUE10_bad_input.md"),
+    ("Bad input: exit codes, messages and seconds to the message (issues 10 and 22)", "ISSUE10_bad_input.md"),
     ("Asynchronous network simulator: Tables 4/5 at CPU scale, deadline policies (issue 11)", "ISSUE11_async.md"),
     ("Public-swarm trust: the cost of identities, signatures and the swarm key (issue 9)", "ISSUE9_trust_cost.md"),
     ("Public-swarm trust: robust merge with honest peers, one attacker's reach (issue 9)", "ISSUE9_robust_merge.md"),
@@ -25,6 +26,10 @@ PARTS = [
     ("Replicas that pay: outer optimizer and replica efficiency (issue 12)", "ISSUE12_replicas.md"),
     ("No pause for the network: delayed averaging (issue 12)", "ISSUE12_delayed.md"),
     ("Group averaging: 3-24 daemons, 1,000 and 10,000 simulated peers (issue 12)", "ISSUE12_groups.md"),
+    ("Depth instrument: per-block trace, KL and depth recovery, screening budgets (issue 19)", "ISSUE19_depth.md"),
+    ("Replicas against synchronous data parallel at the same global batch (issue 20)", "ISSUE20_sync_dp.md"),
+    ("Fast swarm commands: status, score, generate, dashboard (issue 22)", "ISSUE22_swarm_commands.md"),
+    ("The Docker image, built and run for real (issue 22)", "ISSUE22_docker.md"),
 ]
 HEADER = """# BlockTrain benchmarks
 
@@ -46,6 +51,8 @@ block; serving hops carry 2d more floats per position). Re-measuring them is ope
 
 
 def main() -> None:
+    if len(sys.argv) > 1:  # it takes no options: anything else (--help too) gets the usage, and nothing is written
+        raise SystemExit(f"usage: python benchmarks/compose.py  (rewrites BENCHMARKS.md from {RESULTS.name}/*.md)")
     out = [HEADER]
     for title, name in PARTS:
         body = (RESULTS / name).read_text().strip()

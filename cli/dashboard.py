@@ -1,7 +1,8 @@
 """`blocktrain dashboard`: a live web map of a swarm (swarmd.tools.dashboard) until Ctrl-C.
 
-Prints `dashboard: URL` as soon as the page is served, then connects to the swarm; the page shows
-blocks as columns with their peers and a CE-over-time chart. Imports no torch until it runs.
+Prints `dashboard: URL` as soon as the port is bound, then connects to the swarm; the page (served
+once the first survey is done, with it) shows blocks as columns with their peers and a CE-over-time
+chart. Imports no torch until it runs.
 """
 
 from __future__ import annotations

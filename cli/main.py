@@ -1,14 +1,19 @@
-"""The `blocktrain` command: registers every sub-command and `--version`; no logic lives here.
+"""The `blocktrain` command: registers every sub-command and `--version`; no command logic lives here.
 
 Commands: train, eval, model-info, data fetch (model core); run, join, status, health, demo, dashboard (swarm);
 score, generate (inference); simulate (the network simulator). Each lives in its own module under cli/, its
 options in cli/options.py.
 Importing this module (and so `blocktrain --help` or `blocktrain status`) does not import torch.
+The console script (entry) ends its process as soon as the command is done (end_now).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import contextlib
+import logging
+import os
+import sys
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -80,11 +85,32 @@ app.command("simulate")(simulate.simulate)
 
 def entry() -> None:
     """The `blocktrain` console script: the CLI as a process of its own (a daemon it runs ends the process within
-    seconds of its shutdown: swarmd.node.runner.end_process_after_shutdown; tests call `app` in-process)."""
+    seconds of its shutdown: swarmd.node.runner.end_process_after_shutdown; tests call `app` in-process).
+
+    A command that is done (its output written; its DHT, servers and files closed) ends the process at once
+    (end_now): tearing the interpreter down once torch and hivemind are loaded took a second more on a quiet
+    machine and 5-7 s on a loaded one, after `status --swarm` had printed everything (issue 22)."""
     from swarmd.node.runner import end_process_after_shutdown
 
     end_process_after_shutdown()
-    app()
+    try:
+        app()
+    except SystemExit as done:  # click ends every command so (standalone mode); a bug's traceback goes as usual
+        end_now(done.code)
+
+
+def end_now(code: object) -> NoReturn:
+    """os._exit with SystemExit's code (None: 0; a message: printed, 1), after flushing stdout, stderr and logging."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe (`| head`) has nothing left to flush to
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

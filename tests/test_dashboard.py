@@ -1,6 +1,7 @@
-"""The web swarm map: its JSON and CE history, its HTTP server, the CLI's errors, and a real browser
-(headless Chromium) showing every peer of a live 3-peer swarm on the real DHT (screenshot kept in
-benchmarks/results/dashboard.png)."""
+"""The web swarm map: its JSON and CE history, its HTTP server (the page carries the view; a page asked for
+before the first survey waits for it), the CLI's errors, and a real browser (headless Chromium) showing
+every peer of a live 3-peer swarm on the real DHT, its first paint included (screenshots kept in
+benchmarks/results/dashboard.png and, of the page asked for as the dashboard starts, dashboard_first_paint.png)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +25,11 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.errors import ConfigError
-from swarmd.tools.dashboard import CeHistory, DashboardServer, run_dashboard, swarm_view
+from swarmd.tools.dashboard import FIRST_VIEW, CeHistory, DashboardServer, page_bytes, run_dashboard, swarm_view
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "benchmarks" / "results" / "dashboard.png"
+FIRST_PAINT = ROOT / "benchmarks" / "results" / "dashboard_first_paint.png"  # the page asked for at start
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 runner = CliRunner()
 nan = math.nan
@@ -108,6 +111,7 @@ def test_server_serves_the_page_and_the_json_on_an_ephemeral_port():
         assert port > 0 and server.url == f"http://127.0.0.1:{port}/"
         code, ctype, page = get(server.url)
         assert code == 200 and ctype.startswith("text/html") and b"/api/swarm" in page
+        assert b'<script id="first-view" type="application/json">{"peers": 0}</script>' in page  # drawn at once
         assert not re.search(rb"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing from the internet
         assert get(server.url + "api/swarm") == (200, "application/json", b'{"peers": 0}')
         assert get(server.url + "nope")[0] == 404
@@ -117,6 +121,43 @@ def test_server_serves_the_page_and_the_json_on_an_ephemeral_port():
         server.stop()
         server.stop()  # idempotent
     assert server.url == ""
+
+
+def test_the_page_carries_the_view_and_no_peer_string_can_close_its_script():
+    assert FIRST_VIEW in page_bytes()
+    hostile = {"blocks": [{"peers": [{"peer_id": "</script><script>alert(1)</script>", "address": "a&b<!--"}]}]}
+    view = json.dumps(hostile).encode()
+    served = DashboardServer(lambda: view)
+    served.start("127.0.0.1", 0)
+    try:
+        page = get(served.url)[2]
+    finally:
+        served.stop()
+    embedded = page.split(b'<script id="first-view" type="application/json">', 1)[1].split(b"</script>", 1)[0]
+    assert b"<" not in embedded and b">" not in embedded and b"&" not in embedded
+    assert json.loads(embedded) == hostile  # the escapes are plain JSON: the page parses the same view
+    assert page.count(b"</script>") == page_bytes().count(b"</script>")
+
+
+def test_a_page_asked_for_before_the_first_survey_waits_for_it():
+    first = threading.Event()
+    view = [b'{"status": "connecting"}']
+    server = DashboardServer(lambda: view[0], first.wait)
+    server.start("127.0.0.1", 0)
+    pages: list[bytes] = []
+    try:
+        asking = threading.Thread(target=lambda: pages.append(get(server.url)[2]))
+        asking.start()
+        asking.join(0.5)
+        assert asking.is_alive() and not pages  # held until the first survey
+        assert get(server.url + "api/swarm")[2] == b'{"status": "connecting"}'  # the JSON never waits
+        view[0] = b'{"status": "ok"}'
+        first.set()
+        asking.join(10)
+        assert pages and b'type="application/json">{"status": "ok"}</script>' in pages[0]
+    finally:
+        first.set()
+        server.stop()
 
 
 def test_cli_errors_are_one_line_and_fast():
@@ -164,7 +205,7 @@ async def chromium(*args: str, timeout_s: float = 60.0) -> str:
     return out.decode(errors="replace")
 
 
-async def live_swarm_in_a_browser(tmp_path: Path) -> tuple[list[str], dict, str]:
+async def live_swarm_in_a_browser(tmp_path: Path) -> tuple[list[str], dict, str, str]:
     first = daemon_config(tmp_path, 0, seed=0, eval_every=1)
     async with running(first) as (d0,):
         joiners = [
@@ -186,6 +227,12 @@ async def live_swarm_in_a_browser(tmp_path: Path) -> tuple[list[str], dict, str]
             training = asyncio.create_task(rounds())
             try:
                 await wait_until(lambda: urls, 10, what="the dashboard to serve")
+                # asked for at once, before any survey: the page comes with the first one, and its first paint
+                # (500 virtual ms: before the page's first poll of /api/swarm, due at 1 s) shows the swarm
+                at_once = ("--virtual-time-budget=500", "--window-size=1280,800")
+                first_paint = await chromium(*at_once, "--dump-dom", urls[0], timeout_s=180)
+                first_shot = tmp_path / "first_paint.png"
+                await chromium(*at_once, "--hide-scrollbars", f"--screenshot={first_shot}", urls[0], timeout_s=180)
 
                 async def view() -> dict:
                     return json.loads((await asyncio.to_thread(get, urls[0] + "api/swarm"))[2])
@@ -212,7 +259,8 @@ async def live_swarm_in_a_browser(tmp_path: Path) -> tuple[list[str], dict, str]
                 await chromium(*common, "--hide-scrollbars", f"--screenshot={shot}", urls[0])
                 SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(shot, SCREENSHOT)
-                return ids, seen, doms[-1]
+                shutil.copyfile(first_shot, FIRST_PAINT)
+                return ids, seen, doms[-1], first_paint
             finally:
                 stop.set()
                 await asyncio.wait_for(board, 30)
@@ -222,7 +270,11 @@ async def live_swarm_in_a_browser(tmp_path: Path) -> tuple[list[str], dict, str]
 @pytest.mark.swarm
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
 def test_a_browser_shows_every_peer_of_a_live_swarm(tmp_path):
-    peer_ids, view, dom = asyncio.run(live_swarm_in_a_browser(tmp_path))
+    peer_ids, view, dom, first_paint = asyncio.run(live_swarm_in_a_browser(tmp_path))
+    # the first paint: block columns with peer cards, not "connecting…" and empty panels (issue 22)
+    assert 'id="note">connecting' not in first_paint, first_paint[-3000:]
+    assert re.search(r'<section class="block" data-block="\d+"', first_paint) and 'data-peer-id="' in first_paint
+    assert sum(f'data-peer-id="{i}"' in first_paint for i in peer_ids) >= 1
     assert view["status"] == "ok" and view["round"] >= 1
     by_block = {b["block"]: sorted(p["peer_id"] for p in b["peers"]) for b in view["blocks"]}
     assert by_block == {0: sorted(peer_ids[:2]), 1: [peer_ids[2]]}
@@ -232,4 +284,5 @@ def test_a_browser_shows_every_peer_of_a_live_swarm(tmp_path):
     columns = re.findall(r'<section class="block" data-block="(\d+)"', dom)
     assert columns == ["0", "1"]
     assert "<path" in dom  # the CE chart drew its lines
-    assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and SCREENSHOT.stat().st_size > 10_000
+    for png in (SCREENSHOT, FIRST_PAINT):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -331,6 +331,55 @@ def test_stalled_peer_fails_over_after_the_step_timeout():
     assert remote.failovers == 1 and [h.block_index for h in remote.trace if h.resent] == [2]
 
 
+class Counting(FakeDiscovery):
+    """FakeDiscovery that remembers every per-block lookup."""
+
+    def __init__(self, records):
+        super().__init__(records)
+        self.finds: list[int] = []
+
+    async def find(self, block_index):
+        self.finds.append(block_index)
+        return await super().find(block_index)
+
+
+class Probed(InProcessClient):
+    """InProcessClient whose GetStatus (the latency probe) takes a while and counts the probes in flight."""
+
+    def __init__(self, servings):
+        super().__init__(servings)
+        self.inflight = self.most_inflight = 0
+
+    async def status(self, address, timeout_s):
+        self.inflight += 1
+        self.most_inflight = max(self.most_inflight, self.inflight)
+        try:
+            await asyncio.sleep(0.05)
+            return await super().status(address, timeout_s)
+        finally:
+            self.inflight -= 1
+
+
+def test_coverage_from_one_swarm_wide_lookup_probes_every_replica_at_once():
+    from swarmd.serve.remote import check_coverage
+
+    recs = [Rec("a0", 0), Rec("b0", 0), Rec("a1", 1), Rec("a2", 2), Rec("c2", 2, client_mode=True)]
+    discovery, client = Counting(recs), Probed({})
+    router = BlockRouter(discovery, client, CFG.config_hash(), "test")
+    asyncio.run(check_coverage(router, CFG, recs))  # the records of find_all (swarm_model_config's)
+    assert discovery.finds == [] and client.most_inflight == 4  # no lookup per block; a0, b0, a1, a2 at once
+    assert {b: sorted(router._replicas[b]) for b in range(3)} == {0: ["a0", "b0"], 1: ["a1"], 2: ["a2"]}
+
+    client.dead.add("a1")  # block 1's only replica is down, and block 2 is missing from the records
+    lone = BlockRouter(Counting(recs), client, CFG.config_hash(), "test")
+    with pytest.raises(PeerUnavailable, match="no reachable peer serves block 1 of swarm 'test'"):
+        asyncio.run(check_coverage(lone, CFG, [r for r in recs if r.block_index != 2]))
+    assert lone.discovery.finds == [1]  # the failed block is looked up again on its own, the rest are not
+    found = BlockRouter(Counting(recs), Probed({}), CFG.config_hash(), "test")
+    asyncio.run(check_coverage(found, CFG, [r for r in recs if r.block_index != 2]))
+    assert found.discovery.finds == [2] and sorted(found._replicas[2]) == ["a2"]  # missing: looked up
+
+
 def test_no_peer_for_a_block_is_a_clear_error():
     blocks, emb = tiny_model()
     servings = {k: v for k, v in make_servings(blocks, emb).items() if v.block_index != 2}

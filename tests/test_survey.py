@@ -3,17 +3,23 @@
 consensus_by_block compares the count-sketches of the peers of one block that are at the block's
 top round (max pairwise ||a - b|| / param_norm); summarize adds per-block peer counts and combined
 samples/s and the swarm's max consensus distance. Sketch values below are small integers, exact
-in the proto's float32, so every distance is known by hand. No network, no torch.
+in the proto's float32, so every distance is known by hand. survey_discovered on a stand-in client: every
+GetStatus and the GetConfig at once, the config asked again of the next peer when the first fails.
+No network, no torch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
 import pytest
 
 from swarmd.averaging.sketch import sketch_distance
-from swarmd.tools.survey import consensus_by_block, peer_row, summarize
+from swarmd.errors import PeerUnavailable
+from swarmd.membership.records import PeerRecord
+from swarmd.tools.survey import consensus_by_block, peer_row, summarize, survey_discovered
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -92,3 +98,56 @@ def test_summarize_a_single_peer_and_infers_the_block_count():
     assert summary["consensus_distance"] == 0.0
     empty = summarize([], [])
     assert empty["blocks"] == [] and math.isnan(empty["consensus_distance"])
+
+
+class Peers:
+    """A PeerClient stand-in for survey_discovered: counts calls in flight; `no_config` peers fail GetConfig."""
+
+    def __init__(self, blocks: int = 4, no_config: tuple[str, ...] = ()):
+        self.blocks, self.no_config = blocks, set(no_config)
+        self.inflight = self.most_inflight = 0
+        self.config_asked: list[str] = []
+
+    async def _call(self) -> None:
+        self.inflight += 1
+        self.most_inflight = max(self.most_inflight, self.inflight)
+        await asyncio.sleep(0.05)
+        self.inflight -= 1
+
+    async def status(self, address: str, timeout_s: float) -> pb.PeerStatus:
+        await self._call()
+        return pb.PeerStatus(peer_id=f"id-{address}", block_index=int(address[-1]), address=address)
+
+    async def swarm_config(self, address: str, timeout_s: float) -> pb.SwarmConfig:
+        self.config_asked.append(address)
+        await self._call()
+        if address in self.no_config:
+            raise PeerUnavailable(f"{address}: no config")
+        return pb.SwarmConfig(model_config_json=json.dumps({"blocks": self.blocks}))
+
+
+class Found:
+    """A discovery whose find_all returns unsigned records of these addresses (block: the address's last digit)."""
+
+    def __init__(self, *addresses: str):
+        self.records = [PeerRecord(f"id-{a}", a, int(a[-1]), 0, 0.0, "hash", "", False, "test") for a in addresses]
+
+    async def find_all(self) -> list[PeerRecord]:
+        return list(self.records)
+
+
+def test_a_survey_asks_every_peer_and_the_config_at_once():
+    peers = Peers()
+    summary = asyncio.run(survey_discovered(Found("h:0", "h:1", "h:2"), peers))
+    assert sorted(r["address"] for r in summary["peers"]) == ["h:0", "h:1", "h:2"]
+    assert peers.most_inflight == 4 and peers.config_asked == ["h:0"]  # 3 GetStatus beside 1 GetConfig
+    assert len(summary["blocks"]) == 4  # the config's block count, block 3 without a peer included
+
+
+def test_a_survey_asks_the_next_peer_for_the_config_when_the_first_fails():
+    peers = Peers(blocks=2, no_config=("h:0",))
+    summary = asyncio.run(survey_discovered(Found("h:0", "h:1"), peers))
+    assert peers.config_asked == ["h:0", "h:0", "h:1"] and len(summary["blocks"]) == 2
+    every = Peers(no_config=("h:0", "h:1"))
+    with pytest.raises(PeerUnavailable, match="h:1: no config"):
+        asyncio.run(survey_discovered(Found("h:0", "h:1"), every))

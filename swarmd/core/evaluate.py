@@ -1,13 +1,17 @@
-"""Held-out metrics: from-noise CE (the model's real score), per-step trace, denoising CE, E2E CE.
+"""Held-out metrics: from-noise CE (the model's real score), per-step trace, denoising CE, E2E CE, depth.
 
 Owns the evaluation protocol of diffusionblocks.md section 8: the sampler runs from a fixed noise
 seed over consecutive held-out windows with the true context; CE is the mean over every scored
-byte of -ln p(y), in nats. Denoising CE is a diagnostic only. No networking, no filesystem.
+byte of -ln p(y), in nats. Denoising CE is a diagnostic only. The depth instrument (issue 19):
+depth_trace (the CE of the stack cut after every block and the KL between consecutive blocks'
+predictions, in one sampler sweep) and depth_recovery. No networking, no filesystem.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -115,3 +119,110 @@ def e2e_ce(model: E2EModel, x: torch.Tensor, y: torch.Tensor, batch_size: int = 
         total += _ce_sum(model(xb), yb)
     ce = total / y.numel()
     return {"ce": ce, "ppl": math.exp(ce), "tokens": y.numel()}
+
+
+def _kl_sum(logits: torch.Tensor, prev: torch.Tensor) -> float:
+    """Sum over positions of KL(softmax(logits) || softmax(prev)) in nats, computed in float64 (>= 0 up to rounding)."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    logq = torch.log_softmax(prev.double(), dim=-1)
+    return float((logp.exp() * (logp - logq)).sum(-1).clamp_min(0.0).sum())
+
+
+@torch.no_grad()
+def depth_trace(
+    blocks: list[DenoisingBlock],
+    emb: ByteEmbedding,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: ModelConfig,
+    steps: int | None = None,
+    seed: int = 1234,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> dict:
+    """The depth instrument: in one sampler sweep, the CE after every step and the KL between consecutive steps.
+
+    The sweep is from_noise_ce's (same schedule, same fixed noise, same batches, one draw), so `ce` and every
+    trace CE equal from_noise_ce's exactly. trace[i]: step i's block, sigma, CE of its logits (the stack cut
+    after that step, nats/byte) and `kl` = KL(p_i || p_{i-1}) of the predicted next-byte distributions, averaged
+    over scored positions (nats/byte; None at step 0). `blocks`: one row per block that runs, at its last step
+    (with one step per block, the default, the same rows as trace): `ce` is the stack cut after block b and
+    `kl` = KL(p_b || p_{b-1}) between block b's and block b-1's predictions. trace[0] is block 0 alone.
+    """
+    for b in blocks:
+        b.eval()
+    table_hat = emb.normalized().to(device)
+    plan = sampler_plan(cfg, steps)
+    noise = eval_noise(cfg, x, seed)
+    last = {b: i for i, (b, _, _) in enumerate(plan)}  # block -> its last step
+    order = sorted(last, key=last.__getitem__)
+    # the step pairs whose KL is wanted: consecutive steps, and consecutive blocks' last steps (the same pairs
+    # with one step per block)
+    pairs = {(i, i - 1) for i in range(1, len(plan))} | {(last[b], last[a]) for a, b in pairwise(order)}
+    ce_sums = [0.0] * len(plan)
+    kl_sums = dict.fromkeys(pairs, 0.0)
+    for lo in range(0, x.shape[0], batch_size):
+        xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
+        _, per_step = sample_from_noise(
+            blocks, table_hat, xb, cfg, steps, z0=noise[lo : lo + batch_size].to(device), trace=True
+        )
+        for i, logits in enumerate(per_step):
+            ce_sums[i] += _ce_sum(logits, yb)
+        for i, k in pairs:
+            kl_sums[(i, k)] += _kl_sum(per_step[i], per_step[k])
+    tokens = y.numel()
+    trace: list[dict[str, Any]] = [
+        {
+            "step": i,
+            "block": b,
+            "sigma": s,
+            "ce": ce_sums[i] / tokens,
+            "kl": kl_sums[(i, i - 1)] / tokens if i else None,
+        }
+        for i, (b, s, _) in enumerate(plan)
+    ]
+    rows = [
+        {
+            "block": b,
+            "step": last[b],
+            "ce": ce_sums[last[b]] / tokens,
+            "kl": kl_sums[(last[b], last[order[j - 1]])] / tokens if j else None,
+        }
+        for j, b in enumerate(order)
+    ]
+    ce = ce_sums[-1] / tokens
+    return {
+        "ce": ce,
+        "ppl": math.exp(ce),
+        "tokens": tokens,
+        "steps": len(plan),
+        "seed": seed,
+        "trace": trace,
+        "blocks": rows,
+    }
+
+
+def depth_recovery(
+    block0_alone: float | None, stack: float | None, plain: float | None, e2e: float | None, eps: float = 1e-3
+) -> dict:
+    """(block 0 alone - stack) / (plain L_b-layer model - E2E): the share of what depth is worth end to end that the
+    later blocks recover (1 = all of it, 0 = none, < 0 = they hurt). CEs in nats/byte.
+
+    Returns {"depth_recovery": the ratio or None, "gained": block0_alone - stack, "available": plain - e2e,
+    "reason": None, or why there is no ratio: a CE is missing, or the denominator is not above eps (depth is worth
+    nothing, or less than nothing, to the end-to-end model at this budget)}.
+    """
+    named = {"block0_alone": block0_alone, "stack": stack, "plain": plain, "e2e": e2e}
+    if block0_alone is None or stack is None or plain is None or e2e is None:
+        missing = ", ".join(n for n, v in named.items() if v is None)
+        return {"depth_recovery": None, "gained": None, "available": None, "reason": f"missing CE: {missing}"}
+    gained, available = block0_alone - stack, plain - e2e
+    out: dict[str, Any] = {"depth_recovery": None, "gained": gained, "available": available, "reason": None}
+    if available <= eps:
+        out["reason"] = (
+            f"plain - e2e = {available:.4g} nats/byte is not above {eps:g}: depth buys the end-to-end model "
+            "nothing at this budget, so there is nothing to recover"
+        )
+    else:
+        out["depth_recovery"] = gained / available
+    return out

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ from swarmd.membership.dht_process import (
     _end_process,
     _p2p_socket_prefix,
     _parent_bound_dht,
+    light_hivemind,
     remove_sockets,
 )
 from swarmd.membership.records import PeerRecord, block_key
@@ -44,6 +46,7 @@ def route_hivemind_logs() -> None:
     """Send hivemind's log records through the root logger and its handlers (ours: swarmd.node.runner), not
     hivemind's own handler, which holds the stderr of the moment hivemind was imported (a closed one under a
     CLI test runner) and would replace ours."""
+    light_hivemind()
     from hivemind.utils.logging import use_hivemind_log_handler
 
     use_hivemind_log_handler("nowhere")
@@ -90,6 +93,20 @@ def _start_error(
     return f"could not start the DHT ({cause}); {hint}"
 
 
+def share_memory_by_fd() -> None:
+    """hivemind's futures (MPFuture) keep their state in torch shared memory, by default through torch_shm_manager
+    ("file_system"), whose first use spawns that manager process: in every CLI client's DHT start, 0.2 s on a quiet
+    machine and 2 s on a loaded one. This process shares it by file descriptor instead (no manager; no descriptor
+    is left open per call: 2,000 lookups kept the count flat). Daemons keep hivemind's default; an explicit
+    $HIVEMIND_MEMORY_SHARING_STRATEGY is left alone."""
+    if os.environ.get("HIVEMIND_MEMORY_SHARING_STRATEGY"):
+        return
+    light_hivemind()
+    from hivemind.utils import mpfuture  # sets hivemind's default when imported: this comes after
+
+    mpfuture.torch.multiprocessing.set_sharing_strategy("file_descriptor")  # the torch hivemind runs on
+
+
 MAX_BLOCKS = 1024  # block keys the record validator recognises as this swarm's (block indices 0 .. MAX_BLOCKS-1)
 
 
@@ -101,6 +118,7 @@ def record_validator(swarm_id: str) -> Any:
     hivemind checks it when a node is asked to store an entry and when a lookup returns one, so a forged or
     unsigned record is never stored by, nor returned to, a node that runs it.
     """
+    light_hivemind()
     from hivemind.dht.routing import DHTID
     from hivemind.dht.validation import DHTRecord, RecordValidatorBase
     from hivemind.utils.serializer import MSGPackSerializer
@@ -137,6 +155,9 @@ class HivemindDiscovery:
         port 0 a free port is picked first, since an announced multiaddr needs its port
     :param identity_path: file holding the node's libp2p private key (created when missing), so the
         peer id, and with a fixed port the multiaddr, survive a restart ("" = a new id every start)
+    :param quick_start: a CLI client's DHT (status, score, generate, the dashboard: connect_discovery): hivemind's
+        futures share memory by file descriptor (share_memory_by_fd), and no multiaddrs are asked for (a client
+        has none to show)
     :note: the DHT runs in its own process; every call here awaits an MPFuture. The unix sockets of
         its p2pd daemon carry a tag of this instance, so a failed start removes exactly its own.
     """
@@ -154,16 +175,19 @@ class HivemindDiscovery:
         port: int = 0,
         announce_host: str = "",
         identity_path: str = "",
+        quick_start: bool = False,
     ):
 
         self.swarm_id = swarm_id
+        if quick_start:
+            share_memory_by_fd()
         self._start_args = (host, start_timeout_s, client_mode, announce_host, identity_path)  # for restart()
         self.dht = self._start_dht(
             initial_peers, host, start_timeout_s, client_mode, port, announce_host, identity_path
         )
         self.peer_id = self.dht.peer_id.to_base58()
         self.initial_peers = [str(m) for m in initial_peers]
-        self._maddrs = _visible_maddrs(self.dht)
+        self._maddrs = [] if quick_start else _visible_maddrs(self.dht)
         self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_PEERS)  # multiaddrs last seen
         self.isolated = False  # lost every DHT neighbour (logged once, until re-bootstrapped)
         self._closing = threading.Event()  # set by shutdown(): pending calls give up

@@ -5,7 +5,7 @@ PARENT_POLL_S of its parent's death, or at SIGTERM, removing its tagged unix soc
 runs holds its own task), the socket-prefix tagging around the fork, ending a DHT process
 (SIGTERM, then SIGKILL), and the coroutines HivemindDiscovery runs in that process (the neighbour
 check, the re-bootstrap after a partition). swarmd.membership.dht drives it; hivemind is imported
-inside the functions, so importing this module stays light.
+inside the functions, so importing this module stays light, and only the parts a DHT needs (light_hivemind).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ctypes
 import glob
+import importlib.util
 import os
 import signal
 import sys
@@ -23,6 +24,41 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 _SOCKET_PREFIX_LOCK = threading.Lock()
+_LIGHT_LOCK = threading.RLock()
+_PACKAGE_NAMES_KEPT = ("__version__", "__all__")  # dunders that run hivemind's __init__ (others: introspection)
+
+
+def light_hivemind() -> None:
+    """Let `from hivemind.dht import ...` (p2p, utils, ...) load without hivemind/__init__.py, which imports
+    hivemind's averaging, MoE and optimizer stacks (scipy among them) that a DHT never uses: 0.4 s of CPU in every
+    CLI client's start (seconds of waiting on a loaded machine). The package module is made from its spec
+    without running it; the first lookup of one of its own names (hivemind.DHT, hivemind.Optimizer, ...) runs
+    that __init__ then, so `import hivemind` elsewhere in the process still works. Nothing if hivemind is
+    imported already."""
+    with _LIGHT_LOCK:
+        if "hivemind" in sys.modules:
+            return
+        spec = importlib.util.find_spec("hivemind")
+        if spec is None or spec.loader is None:
+            return  # not installed: the import that follows says so
+        package = importlib.util.module_from_spec(spec)
+        loader = spec.loader
+
+        def __getattr__(name: str) -> Any:  # PEP 562: only for names the package module does not hold yet
+            if name.startswith("__") and name not in _PACKAGE_NAMES_KEPT:
+                raise AttributeError(name)
+            if f"hivemind.{name}" in sys.modules:  # a subpackage being imported (`import hivemind.p2p.x as y`)
+                return sys.modules[f"hivemind.{name}"]
+            with _LIGHT_LOCK:
+                if package.__dict__.pop("__getattr__", None) is not None:
+                    loader.exec_module(package)  # the real __init__, once
+            try:
+                return package.__dict__[name]
+            except KeyError:
+                raise AttributeError(f"module 'hivemind' has no attribute {name!r}") from None
+
+        setattr(package, "__getattr__", __getattr__)  # noqa: B010  (a module attribute mypy types as a method)
+        sys.modules["hivemind"] = package
 
 
 def remove_sockets(prefix: str) -> None:
@@ -39,6 +75,7 @@ def _p2p_socket_prefix(prefix: str) -> Iterator[None]:
     hivemind.DHT forks its process in its constructor and reads P2P._UNIX_SOCKET_PREFIX there, so
     the prefix is set around the constructor only, under a lock (DHTs start from worker threads).
     """
+    light_hivemind()
     from hivemind.p2p import P2P
 
     with _SOCKET_PREFIX_LOCK:
@@ -98,10 +135,11 @@ def _parent_bound_dht() -> type:
     have them back. A watch thread in the DHT process ends p2pd (removing its tagged sockets) and
     the process once it is reparented (the parent's pid, not a thread's, as PR_SET_PDEATHSIG would).
     """
-    import hivemind
+    light_hivemind()
+    from hivemind.dht import DHT
     from hivemind.p2p import P2P
 
-    class ParentBoundDHT(hivemind.DHT):
+    class ParentBoundDHT(DHT):
         def run(self) -> None:  # in the forked DHT process
             parent, sockets = os.getppid(), P2P._UNIX_SOCKET_PREFIX.removeprefix("/unix")
             _forget_parent_signals(lambda *_: self._end(sockets))

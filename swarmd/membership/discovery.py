@@ -119,16 +119,26 @@ class StaticDiscovery:
 
 
 async def connect_discovery(
-    swarm: list[str], swarm_id: str, status_fn: StatusFn | None = None, start_timeout_s: float = 30.0
+    swarm: list[str],
+    swarm_id: str,
+    status_fn: StatusFn | None = None,
+    start_timeout_s: float = 30.0,
+    quick_start: bool = True,
 ) -> HivemindDiscovery | StaticDiscovery:
-    """Discovery for CLI clients: multiaddrs -> a client-mode hivemind DHT; "host:port" -> static."""
+    """Discovery for CLI clients: multiaddrs -> a client-mode hivemind DHT; "host:port" -> static.
+
+    :param quick_start: HivemindDiscovery's (its process-wide part included): off in a process that runs a daemon
+        afterwards (`blocktrain join`)
+    """
     if not swarm:
         raise SwarmdError("no swarm address given: pass a multiaddr printed by `blocktrain run` or a host:port")
     if any(is_multiaddr(s) for s in swarm) and not all(is_multiaddr(s) for s in swarm):
         raise SwarmdError("mix of multiaddrs and host:port addresses; pass one kind")
     check_peer_addresses(swarm)
     if all(is_multiaddr(s) for s in swarm):
-        return await HivemindDiscovery.create(swarm_id, swarm, start_timeout_s=start_timeout_s, client_mode=True)
+        return await HivemindDiscovery.create(
+            swarm_id, swarm, start_timeout_s=start_timeout_s, client_mode=True, quick_start=quick_start
+        )
     if status_fn is None:
         raise SwarmdError("static discovery needs a status function")
     return StaticDiscovery(swarm, status_fn, swarm_id)

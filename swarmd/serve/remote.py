@@ -11,7 +11,8 @@ Owns:
     lacks the session's cache (a fresh replica after failover, or one that evicted it) receives the
     whole prefix again with start_position 0 in the same call;
   - `connect_swarm()`: discovery + model config lookup for the CLI, with one-line errors for an
-    unknown swarm or a block that no peer serves.
+    unknown swarm or a block that no peer serves; the swarm-wide lookup that finds the config also
+    gives the router every block's holders (no lookup per block), all probed at once.
 Talks to peers only through the PeerClient interface of swarmd.transport (status, swarm_config,
 forward_session); never retries in a loop on one peer: failover means another replica.
 """
@@ -94,9 +95,22 @@ class BlockRouter:
 
     async def refresh(self, block_index: int) -> list[Replica]:
         """Look the block's holders up again (new replicas join; stats of known ones are kept)."""
-        known = self._replicas.setdefault(block_index, {})
         self._refreshed[block_index] = time.monotonic()
-        for rec in await self.discovery.find(block_index):
+        await self._add(block_index, await self.discovery.find(block_index))
+        return list(self._replicas.setdefault(block_index, {}).values())
+
+    async def seed(self, records: list, blocks: range) -> None:
+        """Take the holders of these blocks from one swarm-wide lookup's records (a discovery's find_all), as if
+        each block had just been refreshed: no lookup per block. A block that none of them serves is looked up
+        on its own when chosen (choose refreshes a block with no usable replica)."""
+        now = time.monotonic()
+        for b in blocks:
+            self._refreshed[b] = now
+            await self._add(b, [r for r in records if getattr(r, "block_index", None) == b])
+
+    async def _add(self, block_index: int, records: list) -> None:
+        known = self._replicas.setdefault(block_index, {})
+        for rec in records:
             if not rec.address or getattr(rec, "client_mode", False):
                 continue  # client-mode peers accept no inbound calls
             if self.swarm_id and getattr(rec, "swarm_id", "") not in ("", self.swarm_id):
@@ -108,7 +122,11 @@ class BlockRouter:
                 known[rec.address].record = rec
             else:
                 known[rec.address] = Replica(rec)
-        return list(known.values())
+
+    async def probe_all(self) -> None:
+        """Probe every known replica not measured yet, all at once (each with probe_timeout_s)."""
+        todo = [r for replicas in self._replicas.values() for r in replicas.values() if r.latency_s is None]
+        await asyncio.gather(*(self._probe(r) for r in todo))
 
     async def choose(self, block_index: int, exclude: Container[str] = frozenset()) -> Replica:
         """The best usable replica of a block; raises PeerUnavailable when there is none."""
@@ -387,10 +405,19 @@ async def pin_tls(client, record) -> None:
             logger.warning("cannot pin the TLS certificate of %s: %s", record.address, exc)
 
 
-async def check_coverage(router: BlockRouter, cfg: ModelConfig) -> None:
-    """Raise PeerUnavailable naming the first block no reachable peer serves."""
+async def check_coverage(router: BlockRouter, cfg: ModelConfig, records: list | None = None) -> None:
+    """Raise PeerUnavailable naming the first block no reachable peer serves.
+
+    :param records: a swarm-wide lookup's records (swarm_model_config's): the router starts from them, with no
+        lookup per block (None: one lookup per block); every replica is then probed at once
+    """
+    if records is None:
+        for b in range(cfg.blocks):
+            await router.refresh(b)
+    else:
+        await router.seed(records, range(cfg.blocks))
+    await router.probe_all()
     for b in range(cfg.blocks):
-        await router.refresh(b)
         await router.choose(b)
 
 
@@ -424,9 +451,9 @@ async def connect_swarm(
         await client.close()
         raise
     try:
-        cfg, _ = await swarm_model_config(discovery, client, min(timeout_s, 10.0), swarm_id)
+        cfg, records = await swarm_model_config(discovery, client, min(timeout_s, 10.0), swarm_id)
         router = BlockRouter(discovery, client, cfg.config_hash(), swarm_id)
-        await check_coverage(router, cfg)
+        await check_coverage(router, cfg, records)  # the swarm-wide lookup's records: no lookup per block
     except BaseException:
         await client.close()
         await discovery.shutdown()

@@ -7,16 +7,21 @@ Owns, for a client of the swarm like `blocktrain status` (no torch, no model, no
   CeHistory       per block, the (seconds, round, train CE, held-out CE) points seen so far (bounded);
   SwarmWatcher    one discovery (a client-mode DHT, or a static HOST:PORT list) and one PeerClient,
                   kept open between polls; surveys the swarm every period (survey.survey_discovered)
-                  as a task on the caller's loop and keeps the latest view as JSON bytes;
+                  as a task on the caller's loop and keeps the latest view as JSON bytes; `first`
+                  is set once the first survey is done (or failed, or the watcher stopped);
   DashboardServer the page (dashboard.html, package data beside this module) at / and the latest
                   view at /api/swarm, from the standard library's ThreadingHTTPServer in one daemon
-                  thread (start/stop; port 0 = any free port);
+                  thread (start/stop; port 0 = any free port). The page carries the view of its
+                  moment (page_with_view), and a page asked for before the first survey is done
+                  waits for it (up to FIRST_VIEW_WAIT_S): its first paint shows the swarm, not
+                  "connecting" (issue 22);
   run_dashboard   all of it until stopped (SIGINT/SIGTERM, or an event the caller sets).
 Server choice: the standard library's http.server. aiohttp is not installed (neither hivemind nor
 grpc pulls it in), the page needs two GET routes, and prometheus_client serves /metrics the same way
 (a stdlib server in a thread). The HTTP thread never calls the swarm: it hands out the bytes the
-watcher last produced, so a slow peer never stalls the page. The page fetches nothing from the
-internet (no CDN): plain JS polls /api/swarm every second and draws the chart as inline SVG.
+watcher last produced (at most waiting for the first survey), so a slow peer never stalls the page. The
+page fetches nothing from the internet (no CDN): plain JS draws the view it came with, then polls
+/api/swarm every second and draws the chart as inline SVG.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from swarmd.transport import PeerClient
 logger = logging.getLogger(__name__)
 
 PAGE = "dashboard.html"  # package data of swarmd.tools (pyproject [tool.setuptools.package-data])
+FIRST_VIEW = b'<script id="first-view" type="application/json">null</script>'  # in PAGE: the view goes here
+FIRST_VIEW_WAIT_S = 60.0  # a page asked for before the first survey waits this long for it at most
 PEER_FIELDS = (
     "peer_id",
     "state",
@@ -181,6 +188,7 @@ class SwarmWatcher:
         self.summary: dict | None = None
         self.started = time.monotonic()
         self.polls = 0
+        self.first = threading.Event()  # the first survey is done (or failed, or the watcher stopped)
         self._view = self._encode("connecting")
 
     def _encode(self, status: str, error: str = "") -> bytes:
@@ -211,29 +219,50 @@ class SwarmWatcher:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until stop is set; a failed survey logs one warning and shows its error on the page."""
-        while not stop.is_set():
-            try:
-                await self.poll()
-            except Exception as exc:  # a DHT lookup or a config call failed: keep the last view, say why
-                logger.warning("dashboard: survey failed: %s", exc)
-                self._view = self._encode("error", str(exc) or type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.period_s)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.poll()
+                except Exception as exc:  # a DHT lookup or a config call failed: keep the last view, say why
+                    logger.warning("dashboard: survey failed: %s", exc)
+                    self._view = self._encode("error", str(exc) or type(exc).__name__)
+                self.first.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.period_s)
+        finally:
+            self.first.set()
 
     async def close(self) -> None:
+        self.first.set()  # a page waiting for the first survey gets the view as it is
         if self.discovery is not None:
             await self.discovery.shutdown()
             self.discovery = None
         await self.client.close()
 
 
+def page_with_view(page: bytes, view: bytes) -> bytes:
+    """The page with a view (the /api/swarm JSON) in its FIRST_VIEW element, which the page draws at once.
+
+    The JSON is ASCII (json.dumps); <, > and & become \\u escapes, valid JSON that can never close the script
+    element, whatever strings the peers sent.
+    """
+    safe = view.replace(b"<", b"\\u003c").replace(b">", b"\\u003e").replace(b"&", b"\\u0026")
+    return page.replace(FIRST_VIEW, FIRST_VIEW.replace(b">null<", b">" + safe + b"<"), 1)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], page: bytes, view: Callable[[], bytes]):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        page: bytes,
+        view: Callable[[], bytes],
+        first_view: Callable[[float], object] | None,
+    ):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        self.page, self.view = page, view
+        self.page, self.view, self.first_view = page, view, first_view
         super().__init__(address, _Handler)
 
 
@@ -243,7 +272,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
-            self._send(200, "text/html; charset=utf-8", self.server.page)
+            if self.server.first_view is not None:
+                self.server.first_view(FIRST_VIEW_WAIT_S)  # this thread only: the first survey, then the page
+            self._send(200, "text/html; charset=utf-8", page_with_view(self.server.page, self.server.view()))
         elif path == "/api/swarm":
             self._send(200, "application/json", self.server.view())
         else:
@@ -267,16 +298,19 @@ def page_bytes() -> bytes:
 
 
 class DashboardServer(HttpEndpoint):
-    """The page at http://HOST:PORT/ and `view()`'s bytes at /api/swarm, served by one daemon thread.
+    """The page at http://HOST:PORT/ (with `view()`'s bytes in it) and `view()`'s bytes at /api/swarm, served by
+    daemon threads.
 
-    :param view: returns the current /api/swarm JSON bytes (called on the HTTP thread; must not block)
+    :param view: returns the current /api/swarm JSON bytes (called on an HTTP thread; must not block)
+    :param first_view: waits up to the seconds it is given for the first survey (e.g. SwarmWatcher.first.wait);
+        a page request calls it first, so the page carries the swarm (None: no wait)
     """
 
     path = "/"
 
-    def __init__(self, view: Callable[[], bytes]):
+    def __init__(self, view: Callable[[], bytes], first_view: Callable[[float], object] | None = None):
         super().__init__()
-        self.view = view
+        self.view, self.first_view = view, first_view
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve on host:port (port 0 = any free port); returns the bound port.
@@ -284,7 +318,7 @@ class DashboardServer(HttpEndpoint):
         :raises ConfigError: the port is taken or the host cannot be bound
         """
         try:
-            self._server = _Server((host, port), page_bytes(), self.view)
+            self._server = _Server((host, port), page_bytes(), self.view, self.first_view)
         except OSError as exc:
             raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
         self.host, self.port = host, int(self._server.server_address[1])
@@ -306,7 +340,7 @@ async def run_dashboard(
     """Serve the swarm map until `stop` is set (None: until SIGINT or SIGTERM).
 
     Binds host:port first (a taken port fails at once), calls ready(url), then connects to the swarm
-    and surveys it every period_s; the page says "connecting" meanwhile.
+    and surveys it every period_s; a page asked for meanwhile is served once the first survey is done.
 
     :raises ConfigError: the port cannot be bound; SwarmdError: bad swarm addresses, an unreachable DHT
     """
@@ -316,12 +350,13 @@ async def run_dashboard(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     watcher = SwarmWatcher(swarm, swarm_id, timeout_s, period_s)
-    server = DashboardServer(watcher.view_bytes)
+    server = DashboardServer(watcher.view_bytes, watcher.first.wait)
     server.start(host, port)
     try:
         ready(server.url)
         await watcher.start()
         await watcher.run(stop)
     finally:
+        watcher.first.set()  # the DHT did not start: a waiting page gets the view as it is
         await asyncio.to_thread(server.stop)
         await watcher.close()

@@ -11,11 +11,12 @@ PeerClient with a timeout each; never blocks the loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 from swarmd.averaging.sketch import sketch_distance
 from swarmd.core.config import ModelConfig
-from swarmd.errors import PeerUnavailable
+from swarmd.errors import PeerUnavailable, SwarmdError
 from swarmd.membership.discovery import Discovery, connect_discovery, is_multiaddr
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import pin_tls
@@ -123,8 +124,6 @@ async def survey_peer(address: str, timeout_s: float = 5.0) -> dict:
         cfg = await client.swarm_config(address, timeout_s)
     finally:
         await client.close()
-    import json
-
     blocks = json.loads(cfg.model_config_json).get("blocks") if cfg.model_config_json else None
     return summarize([peer_row(st)], [st], blocks)
 
@@ -143,22 +142,40 @@ async def survey_swarm(swarm: list[str], swarm_id: str, timeout_s: float = 5.0, 
 
 
 async def survey_discovered(discovery: Discovery, client: PeerClient, timeout_s: float = 5.0) -> dict:
-    """One survey through an open discovery and client (survey_swarm; the dashboard keeps both open between polls)."""
+    """One survey through an open discovery and client (survey_swarm; the dashboard keeps both open between polls).
+
+    One lookup of the swarm-wide key, then every peer's GetStatus at once, each with its own timeout, and beside
+    them the GetConfig (the block count) of the first peer with an address; only if that one fails is the config
+    asked again, of the peers that answered, in turn.
+    """
     records = await discovery.find_all()
     await pin_tls(client, records)  # peers serving TLS: dial them pinned to the certificate their record names
-    results = await asyncio.gather(
-        *(client.status(r.address, timeout_s) for r in records if r.address), return_exceptions=True
+    dialled = [r for r in records if r.address]
+    results: list = await asyncio.gather(
+        *(client.status(r.address, timeout_s) for r in dialled),
+        *([client.swarm_config(dialled[0].address, timeout_s)] if dialled else []),
+        return_exceptions=True,
     )
+    config = results.pop() if dialled else None
     by_id = {st.peer_id: st for st in results if isinstance(st, pb.PeerStatus)}
     rows = [peer_row(by_id[r.peer_id]) if r.peer_id in by_id else record_row(r) for r in records]
     blocks = None
-    reachable = [r.address for r in records if r.peer_id in by_id]
+    reachable = [r.address for r in dialled if r.peer_id in by_id]
     if reachable:
-        import json
-
-        cfg = await client.swarm_config(reachable[0], timeout_s)
-        blocks = json.loads(cfg.model_config_json).get("blocks")
+        if not isinstance(config, pb.SwarmConfig):
+            config = await _first_config(client, reachable, timeout_s)
+        blocks = json.loads(config.model_config_json).get("blocks") if config.model_config_json else None
     return summarize(rows, list(by_id.values()), blocks)
+
+
+async def _first_config(client: PeerClient, addresses: list[str], timeout_s: float) -> pb.SwarmConfig:
+    """GetConfig of the first of these peers that answers it (the last one's error if none does)."""
+    for address in addresses[:-1]:
+        try:
+            return await client.swarm_config(address, timeout_s)
+        except SwarmdError:
+            continue
+    return await client.swarm_config(addresses[-1], timeout_s)
 
 
 async def fetch_swarm_config(
@@ -174,7 +191,8 @@ async def fetch_swarm_config(
     discovery = None
     try:
         if all(is_multiaddr(p) for p in peers):
-            discovery = await connect_discovery(peers, swarm_id, None, start_timeout_s)
+            # `blocktrain join` runs a daemon in this process next: no quick start (its settings are process-wide)
+            discovery = await connect_discovery(peers, swarm_id, None, start_timeout_s, quick_start=False)
             records = await discovery.find_all()
             await pin_tls(client, records)
             addresses = [r.address for r in records if r.address]
