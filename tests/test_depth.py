@@ -85,6 +85,7 @@ def test_depth_recovery_arithmetic():
     assert depth_recovery(3.0, 2.5, 2.0, 2.1)["depth_recovery"] is None  # ... or less than nothing
     missing = depth_recovery(3.0, 2.5, None, 2.0)
     assert missing["depth_recovery"] is None and "plain" in missing["reason"]
+    assert missing["gained"] == pytest.approx(0.5) and missing["available"] is None
 
 
 def test_copy_task_lines_and_floor():

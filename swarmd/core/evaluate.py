@@ -208,14 +208,20 @@ def depth_recovery(
     """(block 0 alone - stack) / (plain L_b-layer model - E2E): the share of what depth is worth end to end that the
     later blocks recover (1 = all of it, 0 = none, < 0 = they hurt). CEs in nats/byte.
 
-    Returns {"depth_recovery": the ratio or None, "gained": block0_alone - stack, "available": plain - e2e,
-    "reason": None, or why there is no ratio: a CE is missing, or the denominator is not above eps (depth is worth
-    nothing, or less than nothing, to the end-to-end model at this budget)}.
+    Returns {"depth_recovery": the ratio or None, "gained": block0_alone - stack, "available": plain - e2e (each
+    None only when one of its own CEs is missing), "reason": None, or why there is no ratio: a CE is missing, or
+    the denominator is not above eps (depth is worth nothing, or less than nothing, to the end-to-end model at
+    this budget)}.
     """
     named = {"block0_alone": block0_alone, "stack": stack, "plain": plain, "e2e": e2e}
     if block0_alone is None or stack is None or plain is None or e2e is None:
         missing = ", ".join(n for n, v in named.items() if v is None)
-        return {"depth_recovery": None, "gained": None, "available": None, "reason": f"missing CE: {missing}"}
+        return {
+            "depth_recovery": None,
+            "gained": None if block0_alone is None or stack is None else block0_alone - stack,
+            "available": None if plain is None or e2e is None else plain - e2e,
+            "reason": f"missing CE: {missing}",
+        }
     gained, available = block0_alone - stack, plain - e2e
     out: dict[str, Any] = {"depth_recovery": None, "gained": gained, "available": available, "reason": None}
     if available <= eps:
