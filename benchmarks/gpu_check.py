@@ -136,28 +136,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def train_model(a: argparse.Namespace) -> ModelConfig:
-    d = a.d_model
+def model(blocks: int, layers: int, d: int, seq_len: int, heads: int, hidden: int) -> ModelConfig:
+    """A ModelConfig of this shape (hidden 0: FFN 4 d)."""
     return ModelConfig(
-        blocks=a.blocks,
-        layers_per_block=a.layers_per_block,
-        d_model=d,
-        n_heads=a.n_heads or max(1, d // 64),
-        hidden=a.hidden or 4 * d,
-        seq_len=a.seq_len,
+        blocks=blocks, layers_per_block=layers, d_model=d, n_heads=heads, hidden=hidden or 4 * d, seq_len=seq_len
     )
+
+
+def train_model(a: argparse.Namespace) -> ModelConfig:
+    """The train stage's model (64-wide heads unless --n-heads)."""
+    return model(a.blocks, a.layers_per_block, a.d_model, a.seq_len, a.n_heads or max(1, a.d_model // 64), a.hidden)
 
 
 def swarm_model(a: argparse.Namespace) -> ModelConfig:
+    """The swarm stage's tiny model (32-wide heads)."""
     d = a.swarm_d_model
-    return ModelConfig(
-        blocks=a.swarm_blocks,
-        layers_per_block=a.swarm_layers,
-        d_model=d,
-        n_heads=max(1, d // 32),
-        hidden=4 * d,
-        seq_len=a.swarm_seq_len,
-    )
+    return model(a.swarm_blocks, a.swarm_layers, d, a.swarm_seq_len, max(1, d // 32), 0)
 
 
 # -- data ------------------------------------------------------------------------------------------
