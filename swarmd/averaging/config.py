@@ -46,6 +46,10 @@ class GossipConfig:
     # group averaging (swarmd.averaging.groups): peers average in groups of at most this many (0 = all-to-all)
     group_size: int = 0  # opt-in: a 12-daemon run measured 0.07 nats worse than all-to-all (README)
     group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
+    # checks on the peer's held-out sample (swarmd.averaging.validation; issue 21), in nats; inf turns one off
+    adopt_tolerance: float = 0.05  # refuse to adopt a state that scores worse than what we hold by more than this
+    merge_check_tolerance: float = 0.02  # a merge that scores worse than our own delta alone by more than this falls
+    # back to the deltas that pass the same check one by one (Zeno)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -74,6 +78,8 @@ class GossipConfig:
             raise ConfigError(f"outer must be 'none' or 'nesterov', got {self.outer!r}")
         if not (0 < self.outer_lr < float("inf")) or not 0 <= self.outer_momentum < 1:
             raise ConfigError("need outer_lr > 0 and 0 <= outer_momentum < 1")
+        if not (self.adopt_tolerance >= 0 and self.merge_check_tolerance >= 0):
+            raise ConfigError("adopt_tolerance and merge_check_tolerance must be >= 0 (inf: off)")
         if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
         if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part

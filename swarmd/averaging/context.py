@@ -33,6 +33,7 @@ from swarmd.averaging.groups import Anchor, norm_bound_factor
 from swarmd.averaging.outer import with_momentum_shapes
 from swarmd.averaging.robust import delta_norm, delta_norm_bound
 from swarmd.averaging.state import BlockState
+from swarmd.averaging.validation import HeldOutCheck
 from swarmd.backoff import Backoff
 from swarmd.errors import ValidationError
 from swarmd.membership.identity import Identity
@@ -74,6 +75,8 @@ class PeerContext:
     :param me: this peer's record (peer_id, address, block, client mode, swarm id, config hash)
     :param identity: signs this peer's records and payloads; me.peer_id must be its peer id
     :param lookup: a fresh discovery lookup (None: only the records given to sync/average are known)
+    :param check: the peer's held-out sample that adoptions and merges are scored on (swarmd.averaging.validation;
+        None: no loss checks)
     """
 
     def __init__(
@@ -86,11 +89,12 @@ class PeerContext:
         *,
         identity: Identity,
         lookup: Callable[[], Awaitable[list[PeerRecord]]] | None = None,
+        check: HeldOutCheck | None = None,
     ):
         if me.peer_id != identity.peer_id:
             raise ValueError("me.peer_id must be the identity's peer id")
         self.state, self.transport, self.cfg, self.me, self.metrics = state, transport, cfg, me, metrics
-        self.identity, self.lookup = identity, lookup
+        self.identity, self.lookup, self.check = identity, lookup, check
         self.known: dict[str, PeerRecord] = {}  # peer id -> newest valid signed record seen (sync, average, lookup)
         self._refreshed = 0.0  # monotonic time of the last lookup made for an unknown sender
         self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer

@@ -41,6 +41,7 @@ import torch
 from swarmd.averaging.exchange import MergeReport
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.state import BlockState
+from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
 from swarmd.core.train import seed_for
@@ -179,8 +180,16 @@ class Daemon:
         of its block, and its batch stream (resume: a resumed peer's round, so it does not replay its batches)."""
         c, block = self.config, state.block_index
         self.state, self.me = state, replace(self.me, block_index=block)
+        check = HeldOutCheck.from_data(self.data, self.cfg, block, c.train.seed)  # judges adoptions and merges
         self.gossip = Gossip(
-            state, self.client, c.gossip, self.me, self.metrics, identity=self.identity, lookup=self.records
+            state,
+            self.client,
+            c.gossip,
+            self.me,
+            self.metrics,
+            identity=self.identity,
+            lookup=self.records,
+            check=check,
         )
         if self.presence is None:
             self.presence = Presence(self.discovery, self.gossip, self.client, self.metrics, c.net, self.stopping)

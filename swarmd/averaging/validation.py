@@ -1,0 +1,84 @@
+"""HeldOutCheck: one peer's small held-out sample and the deterministic score of a candidate state on it.
+
+What a peer uses to judge weights that came from others (issue 21: verified adoption, loss-checked merges),
+whatever number of signed records or deltas backs them:
+  - the sample: `sequences` windows of the peer's own text drawn with a seed of (seed, block) only, so replicas
+    of one block training on the same text hold the same sample and reach the same verdicts; noise levels at
+    evenly spaced quantiles of the block's sigma prior, fixed noise;
+  - score(block, emb): the block's unweighted cross entropy (nats) on the documented noisy targets at those
+    sigmas (the local objective without predecessors, as a round without its predecessors trains), computed on
+    scratch modules under no_grad. Same weights, same sample -> the same float, every time (CPU fp32).
+The sample is drawn from the training text, not set aside from it: a handful of windows among the millions a
+peer trains on, so a state cannot have fitted it; a peer with an eval file may pass its windows instead.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from swarmd.core.config import ModelConfig
+from swarmd.core.data import ByteData
+from swarmd.core.model import block_interval, denoise, noisy_targets
+from swarmd.core.train import init_block, init_embedding, seed_for
+
+HELDOUT_SEQUENCES = 4  # windows in the held-out sample (cost: one forward of this batch per score)
+
+Tensors = dict[str, torch.Tensor]
+
+
+def sample_sigmas(cfg: ModelConfig, block_index: int, n: int) -> torch.Tensor:
+    """n noise levels spread evenly (in log sigma) over the block's interval, interval ends excluded."""
+    lo, hi = block_interval(cfg, block_index)
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    return torch.exp(
+        torch.log(torch.tensor(lo, dtype=torch.float64)) * (1 - u) + torch.log(torch.tensor(hi)) * u
+    ).float()
+
+
+class HeldOutCheck:
+    """Scores (block, embedding) state dicts of one block on a fixed held-out sample (see the module doc).
+
+    :param x: context bytes (n, t), :param y: next bytes (n, t) of the sample
+    """
+
+    def __init__(self, cfg: ModelConfig, block_index: int, x: torch.Tensor, y: torch.Tensor, seed: int = 0):
+        if x.shape != y.shape or x.dim() != 2 or x.shape[0] < 1:
+            raise ValueError("the held-out sample needs x and y of one shape (n >= 1, t)")
+        self.cfg, self.block_index = cfg, block_index
+        self.x, self.y = x.long().cpu(), y.long().cpu()
+        self.sigma = sample_sigmas(cfg, block_index, x.shape[0])
+        self.noise_seed = seed_for("heldout-noise", seed, block_index)
+        self._block = init_block(cfg, block_index, seed).eval()
+        self._emb = init_embedding(cfg, seed).eval()
+        self._lock = threading.Lock()  # one scratch model, scored from worker threads
+        self.scores = 0  # how many scores were computed (what the checks cost, in forward passes)
+
+    @classmethod
+    def from_data(
+        cls, data: ByteData, cfg: ModelConfig, block_index: int, seed: int = 0, sequences: int = HELDOUT_SEQUENCES
+    ) -> HeldOutCheck:
+        """The sample drawn from the peer's text with a seed of (seed, block): the same for every replica
+        of the block on the same text."""
+        x, y = next(data.stream(seed_for("heldout", seed, block_index), sequences))
+        return cls(cfg, block_index, x, y, seed)
+
+    @torch.no_grad()
+    def score(self, block: Tensors, emb: Tensors) -> float:
+        """Unweighted CE (nats) of `block` with byte table `emb` on the sample; inf for weights that do not load or
+        give a non-finite loss (a hostile state scores worst)."""
+        with self._lock:
+            try:
+                self._block.load_state_dict({k: v.float() for k, v in block.items()})
+                self._emb.load_state_dict({k: v.float() for k, v in emb.items()})
+            except (RuntimeError, KeyError):
+                return float("inf")
+            self.scores += 1
+            table_hat = self._emb.normalized()
+            gen = torch.Generator().manual_seed(self.noise_seed)
+            z = noisy_targets(table_hat, self.y, self.sigma, gen)
+            logits, _ = denoise(self._block, table_hat, self.x, z, self.sigma)
+            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), self.y.flatten())
+        value = float(ce)
+        return value if value == value and value != float("inf") else float("inf")
