@@ -5,6 +5,7 @@ state.py      BlockState: base + live weights and AdamW under one lock, deltas, 
 sketch.py     count-sketch of weights and the distance between two sketches (no torch needed to compare)
 delta.py      delta codecs (fp32/fp16/bf16/int8 + zstd), error feedback, payload decoding and size bounds
 robust.py     the robust merge: norm clip, coordinate-wise trimmed mean, outlier check, norm bound
+drift.py      DriftTracker: peers whose deviations from the merge keep pointing one way across rounds
 outer.py      the outer optimizer (DiLoCo's Nesterov) on the merged delta
 delayed.py    delayed averaging: land a merge one round late, keeping the steps taken meanwhile
 groups.py     group averaging: the round's group grid, anchors and offsets

@@ -9,5 +9,7 @@ discovery.py  the Discovery protocol: in-memory and static discovery, connect_di
 dht.py        HivemindDiscovery: discovery over a hivemind DHT, its record validator (imports hivemind)
 dht_process.py  the DHT's forked process: ends with its parent, p2pd and its sockets, its in-process calls
 quorum.py     pure rules over signed records: quorum, agreeing, reference, diverged majority, round backing
+sybil.py      pure rules that make identities cost: probation (passed checks before counting), a cap per /24 or /48
+pow.py        proof of work on a peer's public key (difficulty a swarm setting, 0 = off): solve and check
 Depends on core-free leaves only (errors, transport.framing for payload headers); never on averaging or the node.
 """

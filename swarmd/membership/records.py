@@ -56,9 +56,17 @@ class PeerRecord:
     pinned: bool = False
     expires: float = 0.0  # unix time the owner signed this record to be valid until
     signature: str = ""  # hex Ed25519 signature over swarmd.membership.trust.record_bytes(self)
+    # issue 21: proof of work on the peer's public key (swarmd.membership.pow), needed where the swarm sets a
+    # difficulty. Left out of the value and of the signed bytes while 0, so records of peers that predate it
+    # still verify, and theirs still read ours
+    pow_nonce: int = 0
 
     def to_value(self) -> dict:
-        return asdict(self)
+        value = asdict(self)
+        for name in OMITTED_WHEN_ZERO:
+            if not value[name]:
+                del value[name]
+        return value
 
     @classmethod
     def from_value(cls, value) -> PeerRecord | None:
@@ -75,6 +83,8 @@ class PeerRecord:
                 raise ValueError("samples_per_s and expires must be finite numbers")
             if rec.samples_per_s < 0:
                 raise ValueError("negative samples_per_s")
+            if not 0 <= rec.pow_nonce < 2**64:
+                raise ValueError("pow_nonce out of range")
             rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
             if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not all(
                 isinstance(getattr(rec, k), bool) for k in _BOOLS
@@ -86,7 +96,8 @@ class PeerRecord:
             return None
 
 
-_INTS = ("block_index", "round")
+OMITTED_WHEN_ZERO = ("pow_nonce",)  # newer fields an older reader would call malformed: absent while zero
+_INTS = ("block_index", "round", "pow_nonce")
 _BOOLS = ("client_mode", "pinned")
 _STRS = ("peer_id", "address", "config_hash", "base_hash", "swarm_id", "emb_hash", "tls_fingerprint", "signature")
 _REQUIRED = (

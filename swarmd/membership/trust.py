@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 RECORD_DOMAIN = "blocktrain-record-v1"
 PAYLOAD_DOMAIN = "blocktrain-payload-v1"
 UNSIGNED = ("signature",)  # record fields left out of what is signed
+# newer record fields left out of what is signed while they hold 0, so a record signed before they existed
+# verifies as it did (issue 21's pow_nonce)
+SIGNED_UNLESS_ZERO = ("pow_nonce",)
 CLOCK_SLACK_S = 5.0  # a record's own `expires` may lie this far in the past (clock skew between hosts)
 
 R = TypeVar("R")
@@ -52,6 +55,8 @@ def _field_values(record: Any) -> dict[str, Any]:
         if f.name in UNSIGNED:
             continue
         value = getattr(record, f.name)
+        if f.name in SIGNED_UNLESS_ZERO and not value:
+            continue
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         coerce = _COERCE.get(str(kind).split("|")[0].strip())
         out[f.name] = coerce(value) if coerce is not None else value
