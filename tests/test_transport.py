@@ -373,3 +373,36 @@ def test_cancelled_forward_step_never_pairs_a_late_reply():
         await session.close()
 
     with_peer(body)
+
+
+def test_a_signed_call_proves_its_caller_next_to_the_swarm_key_proof():
+    """A PeerClient with a signer proves its identity on every call (beside a private swarm's key proof): the
+    server budgets it by that peer id, so one identity over its budget leaves another on the same host its calls."""
+    from swarmd.membership.identity import Identity, verify
+    from swarmd.transport.auth import CallerCheck, new_swarm_key, parse_swarm_key
+    from swarmd.transport.limits import CallerBudget
+
+    key = parse_swarm_key(new_swarm_key())
+    a, b = Identity.generate(), Identity.generate()
+
+    async def main():
+        budget = CallerBudget.of(rate=0.01, burst=2, host_shares=4)
+        server = await start_server(FakeHandler(), swarm_key=key, callers=CallerCheck(verify), requests=budget)
+        ca, cb = PeerClient(swarm_key=key, signer=a), PeerClient(swarm_key=key)
+        try:
+            assert (await ca.swarm_config(server.address)).swarm_id == META["swarm_id"]
+            await ca.status(server.address)
+            with pytest.raises(Busy, match=a.peer_id[-6:]):
+                await ca.status(server.address)
+            await cb.status(server.address)  # no signer yet: the host's unproven callers' budget
+            cb.signer = b
+            await cb.status(server.address)  # now b's own budget
+            await cb.status(server.address)
+            with pytest.raises(Busy, match=b.peer_id[-6:]):
+                await cb.status(server.address)
+        finally:
+            await ca.close()
+            await cb.close()
+            await server.stop(0)
+
+    asyncio.run(main())

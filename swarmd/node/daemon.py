@@ -135,6 +135,7 @@ class Daemon:
         for warning in plan.warnings:
             logger.warning("%s", warning)
         self.identity = load_identity(c.identity, c.checkpoint_dir)
+        self.client.signer = self.identity  # every call proves who we are: peers budget us by our peer id
         status = lambda a: self.client.status(a, c.gossip.rpc_timeout_s)
         self.discovery = await open_discovery(net, plan, status, c.checkpoint_dir)
         self.peer_id = self.identity.peer_id  # the Ed25519 key's id (the DHT node keeps its own libp2p id)

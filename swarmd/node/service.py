@@ -14,11 +14,22 @@ from typing import Any, Protocol
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.state import BlockState
 from swarmd.errors import NotReady, SwarmdError
+from swarmd.membership.identity import verify
 from swarmd.metrics import Metrics
 from swarmd.node.config import DaemonConfig
 from swarmd.protocol import PeerState, swarm_config
+from swarmd.transport.auth import CallerCheck
 from swarmd.transport.framing import Encoded
-from swarmd.transport.limits import RateLimiter, StreamLimiter
+from swarmd.transport.limits import (
+    DEFAULT_MAX_STREAMS_PER_IDENTITY,
+    DEFAULT_PULL_BURST,
+    DEFAULT_PULL_RATE,
+    DEFAULT_REQUEST_BURST,
+    DEFAULT_REQUEST_RATE,
+    FORWARD_HOST_SHARES,
+    CallerBudget,
+    StreamLimiter,
+)
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -124,12 +135,17 @@ class SwarmService:
         return gossip.payload_limit(header) if gossip is not None else self.peer.config.gossip.max_payload_bytes
 
     def server_limits(self) -> dict[str, Any]:
-        """start_server's keyword arguments that bound what callers can hold (config: NetConfig limits)."""
+        """start_server's keyword arguments that bound what callers can hold (config: NetConfig limits), keyed by
+        the peer id a call proves (its Ed25519 signature checked by swarmd.membership.identity.verify) under a
+        ceiling per caller host; a caller that proves none is keyed by its host (swarmd.transport.limits)."""
         net = self.peer.config.net
         return dict(
             payload_limit=self.payload_limit,
-            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer),
-            forward_rate=RateLimiter(net.forward_rate, net.forward_burst),
+            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer, DEFAULT_MAX_STREAMS_PER_IDENTITY),
+            forward_rate=CallerBudget.of(net.forward_rate, net.forward_burst, FORWARD_HOST_SHARES),
+            callers=CallerCheck(verify),
+            requests=CallerBudget.of(DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST),
+            pulls=CallerBudget.of(DEFAULT_PULL_RATE, DEFAULT_PULL_BURST),
         )
 
     def _gossip(self) -> Gossip:

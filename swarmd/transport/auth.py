@@ -10,6 +10,13 @@ UNAUTHENTICATED and a message that says what to pass; its trailing metadata name
 why, and the server's on_refusal callback hears of each refusal (a daemon counts them: swarmd.node.diagnosis).
 Without a key the swarm is public and nothing is checked. The key never travels; a proof is bound to one
 method and usable once.
+Also who a call is from, in any swarm: a daemon's PeerClient signs every call with its Ed25519 identity, in
+metadata CALLER_HEADER: "v1.<peer id>.<unix ms>.<nonce>.<hex Ed25519 signature of CALLER_DOMAIN|method|ms|nonce>".
+The server's CallerCheck turns it into the caller's verified peer id (swarmd.transport.limits keys budgets by it),
+or "" when the call carries none, a malformed one, one for another method, one outside +-WINDOW_S, one whose
+signature does not match the id, or one seen before: such a caller is unproven and is keyed by its host, so a
+claimed id never spends another identity's budget. The signature check itself is injected (verify(peer_id, data,
+signature), swarmd.membership.identity.verify): the transport never imports membership.
 Pure Python + grpc; no torch.
 """
 
@@ -25,6 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -229,3 +237,96 @@ def proof_metadata(key: bytes | None, method: str) -> tuple[tuple[str, str], ...
     if key is None:
         return None
     return ((AUTH_HEADER, make_proof(key, method)),)
+
+
+# -- who a call is from -------------------------------------------------------------------------------------------
+CALLER_HEADER = "x-blocktrain-caller"  # metadata key of a call's identity proof
+CALLER_DOMAIN = "blocktrain-caller-v1"  # what a caller signs starts with this tag (no other signed bytes do)
+Verify = Callable[[str, bytes, bytes], bool]  # (peer_id, data, signature) -> whether that peer's key signed data
+
+
+class CallSigner(Protocol):
+    """What signs a PeerClient's calls: a peer's identity (swarmd.membership.identity.Identity is one)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    def sign(self, data: bytes) -> bytes: ...
+
+
+def caller_bytes(method: str, stamp: str, nonce: str) -> bytes:
+    """The bytes a caller signs for one call of `method` ("/swarmd.v1.Swarm/GetStatus")."""
+    return f"{CALLER_DOMAIN}|{method}|{stamp}|{nonce}".encode()
+
+
+def make_caller_proof(signer: CallSigner, method: str, now: float | None = None, nonce: str | None = None) -> str:
+    """The identity proof a call of `method` carries in CALLER_HEADER."""
+    stamp = str(int(1000 * (time.time() if now is None else now)))
+    nonce = nonce or secrets.token_hex(12)
+    return f"v1.{signer.peer_id}.{stamp}.{nonce}.{signer.sign(caller_bytes(method, stamp, nonce)).hex()}"
+
+
+class CallerCheck:
+    """The verified peer id of a call: its proof fresh (within window_s), for this method, signed by the key its
+    peer id names, never seen before; "" for anything else (the caller is then keyed by its host).
+
+    :param verify: the signature check, verify(peer_id, data, signature) (swarmd.membership.identity.verify)
+    """
+
+    def __init__(self, verify: Verify, window_s: float = WINDOW_S, max_nonces: int = MAX_NONCES):
+        self.verify, self.window_s, self.max_nonces = verify, window_s, max_nonces
+        self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> stamp (seconds), oldest first
+        self.unproven = 0  # calls that carried a proof that did not hold
+
+    def peer_id(self, method: str, proof: str | bytes | None, now: float | None = None) -> str:
+        """The peer id `proof` proves for a call of `method`, or "" (no proof, or one that does not hold)."""
+        if not proof:
+            return ""
+        if isinstance(proof, bytes):
+            proof = proof.decode("ascii", "replace")
+        parts = proof.split(".")
+        if len(parts) != 5 or parts[0] != "v1" or not parts[2].isdigit() or not 8 <= len(parts[3]) <= 64:
+            self.unproven += 1
+            return ""
+        _, peer_id, stamp, nonce, signature = parts
+        now = time.time() if now is None else now
+        when = int(stamp) / 1000
+        try:
+            sig = bytes.fromhex(signature)
+        except ValueError:
+            sig = b""
+        fresh = abs(now - when) <= self.window_s and nonce not in self._seen
+        if not fresh or not sig or not self.verify(peer_id, caller_bytes(method, stamp, nonce), sig):
+            self.unproven += 1
+            return ""
+        self._seen[nonce] = when
+        horizon = now - 2 * self.window_s
+        while self._seen and (len(self._seen) > self.max_nonces or next(iter(self._seen.values())) < horizon):
+            self._seen.popitem(last=False)
+        return peer_id
+
+    def of(self, method: str, metadata) -> str:
+        """The verified peer id of a call with these invocation metadata (grpc's (key, value) pairs), or ""."""
+        return self.peer_id(method, _caller_proof(metadata))
+
+    @staticmethod
+    def claimed(metadata) -> str:
+        """The peer id a call's proof names, NOT verified ("" without a proof): only to refuse a call early (the
+        identity it claims is over its budget), never to spend a budget."""
+        proof = _caller_proof(metadata)
+        if isinstance(proof, bytes):
+            proof = proof.decode("ascii", "replace")
+        return proof.split(".", 2)[1] if proof and proof.count(".") >= 2 else ""
+
+
+def _caller_proof(metadata) -> str | bytes | None:
+    return next((v for k, v in metadata or () if k == CALLER_HEADER), None)
+
+
+def call_metadata(key: bytes | None, signer: CallSigner | None, method: str) -> tuple[tuple[str, str], ...] | None:
+    """Metadata of one call of `method`: a fresh proof of the swarm key (private swarms) and of the caller's
+    identity (a PeerClient with a signer); None when it carries neither."""
+    entries = proof_metadata(key, method) or ()
+    if signer is not None:
+        entries = (*entries, (CALLER_HEADER, make_caller_proof(signer, method)))
+    return entries or None

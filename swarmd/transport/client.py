@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
 from swarmd.transport import framing
-from swarmd.transport.auth import default_swarm_key, proof_metadata
+from swarmd.transport.auth import CallSigner, call_metadata, default_swarm_key
 from swarmd.transport.framing import Encoded
 from swarmd.transport.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from swarmd.transport.status import class_tag, error_for
@@ -195,6 +195,8 @@ class PeerClient:
         fp32 size their headers declare); the client keeps no counters of its own
     :param payload_limit: the largest payload admitted for a header (the exact size its kind has under
         our config); settable later (`client.payload_limit = ...`), None = max_payload_bytes only
+    :param signer: signs every call with the caller's identity (a daemon's Identity; the servers key their budgets
+        by the peer id it proves, swarmd.transport.auth.CallerCheck); settable later; None = calls prove no identity
     :note: create and use it on one asyncio loop; close() it before the loop ends.
     """
 
@@ -208,7 +210,9 @@ class PeerClient:
         meter: ByteMeter | None = None,
         wait_for_ready: bool = False,
         payload_limit: framing.PayloadLimit | None = None,
+        signer: CallSigner | None = None,
     ):
+        self.signer = signer
         self.max_payload_bytes, self.max_chunk_bytes, self.meter = max_payload_bytes, max_chunk_bytes, meter
         self.payload_limit = payload_limit
         self.wait_for_ready = wait_for_ready
@@ -245,8 +249,8 @@ class PeerClient:
         await self.forget(address, keep_pin=True)
 
     def _auth(self, method: str) -> tuple[tuple[str, str], ...] | None:
-        """Metadata proving the swarm key for one call of `method` (None in a public swarm)."""
-        return proof_metadata(self.swarm_key, f"/{SERVICE_NAME}/{method}")
+        """Metadata proving the swarm key (private swarms) and our identity (with a signer) for one call of `method`."""
+        return call_metadata(self.swarm_key, self.signer, f"/{SERVICE_NAME}/{method}")
 
     def _stub(self, address: str) -> tuple[pb_grpc.SwarmStub, bool]:
         self.channel(address)

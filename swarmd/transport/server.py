@@ -4,12 +4,15 @@ Owns the grpc.aio server: swarmd.v1.Swarm (delegating every RPC to a SwarmHandle
 implements), grpc.health.v1 (SERVING while up) and server reflection, so grpcurl and
 grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes (through
 swarmd.transport.status, the class name travelling in trailing metadata); no torch
-math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits): payload
-streams at once (in total and per caller host; the one over is refused with RESOURCE_EXHAUSTED at
-once), a payload admitted only up to the size its kind has under the daemon's config
-(payload_limit) and within payload_timeout_s, Forward requests per second per caller host; a
-request that is not a valid protobuf message is INVALID_ARGUMENT. Runs on the caller's asyncio
-loop and starts no threads itself.
+math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits), keyed by
+the caller's verified peer id (its call's identity proof, swarmd.transport.auth.CallerCheck; an
+unproven caller by its host) under a ceiling per caller host: payload streams at once (the one over
+is refused with RESOURCE_EXHAUSTED at once), requests per second (GetStatus, GetConfig,
+ExchangeDeltas; an exchange the handler rejects costs its sender more), PullState requests per
+second, Forward request units per second; a payload admitted only up to the size its kind has under
+the daemon's config (payload_limit) and within payload_timeout_s, and a proven caller's payload must
+be its own (signed by the id it proved); a request that is not a valid protobuf message is
+INVALID_ARGUMENT. Runs on the caller's asyncio loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -26,7 +30,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.errors import DeadlineExceeded, SwarmdError, ValidationError
+from swarmd.errors import Busy, DeadlineExceeded, StaleRound, SwarmdError, ValidationError
 from swarmd.transport.framing import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_CHUNK_BYTES,
@@ -37,19 +41,40 @@ from swarmd.transport.framing import (
     serialize_message,
     wire_messages,
 )
-from swarmd.transport.limits import RateLimiter, StreamLimiter, caller_host, forward_cost
+from swarmd.transport.limits import (
+    DEFAULT_FORWARD_BURST,
+    DEFAULT_FORWARD_RATE,
+    DEFAULT_PULL_BURST,
+    DEFAULT_PULL_RATE,
+    DEFAULT_REQUEST_BURST,
+    DEFAULT_REQUEST_RATE,
+    FORWARD_HOST_SHARES,
+    REJECT_COST,
+    Caller,
+    CallerBudget,
+    RateLimiter,
+    StreamLimiter,
+    budget,
+    caller_host,
+    forward_cost,
+)
 from swarmd.transport.status import status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from swarmd.transport.auth import OnRefusal
+    from swarmd.transport.auth import CallerCheck, OnRefusal
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
 MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
 PAYLOAD_TIMEOUT_S = 30.0  # a caller's whole payload must arrive within this (a stalled stream frees its slot)
+_REQUESTS = (DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST)  # the default budgets per identity (CallerBudget.of)
+_PULLS = (DEFAULT_PULL_RATE, DEFAULT_PULL_BURST)
+_FORWARD = (DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST)
+DRAIN_MESSAGES = 8  # a refused ExchangeDeltas stream: messages read (and dropped) before the refusal
+REFUSAL_LOG_S = 10.0  # calls refused for one caller's budget: one log line per caller per this many seconds
 
 
 class SwarmHandler(Protocol):
@@ -87,16 +112,67 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         *,
         payload_limit: PayloadLimit | None = None,
         streams: StreamLimiter | None = None,
-        forward_rate: RateLimiter | None = None,
+        forward_rate: RateLimiter | CallerBudget | None = None,
         payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
+        callers: CallerCheck | None = None,
+        requests: RateLimiter | CallerBudget | None = None,
+        pulls: RateLimiter | CallerBudget | None = None,
     ):
         self.handler = handler
         self.max_payload_bytes = max_payload_bytes
         self.max_chunk_bytes = max_chunk_bytes
         self.payload_limit = payload_limit
         self.streams = streams if streams is not None else StreamLimiter()
-        self.forward_rate = forward_rate if forward_rate is not None else RateLimiter()
+        self.forward_rate = budget(
+            forward_rate if forward_rate is not None else CallerBudget.of(*_FORWARD, FORWARD_HOST_SHARES)
+        )
         self.payload_timeout_s = payload_timeout_s
+        self.callers = callers  # None: no call proves an identity (every caller is keyed by its host)
+        self.requests = budget(requests if requests is not None else CallerBudget.of(*_REQUESTS))
+        self.pulls = budget(pulls if pulls is not None else CallerBudget.of(*_PULLS))
+        self._refusals: dict[str, tuple[int, float]] = {}  # Caller.key -> (refusals not logged yet, last logged)
+
+    def caller(
+        self, context: grpc.aio.ServicerContext, method: str, over: Callable[[Caller], bool] | None = None
+    ) -> Caller:
+        """Who the call is from: its host, and the peer id its identity proof verified ("" when none holds).
+
+        :param over: whether a caller is over its budget for this call: a call whose proof claims an identity that
+            is over it is refused (Busy) before its signature is checked (it would be refused once checked; a
+            false claim is refused and spends nothing of anyone's), so a flood past its budget costs no Ed25519
+        """
+        host = caller_host(context.peer())
+        if self.callers is None:
+            return Caller(host)
+        metadata = context.invocation_metadata()
+        claimed = Caller(host, self.callers.claimed(metadata))
+        if claimed.peer_id and over is not None and over(claimed):
+            raise Busy(f"{claimed} is over its budget for {method}; slow down")
+        return Caller(host, self.callers.of(f"/{SERVICE_NAME}/{method}", metadata))
+
+    def _refused(self, method: str, caller: Caller | None, exc: SwarmdError) -> None:
+        """Log a call refused for its caller's budget (or a repeat): the first at once, then one line per caller
+        per REFUSAL_LOG_S with how many (a flood writes no line per call)."""
+        key = caller.key if caller is not None else ""
+        count, logged = self._refusals.get(key, (0, float("-inf")))
+        now = time.monotonic()
+        if now - logged < REFUSAL_LOG_S:
+            self._refusals[key] = (count + 1, logged)
+            return
+        self._refusals[key] = (0, now)
+        while len(self._refusals) > 4096:
+            self._refusals.pop(next(iter(self._refusals)))
+        more = f" (and {count} more refused since the last line)" if count else ""
+        logger.info("[Swarm.%s] %s: %s%s", method, status_code_for(exc).name, _one_line(exc), more)
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, method: str, caller: Caller | None, exc: SwarmdError
+    ) -> NoReturn:
+        """Abort a call refused for a budget or a cap (RESOURCE_EXHAUSTED) or a stale round, logged as _refused
+        does."""
+        self._refused(method, caller or Caller(caller_host(context.peer())), exc)
+        await context.abort(status_code_for(exc), _one_line(exc), trailing_metadata(exc))
+        raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> NoReturn:
         code = status_code_for(exc)
@@ -119,21 +195,42 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         if isinstance(request, Undecodable):
             await self._abort(context, method, request.exception())
 
+    def _admitted(self, context: grpc.aio.ServicerContext, method: str, limiter: CallerBudget, stream: bool) -> Caller:
+        """The caller, once it has spent one request of its budget in `limiter` and (stream) taken a stream slot;
+        raises Busy (spending nothing) when it cannot."""
+        over = (lambda c: limiter.exhausted(c) or self.streams.full(c)) if stream else limiter.exhausted
+        caller = self.caller(context, method, over)
+        limiter.take(caller)
+        if stream:
+            try:
+                self.streams.acquire(caller)
+            except Busy:
+                limiter.refund(caller)
+                raise
+        return caller
+
+    async def _admit(
+        self, context: grpc.aio.ServicerContext, method: str, limiter: CallerBudget, stream: bool = False
+    ) -> Caller:
+        """_admitted, aborting with RESOURCE_EXHAUSTED when the caller is over a budget or a cap."""
+        try:
+            return self._admitted(context, method, limiter, stream)
+        except Busy as exc:
+            await self._refuse(context, method, None, exc)
+
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.PeerStatus:
         await self._parsed(context, "GetStatus", request)
+        await self._admit(context, "GetStatus", self.requests)
         return await self._answer(context, "GetStatus", self.handler.status)
 
     async def GetConfig(self, request: pb.ConfigRequest, context) -> pb.SwarmConfig:
         await self._parsed(context, "GetConfig", request)
+        await self._admit(context, "GetConfig", self.requests)
         return await self._answer(context, "GetConfig", self.handler.swarm_config)
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload | bytes]:
         await self._parsed(context, "PullState", request)
-        caller = caller_host(context.peer())
-        try:
-            self.streams.acquire(caller)
-        except SwarmdError as exc:
-            await self._abort(context, "PullState", exc)
+        caller = await self._admit(context, "PullState", self.pulls, stream=True)
         try:
             enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
             for msg in wire_messages(enc, self.max_chunk_bytes):
@@ -147,12 +244,11 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
         Payload(reject=reason), which the caller's read_payload turns into PeerRejected.
         """
-        caller = caller_host(context.peer())
         try:
-            self.streams.acquire(caller)
-        except SwarmdError as exc:
-            await _read_one(request_iterator)  # grpc aio answers INTERNAL to a bidi abort before any read
-            await self._abort(context, "ExchangeDeltas", exc)
+            caller = self._admitted(context, "ExchangeDeltas", self.requests, stream=True)
+        except Busy as exc:
+            await _drain(request_iterator)  # grpc aio answers INTERNAL to a bidi abort before the caller's writes
+            await self._refuse(context, "ExchangeDeltas", None, exc)
         try:
             try:
                 incoming = await asyncio.wait_for(
@@ -163,9 +259,12 @@ class SwarmServicer(pb_grpc.SwarmServicer):
                 )
             except TimeoutError:
                 raise DeadlineExceeded(f"the payload did not arrive within {self.payload_timeout_s:g} s") from None
+            if caller.peer_id and incoming.header.peer_id != caller.peer_id:
+                raise ValidationError(f"a payload of {incoming.header.peer_id[-6:] or '?'} sent by {caller}")
             reply = await self.handler.exchange(incoming)
         except ValidationError as exc:
             self.streams.release(caller)
+            self.requests.charge(caller, REJECT_COST)  # a refused payload (a repeat too) costs its sender alone
             logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), _one_line(exc))
             yield pb.Payload(reject=_one_line(exc))
             return
@@ -173,6 +272,9 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             self.streams.release(caller)
             if not isinstance(exc, Exception):
                 raise  # cancelled: the caller went away
+            if isinstance(exc, StaleRound):  # e.g. a second delta of the same round and kind: judged once already
+                self.requests.charge(caller, REJECT_COST)
+                await self._refuse(context, "ExchangeDeltas", caller, exc)
             await self._abort(context, "ExchangeDeltas", exc)
             return
         try:
@@ -183,7 +285,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
 
     async def Forward(self, request_iterator, context) -> AsyncIterator[pb.ForwardReply]:
         """One reply per request, in order, on one long-lived stream (a sampling session)."""
-        caller = caller_host(context.peer())
+        caller = self.caller(context, "Forward")
         requests = aiter(_checked(request_iterator))
         while True:
             try:
@@ -191,16 +293,28 @@ class SwarmServicer(pb_grpc.SwarmServicer):
                 self.forward_rate.take(caller, forward_cost(request))
             except StopAsyncIteration:
                 return
+            except Busy as exc:
+                await self._refuse(context, "Forward", caller, exc)
             except SwarmdError as exc:
                 await self._abort(context, "Forward", exc)
             reply = await self._answer(context, "Forward", partial(self.handler.forward, request))
             yield reply if reply is not None else pb.ForwardReply()  # e.g. end_session: an empty reply
 
 
-async def _read_one(requests: AsyncIterator[Any], timeout_s: float = 1.0) -> None:
-    """Read (and drop) the first message of a request stream, waiting at most timeout_s."""
+async def _drain(requests: AsyncIterator[Any], max_messages: int = DRAIN_MESSAGES, timeout_s: float = 1.0) -> None:
+    """Read (and drop) a refused request stream: up to its end, at most max_messages, waiting at most timeout_s
+    (grpc aio answers INTERNAL, not the refusal, to a bidi abort while the caller still writes; a small payload
+    is read to its end, a large one only so far)."""
+
+    async def read() -> None:
+        n = 0
+        async for _ in requests:
+            n += 1
+            if n >= max_messages:
+                return
+
     try:
-        await asyncio.wait_for(anext(aiter(requests), None), timeout_s)
+        await asyncio.wait_for(read(), timeout_s)
     except Exception:  # whatever the caller sent (or not), the call is refused next
         pass
 
@@ -308,9 +422,12 @@ async def start_server(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     payload_limit: PayloadLimit | None = None,
     streams: StreamLimiter | None = None,
-    forward_rate: RateLimiter | None = None,
+    forward_rate: RateLimiter | CallerBudget | None = None,
     payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
     on_refusal: OnRefusal | None = None,
+    callers: CallerCheck | None = None,
+    requests: RateLimiter | CallerBudget | None = None,
+    pulls: RateLimiter | CallerBudget | None = None,
 ) -> SwarmServer:
     """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
 
@@ -322,9 +439,13 @@ async def start_server(
     :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
     :param payload_limit: the largest payload admitted for a header (the exact size under the daemon's config)
     :param streams: caps on payload streams at once (default: StreamLimiter())
-    :param forward_rate: Forward requests per second per caller host (default: RateLimiter())
+    :param forward_rate: Forward request units per second per caller identity, under a host ceiling (default:
+        CallerBudget.of(DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST); a bare RateLimiter: no host ceiling)
     :param payload_timeout_s: a caller's payload must have arrived this long after its stream opened
     :param on_refusal: with a swarm key, called with the error of every call refused for its proof
+    :param callers: verifies the identity proof calls carry (None: every caller is keyed by its host)
+    :param requests: GetStatus / GetConfig / ExchangeDeltas per second per caller identity, under a host ceiling
+    :param pulls: PullState requests per second per caller identity, under a host ceiling
     :raises SwarmdError: the address cannot be bound
     """
     from swarmd.transport.auth import server_interceptors
@@ -340,6 +461,9 @@ async def start_server(
         streams=streams,
         forward_rate=forward_rate,
         payload_timeout_s=payload_timeout_s,
+        callers=callers,
+        requests=requests,
+        pulls=pulls,
     )
     _add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()

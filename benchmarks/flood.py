@@ -1,0 +1,267 @@
+"""Flood row: one signed insider on the honest peers' host floods them every round; what is an honest round then?
+
+Issue 21 item 5. Real daemons (`python -m swarmd`, swarmd.tools.launch.LocalSwarm, hivemind DHT on loopback) on a
+tiny one-block model (adversary.py's CFG: d=32, B=1), every round waiting for every expected delta. Peer 3 runs
+FloodGossip (this file's `flooder CONFIG`: the real daemon with one changed class, never in the shipped daemon):
+a valid signed identity that trains and gossips like the others and, each round, sends every other peer 40 copies
+of its signed delta, 40 PullState and 200 GetStatus, all at once, from 127.0.0.1 like the honest peers. Runs:
+  clean         4 honest peers (the reference round time and CE)
+  flood/host    3 honest + the flooder; the honest peers' servers limit by caller host only, as before item 5
+                (this file's `honest-host-limits CONFIG`: server_limits patched back to per-host streams and no
+                request budgets)
+  flood/id      3 honest + the flooder; the shipped limits: budgets per verified peer id under a host ceiling
+  ahead/host    as flood/host, but the 40 deltas are its delta signed for the next round: each waits at the
+  ahead/id      callee for that round (up to deadline_max_s), holding a stream slot: the cheap way to hold slots
+Each row: the honest peers' median round seconds (their round history), rounds merged with part of the deltas
+only (the flooder's own missing ones count too) and rounds surely missing an honest peer's delta (fewer than the
+expected minus the flooder's two), the honest peers' own calls refused with RESOURCE_EXHAUSTED (their logs), an
+honest replica's from-noise CE against the clean run, what the flooder's calls got (sent, ok, refused with
+RESOURCE_EXHAUSTED) and the flooder process's CPU seconds (on one machine its client competes for the cores).
+Writes benchmarks/results/flood.json and prints a markdown table:
+
+    python benchmarks/flood.py [--rounds 25 --steps 10]
+
+Other scripts (benchmarks/adversary.py) may run the flooder through flooder_program().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common, daemons
+
+# one block: every peer is a replica of every other (benchmarks/adversary.py's CFG)
+CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
+DELTAS, PULLS, STATUSES = 40, 40, 200  # what the flooder sends each other peer, each round (issue 21's figures)
+FLOOD_TIMEOUT_S = 5.0  # each flood call's deadline
+
+
+def run_flooder(
+    config: str, mode: str = "copies", deltas: int = DELTAS, pulls: int = PULLS, statuses: int = STATUSES
+) -> int:
+    """Run one daemon that floods every other known peer each round (a child process of a benchmark).
+
+    :param mode: "copies": its deltas are copies of its signed delta of the round (repeats, judged once);
+        "ahead": its delta signed for the next round (each waits at the callee, holding a stream slot, until that
+        round opens or deadline_max_s passes: the cheapest way to hold an honest peer's stream slots)
+    """
+    from swarmd import __main__ as entry
+    from swarmd.averaging.context import BLOCK
+    from swarmd.averaging.delta import encode
+    from swarmd.averaging.gossip import Gossip
+    from swarmd.errors import SwarmdError
+    from swarmd.membership.trust import sign_payload
+    from swarmd.node import daemon as daemon_mod
+    from swarmd.protocol import PayloadKind
+    from swarmd.transport import PeerClient
+    from swarmd.v1 import swarm_pb2 as pb
+
+    counts: dict[str, float] = {"sent": 0, "ok": 0, "busy": 0, "other": 0}
+
+    class FloodGossip(Gossip):
+        _client: PeerClient | None = None
+        _flood: asyncio.Task | None = None
+
+        async def publish(self) -> None:
+            await super().publish()
+            rs = self.current
+            if rs is None or BLOCK not in rs.outgoing or (self._flood is not None and not self._flood.done()):
+                return
+            if self._client is None:
+                self._client = PeerClient(signer=self.identity, max_payload_bytes=self.cfg.max_payload_bytes)
+            targets = [r.address for r in self.known.values() if r.address and r.peer_id != self.me.peer_id]
+            delta = rs.outgoing[BLOCK]
+            if mode == "ahead":
+                hdr = self.hdr(BLOCK, rs.round + 1)
+                enc = encode(rs.own[BLOCK], self.cfg.codec, base_hash=rs.hashes[BLOCK], weight=1.0, **hdr)
+                delta = sign_payload(enc, self.identity)
+            self._flood = asyncio.create_task(self._flood_all(targets, delta))
+
+        async def _flood_all(self, targets: list[str], delta: Any) -> None:
+            client = self._client
+            assert client is not None
+            pull = pb.PullStateRequest(
+                swarm_id=self.me.swarm_id,
+                config_hash=self.me.config_hash,
+                kind=PayloadKind.BLOCK_STATE.to_pb(),
+                block_index=self.me.block_index,
+            )
+            calls = []
+            for address in targets:
+                calls += [client.exchange(address, delta, FLOOD_TIMEOUT_S) for _ in range(deltas)]
+                calls += [client.pull_state(address, pull, FLOOD_TIMEOUT_S) for _ in range(pulls)]
+                calls += [client.status(address, FLOOD_TIMEOUT_S) for _ in range(statuses)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            for r in results:
+                counts["sent"] += 1
+                key = (
+                    "ok" if not isinstance(r, BaseException) else "busy" if "resource_exhausted" in str(r) else "other"
+                )
+                counts[key] += 1
+                if isinstance(r, BaseException) and not isinstance(r, SwarmdError):
+                    raise r
+            counts["cpu_s"] = round(time.process_time(), 2)  # this process's CPU so far (training included)
+            print(f"FLOOD {json.dumps(counts)}", file=sys.stderr, flush=True)
+
+    daemon_mod.Gossip = FloodGossip  # type: ignore[misc]  # this process only
+    return entry.main(["--config", config, "--verbose"])
+
+
+def run_host_limited(config: str) -> int:
+    """Run one honest daemon whose server limits callers by host only (streams per host, no request budgets), as
+    the shipped daemon did before issue 21 item 5 (a child process of this benchmark: the 'without' rows)."""
+    from swarmd import __main__ as entry
+    from swarmd.node.service import SwarmService
+    from swarmd.transport.limits import RateLimiter, StreamLimiter
+
+    def host_limits(self: SwarmService) -> dict[str, Any]:
+        net = self.peer.config.net
+        return dict(
+            payload_limit=self.payload_limit,
+            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer, max_per_identity=0),
+            forward_rate=RateLimiter(net.forward_rate, net.forward_burst),
+            callers=None,  # every caller keyed by its host
+            requests=RateLimiter(rate=0),  # unlimited
+            pulls=RateLimiter(rate=0),
+        )
+
+    SwarmService.server_limits = host_limits  # type: ignore[method-assign]  # this process only
+    return entry.main(["--config", config, "--verbose"])
+
+
+def flooder_program(mode: str = "copies") -> list[str]:
+    """The command that runs a flooding daemon (this file's `flooder MODE CONFIG`) without its config."""
+    return [sys.executable, str(Path(__file__).resolve()), "flooder", mode]
+
+
+def host_limited_program() -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "honest-host-limits"]
+
+
+@dataclass
+class Row:
+    name: str
+    median_round_s: float | None
+    partial_rounds: int  # honest rounds that merged fewer deltas than expected (participation < 1)
+    # ... fewer than expected minus the flooder's two (block and table): surely missing an honest peer's delta
+    short_rounds: int
+    honest_rounds: int
+    ce: float | None
+    ce_clean: float | None = None
+    flood: dict | None = None  # the flooder's calls: sent, ok, busy (RESOURCE_EXHAUSTED), other
+    honest_refused: int = 0  # the honest peers' own calls refused with RESOURCE_EXHAUSTED (their logs)
+
+    @property
+    def ce_delta(self) -> float | None:
+        return None if self.ce is None or self.ce_clean is None else self.ce - self.ce_clean
+
+
+def _flood_counts(log: str) -> dict:
+    total = {"sent": 0, "ok": 0, "busy": 0, "other": 0}
+    for line in log.splitlines():
+        if (at := line.find("FLOOD {")) >= 0:
+            last = json.loads(line[at + 6 :])  # cumulative
+            total = last
+    return total
+
+
+def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
+    with tempfile.TemporaryDirectory(prefix=f"flood-{name.replace('/', '-')}-") as wd:
+        options = dict(model=CFG, trajectory_prob=0.0, seed=a.seed, wait_all=True, programs=programs)
+        sw = daemons.tiny(4, a.data_dir, Path(wd), a.rounds, a.steps, a.deadline_max, **options)
+        with sw:
+            sw.start(300)
+            done = daemons.finish(sw, honest, a.timeout)
+        ce = daemons.replica_ce(sw, honest[0], a.data_dir, a.eval_tokens)
+        rounds = [h for i in honest for h in daemons.history(sw.peers[i])]
+        refused = daemons.log_count(sw, honest, "resource_exhausted")
+        flood = _flood_counts(sw.peers[3].log_path.read_text(errors="replace")) if 3 in programs else None
+    seconds = [float(h["seconds"]) for h in rounds if "seconds" in h]
+    partial = sum(float(h.get("participation", 1.0)) < 1.0 for h in rounds)
+    short = sum(float(h.get("accepted", 0)) < float(h.get("expected", 0)) - 2 for h in rounds)
+    median = statistics.median(seconds) if seconds else None
+    row = Row(name, median, partial, short, len(rounds), ce, flood=flood, honest_refused=refused)
+    print(f"{name}: {row}, exit {done['exit']}, tracebacks {done['tracebacks']}", file=sys.stderr, flush=True)
+    return row
+
+
+def parse_args(argv=None):
+    p = common.parser(__doc__)
+    common.add_schedule(p, rounds=25, steps=10)
+    p.add_argument("--deadline-max", type=float, default=10.0)
+    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to finish its rounds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", default="clean,flood/host,flood/id,ahead/host,ahead/id", help="comma-separated rows")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "flood.json")
+    return common.parse_checked(p, argv, "train.txt and eval.txt")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["flooder"]:
+        raise SystemExit(run_flooder(argv[2], argv[1]))
+    if argv[:1] == ["honest-host-limits"]:
+        raise SystemExit(run_host_limited(argv[1]))
+    a = parse_args(argv)
+    only = a.only.split(",")
+    host = host_limited_program()
+    plans = {
+        "clean": ({}, [0, 1, 2]),
+        "flood/host": ({0: host, 1: host, 2: host, 3: flooder_program()}, [0, 1, 2]),
+        "flood/id": ({3: flooder_program()}, [0, 1, 2]),
+        "ahead/host": ({0: host, 1: host, 2: host, 3: flooder_program("ahead")}, [0, 1, 2]),
+        "ahead/id": ({3: flooder_program("ahead")}, [0, 1, 2]),
+    }
+    started = time.time()
+    rows = [run(a, name, *plans[name]) for name in plans if name in only]
+    clean = next((r for r in rows if r.name == "clean"), None)
+    for r in rows:
+        r.ce_clean = clean.ce if clean else None
+    out = {
+        "command": common.command_line("flood.py", argv),
+        "seconds": round(time.time() - started),
+        "rows": [_as_dict(r) for r in rows],
+    }
+    common.write_json(a.out, out)
+    print(markdown(rows))
+
+
+def _as_dict(r: Row) -> dict:
+    return {**r.__dict__, "ce_delta": r.ce_delta}
+
+
+def _f(x: float | None, fmt: str = "{:.4f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| run | honest median round s | partial rounds | rounds missing an honest delta | honest calls refused "
+        "| honest CE (vs clean) | flooder's calls: sent / ok / busy | flooder CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f = r.flood or {}
+        calls = f"{f.get('sent', 0)} / {f.get('ok', 0)} / {f.get('busy', 0)}" if r.flood is not None else "-"
+        delta = f" ({_f(r.ce_delta, '{:+.4f}')})" if r.ce_delta is not None else ""
+        lines.append(
+            f"| {r.name} | {_f(r.median_round_s, '{:.3f}')} | {r.partial_rounds} of {r.honest_rounds} | "
+            f"{r.short_rounds} | {r.honest_refused} | "
+            f"{_f(r.ce)}{delta} | {calls} | {(r.flood or {}).get('cpu_s', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
