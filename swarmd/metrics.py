@@ -7,7 +7,8 @@ behind them (the only byte counters: the PeerClient reports what it dials as a B
 what it answers), rejected payloads by reason, exchanges this peer dialled that failed and calls its
 server refused for their swarm key proof (by reason: swarmd.node.diagnosis reads them), mean and last
 participation, exchange and round durations as fixed-bucket histograms, peers seen per block, the last
-round's wall time. Plain
+round's wall time, the merge loss check (rounds checked, fallbacks, deltas it refused, seconds), the pulled
+states verified adoption refused (by part). Plain
 counters, written only from the daemon's event loop (the worker thread reports through the loop);
 the metrics HTTP thread only reads them. No torch, no grpc, no prometheus_client.
 """
@@ -110,6 +111,7 @@ class Metrics:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> count; sums to rejected
     dial_failures: dict[str, int] = field(default_factory=dict)  # failure_reason -> exchanges we dialled that failed
     refused_calls: dict[str, int] = field(default_factory=dict)  # failure_reason -> calls our server refused (key)
+    adoptions_refused: dict[str, int] = field(default_factory=dict)  # part -> pulled states the held-out check refused
     rounds: int = 0  # rounds this process merged
     participation_sum: float = 0.0
     last_participation: float = float("nan")  # participation of the last merged round
@@ -122,6 +124,10 @@ class Metrics:
     exchange_s: Histogram = field(default_factory=lambda: Histogram(EXCHANGE_BUCKETS_S))  # dialled exchanges
     round_s: Histogram = field(default_factory=lambda: Histogram(ROUND_BUCKETS_S))  # whole rounds, sync to publish
     round_history: list[dict] = field(default_factory=list)  # last rounds, for status / benchmarks
+    merge_checks: int = 0  # rounds whose merge was scored on the held-out sample (swarmd.averaging.merge)
+    merge_fallbacks: int = 0  # ... whose merged update scored above the bound: fell back to the deltas that pass
+    merge_refused: int = 0  # peer deltas the check kept out of a merge (failed one by one)
+    merge_check_s: float = 0.0  # seconds the checks took, all rounds
 
     def observe_throughput(self, samples: int, seconds: float, steps: int = 0) -> None:
         """One round's local training: `samples` sequences in `steps` optimiser steps over `seconds`."""
@@ -156,6 +162,17 @@ class Metrics:
     def refuse_call(self, reason: str) -> None:
         """Count one call this peer's server refused before its handler (no valid swarm key proof)."""
         self.refused_calls[reason] = self.refused_calls.get(reason, 0) + 1
+
+    def observe_merge_check(self, fell_back: bool, refused: int, seconds: float) -> None:
+        """One round's merge loss check: whether it fell back, how many deltas it refused, what it took."""
+        self.merge_checks += 1
+        self.merge_fallbacks += int(fell_back)
+        self.merge_refused += int(refused)
+        self.merge_check_s += float(seconds)
+
+    def refuse_adoption(self, part: str) -> None:
+        """Count one pulled state of `part` ("block", "embedding") the held-out check refused (verified adoption)."""
+        self.adoptions_refused[part] = self.adoptions_refused.get(part, 0) + 1
 
     def observe_exchange(self, seconds: float) -> None:
         """Wall time of one exchange this peer dialled (send own delta, receive the reply)."""

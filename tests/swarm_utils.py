@@ -21,6 +21,7 @@ from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.outer import make_outer
 from swarmd.averaging.state import BlockState
+from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import PeerUnavailable
@@ -89,6 +90,14 @@ class MemoryTransport:
         return enc
 
 
+def held_out_check(cfg: ModelConfig, block_index: int, seed: int = 0) -> HeldOutCheck:
+    """The held-out sample a daemon of block `block_index` would draw (HeldOutCheck.from_data), from TEXT."""
+    from swarmd.core.data import ByteData
+
+    data = ByteData(np.frombuffer(TEXT, dtype=np.uint8), cfg.seq_len)
+    return HeldOutCheck.from_data(data, cfg, block_index, seed)
+
+
 def peer_identities(n: int) -> list[Identity]:
     """n deterministic peer identities, in increasing peer-id order (peer i ranks below peer i+1)."""
     return sorted((Identity.generate(bytes([i + 1]) * 32) for i in range(n)), key=lambda x: x.peer_id)
@@ -100,10 +109,12 @@ def memory_swarm(
     blocks: int = 2,
     deadline_max_s: float = 5.0,
     client_mode: set[int] = frozenset(),
+    checks: bool = False,
     **gossip,
 ) -> tuple[list[Gossip], MemoryTransport, dict]:
     """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board.
 
+    :param checks: give every peer a HeldOutCheck on TEXT (swarmd.averaging.validation: verified adoption)
     :param gossip: more GossipConfig fields (merge="mean", clip_factor, ...)
     """
     cfg = tiny_model(blocks)
@@ -130,7 +141,8 @@ def memory_swarm(
             state.emb_hash,
         )
         metrics = Metrics()
-        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics, identity=identities[i])
+        check = held_out_check(cfg, b) if checks else None
+        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics, identity=identities[i], check=check)
         if me.address:
             peers[me.address] = g
         out.append(g)

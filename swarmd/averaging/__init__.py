@@ -11,6 +11,7 @@ delayed.py    delayed averaging: land a merge one round late, keeping the steps 
 groups.py     group averaging: the round's group grid, anchors and offsets
 allreduce.py  butterfly all-reduce over signed chunks (the large-swarm alternative to all-to-all)
 rejoin.py     the pure rules of a peer that is isolated: fresh majority, reconciliation, stability
+adoption.py   verified adoption: which pulled candidate states pass the held-out check, refusals remembered
 context.py    PeerContext: one peer's identity, replica, known records, bans, transport; payload rules
 deadline.py   DeadlinePolicy: when a round stops waiting (participation target, adaptive EMA rule)
 merge.py      the round's merge rule over the accepted deltas, and landing it (anchors, overlap)

@@ -14,6 +14,15 @@
   rejoins the majority it split from (diverged_majority, over the last HISTORY_ROUNDS own base hashes);
 - isolation (swarmd.averaging.rejoin): a peer that accepted no delta of a part for rejoin.ISOLATED_ROUNDS
   rounds asks the fresh signed states and adopts a fresh quorum's, or reconciles with the other members;
+- verified adoption (issue 21, swarmd.averaging.adoption): with a held-out check (PeerContext.check) and a finite
+  cfg.adopt_tolerance, every state above is pulled and validated first, both parts, and adopted only after it
+  was scored with the other part it would be held with: one worse than what we hold by more than the tolerance
+  is refused, whatever number of signed records backs it, and its round counter is not taken; a refused hash
+  is not pulled again for adoption.REFUSAL_TTL_S. Where we are the side that trained apart (a diverged majority,
+  a rejoin rule's state, a split round's move) the state is judged against the last one we held with others
+  too (Agreement.agreed), so a peer that got ahead alone still rejoins. A joiner (round 0: fresh weights) also
+  pulls the other states several peers announce (quorum.candidates, JOIN_CANDIDATES per part) and takes the
+  best that passes, its initial weights included;
 - serving: state_payload answers PullState with the base (or the anchor the records announce), signed.
 """
 
@@ -25,12 +34,21 @@ import logging
 import torch
 
 from swarmd.averaging import rejoin
+from swarmd.averaging.adoption import Candidate, Refusals, Verdict, choose, options
 from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.outer import split_momentum, with_momentum
 from swarmd.averaging.state import weights_hash
 from swarmd.errors import StaleRound, SwarmdError, ValidationError, WrongBlock
-from swarmd.membership.quorum import agreeing, diverged_majority, quorum, rank, reference, round_backed
+from swarmd.membership.quorum import (
+    agreeing,
+    candidates,
+    diverged_majority,
+    quorum,
+    rank,
+    reference,
+    round_backed,
+)
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_payload, verify_payload
 from swarmd.protocol import Codec, PayloadKind
@@ -41,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
 HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majority from a diverged one
+JOIN_CANDIDATES = 3  # distinct states of each part a joiner pulls and scores (the normal target included)
 
 
 class Agreement:
@@ -53,13 +72,23 @@ class Agreement:
         self.peer = peer
         self.history: dict[str, dict[int, str]] = {"block": {}, "embedding": {}}  # part -> round -> our base hash
         self.isolated = {BLOCK: 0, EMB: 0}  # rounds in a row without an accepted delta of that kind (rejoin)
+        self.refusals = Refusals()  # states the held-out check refused (verified adoption)
+        # kind -> the last base we held with other peers (merged with them, or adopted): a side that trained apart
+        # is judged against it too (adoption.choose); base tensors are rebound, never written, so no copy is made
+        self.agreed: dict[PayloadKind, dict[str, torch.Tensor]] = {}
+
+    @property
+    def verifying(self) -> bool:
+        """Whether adoptions are scored on the held-out sample (a check and a finite adopt_tolerance)."""
+        return self.peer.check is not None and self.peer.cfg.adopt_tolerance < float("inf")
 
     async def sync(self, records: list[PeerRecord]) -> list[str]:
-        """Adopt the reference's block and embedding if our base differs (see module doc); returns what was pulled.
+        """Adopt the reference's block and embedding if our base differs (see module doc); returns what was adopted.
 
         Only signed records count, and only a state that a quorum of them announces (agreeing()) can be
         the reference; the pulled state must hash to what they announce, and the round counter moves
-        at most cfg.max_round_jump rounds per adoption.
+        at most cfg.max_round_jump rounds per adoption. Both parts are pulled before either is adopted, and
+        with verified adoption on, adopted only if they pass the held-out check together or alone.
         """
         p = self.peer
         me = p.record()
@@ -68,58 +97,163 @@ class Agreement:
             for r in p.remember(records)
             if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
         ]
-        pulled = []
+        joining = self.verifying and p.state.round == 0  # fresh weights: compare what the swarm offers
+        found: dict[PayloadKind, list[Candidate]] = {}
         for kind, pool in (
             (PayloadKind.BLOCK_STATE, [r for r in others if r.block_index == me.block_index]),
             (PayloadKind.EMBEDDING_STATE, others),
         ):
-            weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
-            if kind.delta in p.last_split:  # a round was merged since the last sync: were we isolated in it?
-                alone = not p.last_split[kind.delta][0] and bool(pool)
-                self.isolated[kind.delta] = self.isolated[kind.delta] + 1 if alone else 0
-            history = self.history[kind.part]
-            history[me.round] = weights(me)
-            for old in sorted(history)[:-HISTORY_ROUNDS]:
-                del history[old]
-            ref = reference(me, agreeing(pool, weights), weights)
-            majority = diverged_majority(me, pool, history, weights) if ref.peer_id == me.peer_id else None
-            if majority is not None:  # we trained apart (a partition) and are ahead: join the majority
-                logger.warning(
-                    "%s the %s of the majority (round %d) differs from ours (round %d): rejoining it",
-                    p.tag,
-                    kind.part,
-                    majority.round,
-                    me.round,
-                )
-                ref = majority
-            elif ref.peer_id != me.peer_id and not round_backed(ref.round, others):
-                logger.warning(
-                    "%s not adopting the %s of %s: too few of the swarm's signed records announce its round %d",
-                    p.tag,
-                    kind.part,
-                    ref.peer_id[-6:],
-                    ref.round,
-                )
-                ref = me
-            expect: tuple[str, int] | None = (weights(ref), ref.round)
-            if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
-                split = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
-                if split is None:
-                    if self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS and await self._rejoin(kind, pool):
-                        pulled.append(kind.part)
-                    continue
-                ref, expect = split, None  # the signed deltas said where it is; its state must hash as it signs
-            try:
-                await self.pull(
-                    ref, kind, expect, round_limit=me.round + p.cfg.max_round_jump, back=majority is not None
-                )
-                pulled.append(kind.part)
-            except SwarmdError as exc:
-                logger.warning("%s re-sync of the %s from %s failed: %s", p.tag, kind.part, ref.peer_id[-6:], exc)
-                if not isinstance(exc, (ValidationError, StaleRound)):
-                    p.bans.fail(ref.peer_id)
+            found[kind] = await self._candidates(kind, me, pool, others, joining)
         p.last_split = {}  # consumed
-        return pulled
+        return await self._adopt_passing(found[PayloadKind.BLOCK_STATE], found[PayloadKind.EMBEDDING_STATE], joining)
+
+    async def _candidates(
+        self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord], others: list[PeerRecord], joining: bool
+    ) -> list[Candidate]:
+        """The states of one part this sync may adopt, pulled and validated, none adopted: the re-sync target
+        (reference, diverged majority, split round) or the rejoin rule's state, then a joiner's other candidates."""
+        p = self.peer
+        weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+        if kind.delta in p.last_split:  # a round was merged since the last sync: were we isolated in it?
+            alone = not p.last_split[kind.delta][0] and bool(pool)
+            self.isolated[kind.delta] = self.isolated[kind.delta] + 1 if alone else 0
+            if p.last_split[kind.delta][0]:  # merged with others: what we hold now is a state we agreed on
+                with p.state.lock:
+                    self.agreed[kind.delta] = dict(p.base(kind.delta)[0])
+        history = self.history[kind.part]
+        history[me.round] = weights(me)
+        for old in sorted(history)[:-HISTORY_ROUNDS]:
+            del history[old]
+        ref = reference(me, agreeing(pool, weights), weights)
+        majority = diverged_majority(me, pool, history, weights) if ref.peer_id == me.peer_id else None
+        if majority is not None:  # we trained apart (a partition) and are ahead: join the majority
+            logger.warning(
+                "%s the %s of the majority (round %d) differs from ours (round %d): rejoining it",
+                p.tag,
+                kind.part,
+                majority.round,
+                me.round,
+            )
+            ref = majority
+        elif ref.peer_id != me.peer_id and not round_backed(ref.round, others):
+            logger.warning(
+                "%s not adopting the %s of %s: too few of the swarm's signed records announce its round %d",
+                p.tag,
+                kind.part,
+                ref.peer_id[-6:],
+                ref.round,
+            )
+            ref = me
+        found: list[Candidate] = []
+        target: PeerRecord | None = ref
+        expect: tuple[str, int] | None = (weights(ref), ref.round)
+        if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
+            target = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
+            expect = None  # the signed deltas said where it is; its state must hash as it signs
+            if target is None and self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS:
+                fresh = await self._rejoin(kind, pool)
+                found += [fresh] if fresh is not None else []
+        if target is not None and self.refusals.refused(weights(target), target.peer_id):
+            logger.debug("%s not pulling the %s of %s again: refused", p.tag, kind.part, target.peer_id[-6:])
+        elif target is not None:
+            limit = me.round + p.cfg.max_round_jump
+            apart = majority is not None or expect is None  # rejoining a majority, or a split round's move
+            got = await self._try_fetch(target, kind, expect, limit, back=majority is not None, apart=apart)
+            found += [got] if got is not None else []
+        if joining:
+            found += await self._join_candidates(kind, me, pool, others, {c.weights for c in found})
+        return [c for c in found if not self.refusals.refused(c.weights)]
+
+    async def _join_candidates(
+        self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord], others: list[PeerRecord], have: set[str]
+    ) -> list[Candidate]:
+        """A joiner's other candidates: the distinct states several peers announce (quorum.candidates), pulled
+        concurrently, at most JOIN_CANDIDATES of the part in all (the `have` ones count)."""
+        p = self.peer
+        weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+
+        def can_pull(r: PeerRecord) -> bool:
+            fresh = weights(r) not in have and not self.refusals.refused(weights(r), r.peer_id)
+            return bool(r.address) and p.usable(r) and fresh
+
+        picked = candidates(me, pool, weights, max(0, JOIN_CANDIDATES - len(have)), can_pull, swarm=others)
+        limit = me.round + p.cfg.max_round_jump
+        got = await asyncio.gather(*(self._try_fetch(r, kind, (weights(r), r.round), limit) for r in picked))
+        return [c for c in got if c is not None]
+
+    async def _try_fetch(
+        self,
+        peer: PeerRecord,
+        kind: PayloadKind,
+        expect: tuple[str, int] | None,
+        limit: int,
+        back: bool = False,
+        apart: bool = False,
+    ) -> Candidate | None:
+        """_fetch, a failure logged (and an unreachable peer banned) instead of raised; `apart`: Candidate.apart."""
+        p = self.peer
+        try:
+            c = await self._fetch(peer, kind, expect, limit, back)
+            c.apart = apart
+            return c
+        except SwarmdError as exc:
+            logger.warning("%s re-sync of the %s from %s failed: %s", p.tag, kind.part, peer.peer_id[-6:], exc)
+            if not isinstance(exc, (ValidationError, StaleRound)):
+                p.bans.fail(peer.peer_id)
+            return None
+
+    async def _adopt_passing(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> list[str]:
+        """Adopt the candidates of both parts that pass the held-out check (all first ones when not verifying);
+        returns the parts adopted."""
+        if not blocks and not embs:
+            return []
+        if not self.verifying:
+            chosen: tuple[Candidate | None, ...] = (blocks[0] if blocks else None, embs[0] if embs else None)
+        else:
+            verdict = await self._judge(blocks, embs, joining)
+            chosen = verdict.chosen or ()
+        adopted = []
+        for c in chosen:
+            if c is not None:
+                await self._adopt(c)
+                adopted.append(c.kind.part)
+        return adopted
+
+    async def _judge(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> Verdict:
+        """Score every option (adoption.options) on the held-out sample against what we hold and choose; log and
+        count each refusal, and remember it (adoption.Refusals)."""
+        p = self.peer
+        check = p.check
+        assert check is not None  # verifying
+        _, own_block, own_emb = p.state.snapshot()
+        ours = await asyncio.to_thread(check.score, own_block, own_emb)
+        agreed = None
+        if any(c.apart for c in (*blocks, *embs)) and (BLOCK in self.agreed or EMB in self.agreed):
+            then = self.agreed.get(BLOCK, own_block), self.agreed.get(EMB, own_emb)
+            agreed = await asyncio.to_thread(check.score, *then)
+        scored = []
+        for b, e in options(blocks, embs):
+            block, emb = (b.tensors if b else own_block), (e.tensors if e else own_emb)
+            scored.append(((b, e), await asyncio.to_thread(check.score, block, emb)))
+        verdict = choose(scored, ours, p.cfg.adopt_tolerance, joining, agreed)
+        for c, ce, threshold in verdict.refused:
+            p.metrics.refuse_adoption(c.kind.part)
+            for peer_id, announced in c.also_served:
+                self.refusals.add(peer_id, c.weights, announced)
+            if self.refusals.add(c.peer_id, c.weights, c.announced):
+                logger.warning(
+                    "%s refused the %s state of %s (%s, round %d): held-out CE %.4f, ours %.4f%s, limit %.4f",
+                    p.tag,
+                    c.kind.part,
+                    c.source,
+                    c.weights,
+                    c.round,
+                    ce,
+                    verdict.ours,
+                    f" (last agreed {verdict.agreed:.4f})" if verdict.agreed is not None and c.apart else "",
+                    threshold,
+                )
+        return verdict
 
     def _split_reference(self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord]) -> PeerRecord | None:
         """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
@@ -164,34 +298,58 @@ class Agreement:
             raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
         return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
 
-    async def _rejoin(self, kind: PayloadKind, pool: list[PeerRecord]) -> bool:
-        """An isolated peer asks the fresh signed states (swarmd.averaging.rejoin): adopt a fresh quorum's state, or
-        hold still and reconcile with the other members; returns whether a state was adopted."""
+    async def _rejoin(self, kind: PayloadKind, pool: list[PeerRecord]) -> Candidate | None:
+        """An isolated peer asks the fresh signed states (swarmd.averaging.rejoin): a fresh quorum's state, or after
+        holding still the reconciliation of the members; returns the state to adopt (None: none), not adopted.
+
+        Peers whose announced state was refused (verified adoption) are not asked, and a refused fresh state
+        does not count."""
         p = self.peer
         self.isolated[kind.delta] = 0  # one attempt per ISOLATED_ROUNDS isolated rounds
-        peers = sorted((r for r in pool if r.address and p.usable(r)), key=lambda r: r.peer_id)[: rejoin.MAX_PULLS]
+        announced = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+        askable = (r for r in pool if r.address and p.usable(r) and not self.refusals.refused(announced(r), r.peer_id))
+        peers = sorted(askable, key=lambda r: r.peer_id)[: rejoin.MAX_PULLS]
+        named = {r.peer_id: announced(r) for r in peers}
         need = quorum(len({r.peer_id for r in pool}))
         prev: dict[str, tuple[int, str]] | None = None
         settled: tuple = ()
         for _ in range(rejoin.HOLD_TRIES):
             answers = await asyncio.gather(*(self._fresh_state(r, kind) for r in peers), return_exceptions=True)
-            fresh = {h.peer_id: (h, t) for a in answers if not isinstance(a, BaseException) for h, t in (a,)}
+            fresh = {
+                h.peer_id: (h, t)
+                for a in answers
+                if not isinstance(a, BaseException)
+                for h, t in (a,)
+                if not self.refusals.refused(h.weights)
+            }
             round, block, emb = p.state.snapshot()
             own_hash = p.state.block_hash if kind.is_block else p.state.emb_hash
             mine = rejoin.Held(p.me.peer_id, round, own_hash, p.me.client_mode)
             target = rejoin.fresh_majority(mine, [h for h, _ in fresh.values()], need)
             if target is not None:
-                await self._adopt_fresh(kind, fresh[target.peer_id][1], target.round, "a quorum's fresh signed state")
-                return True
+                tensors, what = fresh[target.peer_id][1], "a quorum's fresh signed state"
+                group = tuple((pid, named[pid]) for pid, (h, _) in fresh.items() if h.key == target.key)
+                return Candidate(
+                    kind,
+                    target.peer_id,
+                    target.weights,
+                    target.round,
+                    tensors,
+                    back=True,
+                    rejoined=what,
+                    announced=named[target.peer_id],
+                    also_served=tuple(g for g in group if g[0] != target.peer_id),
+                    apart=True,
+                )
             if any(h.key == mine.key for h, _ in fresh.values()):
-                return False  # others hold our weights: a group larger than ours would have been adopted above
+                return None  # others hold our weights: a group larger than ours would have been adopted above
             members = {**fresh, mine.peer_id: (mine, block if kind.is_block else emb)}
             if len(members) < 3:
-                return False  # fresh_majority decides between two; nothing to reconcile
+                return None  # fresh_majority decides between two; nothing to reconcile
             now = {pid: h.key for pid, (h, _) in members.items()}
             if prev is not None and rejoin.stable(prev, now, settled[1:]):
-                await self._adopt_fresh(kind, settled[0], settled[1], f"the reconciliation of {len(prev)} members")
-                return True
+                what = f"the reconciliation of {len(prev)} members"
+                return Candidate(kind, "", settled[2], settled[1], settled[0], back=True, rejoined=what, apart=True)
             prev = now
             states, rounds = (
                 {pid: t for pid, (_, t) in members.items()},
@@ -205,35 +363,36 @@ class Agreement:
                 len(members),
             )
             await asyncio.sleep(rejoin.HOLD_S)  # hold still: what we serve stays put while the others catch up
-        return False
+        return None
 
-    async def _adopt_fresh(self, kind: PayloadKind, tensors: dict[str, torch.Tensor], round: int, what: str) -> None:
-        """Adopt a state the rejoin rule chose, the round counter moving back to it or at most max_round_jump ahead."""
+    async def _adopt(self, c: Candidate) -> None:
+        """Adopt a candidate with its round: forward to it (at most its round_limit, default max_round_jump ahead),
+        or back to it too for a `back` one (a majority we ran ahead of, a rejoin rule's state)."""
         p = self.peer
-        new_round = min(round, p.state.round + p.cfg.max_round_jump)
-        block, emb = (tensors, None) if kind.is_block else (None, tensors)
-        await asyncio.to_thread(p.state.adopt, block, emb, new_round)
-        p.ef[kind.delta].reset()
-        logger.warning("%s rejoined: adopted the %s of %s (round %d)", p.tag, kind.part, what, new_round)
+        limit = c.round_limit if c.round_limit is not None else p.state.round + p.cfg.max_round_jump
+        new_round = min(c.round, limit) if c.back else max(p.state.round, min(c.round, limit))
+        if new_round < c.round:
+            logger.warning("%s round counter capped at %d (the swarm says %d)", p.tag, new_round, c.round)
+        block, emb = (c.tensors, None) if c.kind.is_block else (None, c.tensors)
+        momentum = {"block" if c.kind.is_block else "emb": c.momentum} if c.momentum else None
+        await asyncio.to_thread(p.state.adopt, block, emb, new_round, momentum)
+        p.ef[c.kind.delta].reset()
+        self.agreed[c.kind.delta] = c.tensors  # what others hold
+        if c.rejoined:
+            logger.warning("%s rejoined: adopted the %s of %s (round %d)", p.tag, c.kind.part, c.rejoined, new_round)
+            return
+        p.anchors[c.kind.delta].clear()  # the adopted state is what the quorum shares: our anchor again
+        logger.info("%s adopted the %s of %s (round %d)", p.tag, c.kind.part, c.source, c.round)
 
-    async def pull(
+    async def _fetch(
         self,
         peer: PeerRecord,
         kind: PayloadKind,
         expect: tuple[str, int] | None = None,
         round_limit: int | None = None,
         back: bool = False,
-    ) -> None:
-        """Download a peer's block or embedding state (signed, validated) and adopt it with its round.
-
-        :param kind: PayloadKind.BLOCK_STATE or PayloadKind.EMBEDDING_STATE
-        :param expect: (weights hash, round) the quorum's signed records announce: the state must hash to it
-            and carry that round (None: it must hash to what its own signed header says)
-        :param round_limit: the round counter never moves past this (default: cfg.max_round_jump ahead)
-        :param back: the round counter may move back to the state's (rejoining a majority we ran ahead of)
-        :raises ValidationError: unsigned, not from `peer`, or not the announced weights; StaleRound: the
-            peer has moved to another round since its record
-        """
+    ) -> Candidate:
+        """Download a peer's block or embedding state (signed, validated) as a Candidate, not adopted (see pull)."""
         p = self.peer
         outer = p.state.outer is not None  # adopt the reference's outer buffer with its weights
         enc = await self._pull_signed(peer, kind, outer_state=outer)
@@ -250,16 +409,45 @@ class Agreement:
             p.check_norm(momentum, kind.delta, 1.0 / (1.0 - p.cfg.outer_momentum))
         if (got := await asyncio.to_thread(weights_hash, tensors)) != want_hash:
             raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
-        block, emb = (tensors, None) if kind.is_block else (None, tensors)
-        limit = round_limit if round_limit is not None else p.state.round + p.cfg.max_round_jump
-        new_round = min(want_round, limit) if back else max(p.state.round, min(want_round, limit))
-        if new_round < want_round:
-            logger.warning("%s round counter capped at %d (the swarm says %d)", p.tag, new_round, want_round)
-        part = "block" if kind.is_block else "emb"
-        await asyncio.to_thread(p.state.adopt, block, emb, new_round, {part: momentum} if momentum else None)
-        p.ef[kind.delta].reset()
-        p.anchors[kind.delta].clear()  # the adopted state is what the quorum shares: our anchor again
-        logger.info("%s adopted the %s of %s (round %d)", p.tag, kind.part, peer.peer_id[-6:], enc.header.round)
+        announced = peer.base_hash if kind.is_block else peer.emb_hash
+        return Candidate(
+            kind,
+            peer.peer_id,
+            want_hash,
+            want_round,
+            tensors,
+            momentum,
+            back=back,
+            round_limit=round_limit,
+            announced=announced,
+        )
+
+    async def pull(
+        self,
+        peer: PeerRecord,
+        kind: PayloadKind,
+        expect: tuple[str, int] | None = None,
+        round_limit: int | None = None,
+        back: bool = False,
+    ) -> None:
+        """Download a peer's block or embedding state (signed, validated), check it on the held-out sample with the
+        other part we hold (verified adoption on), and adopt it with its round.
+
+        :param kind: PayloadKind.BLOCK_STATE or PayloadKind.EMBEDDING_STATE
+        :param expect: (weights hash, round) the quorum's signed records announce: the state must hash to it
+            and carry that round (None: it must hash to what its own signed header says)
+        :param round_limit: the round counter never moves past this (default: cfg.max_round_jump ahead)
+        :param back: the round counter may move back to the state's (rejoining a majority we ran ahead of)
+        :raises ValidationError: unsigned, not from `peer`, not the announced weights, or refused by the held-out
+            check; StaleRound: the peer has moved to another round since its record
+        """
+        c = await self._fetch(peer, kind, expect, round_limit, back)
+        c.apart = back
+        if self.verifying:
+            verdict = await self._judge([c] if kind.is_block else [], [] if kind.is_block else [c], joining=False)
+            if verdict.chosen is None:
+                raise ValidationError(f"the held-out check refused the {kind.part} state of {peer.peer_id[-6:]}")
+        await self._adopt(c)
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""

@@ -22,7 +22,9 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     records announce; with at most k peers the round is the all-to-all one, bit for bit;
   - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
     is collected;
-  - the merge and its landing are swarmd.averaging.merge's.
+  - the merge, its loss check and its landing are swarmd.averaging.merge's; must_pass (probation) and leave_out
+    (suspects) are the peer ids the trust rules hand the check (empty: every accepted delta counts, unchecked
+    unless the merged candidate fails).
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ class MergeReport:
     deadline_s: float
     seconds: float  # from own delta ready to merge
     premerge_distance: float  # max relative distance between own live block and an accepted replica before the merge
+    # the loss check (swarmd.averaging.merge): whether the merge fell back to the deltas that pass one by one, the
+    # peers whose delta passed / failed such a check (failed: kept out), and the seconds it took
+    fell_back: bool = False
+    passed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    check_s: float = 0.0
 
     @property
     def participation(self) -> float:
@@ -158,6 +166,8 @@ class Exchange:
         self.deadline = DeadlinePolicy(peer.cfg)
         self.current: Round | None = None
         self._opened = asyncio.Condition()
+        self.must_pass: set[str] = set()  # peers whose deltas count only when they pass the one-by-one loss check
+        self.leave_out: set[str] = set()  # peers whose deltas do not count (nothing sets these two yet)
 
     async def open_round(self) -> None:
         """Start accepting deltas for the round we are about to train (call after sync)."""
@@ -399,8 +409,8 @@ class Exchange:
             rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
         )
         premerge = await self._premerge(rs)
-        merged = await merge_parts(p, rs.round, rs.own, rs.inbox)
-        await apply_merged(p, merged, rs.members, rs.exact)
+        merged = await merge_parts(p, rs.round, rs.own, rs.inbox, must_pass=self.must_pass, leave_out=self.leave_out)
+        await apply_merged(p, merged.parts, rs.members, rs.exact)
         seconds = time.monotonic() - rs.ready_at
         p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = MergeReport(
@@ -413,6 +423,10 @@ class Exchange:
             deadline_s,
             seconds,
             premerge,
+            merged.fell_back,
+            sorted(merged.passed),
+            sorted(merged.failed),
+            merged.check_s,
         )
         p.metrics.end_round(
             report.participation,
@@ -420,6 +434,8 @@ class Exchange:
             round=rs.round,
             premerge_distance=premerge,
             deadline_s=deadline_s,
+            check_s=merged.check_s,
+            fell_back=float(merged.fell_back),
             accepted=len(accepted[BLOCK]) + len(accepted[EMB]),
             expected=expected_n,
             at_s=p.metrics.uptime_s,

@@ -23,7 +23,11 @@ from swarmd.core.data import ByteData
 from swarmd.core.model import block_interval, denoise, noisy_targets
 from swarmd.core.train import init_block, init_embedding, seed_for
 
-HELDOUT_SEQUENCES = 4  # windows in the held-out sample (cost: one forward of this batch per score)
+# windows in the held-out sample (cost: one forward of this batch per score). 16, not 4: at benchmarks/swarm.py's
+# config 4 windows (256 bytes) made 1 of 48 honest merges fall back and refuse 5 honest deltas, 8-32 none; with 16
+# the merge check takes ~10 ms a round: 3% of the round's local steps alone, 0.8% of swarm.py's median round
+# (benchmarks/merge_check.py, benchmarks/results/merge_check.json)
+HELDOUT_SEQUENCES = 16
 
 Tensors = dict[str, torch.Tensor]
 

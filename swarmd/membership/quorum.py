@@ -5,6 +5,7 @@ agreeing()          the records whose (round, weights) a quorum announces: the o
 round_backed()      whether a quorum of the whole swarm's records announces a round (a lone block record is not)
 rank(), reference() the reference of a part: highest round, then the largest group, then server mode, peer id
 diverged_majority() the majority a peer that trained apart (a partition) rejoins, even at a lower round
+candidates()        the distinct states a joiner pulls to compare on its held-out sample (issue 21), bounded
 
 The records given are the signed ones (swarmd.membership.trust.is_valid); nothing here checks signatures,
 does I/O or imports torch. swarmd.averaging.agreement applies these rules to a peer's re-sync.
@@ -67,6 +68,41 @@ def diverged_majority(
         dialable = [r for r in latest.values() if (r.round, key(r)) == (round, weights) and r.address]
         return max(dialable, key=rank) if dialable else None
     return None
+
+
+def candidates(
+    me: PeerRecord,
+    others: list[PeerRecord],
+    key: WeightsOf = block_weights,
+    limit: int = 3,
+    can_pull: Callable[[PeerRecord], bool] = lambda r: bool(r.address),
+    swarm: list[PeerRecord] | None = None,
+) -> list[PeerRecord]:
+    """One record per distinct (round, weights) of `others` a joiner may pull to compare (at most `limit`).
+
+    A state counts when two or more distinct peers announce it, or when a quorum of the whole swarm's records
+    (`swarm`, default `others`: round_backed()) announces its round; so one signed stranger alone at a round of
+    its own is never a candidate, while the only peer of a block at the swarm's round is. Not ours; the
+    most-announced states first (ties: the one holding the highest-ranked peer, as reference()), each represented
+    by its highest-ranked record that can_pull() accepts (dialable, not banned, not refused). Which state wins is
+    the held-out score's call (swarmd.averaging.adoption), not the count: the count only bounds what is pulled.
+    """
+    latest = {r.peer_id: r for r in others if r.peer_id != me.peer_id}
+    groups: dict[tuple[int, str], list[PeerRecord]] = {}
+    for r in latest.values():
+        groups.setdefault((r.round, key(r)), []).append(r)
+    everyone = others if swarm is None else swarm
+    out: list[PeerRecord] = []
+    for (round, weights), group in sorted(
+        groups.items(), key=lambda kv: (len(kv[1]), max(rank(r) for r in kv[1])), reverse=True
+    ):
+        if len(out) >= limit:
+            break
+        pullable = [r for r in group if can_pull(r)]
+        counts = len(group) >= 2 or round_backed(round, everyone)
+        if counts and (round, weights) != (me.round, key(me)) and pullable:
+            out.append(max(pullable, key=rank))
+    return out
 
 
 def round_backed(round: int, others: list[PeerRecord]) -> bool:
