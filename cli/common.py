@@ -196,13 +196,23 @@ async def open_sweeper(src: SourceOptions, device: str, steps: int | None):
             return None
 
         return sweeper, nothing
+    from swarmd.averaging.delta import decode
+    from swarmd.averaging.state import weights_hash
     from swarmd.membership.discovery import connect_discovery
+    from swarmd.membership.trust import verify_payload
     from swarmd.serve.remote import connect_swarm
+    from swarmd.serve.tiebreak import StateChecks
 
     setup_logging(False)  # hivemind's own log lines (its DHT process's tracebacks) stay off the terminal
 
     return await connect_swarm(
-        list(src.swarm or []), src.swarm_id, connect_discovery, steps=steps, timeout_s=src.timeout_s
+        list(src.swarm or []),
+        src.swarm_id,
+        connect_discovery,
+        steps=steps,
+        timeout_s=src.timeout_s,
+        verify_share=src.verify_share,
+        state_checks=StateChecks(verify_payload, decode, weights_hash),  # tie-breaks by recomputation
     )
 
 

@@ -3,6 +3,9 @@
 Free-running generation needs each new byte as context, so every byte costs one sweep of the block
 stack; each block keeps per-session caches, so a sweep after the prompt processes only the new
 position. Bytes are streamed to the terminal as they are produced (UTF-8, invalid bytes replaced).
+Through a swarm the answers are verified (swarmd.serve.verify); stderr gets one line saying how many hops were
+checked, which peers were dropped (by a majority or a tie-break by recomputation) and which blocks are unverified
+(always with --stats, else when a peer is dropped or a block unverified).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ async def _generate(
         out.flush()
     finally:
         await closer()
+    stats = getattr(sweeper, "stats", None)  # a swarm sweeper's verification counts (swarmd.serve.verify)
+    if stats is not None and (show_stats or stats.dropped or stats.unverified_blocks or stats.apart_blocks):
+        typer.echo(("" if show_stats else "warning: ") + stats.line(), err=True)
     if show_stats:
         rate = len(st.per_byte_s) / st.seconds if st.seconds else 0.0
         typer.echo(

@@ -460,6 +460,15 @@ Checkpoint = Annotated[
     Path | None, flag("--checkpoint", "Run locally from this checkpoint directory instead of a swarm.")
 ]
 Steps = Annotated[int | None, flag("--steps", "Sampler steps (default: one per block).", bounds=AT_LEAST_1)]
+VerifyShare = Annotated[
+    float,
+    flag(
+        "--verify-share",
+        "Swarm: chance a hop is recomputed on a second replica of its block and compared (each replica's first "
+        "answer always is; 0 = range checks only).",
+        bounds=UNIT,
+    ),
+]
 
 
 # -- simulator (blocktrain simulate) ---------------------------------------------------------------
@@ -705,12 +714,18 @@ class PeerOptions(OptionGroup):
 class SourceOptions(OptionGroup):
     """Where score and generate get the model: a swarm (--swarm) or a checkpoint, on --device."""
 
-    DEFAULTS: ClassVar[Mapping[str, Any]] = {"swarm_id": NET.swarm_id, "timeout_s": 30.0, "device": Device.cpu}
+    DEFAULTS: ClassVar[Mapping[str, Any]] = {
+        "swarm_id": NET.swarm_id,
+        "timeout_s": 30.0,
+        "device": Device.cpu,
+        "verify_share": 0.5,  # swarmd.serve.verify.DEFAULT_SHARE (a literal: that module imports torch)
+    }
     swarm: SwarmPeers
     checkpoint: Checkpoint
     swarm_id: SwarmId
     timeout_s: TimeoutS
     device: DeviceOpt
+    verify_share: VerifyShare
 
     @property
     def label(self) -> str:

@@ -3,6 +3,10 @@
 One sweep (one traversal of the block stack) scores a whole batch of seq_len-byte windows; the
 result equals `blocktrain eval` of the same weights and noise seed. cli.common.open_sweeper (shared
 with `blocktrain generate`): --swarm builds a swarmd.serve.remote.RemoteSweeper, --checkpoint a LocalSweeper.
+Through a swarm the answers are verified (swarmd.serve.verify): the output's last line (`verified` in --json)
+says how many hops were checked on a second replica, which peers were dropped, which blocks are unverified, and
+how many ties between two replicas were broken by recomputing the hop from their pulled weights (tiebreaks,
+state_downloads, tiebreak_s in --json).
 """
 
 from __future__ import annotations
@@ -39,12 +43,15 @@ def score(
             raise ConfigError("--max-bytes must be >= 1")
         result = asyncio.run(_score(file, src, dev, steps, seed, max_bytes))
         if json_out:
+            result.pop("verify_line", None)
             print_json(result)
             return
         typer.echo(
             f"ce {result['ce']:.4f} nats/byte  ppl {result['ppl']:.3f}  tokens {result['tokens']}  "
             f"sweeps {result['sweeps']}  ({result['source']})"
         )
+        if "verified" in result:
+            typer.echo(result["verify_line"])
 
 
 async def _score(
@@ -65,6 +72,9 @@ async def _score(
                 / sum(h.block_index == b for h in trace)
                 for b in blocks
             }
+        stats = getattr(sweeper, "stats", None)  # a swarm sweeper's verification counts (swarmd.serve.verify)
+        if stats is not None:
+            result["verified"], result["verify_line"] = stats.summary(), stats.line()
         result["source"] = src.label
         return result
     finally:

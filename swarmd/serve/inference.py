@@ -133,21 +133,38 @@ async def score_windows(
 ) -> dict:
     """From-noise CE (nats/byte) and perplexity of windows (x, y), one sweep per batch.
 
-    Uses swarmd.core.evaluate's noise and batching, so it equals from_noise_ce for the same seed.
+    Uses swarmd.core.evaluate's noise and batching, so it equals from_noise_ce for the same seed. With a sweeper
+    that drops lying peers (RemoteSweeper.tainted_sweeps), every batch a dropped peer took part in is scored again.
     """
     noise = eval_noise(sweeper.cfg, x, seed)
-    total, sweeps, t0 = 0.0, 0, time.perf_counter()
+    t0 = time.perf_counter()
     session = f"score-{uuid.uuid4().hex[:12]}"
+    ce_sum: dict[int, float] = {}  # first window of a batch -> summed CE of its bytes
+    batch_of: list[int] = []  # the session's sweeps in call order -> the batch each scored
+
+    async def score_batch(lo: int) -> None:
+        xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
+        logits = await sweeper.sweep(session, xb, noise[lo : lo + batch_size], 0, False)
+        ce_sum[lo] = float(F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum"))
+        batch_of.append(lo)
+
     try:
         for lo in range(0, x.shape[0], batch_size):
-            xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
-            logits = await sweeper.sweep(session, xb, noise[lo : lo + batch_size], 0, False)
-            total += float(F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum"))
-            sweeps += 1
+            await score_batch(lo)
+        tainted = getattr(sweeper, "tainted_sweeps", None)  # a swarm sweeper: sweeps that used a peer dropped later
+        superseded: set[int] = set()  # sweep indices whose batch was scored again
+        while tainted is not None:
+            bad = [k for k in tainted(session) if k not in superseded]
+            if not bad:
+                break
+            superseded.update(bad)
+            for lo in sorted({batch_of[k] for k in bad}):  # the dropped peer is routed around now
+                await score_batch(lo)
     finally:
         await sweeper.end_session(session)
+    sweeps = len(batch_of)
     tokens = y.numel()
-    ce = total / tokens
+    ce = sum(ce_sum.values()) / tokens
     seconds = time.perf_counter() - t0
     return {
         "ce": ce,

@@ -1,15 +1,19 @@
 """Swarm inference client: route each sampler step to a peer holding its block, with failover.
 
-Owns:
-  - `BlockRouter`: finds the holders of every block through a Discovery (anything with find /
-    find_all, e.g. swarmd.membership.discovery's), probes each once for its round-trip time, then picks one
-    peer per block by latency EMA x (1 + calls this client has in flight to it); a peer that fails or
-    stalls is banned for an exponentially growing period (swarmd.backoff) and the next replica is used;
+Owns (the choice of replica is swarmd.serve.routing's BlockRouter, re-exported here):
   - `RemoteSweeper`: the swarm implementation of swarmd.serve.inference.Sweeper. One Forward stream per
     (session, block) for the session's life; every hop is timed into `trace`. For cached generation
     it keeps each step's input history (context bytes and z of every cached position) so a peer that
     lacks the session's cache (a fresh replica after failover, or one that evicted it) receives the
     whole prefix again with start_position 0 in the same call;
+  - verification (issue 21; swarmd.serve.verify, swarmd.serve.crosscheck): every answer passes range checks
+    from the sampler math; with a VerifyPolicy, the first answer of every replica in a session and a share of
+    the rest are recomputed on a second replica (majority of three when two disagree; with two of one base and
+    no third, the client recomputes the hop from their pulled, verified weights: swarmd.serve.tiebreak). A peer
+    found lying is dropped for the client's life (`BlockRouter.distrust`) and the sweep is redone without it: a
+    cached session is rebuilt from position 0, since the dropped peer's answers are in other peers' caches; earlier
+    uncached sweeps that used it are named by `tainted_sweeps()` for the caller to redo. A lone holder that
+    answers out of range is refused with a one-line ValidationError;
   - `connect_swarm()`: discovery + model config lookup for the CLI, with one-line errors for an
     unknown swarm or a block that no peer serves; the swarm-wide lookup that finds the config also
     gives the router every block's holders (no lookup per block), all probed at once.
@@ -21,19 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from swarmd.backoff import Backoff
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
 from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError, ValidationError
 from swarmd.protocol import ask_model_config
+from swarmd.serve.crosscheck import CrossChecker
+from swarmd.serve.routing import BlockRouter, Replica, check_coverage, pin_tls
+from swarmd.serve.tiebreak import StateChecks, TieBreaker
+from swarmd.serve.verify import DEFAULT_SHARE, Answer, VerifyPolicy, VerifyStats, out_of_range
+from swarmd.serve.verify import Hop as HopInput
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -54,129 +61,21 @@ class Hop:
 
 
 @dataclass
-class Replica:
-    record: Any  # swarmd.membership.records.PeerRecord
-    latency_s: float | None = None  # EMA of call round-trip time
-    inflight: int = 0
-
-    @property
-    def address(self) -> str:
-        return self.record.address
-
-    def score(self) -> float:
-        return (self.latency_s if self.latency_s is not None else 1.0) * (1 + self.inflight)
-
-
-class BlockRouter:
-    """One peer per block, by measured latency and load; bans failing peers for a while.
-
-    :param discovery: anything with `async find(block_index) -> list[PeerRecord]`
-    :param client: a PeerClient (needs `async status(address, timeout_s)`)
-    :param probe_timeout_s: deadline of the latency probe of a new replica
-    """
-
-    def __init__(
-        self,
-        discovery,
-        client,
-        config_hash: str,
-        swarm_id: str | None = None,
-        probe_timeout_s: float = 5.0,
-        ban_s: float = 2.0,
-        max_ban_s: float = 60.0,
-        refresh_s: float = 30.0,
-    ):
-        self.discovery, self.client = discovery, client
-        self.config_hash, self.swarm_id = config_hash, swarm_id
-        self.probe_timeout_s, self.refresh_s = probe_timeout_s, refresh_s
-        self.bans = Backoff(base_s=ban_s, max_s=max_ban_s)  # address -> ban of a failing replica
-        self._replicas: dict[int, dict[str, Replica]] = {}
-        self._refreshed: dict[int, float] = {}  # block -> monotonic time of the last discovery lookup
-
-    async def refresh(self, block_index: int) -> list[Replica]:
-        """Look the block's holders up again (new replicas join; stats of known ones are kept)."""
-        self._refreshed[block_index] = time.monotonic()
-        await self._add(block_index, await self.discovery.find(block_index))
-        return list(self._replicas.setdefault(block_index, {}).values())
-
-    async def seed(self, records: list, blocks: range) -> None:
-        """Take the holders of these blocks from one swarm-wide lookup's records (a discovery's find_all), as if
-        each block had just been refreshed: no lookup per block. A block that none of them serves is looked up
-        on its own when chosen (choose refreshes a block with no usable replica)."""
-        now = time.monotonic()
-        for b in blocks:
-            self._refreshed[b] = now
-            await self._add(b, [r for r in records if getattr(r, "block_index", None) == b])
-
-    async def _add(self, block_index: int, records: list) -> None:
-        known = self._replicas.setdefault(block_index, {})
-        for rec in records:
-            if not rec.address or getattr(rec, "client_mode", False):
-                continue  # client-mode peers accept no inbound calls
-            if self.swarm_id and getattr(rec, "swarm_id", "") not in ("", self.swarm_id):
-                continue
-            if getattr(rec, "config_hash", "") not in ("", self.config_hash):
-                continue
-            await pin_tls(self.client, rec)
-            if rec.address in known:
-                known[rec.address].record = rec
-            else:
-                known[rec.address] = Replica(rec)
-
-    async def probe_all(self) -> None:
-        """Probe every known replica not measured yet, all at once (each with probe_timeout_s)."""
-        todo = [r for replicas in self._replicas.values() for r in replicas.values() if r.latency_s is None]
-        await asyncio.gather(*(self._probe(r) for r in todo))
-
-    async def choose(self, block_index: int, exclude: Container[str] = frozenset()) -> Replica:
-        """The best usable replica of a block; raises PeerUnavailable when there is none."""
-        now = time.monotonic()
-        stale = now - self._refreshed.get(block_index, -math.inf) > self.refresh_s
-        for attempt in range(int(stale), 2):
-            replicas = (
-                list(self._replicas.get(block_index, {}).values()) if attempt == 0 else await self.refresh(block_index)
-            )
-            usable = [r for r in replicas if r.address not in exclude and not self.bans.banned(r.address, now)]
-            for r in usable:
-                if r.latency_s is None:
-                    await self._probe(r)
-            usable = [r for r in usable if not self.bans.banned(r.address)]
-            if usable:
-                return min(usable, key=Replica.score)
-        where = f" of swarm {self.swarm_id!r}" if self.swarm_id else ""
-        raise PeerUnavailable(f"no reachable peer serves block {block_index}{where}")
-
-    async def _probe(self, replica: Replica) -> None:
-        t0 = time.perf_counter()
-        try:
-            await self.client.status(replica.address, timeout_s=self.probe_timeout_s)
-        except SwarmdError as exc:
-            self.report_failure(replica, exc)
-            return
-        replica.latency_s = time.perf_counter() - t0
-
-    def report_latency(self, replica: Replica, seconds: float) -> None:
-        self.bans.succeed(replica.address)
-        replica.latency_s = seconds if replica.latency_s is None else 0.8 * replica.latency_s + 0.2 * seconds
-
-    def report_failure(self, replica: Replica, exc: BaseException) -> None:
-        ban = self.bans.fail(replica.address)
-        logger.warning(
-            "block %d: peer %s failed (%s); banned for %.1f s",
-            replica.record.block_index,
-            replica.address,
-            exc or type(exc).__name__,
-            ban,
-        )
-
-
-@dataclass
 class _Session:
     streams: dict[int, tuple[Replica, Any]] = field(default_factory=dict)  # block -> (replica, forward stream)
     warm: dict[tuple[str, int], int] = field(default_factory=dict)  # (address, step) -> positions cached there
     x_hist: torch.Tensor | None = None  # (n, positions) context of every cached position
     z_hist: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (n, positions, d) inputs
     m_hist: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (n, positions, message_dim) inputs
+    used: list[set[str]] = field(default_factory=list)  # per finished sweep: addresses whose answers it used
+    current: set[str] = field(default_factory=set)  # addresses whose answers the sweep in flight used
+
+
+class _Redo(Exception):
+    """A peer whose answers this sweep (or a cached session) used was dropped: run the sweep again."""
+
+
+MAX_REDOS = 4  # sweeps redone in a row before giving up (each drops at least one peer)
 
 
 class RemoteSweeper:
@@ -185,6 +84,9 @@ class RemoteSweeper:
     :param hop_delay_s: injected user-space delay awaited before every hop (benchmarks only)
     :param timeout_s: a call slower than this counts as a stalled peer and fails over
     :param max_failovers: replicas tried per step before giving up
+    :param verify: which hops get a second opinion (None: none; range checks always run)
+    :param state_checks: how pulled states are validated (swarmd.serve.tiebreak); None: two replicas of one base
+        that disagree with no third are refused instead of told apart by recomputation
     """
 
     def __init__(
@@ -197,6 +99,8 @@ class RemoteSweeper:
         hop_delay_s: float = 0.0,
         max_failovers: int = 3,
         compress: bool = False,
+        verify: VerifyPolicy | None = None,
+        state_checks: StateChecks | None = None,
     ):
         self.cfg, self.router, self.client = cfg, router, client
         self.config_hash = cfg.config_hash()
@@ -211,6 +115,12 @@ class RemoteSweeper:
         self.failovers = 0
         self._sessions: dict[str, _Session] = {}
         self._closing: set[asyncio.Future] = set()  # streams of failed replicas being closed
+        self.verify = verify or VerifyPolicy(share=0.0)
+        self.stats = VerifyStats()
+        tiebreaker = None
+        if state_checks is not None:  # two replicas of one base that disagree: recompute the hop from their weights
+            tiebreaker = TieBreaker(cfg, client, router.swarm_id or "", state_checks, self.stats, max(timeout_s, 60.0))
+        self.checker = CrossChecker(cfg, router, client, self.verify, self.stats, self._unpack, timeout_s, tiebreaker)
 
     def session_routes(self) -> dict[str, dict[int, str]]:
         """Open sessions -> block index -> address of the replica its forward stream goes to (a copy)."""
@@ -226,21 +136,51 @@ class RemoteSweeper:
             held = 0 if sess.x_hist is None else sess.x_hist.shape[1]
             if held != start_position:
                 raise ValueError(f"session {session_id} holds {held} positions; asked to continue at {start_position}")
+        xs, zs, start = x, z, start_position
+        for _ in range(MAX_REDOS + 1):
+            try:
+                out = await self._sweep_once(session_id, sess, xs, zs, start, use_cache)
+            except _Redo:
+                self.stats.redone_sweeps += 1
+                if use_cache and sess.x_hist is not None and start > 0:  # rebuild every cache from clean inputs
+                    xs, zs, start = torch.cat([sess.x_hist, x], 1), torch.cat([sess.z_hist[0], z], 1), 0
+                    sess.warm = {}
+                continue
+            if use_cache and start == 0:  # every cache was rebuilt: earlier sweeps' answers are in none of them
+                sess.used = []
+            sess.used.append(sess.current)
+            return out[:, -x.shape[1] :]
+        raise PeerUnavailable(f"dropped peers in {MAX_REDOS} sweeps in a row; giving up")
+
+    async def _sweep_once(
+        self, session_id: str, sess: _Session, x: torch.Tensor, z: torch.Tensor, start: int, use_cache: bool
+    ) -> torch.Tensor:
+        """One traversal of the plan; the session's input history is changed only when it completes."""
+        sess.current = set()
         out, message = None, None  # message: what the previous step hands this one besides z (None at step 0)
+        inputs: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
         for i, (b, sigma, sigma_next) in enumerate(self.plan):
             out, message_next = await self._step(
-                session_id, sess, i, b, sigma, sigma_next, x, z, message, start_position, use_cache
+                session_id, sess, i, b, sigma, sigma_next, x, z, message, start, use_cache
             )
-            if use_cache:
-                _remember(sess.z_hist, i, z, start_position)
-                if message is not None:
-                    _remember(sess.m_hist, i, message, start_position)
+            inputs.append((i, z, message))
             z, message = out, message_next
-        if use_cache:
-            sess.x_hist = x if sess.x_hist is None or start_position == 0 else torch.cat([sess.x_hist, x], dim=1)
         if out is None:
             raise RuntimeError("the sampler plan has no steps")
+        if use_cache:
+            for i, zi, mi in inputs:
+                _remember(sess.z_hist, i, zi, start)
+                if mi is not None:
+                    _remember(sess.m_hist, i, mi, start)
+            sess.x_hist = x if sess.x_hist is None or start == 0 else torch.cat([sess.x_hist, x], dim=1)
         return out
+
+    def tainted_sweeps(self, session_id: str) -> list[int]:
+        """Indices (in call order) of the session's finished sweeps that used a peer dropped since."""
+        sess = self._sessions.get(session_id)
+        if sess is None:
+            return []
+        return [k for k, used in enumerate(sess.used) if used & self.router.distrusted.keys()]
 
     async def _step(
         self,
@@ -281,6 +221,7 @@ class RemoteSweeper:
             req.z.CopyFrom(to_proto(zs.float(), self.compress))
             if ms is not None:
                 req.message.CopyFrom(to_proto(ms.float(), self.compress))
+            check = self.checker.start(session_id, b, replica, *self._uncached(req, sess, i, x, z, message, start))
             t0 = time.perf_counter()
             replica.inflight += 1
             try:
@@ -292,25 +233,87 @@ class RemoteSweeper:
                 self._drop_stream(sess, b, replica, exc)
                 tried.add(replica.address)
                 self.failovers += 1
+                _cancel(check)
                 continue
             except SessionMissing:
+                _cancel(check)
                 if resend:
                     raise
                 sess.warm.pop((replica.address, i), None)  # the peer evicted our cache: re-send to it
                 continue
+            except BaseException:
+                _cancel(check)
+                raise
             finally:
                 replica.inflight -= 1
             seconds = time.perf_counter() - t0
             self.router.report_latency(replica, seconds)
-            out, message_out = self._unpack(reply, xs.shape, sigma_next is None)
+            try:
+                out, message_out = self._unpack(reply, xs.shape, sigma_next is None)
+                why = out_of_range(self.cfg, HopInput(zs, sigma, sigma_next), Answer(out, message_out))
+            except ValidationError as exc:  # wrong shape or dtype, NaN or inf: no honest peer sends it
+                why = f"a malformed answer ({exc})"
+            if why:
+                _cancel(check)
+                if not self.checker.others(b, {replica.address}):
+                    raise ValidationError(
+                        f"block {b}: {replica.address}, the only peer serving it, sent {why}; "
+                        "refusing an unverifiable answer"
+                    )
+                if self._drop(sess, replica, f"sent {why}", use_cache):
+                    raise _Redo
+                last_exc = ValidationError(why)
+                tried.add(replica.address)
+                continue
             self.trace.append(Hop(i, b, replica.address, xs.numel(), seconds, reply.compute_s, resend))
             if use_cache:
                 sess.warm[(replica.address, i)] = s0 + xs.shape[1]
             if resend:  # the reply covers the re-sent prefix too; the caller wants the new positions
                 out = out[:, -x.shape[1] :]
                 message_out = None if message_out is None else message_out[:, -x.shape[1] :]
+            if check is not None:
+                drops = await self.checker.settle(
+                    check, replica, HopInput(z, sigma, sigma_next), Answer(out, message_out)
+                )
+                tainted = [self._drop(sess, r, why, use_cache) or r is replica for r, why in drops]
+                if any(tainted):
+                    raise _Redo
+                if drops:  # the checker was the liar: is anybody left to check this block?
+                    self.checker.lone(b, replica.address)
+            sess.current.add(replica.address)
+            self.stats.hops += 1
             return out, message_out
         raise PeerUnavailable(f"block {b}: every replica tried failed (last: {last_exc or 'timeout'})")
+
+    def _uncached(self, req: pb.ForwardRequest, sess: _Session, i: int, x, z, message, start: int):
+        """(the hop as one uncached request over the whole prefix, its z): what a checker is asked."""
+        check = pb.ForwardRequest()
+        check.CopyFrom(req)
+        check.session_id, check.start_position, check.use_cache = f"verify-{req.session_id}"[:128], 0, False
+        if req.use_cache and start > 0 and sess.x_hist is not None:  # the cached positions' inputs too
+            x = torch.cat([sess.x_hist, x], 1)
+            z = torch.cat([sess.z_hist[i], z], 1)
+            message = None if message is None else torch.cat([sess.m_hist[i], message], 1)
+            check.context.CopyFrom(to_proto(x.to(torch.uint8), self.compress))
+            check.z.CopyFrom(to_proto(z.float(), self.compress))
+            if message is not None:
+                check.message.CopyFrom(to_proto(message.float(), self.compress))
+        return check, z.float()
+
+    def _drop(self, sess: _Session, replica: Replica, why: str, use_cache: bool) -> bool:
+        """Drop a lying peer for the client's life; whether answers of it are in this sweep (or cached session)."""
+        self.router.distrust(replica.address, why)
+        self.stats.dropped[replica.address] = why
+        for s in self._sessions.values():
+            for b, (held, stream) in list(s.streams.items()):
+                if held.address == replica.address:
+                    del s.streams[b]
+                    task = asyncio.ensure_future(_quiet_close(stream))
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
+            for key in [k for k in s.warm if k[0] == replica.address]:
+                del s.warm[key]
+        return replica.address in sess.current or (use_cache and any(replica.address in u for u in sess.used))
 
     async def _stream(self, session_id: str, sess: _Session, b: int, tried: set[str]):
         held = sess.streams.get(b)
@@ -348,6 +351,7 @@ class RemoteSweeper:
 
     async def end_session(self, session_id: str) -> None:
         sess = self._sessions.pop(session_id, None)
+        self.verify.forget(session_id)
         if sess is None:
             return
         for b, (replica, stream) in sess.streams.items():
@@ -369,6 +373,12 @@ class RemoteSweeper:
     async def close(self) -> None:
         for sid in list(self._sessions):
             await self.end_session(sid)
+        await self.checker.close()
+
+
+def _cancel(check) -> None:
+    if check is not None:
+        check.cancel()
 
 
 async def _quiet_close(stream) -> None:
@@ -394,33 +404,6 @@ async def swarm_model_config(
     return model, records
 
 
-async def pin_tls(client, record) -> None:
-    """A peer whose (signed, verified by discovery) record names a TLS certificate is dialled over TLS pinned
-    to it (PeerClient.pin); one that cannot be pinned is logged and its calls fail like an unreachable peer's."""
-    fingerprint = getattr(record, "tls_fingerprint", "")
-    if fingerprint and record.address and hasattr(client, "pin"):
-        try:
-            await client.pin(record.address, fingerprint)
-        except SwarmdError as exc:
-            logger.warning("cannot pin the TLS certificate of %s: %s", record.address, exc)
-
-
-async def check_coverage(router: BlockRouter, cfg: ModelConfig, records: list | None = None) -> None:
-    """Raise PeerUnavailable naming the first block no reachable peer serves.
-
-    :param records: a swarm-wide lookup's records (swarm_model_config's): the router starts from them, with no
-        lookup per block (None: one lookup per block); every replica is then probed at once
-    """
-    if records is None:
-        for b in range(cfg.blocks):
-            await router.refresh(b)
-    else:
-        await router.seed(records, range(cfg.blocks))
-    await router.probe_all()
-    for b in range(cfg.blocks):
-        await router.choose(b)
-
-
 ConnectDiscovery = Callable[[list[str], str, Callable[[str], Awaitable[Any]]], Awaitable[Any]]
 
 
@@ -431,11 +414,16 @@ async def connect_swarm(
     steps: int | None = None,
     timeout_s: float = 30.0,
     hop_delay_s: float = 0.0,
+    verify_share: float = DEFAULT_SHARE,
+    state_checks: StateChecks | None = None,
 ):
     """(RemoteSweeper, closer) for a swarm reached through multiaddrs or host:port addresses.
 
     :param connect_discovery: async (swarm, swarm_id, status_fn) -> a Discovery, e.g.
         swarmd.membership.discovery.connect_discovery (passed in: serve does not import swarm)
+    :param verify_share: chance a hop is recomputed on a second replica (swarmd.serve.verify; 0: range checks only)
+    :param state_checks: validation of pulled states for tie-breaks by recomputation (swarmd.serve.tiebreak;
+        passed in, e.g. by cli.common: serve does not import membership or averaging)
     The closer ends every session and shuts the client and the discovery down.
     """
     from swarmd.transport.client import PeerClient
@@ -458,7 +446,10 @@ async def connect_swarm(
         await client.close()
         await discovery.shutdown()
         raise
-    sweeper = RemoteSweeper(cfg, router, client, steps, timeout_s, hop_delay_s)
+    policy = VerifyPolicy(verify_share)
+    sweeper = RemoteSweeper(
+        cfg, router, client, steps, timeout_s, hop_delay_s, verify=policy, state_checks=state_checks
+    )
 
     async def closer() -> None:
         await sweeper.close()
