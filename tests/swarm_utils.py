@@ -110,11 +110,13 @@ def memory_swarm(
     deadline_max_s: float = 5.0,
     client_mode: set[int] = frozenset(),
     checks: bool = False,
+    public: bool = False,
     **gossip,
 ) -> tuple[list[Gossip], MemoryTransport, dict]:
     """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board.
 
     :param checks: give every peer a HeldOutCheck on TEXT (swarmd.averaging.validation: verified adoption)
+    :param public: the peers are of a public swarm (swarmd.averaging.standing: probation and the range cap)
     :param gossip: more GossipConfig fields (merge="mean", clip_factor, ...)
     """
     cfg = tiny_model(blocks)
@@ -142,7 +144,9 @@ def memory_swarm(
         )
         metrics = Metrics()
         check = held_out_check(cfg, b) if checks else None
-        g = Gossip(state, transport.dialer(metrics), gcfg, me, metrics, identity=identities[i], check=check)
+        g = Gossip(
+            state, transport.dialer(metrics), gcfg, me, metrics, identity=identities[i], check=check, public=public
+        )
         if me.address:
             peers[me.address] = g
         out.append(g)

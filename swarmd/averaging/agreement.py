@@ -98,6 +98,7 @@ class Agreement:
             if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
         ]
         joining = self.verifying and p.state.round == 0  # fresh weights: compare what the swarm offers
+        others = p.standing.vouched(others, joining=p.state.round == 0)  # identities past probation and the range cap
         found: dict[PayloadKind, list[Candidate]] = {}
         for kind, pool in (
             (PayloadKind.BLOCK_STATE, [r for r in others if r.block_index == me.block_index]),

@@ -50,6 +50,13 @@ class GossipConfig:
     adopt_tolerance: float = 0.05  # refuse to adopt a state that scores worse than what we hold by more than this
     merge_check_tolerance: float = 0.02  # a merge that scores worse than our own delta alone by more than this falls
     # back to the deltas that pass the same check one by one (Zeno)
+    # standing of the others (swarmd.averaging.standing; issue 21). Probation and the range cap: public swarms only
+    probation_rounds: int = (
+        3  # a new identity's deltas merge only when they pass alone until it passed this many rounds
+    )
+    identities_per_range: int = 4  # identities of one /24 (/48) that count; the youngest beyond it are on probation
+    drift_check: bool = True  # leave out a peer whose deviations from the merge keep pointing one way (drift.py)
+    pow_bits: int = 0  # proof of work on the key every record must carry (swarmd.membership.pow; 0 = none)
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -80,6 +87,8 @@ class GossipConfig:
             raise ConfigError("need outer_lr > 0 and 0 <= outer_momentum < 1")
         if not (self.adopt_tolerance >= 0 and self.merge_check_tolerance >= 0):
             raise ConfigError("adopt_tolerance and merge_check_tolerance must be >= 0 (inf: off)")
+        if self.probation_rounds < 0 or self.identities_per_range < 0 or not 0 <= self.pow_bits <= 40:
+            raise ConfigError("need probation_rounds >= 0, identities_per_range >= 0 and pow_bits in [0, 40]")
         if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
         if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part

@@ -32,6 +32,7 @@ from swarmd.averaging.delta import PAYLOAD_SLACK, ErrorFeedback, decode, payload
 from swarmd.averaging.groups import Anchor, norm_bound_factor
 from swarmd.averaging.outer import with_momentum_shapes
 from swarmd.averaging.robust import delta_norm, delta_norm_bound
+from swarmd.averaging.standing import Standing
 from swarmd.averaging.state import BlockState
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.backoff import Backoff
@@ -77,6 +78,7 @@ class PeerContext:
     :param lookup: a fresh discovery lookup (None: only the records given to sync/average are known)
     :param check: the peer's held-out sample that adoptions and merges are scored on (swarmd.averaging.validation;
         None: no loss checks)
+    :param public: a swarm without a key, open to strangers: probation and the range cap apply (standing)
     """
 
     def __init__(
@@ -90,11 +92,13 @@ class PeerContext:
         identity: Identity,
         lookup: Callable[[], Awaitable[list[PeerRecord]]] | None = None,
         check: HeldOutCheck | None = None,
+        public: bool = False,
     ):
         if me.peer_id != identity.peer_id:
             raise ValueError("me.peer_id must be the identity's peer id")
         self.state, self.transport, self.cfg, self.me, self.metrics = state, transport, cfg, me, metrics
         self.identity, self.lookup, self.check = identity, lookup, check
+        self.standing = Standing(me.peer_id, cfg, public, check is not None)  # probation, range cap, drift, work
         self.known: dict[str, PeerRecord] = {}  # peer id -> newest valid signed record seen (sync, average, lookup)
         self._refreshed = 0.0  # monotonic time of the last lookup made for an unknown sender
         self.bans = Backoff(base_s=1.0, max_s=16.0)  # peer id -> ban of an unreachable peer
@@ -194,8 +198,9 @@ class PeerContext:
         return sign_record(rec, self.identity, ttl_s)
 
     def remember(self, records: list[PeerRecord]) -> list[PeerRecord]:
-        """The records signed by the peers they name (others dropped), remembered as the newest known of each peer."""
-        good = [r for r in records if is_valid(r)]
+        """The records signed by the peers they name and carrying the swarm's proof of work (others dropped),
+        remembered as the newest known of each peer."""
+        good = [r for r in records if is_valid(r) and self.standing.usable_record(r)]
         for r in good:
             old = self.known.get(r.peer_id)
             if old is None or r.expires >= old.expires:

@@ -22,9 +22,10 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     records announce; with at most k peers the round is the all-to-all one, bit for bit;
   - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
     is collected;
-  - the merge, its loss check and its landing are swarmd.averaging.merge's; must_pass (probation) and leave_out
-    (suspects) are the peer ids the trust rules hand the check (empty: every accepted delta counts, unchecked
-    unless the merged candidate fails).
+  - the merge, its loss check and its landing are swarmd.averaging.merge's; must_pass (identities on probation or
+    beyond their range's cap) and leave_out (drift suspects) come from the peer's Standing
+    (swarmd.averaging.standing), which every merge's outcome updates (empty: every accepted delta counts,
+    unchecked unless the merged candidate fails).
 """
 
 from __future__ import annotations
@@ -166,8 +167,6 @@ class Exchange:
         self.deadline = DeadlinePolicy(peer.cfg)
         self.current: Round | None = None
         self._opened = asyncio.Condition()
-        self.must_pass: set[str] = set()  # peers whose deltas count only when they pass the one-by-one loss check
-        self.leave_out: set[str] = set()  # peers whose deltas do not count (nothing sets these two yet)
 
     async def open_round(self) -> None:
         """Start accepting deltas for the round we are about to train (call after sync)."""
@@ -409,7 +408,19 @@ class Exchange:
             rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
         )
         premerge = await self._premerge(rs)
-        merged = await merge_parts(p, rs.round, rs.own, rs.inbox, must_pass=self.must_pass, leave_out=self.leave_out)
+        senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
+        must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
+        merged = await merge_parts(p, rs.round, rs.own, rs.inbox, must_pass=must_pass, leave_out=leave_out)
+        await asyncio.to_thread(
+            p.standing.observe,
+            rs.round,
+            rs.own,
+            rs.inbox,
+            merged.parts,
+            merged.merged_from,
+            merged.passed,
+            merged.failed,
+        )
         await apply_merged(p, merged.parts, rs.members, rs.exact)
         seconds = time.monotonic() - rs.ready_at
         p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}

@@ -48,6 +48,7 @@ from swarmd.core.train import seed_for
 from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
+from swarmd.membership.pow import solve_pow
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import verified
 from swarmd.metrics import Metrics, failure_reason
@@ -154,7 +155,8 @@ class Daemon:
         record = (self.peer_id, self.address, block, 0, 0.0, config_hash, "", net.client_mode, net.swarm_id)
         fingerprint = tls_fingerprint(self.tls, self.server is not None)  # pins our cert
         # pinned: an explicit --block never moves (swarmd.membership.balance); --block auto may
-        self.me = PeerRecord(*record, tls_fingerprint=fingerprint, pinned=c.block >= 0)
+        work = await asyncio.to_thread(solve_pow, self.identity.public_key, c.gossip.pow_bits)  # 0 bits: at once
+        self.me = PeerRecord(*record, tls_fingerprint=fingerprint, pinned=c.block >= 0, pow_nonce=work or 0)
         self.data = data
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
         self.use_state(state, resume=(state.round,) if resumed else ())
@@ -191,6 +193,7 @@ class Daemon:
             identity=self.identity,
             lookup=self.records,
             check=check,
+            public=self.swarm_key is None,  # strangers may join: probation and the range cap (standing)
         )
         if self.presence is None:
             self.presence = Presence(self.discovery, self.gossip, self.client, self.metrics, c.net, self.stopping)
