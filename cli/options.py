@@ -319,6 +319,57 @@ MinPeers = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
+AdoptTolerance = Annotated[
+    float,
+    flag(
+        "--adopt-tolerance",
+        "Refuse to adopt a peer's state that scores worse on this peer's held-out sample than what it holds by "
+        "more than this many nats, whatever number of records backs it (1e9 = no check).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
+]
+MergeCheckTolerance = Annotated[
+    float,
+    flag(
+        "--merge-check-tolerance",
+        "A round's merge that scores worse on the held-out sample than this peer's own delta alone by more than "
+        "this many nats (plus half of its own progress) falls back to the deltas that pass one by one (1e9 = no "
+        "check).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
+]
+ProbationRounds = Annotated[
+    int,
+    flag(
+        "--probation-rounds",
+        "Public swarm: a new identity's deltas merge only when they pass the held-out check alone, and its "
+        "records do not count towards a re-sync, until it passed this many rounds (0 = no probation).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
+]
+IdentitiesPerRange = Annotated[
+    int,
+    flag(
+        "--identities-per-range",
+        "Public swarm: identities whose records name one IPv4 /24 (IPv6 /48) that count; the youngest beyond "
+        "are treated as on probation (0 = no cap).",
+        S,
+        bounds=AT_LEAST_0,
+    ),
+]
+PowBits = Annotated[
+    int,
+    flag(
+        "--pow-bits",
+        "Proof of work every peer's key must carry, in leading zero bits of a hash (a swarm setting: every peer "
+        "must use the same; 20 bits take about a second once at start; 0 = none).",
+        S,
+        bounds=Bounds(0, 40),
+    ),
+]
 KeepTrying = Annotated[
     bool,
     flag(
@@ -610,6 +661,11 @@ class PeerOptions(OptionGroup):
         "group_size": GOSSIP.group_size,
         "group_full_every": GOSSIP.group_full_every,
         "keep_trying": DAEMON.keep_trying,
+        "adopt_tolerance": GOSSIP.adopt_tolerance,
+        "merge_check_tolerance": GOSSIP.merge_check_tolerance,
+        "probation_rounds": GOSSIP.probation_rounds,
+        "identities_per_range": GOSSIP.identities_per_range,
+        "pow_bits": GOSSIP.pow_bits,
     }
     data: Data
     device: DeviceOpt
@@ -643,6 +699,11 @@ class PeerOptions(OptionGroup):
     group_size: GroupSize
     group_full_every: GroupFullEvery
     keep_trying: KeepTrying
+    adopt_tolerance: AdoptTolerance
+    merge_check_tolerance: MergeCheckTolerance
+    probation_rounds: ProbationRounds
+    identities_per_range: IdentitiesPerRange
+    pow_bits: PowBits
 
     def check(self, train: TrainOptions, initial_peers: list[str]) -> None:
         """Build what config() builds but the model-dependent part (ConfigError): for join, before the swarm's
@@ -669,6 +730,11 @@ class PeerOptions(OptionGroup):
             overlap_steps=self.overlap_steps,
             group_size=self.group_size,
             group_full_every=self.group_full_every,
+            adopt_tolerance=self.adopt_tolerance,
+            merge_check_tolerance=self.merge_check_tolerance,
+            probation_rounds=self.probation_rounds,
+            identities_per_range=self.identities_per_range,
+            pow_bits=self.pow_bits,
         )
         net = NetConfig(
             swarm_id=self.swarm_id,
