@@ -119,6 +119,23 @@ class MetricsCollector(Collector):
         for reason in sorted(set(REJECT_REASONS) | set(by_reason)):
             rejected.add_metric([*self.label_values, reason], by_reason.get(reason, 0))
         yield rejected
+        yield self._counter("merge_checks", "Merges scored on the held-out sample before landing.", m.merge_checks)
+        yield self._counter(
+            "merge_fallbacks",
+            "Merges that scored above their bound and fell back to the deltas that pass.",
+            m.merge_fallbacks,
+        )
+        yield self._counter(
+            "merge_refused_deltas", "Peer deltas the held-out check kept out of a merge.", m.merge_refused
+        )
+        refused = CounterMetricFamily(
+            f"{PREFIX}_adoptions_refused",
+            "Pulled states the held-out check refused to adopt, by part.",
+            labels=[*self.label_names, "part"],
+        )
+        for part in ("block", "embedding"):
+            refused.add_metric([*self.label_values, part], dict(m.adoptions_refused).get(part, 0))
+        yield refused
         yield self._histogram(
             "exchange_duration_seconds", "Wall time of the delta exchanges this peer dialled.", m.exchange_s
         )
