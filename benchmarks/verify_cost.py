@@ -9,6 +9,8 @@ cost of one tie-break by recomputation (swarmd.serve.tiebreak): two signed repli
 that turns after its first hop, and no third.
 
     python benchmarks/verify_cost.py [--device cuda] [--d-model 64] [--blocks 4] [--windows 256]
+
+Prints and writes the report to benchmarks/results/verify_cost.json (--out).
 """
 
 from __future__ import annotations
@@ -229,6 +231,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--tiebreak-only", action="store_true", help="only the two-replica liar case (tie-break cost)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "verify_cost.json")
     a = ap.parse_args()
     cfg = ModelConfig(
         blocks=a.blocks, layers_per_block=2, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
@@ -246,6 +249,8 @@ def main() -> None:
         ]
     report["two_replica_liar_tiebreak"] = asyncio.run(tiebreak_cost(cfg, blocks, emb, x, y, a.batch_size))
     print(json.dumps(report, indent=2))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
