@@ -44,7 +44,7 @@ class NetConfig:
     # what one caller can hold on our gRPC server (swarmd.transport.limits); excess is RESOURCE_EXHAUSTED at once
     max_streams: int = 64  # ExchangeDeltas + PullState streams served at once, all callers (0 = no cap)
     max_streams_per_peer: int = 32  # ... from one caller host (0 = no cap)
-    forward_rate: float = 2000.0  # Forward request units (64 KiB) per second per caller host (0 = no limit)
+    forward_rate: float = 2000.0  # Forward request units (64 KiB) per second per caller identity, 2x per host (0 = off)
     forward_burst: float = 4000.0  # ... with bursts up to this many
     serve_cache_bytes: int = 512 << 20  # KV caches of all Forward sessions and sampler steps together (LRU)
 
