@@ -19,6 +19,10 @@ DHT on loopback; the partition row: three network namespaces, tests/netns_utils.
   checkpoint dir        a replica's checkpoint dir on a small tmpfs, remounted read-only for a while
   SIGTERM / kill -9     to a daemon's process group / its main process / its DHT process; kill -9 during
                         checkpoint writes, N times, each followed by a restart from the checkpoint dir
+  insider ROW           issue 21: signed insiders running the real daemon with a changed delta, state or Forward
+                        answer (drift 1 of 4, majority poison 3 of 5, poisoned state 3 of 5 + a joiner, lying
+                        Forward, flood): benchmarks/insiders.py's rows and table (`--only insider --merge`;
+                        `--insiders drift,poison,state,forward,flood` picks some)
 Writes benchmarks/results/adversary.json (one row per fault: name, survived, evidence, ce, ce_clean,
 ce_delta, data_lost) and the markdown fragment benchmarks/results/ISSUE9_adversary.md:
 
@@ -993,8 +997,14 @@ def parse_args(argv=None):
     p.add_argument("--partition-s", type=float, default=30.0)
     p.add_argument("--readonly-s", type=float, default=15.0)
     p.add_argument(
-        "--only", default="", help="comma-separated row groups: clean,byzantine,public,key,process,readonly,partition"
+        "--only",
+        default="",
+        help="comma-separated row groups: clean,byzantine,public,key,process,readonly,partition,insider",
     )
+    p.add_argument("--insiders", default="", help="insider rows (benchmarks/insiders.py ROWS), comma-separated")
+    p.add_argument("--insider-rounds", type=int, default=25, help="rounds of the insider rows' runs")
+    p.add_argument("--insider-steps", type=int, default=10, help="H of the insider rows' runs")
+    p.add_argument("--score-bytes", type=int, default=16384, help="bytes the lying-Forward rows score")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
@@ -1021,7 +1031,7 @@ def main(argv=None) -> None:
     groups = (
         set(a.only.split(","))
         if a.only
-        else {"clean", "byzantine", "public", "key", "process", "readonly", "partition"}
+        else {"clean", "byzantine", "public", "key", "process", "readonly", "partition", "insider"}
     )
     started = time.monotonic()
     rows: list[Row] = []
@@ -1053,22 +1063,31 @@ def main(argv=None) -> None:
         add([readonly_row(a)])
     if "process" in groups:
         add(process_rows(a))
+    if "insider" in groups:  # issue 21: signed insiders running the real daemon (benchmarks/insiders.py)
+        from benchmarks import insiders
+
+        ai = argparse.Namespace(**{**vars(a), "rounds": a.insider_rounds, "steps": a.insider_steps})
+        add(insiders.insider_rows(ai, tuple(a.insiders.split(",")) if a.insiders else insiders.ROWS))
     command = common.command_line("adversary.py", argv)
     for r in rows:
         r.command = command
     kept, byz = [], {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
+    ins = {"rounds": a.insider_rounds, "steps_per_round": a.insider_steps, "score_bytes": a.score_bytes}
     if a.merge and a.out.exists():  # rows of earlier commands that this one did not produce
         names, before = {r.name for r in rows}, json.loads(a.out.read_text())
         # a Byzantine command replaces every Byzantine row (their names carry the seed count)
         kept = [r for r in before["rows"] if r["name"] not in names and not ("byzantine" in groups and _byz_row(r))]
         if "byzantine" not in groups:
             byz = before.get("byzantine", byz)
+        if "insider" not in groups:
+            ins = before.get("insider", ins)
     out = {
         "command": common.command_line("adversary.py", argv),
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
         "byzantine": byz,
+        "insider": ins,
         "ce_tolerance": CE_TOLERANCE,
         "seconds": round(time.monotonic() - started, 1),
         "rows": sorted(kept + [asdict(r) | {"ce_delta": r.ce_delta} for r in rows], key=lambda r: _order(r["name"])),
@@ -1093,6 +1112,11 @@ ROW_ORDER = (  # the table's order, by how a row's name starts (rows of several 
     "SIGTERM",
     "SIGINT",
     "kill -9",
+    "insider drift",  # benchmarks/insiders.py's rows, in its ROWS order
+    "insider majority",
+    "insider poisoned",
+    "insider lying",
+    "insider flood",
 )
 
 
@@ -1146,6 +1170,9 @@ def write_md(path: Path, out: dict) -> None:
             f"| {_f(r['ce_delta'], '{:+.4f}')} | {r['data_lost']} | {c} | {evidence} |"
         )
     survived = sum(r["survived"] for r in rows)
+    from benchmarks.insiders import insider_table
+
+    lines += insider_table(rows, out.get("insider"))
     lines += ["", f"{survived} of {len(rows)} rows survived. Machine: {out['machine']}.", "", "Commands:", ""]
     lines += [f"{i}. `{c}`" for i, c in enumerate(commands, 1)]
     lines.append("")

@@ -1,0 +1,733 @@
+"""Insider rows of the fault matrix (issue 21): signed peers that run the project's own daemon with one line changed.
+
+Every insider is a real `python -m swarmd` (spawned by benchmarks.daemons.Swarm with this file's `insider MODE
+CONFIG` as its program), holding a valid Ed25519 identity and a signed record, speaking the real protocol with the
+real codec; only its Gossip (or its BlockServing) is subclassed here, never in the shipped daemon:
+  drift      1 of 4: its own delta + a fixed unit direction v (opposite to its first round's own delta) scaled to
+             DRIFT_FACTOR x the delta's norm, every round
+  poison     3 of 5: the same poisoned step from all three (a fixed direction at POISON_FRACTION of the norm bound),
+             every round: under the bound, and a majority of the deltas
+  state      3 of 5: from round STATE_START on, each round re-adopts one poisoned state (the initial weights plus
+             fixed noise, the same bytes in all three), announces it in its signed record STATE_JUMP rounds
+             ahead of the most advanced honest record (all three at one round) and serves it to PullState; an
+             honest joiner arrives mid-run
+  flood      1 of 4: every round, FLOOD_EXCHANGES copies of its signed delta, FLOOD_PULLS PullState and
+             FLOOD_STATUS GetStatus to every honest peer: benchmarks/flood.py's flooder where that file is there
+             (issue 21 item 5's own), else this file's (the evidence says which)
+  forward    a holder of block 1 of a 2-block swarm answers Forward with garbage, then with a small bias (the
+             mode file next to its config says which), first with an honest replica of block 1 present (same
+             base), then as the only holder. The client is `blocktrain score --swarm` itself (CE, exit code,
+             warnings, hops checked)
+Each row is the honest peers' from-noise CE against a clean run of the same honest peers (same seeds, same
+indices: peer seeds are peer indices), the adoptions of an insider's state (a poisoned state scores worse by
+construction: the insiders' own final CE is given), and what the honest peers' logs said (DEFENCE_PATTERNS).
+The rows run from the fault matrix (`python benchmarks/adversary.py --only insider --merge`), which writes
+them into benchmarks/results/adversary.json and its markdown fragment; this file owns the insiders, the rows
+and the insider table of that fragment (insider_table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import daemons
+from benchmarks.adversary import CFG, Row, _f
+from swarmd.errors import SwarmdError
+from swarmd.tools.launch import PeerProc
+
+# What the defences log, counted in the honest peers' logs (case-insensitive substrings). The wording of the
+# issue-21 defences is theirs: extend this list when they land, nothing else here needs to change.
+DEFENCE_PATTERNS = (
+    "refus",  # verified adoption: "refused the state of ..."; the transport's refusals too
+    "fall back",  # loss-checked merges
+    "fell back",
+    "drift",  # slow-drift tracking
+    "probation",  # Sybil probation
+    "banned",  # verified inference, per-identity budgets
+    "budget",
+    "rejected a",  # the payload checks (issue 9)
+    "as outliers",  # the robust merge's outlier check (issue 9)
+    "not adopting",  # the quorum rule (issue 9)
+)
+INSIDER_CE_TOLERANCE = 0.02  # nats: 1-of-4 rows (the issue's target)
+MAJORITY_CE_TOLERANCE = 0.05  # nats: the 3-of-5 rows
+FLOOD_ROUND_FACTOR = 1.5  # the flood row: honest median round time within this factor of the clean run's
+ROWS = ("drift", "poison", "state", "forward", "flood")
+
+DRIFT_FACTOR = 1.5  # the drift insider's fixed direction (against its first own delta), in units of its delta's norm
+POISON_FRACTION = 0.9  # the poisoned step's norm, as a fraction of the receivers' norm bound
+POISON_SEED = 2102
+STATE_START, STATE_JUMP = 2, 2  # the poisoned-state insiders start at this round, announcing this many rounds ahead
+STATE_DEADLINE_S = 1.0  # ... with short rounds of their own (they do not wait for the honest peers' deltas)
+STATE_NOISE, STATE_SEED = 1.5, 2103  # the poisoned state: initial weights + this x max(std, 0.05) x fixed noise
+FLOOD_EXCHANGES, FLOOD_PULLS, FLOOD_STATUS = 40, 40, 200
+FORWARD_MODE_FILE = "forward_mode"  # next to the liar's config: honest | garbage | bias
+FORWARD_BIAS = 0.5  # the bias mode: a fixed per-byte offset of this scale on the final logits
+ROOT = Path(__file__).resolve().parent.parent
+_ADOPTED = re.compile(r"adopted the (block|embedding) of (\S+)")
+
+
+# ----------------------------------------------------------------------------------------------
+# The insiders: a real daemon with one changed line (child processes of the rows)
+# ----------------------------------------------------------------------------------------------
+def run_insider(mode: str, config: str) -> int:
+    """Run one daemon whose Gossip (or BlockServing, mode forward) is the insider `mode` of this file."""
+    from swarmd import __main__ as entry
+    from swarmd.node import daemon as daemon_mod
+
+    folder = Path(config).parent  # the swarm's folder: what insiders of one attacker share
+    if mode == "forward":
+        daemon_mod.BlockServing = _lying_serving(folder / FORWARD_MODE_FILE)  # type: ignore[misc]
+    else:
+        daemon_mod.Gossip = _insider_gossip(mode, folder / "insiders")  # type: ignore[misc]  # this process only
+    if mode == "state":  # rounds are what it lies about: it runs until stopped, whatever its counter says
+        body = json.loads(Path(config).read_text())
+        config = str(folder / f"{Path(config).stem}-insider.json")
+        Path(config).write_text(json.dumps(body | {"stop_at_round": 0}))
+    return entry.main(["--config", config, "--verbose"])
+
+
+def insider_program(mode: str) -> list[str]:
+    """The command that runs an insider daemon (this file's `insider MODE CONFIG`) without its config."""
+    return [sys.executable, str(Path(__file__).resolve()), "insider", mode]
+
+
+def _unit(like: dict, seed: int) -> dict:
+    """A fixed direction of unit norm over tensors shaped like `like` (sorted names, seeded)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    v = {k: torch.randn(like[k].shape, generator=g) for k in sorted(like)}
+    norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in v.values())))
+    return {k: t / norm for k, t in v.items()}
+
+
+def _against(delta: dict) -> dict:
+    """The unit direction opposite to `delta` (a first step's ascent direction, held fixed from then on)."""
+    import torch
+
+    norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values()))) or 1.0
+    return {k: -t / norm for k, t in delta.items()}
+
+
+def _insider_gossip(mode: str, crew: Path) -> type:
+    """The Gossip subclass of an insider mode (drift, poison, state, flood).
+
+    :param crew: a folder where the insiders of one attacker list their peer ids (to tell each other's records apart)
+    """
+    import logging
+
+    import torch
+
+    from swarmd.averaging.context import BLOCK, EMB
+    from swarmd.averaging.delta import encode
+    from swarmd.averaging.gossip import Gossip
+    from swarmd.averaging.robust import delta_norm
+    from swarmd.membership.trust import sign_payload
+    from swarmd.protocol import PayloadKind
+    from swarmd.v1 import swarm_pb2 as pb
+
+    log = logging.getLogger("insider")
+
+    class Insider(Gossip):
+        def send_instead(self, kind: PayloadKind, bad: dict) -> None:
+            """Sign and send `bad` as this round's delta of `kind`, and merge it as our own (we stay a replica)."""
+            rs = self.current
+            assert rs is not None
+            enc = encode(
+                bad,
+                self.cfg.codec,
+                base_hash=rs.hashes[kind],
+                weight=float(self.cfg.steps_per_round),
+                **self.hdr(kind, rs.round),
+            )
+            rs.outgoing[kind] = sign_payload(enc, self.identity)
+            rs.own[kind] = self.decode(enc, kind, self.me.block_index if kind.is_block else -1)
+
+    class Drift(Insider):
+        v: dict | None = None  # kind -> the fixed direction: against its first round's own delta (unit norm)
+
+        async def publish(self) -> None:
+            await super().publish()
+            rs = self.current
+            assert rs is not None
+            if self.v is None:
+                self.v = {kind: _against(own) for kind, own in rs.own.items()}
+            for kind, own in list(rs.own.items()):
+                v, n = self.v[kind], delta_norm(own)
+                self.send_instead(kind, {k: t + DRIFT_FACTOR * n * v[k] for k, t in own.items()})
+
+    class Poison(Insider):
+        async def publish(self) -> None:
+            await super().publish()
+            rs = self.current
+            assert rs is not None
+            for kind, own in list(rs.own.items()):
+                u, bound = _unit(own, POISON_SEED + (kind == EMB)), self.norm_bound(kind)
+                self.send_instead(kind, {k: POISON_FRACTION * bound * t for k, t in u.items()})
+
+    class PoisonedState(Insider):
+        poisoned: tuple[dict, dict] | None = None
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            # short rounds: its record names the poisoned state at a round ahead of the swarm's at every re-sync
+            self.cfg = replace(self.cfg, deadline_min_s=0.2, deadline_max_s=STATE_DEADLINE_S)
+
+        def poison(self) -> tuple[dict, dict]:
+            if self.poisoned is None:  # from the initial weights every replica of the block starts from
+                _, block, emb = self.state.snapshot()
+                g = torch.Generator().manual_seed(STATE_SEED)
+
+                def noisy(ts: dict) -> dict:
+                    out = {}
+                    for k in sorted(ts):
+                        t = ts[k].float()
+                        scale = max(float(t.std()) if t.numel() > 1 else 0.0, 0.05)
+                        out[k] = t + STATE_NOISE * scale * torch.randn(t.shape, generator=g)
+                    return out
+
+                self.poisoned = (noisy(block), noisy(emb))
+            return self.poisoned
+
+        async def sync(self, records: list) -> list[str]:
+            poison = self.poison()  # taken at round 0, before any training
+            if self.state.round < STATE_START:
+                return await super().sync(records)
+            crew.mkdir(parents=True, exist_ok=True)
+            (crew / self.me.peer_id).touch()
+            mates = {f.name for f in crew.iterdir()}
+            others = [r for r in self.remember(records) if r.peer_id != self.me.peer_id]
+            # the same round as the other insiders (a quorum must announce one (round, weights)), STATE_JUMP
+            # rounds ahead of the most advanced honest record
+            ours = [r.round for r in others if r.peer_id in mates]
+            honest = [r.round + STATE_JUMP for r in others if r.peer_id not in mates]
+            new_round = max([self.state.round, *ours, *honest])
+            await asyncio.to_thread(self.state.adopt, poison[0], poison[1], new_round)
+            for kind in (BLOCK, EMB):
+                self.ef[kind].reset()
+                self.anchors[kind].clear()
+            log.info("insider: serving the poisoned state at round %d", new_round)
+            return ["block", "embedding"]
+
+    class Flood(Insider):
+        flooding: asyncio.Task | None = None
+
+        async def average(self, records: list):
+            if self.flooding is not None and not self.flooding.done():
+                self.flooding.cancel()
+            self.flooding = asyncio.create_task(self.flood([r for r in self.remember(records) if self.usable(r)]))
+            return await super().average(records)
+
+        async def flood(self, peers: list) -> None:
+            rs = self.current
+            assert rs is not None
+            await rs.ready.wait()
+            codes: dict[str, dict[str, int]] = {"exchange": {}, "pull": {}, "status": {}}
+
+            async def one(what: str, coro) -> None:
+                try:
+                    await coro
+                    code = "OK"
+                except Exception as exc:
+                    code = type(exc).__name__
+                codes[what][code] = codes[what].get(code, 0) + 1
+
+            calls = []
+            for r in peers:
+                if r.block_index == self.me.block_index:
+                    for _ in range(FLOOD_EXCHANGES):
+                        calls.append(one("exchange", self.transport.exchange(r.address, rs.outgoing[BLOCK], 5.0)))
+                    for _ in range(FLOOD_PULLS):
+                        req = pb.PullStateRequest(
+                            swarm_id=self.me.swarm_id,
+                            config_hash=self.me.config_hash,
+                            kind=PayloadKind.BLOCK_STATE.to_pb(),
+                            block_index=r.block_index,
+                        )
+                        calls.append(one("pull", self.transport.pull_state(r.address, req, 5.0)))
+                for _ in range(FLOOD_STATUS):
+                    calls.append(one("status", self.transport.status(r.address, 5.0)))  # type: ignore[attr-defined]
+            await asyncio.gather(*calls)
+            log.warning("insider flood round %d to %d peers: %s", rs.round, len(peers), json.dumps(codes))
+
+    return {"drift": Drift, "poison": Poison, "state": PoisonedState, "flood": Flood}[mode]
+
+
+def _lying_serving(mode_file: Path) -> type:
+    """A BlockServing whose Forward answers are changed as the mode file says (honest, garbage, bias)."""
+    import torch
+
+    from swarmd.serve.serving import BlockServing
+    from swarmd.wire import from_proto, to_proto
+
+    class Lying(BlockServing):
+        async def forward(self, request):
+            reply = await super().forward(request)
+            mode = mode_file.read_text().strip() if mode_file.is_file() else "honest"
+            if mode == "honest" or request.end_session:
+                return reply
+            part = reply.logits if request.final else reply.z
+            t = from_proto(part)
+            g = torch.Generator().manual_seed(int(request.step_index) + 7)
+            if mode == "garbage":
+                t = torch.randn(t.shape, generator=g) * (10.0 if request.final else 3.0)
+            elif request.final:  # bias: a fixed per-byte offset of the logits
+                t = t + FORWARD_BIAS * torch.randn(t.shape[-1], generator=torch.Generator().manual_seed(5))
+            else:
+                t = t + FORWARD_BIAS * float(t.std())
+            part.CopyFrom(to_proto(t.contiguous().float()))
+            return reply
+
+    return Lying
+
+
+# ----------------------------------------------------------------------------------------------
+# runs and what is read off them
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """One swarm run: the honest peers' CEs (peer index -> CE), how they ended, what their logs said."""
+
+    ces: dict[int, float | None]
+    done: dict
+    same: bool
+    logs: dict[str, int]  # DEFENCE_PATTERNS -> count in the honest logs
+    said: list[str]  # a few of those lines
+    adoptions: dict[str, int]  # "from an insider" / "from an honest peer" / "rejoin (source not logged)"
+    insider_ce: float | None
+    round_s: float | None  # honest median seconds from own delta ready to merge
+    interval_s: float | None  # honest median wall seconds between merges
+    partial: int  # honest rounds that merged fewer deltas than expected
+    rounds: int  # honest rounds in the histories
+    final_rounds: dict[int, Any]
+    insider_log: str = ""  # the insiders' own report lines (the flood's counts)
+    seconds: float = 0.0
+
+    @property
+    def ce(self) -> float | None:
+        return self.ces.get(0)
+
+
+def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], seed: int = 0, **kw: Any) -> daemons.Swarm:
+    """The fault matrix's tiny swarm (adversary.swarm's options): peers 0..honest-1 honest, then the insiders."""
+    programs = {i: insider_program(mode) for i, mode in insiders.items()}
+    options = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, programs=programs, **kw)
+    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **options)
+
+
+def flooder() -> list[str] | None:
+    """benchmarks/flood.py's flooder program where that file is there (issue 21 item 5's own), else None (ours)."""
+    try:
+        from benchmarks import flood
+    except ImportError:
+        return None
+    return flood.flooder_program()
+
+
+def run_swarm(
+    a, honest: int, insiders: dict[int, str], joiner: tuple[int, int] | None = None, flooder: list[str] | None = None
+) -> Outcome:
+    """Run honest + insider peers to the end of their rounds; joiner: (its peer index, the round it arrives at);
+    flooder: the program of the flood insiders instead of this file's (benchmarks/flood.py's)."""
+    began = time.monotonic()
+    what = ",".join(sorted(set(insiders.values()))) or "clean"
+    with tempfile.TemporaryDirectory(prefix="insider-run-") as wd:
+        sw = swarm_of(a, Path(wd), honest, insiders)
+        if flooder is not None:
+            sw.programs.update({i: flooder for i, mode in insiders.items() if mode == "flood"})
+        watched = list(range(honest))
+        with sw:
+            sw.start(300)
+            if joiner is not None:
+                index, at = joiner
+                p = PeerProc(index, 0, sw.workdir / f"peer{index}", sw.workdir / f"peer{index}.log")
+                sw.peers.append(p)
+                daemons.wait_rounds(sw, [0], at)
+                sw.bootstrap = [m for q in sw.peers if q.alive() for m in q.info.get("multiaddrs", [])[:1]]
+                sw._spawn(p)
+                try:
+                    sw._wait_ready(p, 300)
+                    watched.append(len(sw.peers) - 1)
+                except SwarmdError as exc:  # reported by the row (the joiner's CE is missing)
+                    print(f"insider run {what}: the joiner did not start: {exc}", file=sys.stderr, flush=True)
+            done = daemons.finish(sw, watched, a.timeout)
+        out = _read(a, sw, watched, sorted(insiders), done)
+    out.seconds = time.monotonic() - began
+    print(
+        f"insider run {what}: {honest} honest, CE {out.ces}, {done}, {out.logs}, {out.seconds:.0f} s", file=sys.stderr
+    )
+    return out
+
+
+def _read(a, sw: daemons.Swarm, watched: list[int], insiders: list[int], done: dict) -> Outcome:
+    """What a finished run's checkpoints and logs say (watched: positions in sw.peers of the honest peers)."""
+    ces = {sw.peers[i].index: daemons.replica_ce(sw, i, a.data_dir, a.eval_tokens) for i in watched}
+    # the run's folder names a row (e.g. "drift"): out of the lines before they are matched
+    texts = [sw.peers[i].log_path.read_text(errors="replace").replace(str(sw.workdir), "<run>") for i in watched]
+    lines = [line for t in texts for line in t.splitlines()]
+    logs = {pat: sum(pat in line.lower() for line in lines) for pat in DEFENCE_PATTERNS}
+    said = [next(_short(line) for line in lines if p in line.lower()) for p in DEFENCE_PATTERNS if logs[p]]
+    tails = {sw.peers[i].info.get("peer", "?")[-6:] for i in insiders}
+    adoptions = {"from an insider": 0, "from an honest peer": 0, "rejoin (source not logged)": 0}
+    for line in lines:
+        if "rejoined: adopted" in line:
+            adoptions["rejoin (source not logged)"] += 1
+        elif m := _ADOPTED.search(line):
+            adoptions["from an insider" if m[2][-6:] in tails else "from an honest peer"] += 1
+    sums = sw.summaries()
+    hist = [sums[i].get("history", []) for i in watched]
+    seconds = [h["seconds"] for hs in hist for h in hs if "seconds" in h]
+    gaps = [b["at_s"] - a_["at_s"] for hs in hist for a_, b in itertools.pairwise(hs) if "at_s" in a_ and "at_s" in b]
+    partial = sum(h.get("accepted", 0) < h.get("expected", 0) for hs in hist for h in hs)
+    insider_ce = daemons.replica_ce(sw, insiders[0], a.data_dir, a.eval_tokens) if insiders else None
+    reports = [  # ours ("insider: ...") and benchmarks/flood.py's flooder's ("FLOOD {...}")
+        line[max(line.find("insider:"), 0) :][:400]
+        for i in insiders
+        for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
+        if "insider:" in line or line.startswith("FLOOD ")
+    ]
+    return Outcome(
+        ces,
+        done,
+        daemons.replicas_identical(sw, watched[:2]) if len(watched) > 1 else True,
+        logs,
+        said,
+        adoptions,
+        insider_ce,
+        statistics.median(seconds) if seconds else None,
+        statistics.median(gaps) if gaps else None,
+        partial,
+        sum(len(hs) for hs in hist),
+        {sw.peers[i].index: sums[i].get("round") for i in watched},
+        "; ".join(reports[-2:]),
+    )
+
+
+def _short(line: str, n: int = 160) -> str:
+    """A log line without its timestamp and logger prefix, at most n characters."""
+    at = line.find("[block")
+    if at < 0:  # a line without a peer tag: from its logger name on
+        at = max(line.find(" swarmd."), 0)
+    return line[at:].strip()[:n]
+
+
+# ----------------------------------------------------------------------------------------------
+# rows
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class InsiderRow(Row):
+    """A fault-matrix row with what the insider rows measure besides the CE."""
+
+    tolerance: float = INSIDER_CE_TOLERANCE
+    worse_adoptions: int | None = None  # adoptions of a state that scores worse (an insider's)
+    logs: dict = field(default_factory=dict)  # DEFENCE_PATTERNS -> count in the honest logs
+    timing: dict = field(default_factory=dict)  # round times, clean and attacked (flood row)
+    seconds: float = 0.0  # wall time of the row's runs
+
+
+def _row(
+    name: str,
+    run: Outcome,
+    clean: Outcome,
+    tol: float,
+    extra_ok: bool = True,
+    note: str = "",
+    poisoned_states: bool = False,
+) -> InsiderRow:
+    """An insider row from its run and its clean run.
+
+    :param poisoned_states: the insiders serve poisoned states (an adoption of theirs is of a worse state); else
+        their states are the honest peers' own (drift, flood: the merge they share), and adoptions only counted
+    """
+    ce, ce_clean = run.ce, clean.ce
+    delta = None if ce is None or ce_clean is None else ce - ce_clean
+    worse = run.adoptions["from an insider"] if poisoned_states else 0
+    ended = run.done["exit"] == [0] * len(run.done["exit"]) and not run.done["tracebacks"]
+    ok = ended and delta is not None and delta <= tol and worse == 0 and extra_ok
+    per_peer = {i: _f(c) for i, c in run.ces.items()}
+    per_clean = {i: _f(c) for i, c in clean.ces.items()}
+    evidence = (
+        f"honest CE per peer {per_peer} (clean {per_clean}); adoptions in the honest logs {run.adoptions}; "
+        f"insider's own final CE {_f(run.insider_ce)}; defence log lines {_nonzero(run.logs)} "
+        f"(clean run {_nonzero(clean.logs)}); first line of each: {run.said or 'none'}; honest exit codes "
+        f"{run.done['exit']}, final rounds {run.final_rounds}, tracebacks {run.done['tracebacks']}, honest "
+        f"replicas bit-identical {run.same}; partial merges {run.partial}/{run.rounds}" + (f"; {note}" if note else "")
+    )
+    return InsiderRow(
+        name,
+        ok,
+        evidence,
+        ce,
+        ce_clean,
+        tolerance=tol,
+        worse_adoptions=worse,
+        logs=run.logs,
+        timing={"round_s": run.round_s, "interval_s": run.interval_s, "clean_round_s": clean.round_s},
+        seconds=round(run.seconds + clean.seconds, 1),
+    )
+
+
+def _nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in counts.items() if v}
+
+
+def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
+    """The insider rows named in `which` (ROWS), each against its clean run (the same honest peers alone)."""
+    rows: list[InsiderRow] = []
+    cleans: dict[tuple[int, int], Outcome] = {}
+
+    def clean(honest: int, repeat: int = 0) -> Outcome:
+        """The honest peers alone (the repeat-th time: a second run measures the run-to-run noise)."""
+        if (honest, repeat) not in cleans:
+            cleans[honest, repeat] = run_swarm(a, honest, {})
+        return cleans[honest, repeat]
+
+    noise = ""
+    if {"drift", "flood"} & set(which):  # the same clean run twice: what the CE differences can resolve
+        first, again = clean(3).ce, clean(3, repeat=1).ce
+        noise = "run-to-run noise (the 3-peer clean run again, same seed): " + (
+            "-" if first is None or again is None else f"{again - first:+.4f}"
+        )
+
+    def add(row: InsiderRow) -> None:
+        rows.append(row)
+        print(json.dumps({"name": row.name, "survived": row.survived, "ce": row.ce, "ce_clean": row.ce_clean}))
+
+    if "drift" in which:
+        run = run_swarm(a, 3, {3: "drift"})
+        add(
+            _row(
+                "insider drift (1 of 4): honest delta + a fixed direction v each round",
+                run,
+                clean(3),
+                INSIDER_CE_TOLERANCE,
+                note=f"v: against the insider's first own delta, at {DRIFT_FACTOR}x its delta's norm; {noise}",
+            )
+        )
+    if "poison" in which:
+        run = run_swarm(a, 2, {2: "poison", 3: "poison", 4: "poison"})
+        add(
+            _row(
+                "insider majority poison (3 of 5): the same poisoned step from all three, under the norm bound",
+                run,
+                clean(2),
+                MAJORITY_CE_TOLERANCE,
+                note=f"the step: a fixed direction at {POISON_FRACTION} of the receivers' norm bound, every round",
+            )
+        )
+    if "state" in which:
+        # an honest joiner (peer seed 5) spawned at round 3 (a daemon takes seconds to start: it is ready mid-run);
+        # a joiner ends on the swarm's state, so its reference is the clean run's honest CE (a clean run's rounds
+        # end before a joiner of a loaded machine is up)
+        joiner = (5, 3)
+        run, c = run_swarm(a, 2, {2: "state", 3: "state", 4: "state"}, joiner), clean(2)
+        joined = run.ces.get(5)
+        add(
+            _row(
+                "insider poisoned state (3 of 5): announced ahead of the swarm, served to PullState; a joiner",
+                run,
+                c,
+                MAJORITY_CE_TOLERANCE,
+                poisoned_states=True,
+                extra_ok=joined is not None and c.ce is not None and joined - c.ce <= MAJORITY_CE_TOLERANCE,
+                note=f"the insiders re-adopt the poisoned state every round from round {STATE_START}, "
+                f"{STATE_JUMP} rounds ahead of the honest records; joiner (peer 5, spawned at round {joiner[1]}) "
+                f"CE {_f(joined)} (not started: '-') vs the clean honest {_f(c.ce)}, its final round "
+                f"{run.final_rounds.get(5)}",
+            )
+        )
+    if "forward" in which:
+        rows.extend(forward_rows(a))
+    if "flood" in which:
+        run, c = run_swarm(a, 3, {3: "flood"}, flooder=flooder()), clean(3)
+        ratio = None if not (run.round_s and c.round_s) else run.round_s / c.round_s
+        add(
+            _row(
+                f"insider flood (1 of 4): {FLOOD_EXCHANGES} copies of its delta, {FLOOD_PULLS} PullState, "
+                f"{FLOOD_STATUS} GetStatus per round",
+                run,
+                c,
+                INSIDER_CE_TOLERANCE,
+                extra_ok=ratio is not None and ratio <= FLOOD_ROUND_FACTOR,
+                note=f"honest median round (own delta ready -> merge) {_f(run.round_s, '{:.3f}')} s vs clean "
+                f"{_f(c.round_s, '{:.3f}')} s (x{_f(ratio, '{:.2f}')}), median wall between merges "
+                f"{_f(run.interval_s, '{:.3f}')} s vs {_f(c.interval_s, '{:.3f}')} s; the flooder's last report: "
+                f"{run.insider_log or 'none'}; flooder: {'benchmarks/flood.py' if flooder() else 'insiders.py'}; "
+                f"{noise}",
+            )
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# the lying Forward: `blocktrain score --swarm` against a frozen 2-block swarm
+# ----------------------------------------------------------------------------------------------
+FORWARD_CFG = replace(daemons.TINY_CFG, blocks=2, pred_input="none", pred_output="none")
+
+
+def score_cli(a, maddr: str, swarm_id: str) -> dict:
+    """`blocktrain score EVAL --swarm MADDR --json`: its CE, exit code, warnings and hops (checked, if it says)."""
+    cmd = [  # `blocktrain score`, of this checkout (cwd below), whatever checkout the venv installed
+        sys.executable,
+        "-c",
+        "from cli.main import entry; entry()",
+        "score",
+        str(Path(a.data_dir) / "eval.txt"),
+        "--swarm",
+        maddr,
+        "--swarm-id",
+        swarm_id,
+        "--max-bytes",
+        str(a.score_bytes),
+        "--json",
+    ]
+    began = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    try:
+        body = json.loads(proc.stdout[proc.stdout.find("{") :]) if "{" in proc.stdout else {}
+    except ValueError:
+        body = {}
+    warnings = [
+        _short(line, 160) for line in proc.stderr.splitlines() if re.search(r"warn|unverified|banned|drop", line, re.I)
+    ]
+    checked = {k: v for k, v in body.items() if re.search(r"check|verif|ban|drop", k)}
+    return {
+        "ce": body.get("ce"),
+        "exit": proc.returncode,
+        "warnings": warnings[:4],
+        "hops": body.get("hops"),
+        "checked": checked,
+        "seconds": round(time.monotonic() - began, 1),
+        "error": ""
+        if proc.returncode == 0
+        else _short(proc.stderr.strip().splitlines()[-1] if proc.stderr else "", 200),
+    }
+
+
+def forward_rows(a) -> list[InsiderRow]:
+    """Train a 2-block swarm (peer 1, block 1, is the liar, honest while training), freeze it (restart with lr
+    1e-12, until stopped), then score through it: honest, garbage, bias with an honest replica of block 1 (peer 3,
+    merging with the liar: the same base); then the same with the replica gone, the liar the only holder."""
+    began = time.monotonic()
+    scores: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="ins-forward-") as wd:
+        sw = daemons.tiny(
+            4,
+            a.data_dir,
+            Path(wd),
+            a.rounds,
+            a.steps,
+            a.deadline_max,
+            model=FORWARD_CFG,
+            trajectory_prob=0.0,
+            wait_all=True,
+            programs={1: insider_program("forward")},
+        )
+        mode = sw.workdir / FORWARD_MODE_FILE
+
+        def score(phase: str, what: str) -> None:
+            mode.write_text(what.split()[0])
+            scores[f"{phase}, {what}"] = got = score_cli(a, sw.peers[0].info["multiaddrs"][0], sw.config.net.swarm_id)
+            print(f"forward {phase} {what}: {got}", file=sys.stderr, flush=True)
+
+        with sw:
+            sw.workdir.mkdir(parents=True, exist_ok=True)
+            mode.write_text("honest")
+            sw.start(300)
+            trained = daemons.finish(sw, [0, 1, 2, 3], a.timeout)
+            frozen = replace(sw.config.train, lr=1e-12)
+            sw.config = replace(sw.config, train=frozen, stop_at_round=0, min_peers=3)
+            for i in (0, 1, 3):
+                sw.restart(i, 300)
+            daemons.wait_rounds(sw, [0, 1, 3], 2)
+            for what in ("honest", "garbage", "bias"):
+                score("with replica", what)
+            sw.kill(3, signal.SIGTERM)  # the replica leaves: the liar is the only holder of block 1
+            daemons.wait_rounds(sw, [0, 1], len(sw.peers[0].rounds_seen) + 2)
+            for what in ("honest", "garbage", "bias", "honest again"):
+                score("only holder", what)
+    seconds = time.monotonic() - began
+    rows = []
+    for key in ("with replica, garbage", "with replica, bias", "only holder, garbage", "only holder, bias"):
+        s, ref = scores[key], scores[key.split(",")[0] + ", honest"]["ce"]
+        delta = None if s["ce"] is None or ref is None else s["ce"] - ref
+        if "replica" in key:  # a second replica: the client must route around the liar and keep the honest CE
+            ok = s["exit"] == 0 and delta is not None and abs(delta) <= INSIDER_CE_TOLERANCE
+        else:  # the only holder: nothing to compare with; the client must say the answer is unverified
+            ok = s["exit"] != 0 or any("unverified" in w for w in s["warnings"])
+        rows.append(
+            InsiderRow(
+                f"insider lying Forward ({key.replace(',', ':')}): `blocktrain score --swarm`",
+                ok,
+                f"score CE {_f(s['ce'])} vs the same swarm answering honestly {_f(ref)} (with the replica: honest "
+                f"{_f(scores['with replica, honest']['ce'])}; the only holder: honest "
+                f"{_f(scores['only holder, honest']['ce'])}, again after the lies "
+                f"{_f(scores['only holder, honest again']['ce'])}); exit code {s['exit']}; "
+                f"warnings {s['warnings'] or 'none'}; "
+                f"hops {s['hops']}, checked/dropped fields of --json {s['checked'] or 'none (not reported)'}"
+                + (f"; error {s['error']}" if s["error"] else "")
+                + f"; swarm trained {a.rounds} rounds x H={a.steps} ({trained}), then frozen (lr 1e-12)",
+                s["ce"],
+                ref,
+                logs={"exit": s["exit"], "warnings": len(s["warnings"])},
+                timing={"score_s": s["seconds"]},
+                seconds=round(seconds, 1),
+            )
+        )
+    return rows
+
+
+def insider_table(rows: list[dict], schedule: dict | None = None) -> list[str]:
+    """The markdown lines of the insider rows' own table (adversary.write_md appends them); [] without any.
+
+    :param schedule: the result's "insider" entry (rounds, steps_per_round, score_bytes)
+    """
+    mine = [r for r in rows if r["name"].startswith("insider")]
+    if not mine:
+        return []
+    s = schedule or {}
+    lines = [
+        "",
+        "#### Insider rows (issue 21): signed peers running the real daemon with a changed line",
+        "",
+        f"{s.get('rounds', '?')} rounds x H={s.get('steps_per_round', '?')}, one seed; the lying-Forward rows: a "
+        f"2-block swarm trained so, then frozen, scored with `blocktrain score --swarm` on {s.get('score_bytes', '?')} "
+        "bytes. Honest CE: peer 0's from-noise CE; clean: the same honest peers alone (same seeds). Worse "
+        "adoptions: the honest peers' adoptions of an insider's state. Defence lines: counts of DEFENCE_PATTERNS "
+        "(benchmarks/insiders.py) in the honest peers' logs.",
+        "",
+        "| insider row | survived | honest CE | clean CE | CE - clean | tolerance | worse adoptions "
+        "| defence log lines | round s (clean) | s |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for r in mine:
+        t = r.get("timing", {})
+        logs = {k: v for k, v in r.get("logs", {}).items() if v}
+        lines.append(
+            f"| {r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
+            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r.get('tolerance', '-')} | {r.get('worse_adoptions', '-')} "
+            f"| {json.dumps(logs).replace('|', '/') if logs else '-'} "
+            f"| {_f(t.get('round_s'), '{:.3f}')} ({_f(t.get('clean_round_s'), '{:.3f}')}) | {r.get('seconds', 0):.0f} |"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["insider"]:
+        sys.exit(run_insider(sys.argv[2], sys.argv[3]))
+    sys.exit("usage: python benchmarks/adversary.py --only insider [--insiders drift,poison,...] --merge")
