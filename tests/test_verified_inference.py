@@ -347,8 +347,8 @@ def test_two_replicas_one_liar_is_dropped_within_five_sweeps_by_recomputation(li
     assert got["ce"] == pytest.approx(honest_ce(), abs=1e-4)
     if lie["lie"] != "garbage":  # garbage is out of range: dropped by the range checks, no tie to break
         assert "recomputation" in stats.dropped[bad] and stats.tiebreaks == 1
-        assert stats.state_downloads == 2 and stats.failed_pulls == 0  # block + byte table, once
-        assert sum(h.pulls for h in handlers) == 2
+        assert stats.state_downloads == 4 and stats.failed_pulls == 0  # each replica's block + byte table, once
+        assert sum(h.pulls for h in handlers) == 4
     assert stats.summary()["tiebreaks"] == stats.tiebreaks
 
 
@@ -363,7 +363,8 @@ def test_honest_pair_is_never_flagged_and_pulls_nothing():
 
 def test_liar_serving_weights_it_does_not_announce_is_dropped_and_the_other_replica_pulled():
     """The liar (primary, favoured) biases its answers and, asked for its block, sends other weights than the hash
-    its signed record announces: it is dropped for that; the honest replica's weights break the tie."""
+    its signed record announces: its answers are not what those weights compute, so it is dropped; the honest
+    replica answers by the weights it serves."""
     blocks, _ = tiny_model()
     moved = {k: v + 0.05 for k, v in blocks[1].state_dict().items()}
     handlers: list = []
@@ -371,9 +372,22 @@ def test_liar_serving_weights_it_does_not_announce_is_dropped_and_the_other_repl
         [0, 1, 1, 2], liars={1: BIAS_LATER}, favour=1, signed={1: {"served": moved}}, handlers=handlers
     )
     stats = sweeper.stats
-    assert list(stats.dropped) == [addresses[1]] and "does not announce" in stats.dropped[addresses[1]]
-    assert stats.failed_pulls == 1 and stats.state_downloads == 3  # its block, then the honest block and table
-    assert handlers[1].pulls == 1 and handlers[2].pulls == 2
+    assert list(stats.dropped) == [addresses[1]] and "weights it serves" in stats.dropped[addresses[1]]
+    assert stats.failed_pulls == 0 and stats.state_downloads == 4  # each replica's block and table
+    assert handlers[1].pulls == 2 and handlers[2].pulls == 2
+    assert got["ce"] == pytest.approx(honest_ce(), abs=1e-4)
+
+
+def test_a_replica_that_merged_since_its_record_is_not_taken_for_the_liar():
+    """Training replicas merge rounds between their records and the pull: both serve weights whose hash their
+    records do not announce yet (moved by 1e-7; the old rule dropped both, leaving the block unserved). The verdict
+    goes by what each answer computes from the weights its sender serves: only the liar is dropped."""
+    blocks, _ = tiny_model()
+    moved = {k: v + 1e-7 for k, v in blocks[1].state_dict().items()}
+    got, sweeper, addresses = run_scoring(
+        [0, 1, 1, 2], liars={1: BIAS_LATER}, favour=1, signed={1: {"served": moved}, 2: {"served": moved}}, handlers=[]
+    )
+    assert list(sweeper.stats.dropped) == [addresses[1]]
     assert got["ce"] == pytest.approx(honest_ce(), abs=1e-4)
 
 
@@ -414,7 +428,7 @@ def test_tie_break_downloads_a_base_once_however_often_a_liar_disputes():
 
     verdicts, stats, _, liar_address, pulls = asyncio.run(scenario())
     assert all([r.address for r, _ in v] == [liar_address] for v in verdicts)
-    assert stats.tiebreaks == 3 and stats.state_downloads == 2 and sum(pulls) == 2
+    assert stats.tiebreaks == 3 and stats.state_downloads == 4 and sum(pulls) == 4  # once per replica
 
 
 def test_two_replicas_that_disagree_with_no_weights_to_pull_are_refused_with_one_line():
@@ -561,7 +575,7 @@ def test_cli_score_breaks_a_two_replica_tie_by_recomputation(tmp_path):
     assert lied.exit_code == 0 and honest.exit_code == 0, lied.output + honest.output
     got, ref = json.loads(lied.stdout), json.loads(honest.stdout)
     assert list(got["verified"]["dropped"]) == [liar] and "recomputation" in got["verified"]["dropped"][liar]
-    assert got["verified"]["tiebreaks"] == 1 and got["verified"]["state_downloads"] == 2
+    assert got["verified"]["tiebreaks"] == 1 and got["verified"]["state_downloads"] == 4
     assert ref["verified"]["dropped"] == {} and ref["verified"]["tiebreaks"] == 0
     assert got["ce"] == pytest.approx(ref["ce"], abs=1e-4)
 

@@ -1,22 +1,22 @@
-"""Tie-break by recomputation: when two replicas of one base disagree and no third breaks the tie, the client
-pulls the block's announced weights, recomputes the disputed hop itself, and names the replica that lied.
+"""Tie-break by recomputation: when replicas of one base disagree and no majority breaks the tie, the client
+pulls the weights each disputing replica serves, recomputes the hop from them, and names the replica that lied.
 
 Owns `TieBreaker`, which swarmd.serve.crosscheck.CrossChecker calls when a hop has no majority:
-  - the weights: PullState (BLOCK_STATE, and EMBEDDING_STATE for the byte table) from one of the disputing
-    replicas, fp32, which must come signed by the peer asked and hash to the base_hash / emb_hash its record
-    announces (the checks are `StateChecks`: swarmd.membership.trust.verify_payload, swarmd.averaging.delta.decode
-    and swarmd.averaging.state.weights_hash, passed in because serve imports neither package). A peer whose pulled
-    state fails a check served weights it does not announce: it is one of the liars. A peer that cannot be
-    reached, or refuses PullState (an inference-only peer), is only skipped: the other replica is asked;
-  - the recomputation: the block built locally from those weights (swarmd.core.model.euler_step on the client's
-    CPU, in a worker thread) over the hop in its uncached form, compared with each answer under the same-base
-    tolerance (swarmd.serve.verify.divergence); an answer beyond it is a lie;
-  - the cost bound: at most one successful download per (block, base hash) and per emb hash in a client's life,
-    kept in memory; each replica is asked at most once per base (a failed pull is not repeated), so a liar cannot
-    make the client download again and again. Counts and seconds go to VerifyStats (state_downloads,
-    failed_pulls, tiebreak_s).
-Where no verified copy can be had (both pulls fail, or the records announce no hashes) there is no verdict:
-`settle()` returns None and the caller refuses the hop with one line.
+  - the weights: PullState (BLOCK_STATE, and EMBEDDING_STATE for the byte table) from each disputing replica,
+    fp32, which must come signed by the peer asked and decode to our shapes (the checks are `StateChecks`:
+    swarmd.membership.trust.verify_payload, swarmd.averaging.delta.decode and swarmd.averaging.state.weights_hash,
+    passed in because serve imports neither package). A state that fails those is not the peer's own: a lie. A
+    peer that cannot be reached, or refuses PullState (an inference-only peer), is only skipped;
+  - the verdict: a replica whose answer is not what the weights it serves compute (swarmd.serve.verify.divergence
+    against the same-base tolerance, the hop in its uncached form on the client's CPU) lied. Where every one
+    answers by the weights it serves and those differ, the one whose weights hash to what the records announce
+    wins if exactly one does; else there is no verdict. A served hash that differs from a record is no lie by
+    itself: a training replica merges a round or more between its record and the pull;
+  - the cost bound: each replica is pulled at most once per announced base (a failure is remembered too), local
+    blocks and tables are shared by hash, so a liar cannot make the client download again and again. Counts and
+    seconds go to VerifyStats (state_downloads, failed_pulls, tiebreak_s).
+Where no weights can be had (every pull fails) there is no verdict: `settle()` returns None and the caller
+refuses the hop with one line.
 """
 
 from __future__ import annotations
@@ -55,10 +55,14 @@ class _Lie(Exception):
     """A pulled state that proves its sender served weights other than those its record announces."""
 
 
-@dataclass
-class _Pulled:
-    block: DenoisingBlock | None = None
-    table_hat: torch.Tensor | None = None
+@dataclass(frozen=True)
+class _Served:
+    """The weights one replica serves: its block and row-normalised byte table, and their hashes."""
+
+    block: DenoisingBlock
+    table_hat: torch.Tensor
+    block_hash: str
+    table_hash: str
 
 
 class TieBreaker:
@@ -76,7 +80,7 @@ class TieBreaker:
         self.timeout_s = timeout_s
         self._blocks: dict[tuple[int, str], DenoisingBlock] = {}  # (block, base_hash) -> verified local block
         self._tables: dict[str, torch.Tensor] = {}  # emb_hash -> verified row-normalised table
-        self._asked: set[tuple[str, str]] = set()  # (address, hash) pulls already tried (never repeated)
+        self._served_by: dict[tuple[str, str, str], _Served | Exception] = {}  # (address, announced hashes) -> pull
         self._block_shapes = {k: tuple(v.shape) for k, v in DenoisingBlock(cfg).state_dict().items()}
         self._emb_shapes = {k: tuple(v.shape) for k, v in ByteEmbedding(cfg).state_dict().items()}
 
@@ -98,56 +102,72 @@ class TieBreaker:
         b = request.block_index
         records = [r.record for r in replicas.values()]
         base, emb = getattr(records[0], "base_hash", ""), getattr(records[0], "emb_hash", "")
-        if not base or not emb or any((r.base_hash, r.emb_hash) != (base, emb) for r in records):
-            return None  # nothing announced to check pulled weights against
         drops: list[tuple[Any, str]] = []
-        got = await self._weights(b, base, emb, list(replicas.values()), drops)
-        if got is None:
-            return drops or None
-        block, table_hat = got
-        local = await asyncio.to_thread(self._recompute, block, table_hat, request, hop)
-        self.stats.tiebreaks += 1
-        lied = {r.address for r, _ in drops}
-        for address, answer in answers.items():
-            gap = divergence(hop, answer, local)
-            if address not in lied and gap > tol:
+        consistent: dict[str, _Served] = {}  # address -> the weights it serves, which its answer agrees with
+        for address in sorted(answers):
+            replica = replicas[address]
+            try:
+                served = await self._served(replica, b)
+            except _Lie as exc:
+                self.stats.failed_pulls += 1
+                drops.append((replica, f"served a state that is not its own ({exc})"))
+                continue
+            except SwarmdError as exc:  # unreachable, or no PullState (inference-only): cannot be judged
+                self.stats.failed_pulls += 1
+                logger.info("block %d: cannot pull the state of %s to break a tie: %s", b, address, exc)
+                continue
+            local = await asyncio.to_thread(self._recompute, served.block, served.table_hat, request, hop)
+            gap = divergence(hop, answers[address], local)
+            if gap > tol:
                 drops.append(
-                    (replicas[address], f"disagreed with the recomputation from its block's weights ({gap:.3g})")
+                    (replica, f"its answer disagrees with the recomputation from the weights it serves ({gap:.3g})")
                 )
+            else:
+                consistent[address] = served
+        if len(consistent) > 1 and len({(w.block_hash, w.table_hash) for w in consistent.values()}) > 1:
+            # each answers by the weights it serves, and they differ: the ones that serve what the records announce
+            # win; where none or several do, there is no verdict
+            announced = [a for a, w in consistent.items() if (w.block_hash, w.table_hash) == (base, emb)]
+            if len(announced) != 1:
+                return drops or None
+            drops += [
+                (replicas[a], "serves and answers by weights other than its record announces")
+                for a in consistent
+                if a not in announced
+            ]
+        if not drops and not consistent:
+            return None  # nothing could be pulled: no verdict
+        self.stats.tiebreaks += 1
         logger.info("block %d step %d: tie broken by recomputation: %s", b, request.step_index, drops or "no liar")
         return drops
 
-    async def _weights(
-        self, b: int, base: str, emb: str, replicas: list, drops: list
-    ) -> tuple[DenoisingBlock, torch.Tensor] | None:
-        """The verified local block and table of this base, pulled (once) from the first replica that serves them."""
-        got = _Pulled(self._blocks.get((b, base)), self._tables.get(emb))
-        for replica in replicas:
-            if got.block is not None and got.table_hat is not None:
-                break
-            try:
-                if got.block is None and (replica.address, base) not in self._asked:
-                    self._asked.add((replica.address, base))
-                    tensors = await self._pull(replica.record, PayloadKind.BLOCK_STATE, b, base, self._block_shapes)
-                    block = DenoisingBlock(self.cfg)
-                    block.load_state_dict(tensors)
-                    got.block = self._blocks[(b, base)] = block.eval()
-                if got.table_hat is None and (replica.address, emb) not in self._asked:
-                    self._asked.add((replica.address, emb))
-                    tensors = await self._pull(replica.record, PayloadKind.EMBEDDING_STATE, -1, emb, self._emb_shapes)
-                    got.table_hat = self._tables[emb] = F.normalize(tensors["table"].float(), dim=-1)
-            except _Lie as exc:
-                self.stats.failed_pulls += 1
-                drops.append((replica, f"served weights it does not announce ({exc})"))
-            except SwarmdError as exc:  # unreachable, or no PullState (inference-only): ask the other replica
-                self.stats.failed_pulls += 1
-                logger.info("block %d: cannot pull the state of %s to break a tie: %s", b, replica.address, exc)
-        if got.block is None or got.table_hat is None:
-            return None
-        return got.block, got.table_hat
+    async def _served(self, replica, b: int) -> _Served:
+        """The block and byte table `replica` serves now (pulled at most once per replica and announced base, so
+        a liar cannot make the client download again and again; verified copies are shared by hash)."""
+        record = replica.record
+        key = (replica.address, getattr(record, "base_hash", ""), getattr(record, "emb_hash", ""))
+        if key in self._served_by:
+            got = self._served_by[key]
+            if isinstance(got, Exception):
+                raise got
+            return got
+        try:
+            block_t, block_hash = await self._pull(record, PayloadKind.BLOCK_STATE, b, self._block_shapes)
+            emb_t, emb_hash = await self._pull(record, PayloadKind.EMBEDDING_STATE, -1, self._emb_shapes)
+        except (_Lie, SwarmdError) as exc:
+            self._served_by[key] = exc
+            raise
+        block = self._blocks.get((b, block_hash))
+        if block is None:
+            block = DenoisingBlock(self.cfg)
+            block.load_state_dict(block_t)
+            block = self._blocks[(b, block_hash)] = block.eval()
+        table_hat = self._tables.setdefault(emb_hash, F.normalize(emb_t["table"].float(), dim=-1))
+        got = self._served_by[key] = _Served(block, table_hat, block_hash, emb_hash)
+        return got
 
-    async def _pull(self, record, kind: PayloadKind, b: int, announced: str, shapes: dict) -> dict[str, torch.Tensor]:
-        """A state of `kind` from the peer of `record`, signed by it and hashing to `announced` (else _Lie)."""
+    async def _pull(self, record, kind: PayloadKind, b: int, shapes: dict) -> tuple[dict[str, torch.Tensor], str]:
+        """(tensors, their hash) of a state of `kind` from the peer of `record`, signed by it (else _Lie)."""
         swarm = getattr(record, "swarm_id", "") or self.swarm_id  # the router kept only records of our swarm
         request = pb.PullStateRequest(
             swarm_id=swarm, config_hash=self.cfg.config_hash(), kind=kind.to_pb(), block_index=b
@@ -167,9 +187,7 @@ class TieBreaker:
             raise _Lie(str(exc)) from None
         got = await asyncio.to_thread(self.checks.weights_hash, tensors)
         logger.info("pulled the %s of %s in %.2f s", kind.value, record.address, time.perf_counter() - t0)
-        if got != announced:
-            raise _Lie(f"{kind.value} hashes to {got}, its record announces {announced}")
-        return tensors
+        return tensors, got
 
     @torch.no_grad()
     def _recompute(
