@@ -95,3 +95,20 @@ def test_a_fresh_public_swarm_merges_from_its_first_round_and_stays_bit_identica
         assert len({g.state.block_hash for g in peers}) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_peer_whose_record_is_rounds_ahead_is_not_waited_for():
+    """Insiders announcing a round ahead of the swarm send no delta of ours: the round does not expect them (it
+    used to wait for them up to the deadline every round: the poisoned-state insider row's 10 s rounds)."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0], blocks=1)
+        ahead = peers[2]
+        ahead.state.round = 5
+        board[ahead.me.peer_id] = ahead.record()
+        reports = await memory_round(peers, board, skip={2})
+        return reports, ahead.me.peer_id
+
+    reports, ahead_id = asyncio.run(scenario())
+    assert all(ahead_id not in r.expected_block and ahead_id not in r.expected_emb for r in reports)
+    assert all(len(r.accepted_block) == 1 for r in reports)

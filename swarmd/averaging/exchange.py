@@ -54,6 +54,8 @@ from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
+AHEAD_ROUNDS = 1  # a delta (or record) at most this many rounds ahead of ours is of a peer at our round, or about to be
+
 
 def dials(me: PeerRecord, other: PeerRecord) -> bool:
     """Whether `me` opens the exchange with `other`: exactly one side of each pair dials."""
@@ -288,7 +290,9 @@ class Exchange:
                 raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
             if kind == BLOCK and h.block_index != p.me.block_index:
                 raise WrongBlock(f"this peer trains block {p.me.block_index}, not {h.block_index}")
-            if self.current is not None and h.round > self.current.round + 1:
+            if self.current is not None and h.round > self.current.round + AHEAD_ROUNDS:
+                if not self.current.closed:  # it sends nothing of our round: the round stops waiting for it
+                    self.current.judged(kind, h.peer_id)
                 raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
             rs = await self._round_for(h, kind)
         except SwarmdError as exc:
@@ -377,7 +381,8 @@ class Exchange:
         records = p.remember(records)  # signed records only; known before any delta is accepted
         self._plan_groups(rs, records)
         await (publish or self.publish)()
-        peers = [r for r in records if p.usable(r)]
+        # a peer whose signed record is two or more rounds ahead of ours sends no delta of our round: not waited for
+        peers = [r for r in records if p.usable(r) and r.round <= rs.round + AHEAD_ROUNDS]
         expected = {
             BLOCK: {r.peer_id for r in peers if r.block_index == p.me.block_index},
             EMB: {r.peer_id for r in peers},
