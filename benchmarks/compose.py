@@ -28,6 +28,7 @@ PARTS = [
     ("Group averaging: 3-24 daemons, 1,000 and 10,000 simulated peers (issue 12)", "ISSUE12_groups.md"),
     ("Depth instrument: per-block trace, KL and depth recovery, screening budgets (issue 19)", "ISSUE19_depth.md"),
     ("Replicas against synchronous data parallel at the same global batch (issue 20)", "ISSUE20_sync_dp.md"),
+    ("Trust without an honest majority: what the checks cost (issue 21)", "ISSUE21_trust.md"),
     ("Fast swarm commands: status, score, generate, dashboard (issue 22)", "ISSUE22_swarm_commands.md"),
     ("The Docker image, built and run for real (issue 22)", "ISSUE22_docker.md"),
 ]
