@@ -6,12 +6,13 @@ with `blocktrain generate`): --swarm builds a swarmd.serve.remote.RemoteSweeper,
 Through a swarm the answers are verified (swarmd.serve.verify): the output's last line (`verified` in --json)
 says how many hops were checked on a second replica, which peers were dropped, which blocks are unverified, and
 how many ties between two replicas were broken by recomputing the hop from their pulled weights (tiebreaks,
-state_downloads, tiebreak_s in --json).
+state_downloads, tiebreak_s in --json). A CE worse than a uniform guess with an unverified block warns on stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,8 @@ from cli import options as o
 from cli.common import check_device, cli_errors, open_sweeper, print_json
 from cli.groups import with_groups
 from swarmd.errors import ConfigError
+
+UNIFORM_CE = math.log(256)  # nats per byte of a uniform guess: a model scoring worse is broken or lied to
 
 
 @with_groups(src=o.SourceOptions)
@@ -42,6 +45,9 @@ def score(
         if max_bytes is not None and max_bytes < 1:
             raise ConfigError("--max-bytes must be >= 1")
         result = asyncio.run(_score(file, src, dev, steps, seed, max_bytes))
+        warning = worse_than_uniform(result)
+        if warning:
+            typer.echo(warning, err=True)
         if json_out:
             result.pop("verify_line", None)
             print_json(result)
@@ -52,6 +58,19 @@ def score(
         )
         if "verified" in result:
             typer.echo(result["verify_line"])
+
+
+def worse_than_uniform(result: dict) -> str:
+    """The warning for a swarm score worse than a uniform guess while some block's answers went unchecked (what a
+    lone liar's in-range garbage looks like), or ""."""
+    unverified = result.get("verified", {}).get("unverified_blocks") or []
+    if not unverified or not result["ce"] > UNIFORM_CE:
+        return ""
+    blocks = ", ".join(str(b) for b in unverified)
+    return (
+        f"warning: ce {result['ce']:.4f} is worse than a uniform guess over bytes (ln 256 = {UNIFORM_CE:.3f}); "
+        f"block(s) {blocks} had no second replica to check their answers against"
+    )
 
 
 async def _score(

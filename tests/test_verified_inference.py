@@ -631,3 +631,13 @@ def test_tie_break_pulls_and_verifies_a_real_daemons_state(tmp_path):
     assert replica.record.base_hash and replica.record.emb_hash and replica.record.signature
     assert honest == [] and [r.address for r, _ in lie] == [replica.address]
     assert stats.state_downloads == 2 and stats.failed_pulls == 0 and stats.tiebreaks == 2
+
+
+def test_a_score_worse_than_uniform_with_unchecked_blocks_warns():
+    from cli.score import worse_than_uniform
+
+    lone = {"ce": 28.6, "verified": {"unverified_blocks": [1]}}
+    assert "worse than a uniform guess" in worse_than_uniform(lone) and "block(s) 1" in worse_than_uniform(lone)
+    assert worse_than_uniform({"ce": 2.6, "verified": {"unverified_blocks": [1]}}) == ""  # plausible: no claim
+    assert worse_than_uniform({"ce": 28.6, "verified": {"unverified_blocks": []}}) == ""  # checked: it is the model
+    assert worse_than_uniform({"ce": 28.6}) == ""  # a checkpoint: nothing was served
