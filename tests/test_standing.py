@@ -47,6 +47,8 @@ def test_beyond_the_range_cap_the_youngest_identities_must_pass_alone():
     assert must_pass == {"p3", "p4", "p5"}  # one /24 keeps its two oldest; another range is not affected
     assert [r.peer_id for r in standing.vouched(later, joining=False)] == ["p1", "p2", "q"]
     assert standing.vouched(later, joining=True) == later  # a joiner knows nobody: verified adoption guards it
+    fresh = Standing("me", GossipConfig(), public=True, checked=True)  # restarted from a checkpoint: knows nobody
+    assert fresh.vouched(later, joining=False) == later  # else it could never re-sync to the swarm it left
 
 
 def test_a_peer_that_keeps_pulling_one_way_is_left_out():

@@ -4,7 +4,8 @@ Owns, for one peer, the round-to-round memory that the loss check of one round (
   - probation (public swarms, with a held-out check; swarmd.membership.sybil.Probation): a new identity's deltas
     merge only in rounds where they pass the one-by-one held-out check (merge_parts' must_pass) until they passed
     cfg.probation_rounds rounds; a failure makes its probation longer. Its records do not count towards a re-sync
-    quorum until then (vouched), except for a joiner: it knows nobody, and verified adoption is what guards it;
+    quorum until then (vouched), except for a joiner or a restarted peer that knows nobody yet: verified adoption is
+    what guards it;
   - the cap per address range (public swarms): beyond cfg.identities_per_range identities whose signed records
     name one IPv4 /24 (IPv6 /48), the youngest are treated as on probation (their deltas merge when they pass alone);
   - slow drift (swarmd.averaging.drift.DriftTracker): each part's accepted deltas against the merge they landed in
@@ -60,11 +61,12 @@ class Standing:
         return not problem
 
     def vouched(self, records: list[PeerRecord], joining: bool) -> list[PeerRecord]:
-        """The records that count towards a re-sync quorum: past probation and within their range's cap (a joiner:
-        all of them, since it knows nobody yet)."""
+        """The records that count towards a re-sync quorum: past probation and within their range's cap. A joiner, or a
+        peer that knows nobody yet (restarted from its checkpoint: its standing starts empty), counts all of them:
+        verified adoption is what guards it, or it could never re-sync to the swarm it left."""
         if joining:
             return records
-        return counting_records(records, self.probation, self.per_range)
+        return counting_records(records, self.probation, self.per_range) or records
 
     def plan(self, round: int, records: Iterable[PeerRecord]) -> tuple[frozenset[str], frozenset[str]]:
         """(must_pass, leave_out) of this round's merge, given the signed records of the peers it may merge."""
