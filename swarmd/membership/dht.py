@@ -7,7 +7,9 @@ loop never blocks; starting it has a timeout and fails with a SwarmdError that n
 what to try, leaving no p2pd socket behind. A DHT node listens and announces where
 swarmd.membership.addresses says, and keeps its libp2p key in a file when given one (the daemon's
 checkpoint dir), so a restarted peer keeps its peer id; a DHT process that died alone is started
-again. The forked process itself is swarmd.membership.dht_process. With it, the only modules that
+again; before a DHT process is forked with no other alive, hivemind's MPFuture backend is made anew (one killed
+mid-update wedges every later call: fresh_mpfuture_backend). The forked process itself is
+swarmd.membership.dht_process. With it, the only modules that
 import hivemind (inside functions: importing this one stays light).
 """
 
@@ -22,6 +24,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 from swarmd.errors import PeerUnavailable, SwarmdError
@@ -52,6 +55,20 @@ def route_hivemind_logs() -> None:
     use_hivemind_log_handler("nowhere")
 
 
+def fresh_mpfuture_backend() -> None:
+    """Give this process a new hivemind MPFuture backend (result pipe, its reader thread, the update lock) before
+    a DHT process is forked. Every DHT result comes back through one pipe per parent process, written under one
+    lock shared with every forked DHT process: a DHT process killed while writing (kill -9, or SIGTERM's os._exit
+    mid-update) leaves the lock held or a partial message in the pipe, and no later DHT call, nor the start of
+    another DHT, ever resolves (reproduced: a DHT killed while busy, then a new one that never got ready).
+    Futures in flight are lost, and DHT processes forked before would share the new pipe under another lock: so
+    it runs only when no other DHT of this process is alive (a daemon's start and DHT restart; a test's first)."""
+    light_hivemind()
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()
+
+
 def _socket_tag() -> str:
     return f"blocktrain-{uuid.uuid4().hex[:10]}"
 
@@ -67,6 +84,7 @@ def _visible_maddrs(dht: Any) -> list[str]:
         return []
 
 
+_INSTANCES: weakref.WeakSet[HivemindDiscovery] = weakref.WeakSet()  # this process's DHT instances
 RECENT_PEERS = 16  # multiaddrs of peers last seen, kept to re-bootstrap from after a partition
 
 
@@ -209,9 +227,12 @@ class HivemindDiscovery:
         hint if it does not start)."""
         dht = None
         self._sockets = f"/tmp/hivemind-{_socket_tag()}-"  # this instance's p2pd unix sockets start so
+        _INSTANCES.add(self)
         try:
             if announce_host and not client_mode and port == 0:
                 port = free_port(host)
+            if not any(d is not self and d.dht_alive() for d in list(_INSTANCES)):  # no other DHT uses it now
+                fresh_mpfuture_backend()  # a DHT process killed mid-update may have left the old one wedged
             with _p2p_socket_prefix(self._sockets):  # read by the DHT process forked here
                 dht = _parent_bound_dht()(
                     initial_peers=list(initial_peers),
@@ -232,6 +253,11 @@ class HivemindDiscovery:
                 raise
             raise SwarmdError(_start_error(exc, initial_peers, host, start_timeout_s, identity_path)) from None
         return dht
+
+    def dht_alive(self) -> bool:
+        """Whether this instance's DHT process runs."""
+        dht = getattr(self, "dht", None)
+        return dht is not None and dht.is_alive()
 
     def restart(self) -> None:
         """Start the DHT process again after it died alone (an OOM kill, a crash; blocking): the same listen port
