@@ -88,10 +88,12 @@ def test_a_peer_that_is_down_leaves_its_part_unaveraged():
     mean_alive = torch.stack([vectors[p] for p in alive]).mean(0)
     for p, out in zip([p for p in rounds if p != dead], results):
         r = rounds[p]
-        assert r.missing == {dead}
-        k = r.index[dead]
-        s, e = r.bounds[k]
-        assert torch.equal(out[s:e], vectors[p][s:e])  # the dead owner's part: our own values
+        # the dead peer's part is missing; a live owner that waited the whole timeout for the dead peer's chunk may
+        # answer just after ours ran out too (both wait timeout_s): that part stays unaveraged as well
+        assert dead in r.missing
+        for owner in r.missing:
+            s, e = r.bounds[r.index[owner]]
+            assert torch.equal(out[s:e], vectors[p][s:e])  # a missing owner's part: our own values
         own_s, own_e = r.bounds[r.mine]
         assert relative_error(out[own_s:own_e], mean_alive[own_s:own_e]) < 1e-6  # merged without the dead one
 

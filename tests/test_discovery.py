@@ -7,7 +7,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from swarm_utils import wait_until
@@ -71,35 +74,44 @@ async def announce_retrying(discovery: HivemindDiscovery, record: PeerRecord, id
     await retrying(lambda: discovery.announce(sign_record(record, identity, ttl_s), ttl_s=ttl_s))
 
 
+async def _announce_find_and_expiry():
+    first = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
+    second = None
+    id1, id2 = Identity.generate(), Identity.generate()  # records are signed by the peers they name
+    try:
+        second = await HivemindDiscovery.create("sw", first.multiaddrs(), start_timeout_s=20)
+        assert first.multiaddrs() and all(m.startswith("/ip4/127.0.0.1/tcp/") for m in first.multiaddrs())
+        await announce_retrying(first, rec(id1.peer_id, 0, address="127.0.0.1:5000"), id1, 30)
+        await announce_retrying(second, rec(id2.peer_id, 1, address="127.0.0.1:5001"), id2, 1.5)
+        found0 = await retrying(lambda: second.find(0))
+        all_found = await retrying(first.find_all)
+        assert [r.peer_id for r in found0] == [id1.peer_id] and found0[0].address == "127.0.0.1:5000"
+        assert sorted(r.peer_id for r in all_found) == sorted([id1.peer_id, id2.peer_id])
+        other_swarm = HivemindDiscovery.__new__(HivemindDiscovery)
+        other_swarm.dht, other_swarm.swarm_id = first.dht, "other"
+        assert await other_swarm.find_all() == []  # keys are scoped by swarm id
+
+        async def expired():
+            return [r.peer_id for r in await first.find(1)] == []
+
+        await wait_until(expired, timeout_s=10, poll_s=0.2, what="the block-1 record to expire")
+    finally:
+        if second is not None:
+            await second.shutdown()
+        await first.shutdown()
+
+
 @pytest.mark.swarm
 def test_hivemind_dht_announce_find_and_expiry():
-    async def scenario():
-        first = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
-        second = None
-        id1, id2 = Identity.generate(), Identity.generate()  # records are signed by the peers they name
-        try:
-            second = await HivemindDiscovery.create("sw", first.multiaddrs(), start_timeout_s=20)
-            assert first.multiaddrs() and all(m.startswith("/ip4/127.0.0.1/tcp/") for m in first.multiaddrs())
-            await announce_retrying(first, rec(id1.peer_id, 0, address="127.0.0.1:5000"), id1, 30)
-            await announce_retrying(second, rec(id2.peer_id, 1, address="127.0.0.1:5001"), id2, 1.5)
-            found0 = await retrying(lambda: second.find(0))
-            all_found = await retrying(first.find_all)
-            assert [r.peer_id for r in found0] == [id1.peer_id] and found0[0].address == "127.0.0.1:5000"
-            assert sorted(r.peer_id for r in all_found) == sorted([id1.peer_id, id2.peer_id])
-            other_swarm = HivemindDiscovery.__new__(HivemindDiscovery)
-            other_swarm.dht, other_swarm.swarm_id = first.dht, "other"
-            assert await other_swarm.find_all() == []  # keys are scoped by swarm id
-
-            async def expired():
-                return [r.peer_id for r in await first.find(1)] == []
-
-            await wait_until(expired, timeout_s=10, poll_s=0.2, what="the block-1 record to expire")
-        finally:
-            if second is not None:
-                await second.shutdown()
-            await first.shutdown()
-
-    asyncio.run(scenario())
+    """Two DHT nodes: records stored, found across nodes, scoped by swarm id, expired. Run in a fresh interpreter:
+    the tests before it in this process fork and kill dozens of DHT processes, and in some CI runs every DHT call
+    of this test then hung (three tries of 20 s) while it passed alone and on the same commit elsewhere; one cause
+    is fixed (fresh_mpfuture_backend, test below), another is not found yet."""
+    here = Path(__file__).resolve().parent
+    code = "import asyncio, test_discovery as t; asyncio.run(t._announce_find_and_expiry())"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"the scenario failed in its own process:\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.swarm
