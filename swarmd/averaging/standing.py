@@ -89,8 +89,7 @@ class Standing:
     ) -> None:
         """After a merge: the one-by-one check results move probation; each part's merged deltas feed the drift test
         (the byte table only among the peers that sent a block delta too: our block's). Parts are keyed by kind."""
-        for peer_id in sorted(self.probation.observe(round, passed, failed)):
-            logger.info("round %d: %s passed its probation; its deltas and records count now", round, peer_id[-6:])
+        self.probation.observe(round, passed, failed)  # logs the identities that start to count
         block_peers = set(merged_from.get(BLOCK, ()))
         for kind, tracker in self.drift.items():
             centre = merged.get(kind)
