@@ -11,18 +11,18 @@ import asyncio
 
 import typer
 
-from cli import options as o
+from cli import flags as f
 from cli.common import cli_errors, fail, setup_logging
-from cli.options import NET
+from cli.flags import NET
 
 
 def dashboard(
-    swarm: o.SwarmPeers = None,
-    swarm_id: o.SwarmId = NET.swarm_id,
-    host: o.DashboardHost = "127.0.0.1",
-    port: o.DashboardPort = 8080,
-    timeout_s: o.TimeoutS = 2.0,
-    verbose: o.Verbose = False,
+    swarm: f.SwarmPeers = None,
+    swarm_id: f.SwarmId = NET.swarm_id,
+    host: f.DashboardHost = "127.0.0.1",
+    port: f.DashboardPort = 8080,
+    timeout_s: f.TimeoutS = 2.0,
+    verbose: f.Verbose = False,
 ) -> None:
     """Serve a live web map of the swarm: blocks, peers, rounds, throughput, consensus and CE over time."""
     setup_logging(verbose, hivemind=False)  # the URL first; hivemind (and torch) load after it

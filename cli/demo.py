@@ -17,10 +17,12 @@ from typing import IO, Annotated, Any
 
 import typer
 
+from cli import flags as f
 from cli import options as o
+from cli.bounds import AT_LEAST_1
 from cli.common import check_device, cli_errors, print_json, resolve_train_eval
+from cli.flags import GOSSIP
 from cli.groups import with_groups
-from cli.options import GOSSIP
 
 
 class PlainView:
@@ -120,13 +122,13 @@ class LiveView(PlainView):
 @with_groups(model=o.ModelOptions.optional(), train=o.TrainOptions.optional())
 def demo(
     *,
-    peers: Annotated[int, o.flag("--peers", "Daemons to start (processes on loopback).", bounds=o.AT_LEAST_1)] = 6,
-    data: o.Data = None,
-    eval_data: o.EvalData = None,
-    rounds: o.Rounds = 5,
-    steps_per_round: o.StepsPerRound = GOSSIP.steps_per_round,
-    codec: o.CodecOpt = o.DEFAULT_CODEC,
-    device: o.DeviceOpt = o.DEFAULT_DEVICE,
+    peers: Annotated[int, f.flag("--peers", "Daemons to start (processes on loopback).", bounds=AT_LEAST_1)] = 6,
+    data: f.Data = None,
+    eval_data: f.EvalData = None,
+    rounds: f.Rounds = 5,
+    steps_per_round: f.StepsPerRound = GOSSIP.steps_per_round,
+    codec: f.CodecOpt = f.DEFAULT_CODEC,
+    device: f.DeviceOpt = f.DEFAULT_DEVICE,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -144,9 +146,9 @@ def demo(
     ] = None,
     model: o.ModelOptions,  # model and training: None = the demo's defaults
     train: o.TrainOptions,
-    eval_tokens: o.EvalTokens = 4096,
-    timeout_s: o.TimeoutS = 900.0,
-    timeout: o.TimeoutAlias = None,
+    eval_tokens: f.EvalTokens = 4096,
+    timeout_s: f.TimeoutS = 900.0,
+    timeout: f.TimeoutAlias = None,
     json_out: Annotated[
         bool,
         typer.Option(
@@ -175,9 +177,9 @@ def demo(
             eval_tokens=eval_tokens,
             out=out,
             workdir=workdir,
-            timeout_s=o.timeout_s(timeout_s, timeout),
+            timeout_s=f.timeout_s(timeout_s, timeout),
         )
-        if device != o.Device.cpu:  # imports torch: only for a GPU (the default, cpu, needs no check)
+        if device != f.Device.cpu:  # imports torch: only for a GPU (the default, cpu, needs no check)
             check_device(device)
         view = PlainView(sys.stderr if json_out else sys.stdout)
         if not json_out and sys.stdout.isatty():

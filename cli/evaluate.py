@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli import options as o
+from cli import flags as f
+from cli.bounds import AT_LEAST_1, SEED
 from cli.common import check_device, cli_errors, print_json, resolve_data
 from swarmd.errors import ConfigError
 
@@ -22,16 +23,16 @@ def evaluate(
             "file, else the WikiText-2 cache's, else the stdlib corpus's held-out split).",
         ),
     ] = None,
-    eval_tokens: o.EvalTokens = 65536,
-    steps: o.Steps = None,
+    eval_tokens: f.EvalTokens = 65536,
+    steps: f.Steps = None,
     draws: Annotated[
         int,
-        o.flag("--draws", "Noise draws; >1 also reports the CE of their averaged probabilities.", bounds=o.AT_LEAST_1),
+        f.flag("--draws", "Noise draws; >1 also reports the CE of their averaged probabilities.", bounds=AT_LEAST_1),
     ] = 1,
-    seed: Annotated[int, o.flag("--seed", "Noise seed of the sampler.", bounds=o.SEED)] = 1234,
+    seed: Annotated[int, f.flag("--seed", "Noise seed of the sampler.", bounds=SEED)] = 1234,
     trace: Annotated[bool, typer.Option("--trace", help="Report the CE after every sampler step.")] = False,
-    device: o.DeviceOpt = o.Device.cpu,
-    json_out: o.Json = False,
+    device: f.DeviceOpt = f.Device.cpu,
+    json_out: f.Json = False,
 ) -> None:
     """Print from-noise CE (nats per byte) and perplexity."""
     with cli_errors():

@@ -17,7 +17,9 @@ from typing import Annotated
 
 import typer
 
+from cli import flags as f
 from cli import options as o
+from cli.bounds import AT_LEAST_0, AT_LEAST_1, SEED
 from cli.common import check_device, cli_errors, open_sweeper
 from cli.groups import with_groups
 from swarmd.errors import ConfigError
@@ -27,14 +29,12 @@ from swarmd.errors import ConfigError
 def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (UTF-8).")],
     src: o.SourceOptions,
-    max_bytes: Annotated[int, o.flag("--max-bytes", "Bytes to generate.", bounds=o.AT_LEAST_1)] = 128,
-    temperature: Annotated[
-        float, o.flag("--temperature", "Softmax temperature; 0 = greedy.", bounds=o.AT_LEAST_0)
-    ] = 1.0,
+    max_bytes: Annotated[int, f.flag("--max-bytes", "Bytes to generate.", bounds=AT_LEAST_1)] = 128,
+    temperature: Annotated[float, f.flag("--temperature", "Softmax temperature; 0 = greedy.", bounds=AT_LEAST_0)] = 1.0,
     seed: Annotated[
-        int, o.flag("--seed", "Seed of the per-position noise and byte draws (same seed, same text).", bounds=o.SEED)
+        int, f.flag("--seed", "Seed of the per-position noise and byte draws (same seed, same text).", bounds=SEED)
     ] = 0,
-    steps: o.Steps = None,
+    steps: f.Steps = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Print sweeps, bytes/s and hop latencies to stderr at the end.")
     ] = False,

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from cli import options as o
+from cli import flags as f
 from cli.common import cli_errors, fail
 from swarmd.errors import ConfigError
 from swarmd.membership.addresses import check_peer_address
@@ -31,7 +31,7 @@ async def serving_status(address: str, timeout_s: float) -> str:
 
 def health(
     address: Annotated[str, typer.Argument(help="HOST:PORT of a daemon's gRPC server, e.g. 127.0.0.1:50051.")],
-    timeout_s: o.TimeoutS = 3.0,
+    timeout_s: f.TimeoutS = 3.0,
 ) -> None:
     """Exit 0 if the daemon at ADDRESS reports SERVING on the gRPC health service, else 1."""
     with cli_errors():

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from cli import flags as f
 from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, setup_logging
 from cli.groups import with_groups
@@ -34,7 +35,7 @@ def join(
     peer: o.PeerOptions,
     train: o.TrainOptions,
     model: o.ModelOptions,
-    verbose: o.Verbose = False,
+    verbose: f.Verbose = False,
 ) -> None:
     """Join a running swarm: fetch its model config from a peer, download state, train a block.
 

@@ -1,8 +1,8 @@
 """The `blocktrain` command: registers every sub-command and `--version`; no command logic lives here.
 
 Commands: train, eval, model-info, data fetch (model core); run, join, status, health, demo, dashboard (swarm);
-score, generate (inference); simulate (the network simulator). Each lives in its own module under cli/, its
-options in cli/options.py.
+score, generate (inference); simulate (the network simulator). Each lives in its own module under cli/; its
+flags are declared in cli/flags.py (ranges in cli/bounds.py), the groups of flags that build configs in cli/options.py.
 Importing this module (and so `blocktrain --help` or `blocktrain status`) does not import torch.
 The console script (entry) ends its process as soon as the command is done (end_now).
 """
@@ -33,7 +33,7 @@ from cli import (
     status,
     train,
 )
-from cli import options as o
+from cli import flags as f
 from cli.common import cli_errors
 from swarmd import __version__
 
@@ -57,7 +57,7 @@ def main(
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
     ] = False,
-    swarm_key: o.SwarmKeyOpt = None,
+    swarm_key: f.SwarmKeyOpt = None,
 ) -> None:
     """BlockTrain: train a DiffusionBlocks byte-level language model across a peer-to-peer swarm."""
     if swarm_key is not None:  # every client this process opens (status, health, score, ...) proves it

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from cli import flags as f
 from cli import options as o
 from cli.common import cli_errors, print_json
 from cli.groups import with_groups
 
 
 @with_groups(model=o.ModelOptions.without("sigma_lo", "sigma_hi"))
-def info(model: o.ModelOptions, json_out: o.Json = False) -> None:
+def info(model: o.ModelOptions, json_out: f.Json = False) -> None:
     """Print parameter counts and AdamW bytes (params + grads + 2 moments, fp32)."""
     with cli_errors():
         from swarmd.core.memory import GIB, model_info

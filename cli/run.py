@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from cli import flags as f
 from cli import options as o
 from cli.common import check_data, check_device, cli_errors, resolve_data, resolve_train_eval, setup_logging
 from cli.groups import with_groups
@@ -31,7 +32,7 @@ def run(
     peer: o.PeerOptions,
     train: o.TrainOptions,
     model: o.ModelOptions,
-    verbose: o.Verbose = False,
+    verbose: f.Verbose = False,
 ) -> None:
     """Start a swarm peer that trains one block; prints the multiaddrs others join with."""
     with cli_errors():

@@ -18,7 +18,9 @@ from typing import Annotated
 
 import typer
 
+from cli import flags as f
 from cli import options as o
+from cli.bounds import AT_LEAST_1, SEED
 from cli.common import check_device, cli_errors, open_sweeper, print_json
 from cli.groups import with_groups
 from swarmd.errors import ConfigError
@@ -31,13 +33,13 @@ def score(
     file: Annotated[Path, typer.Argument(help="Text file to score (bytes).")],
     src: o.SourceOptions,
     max_bytes: Annotated[
-        int | None, o.flag("--max-bytes", "Score at most this many bytes (whole windows).", bounds=o.AT_LEAST_1)
+        int | None, f.flag("--max-bytes", "Score at most this many bytes (whole windows).", bounds=AT_LEAST_1)
     ] = None,
     seed: Annotated[
-        int, o.flag("--seed", "Noise seed of the sampler (same as `blocktrain eval --seed`).", bounds=o.SEED)
+        int, f.flag("--seed", "Noise seed of the sampler (same as `blocktrain eval --seed`).", bounds=SEED)
     ] = 1234,
-    steps: o.Steps = None,
-    json_out: o.Json = False,
+    steps: f.Steps = None,
+    json_out: f.Json = False,
 ) -> None:
     """Print the from-noise CE (nats per byte) and perplexity of a text."""
     with cli_errors():

@@ -2,36 +2,132 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from cli import flags as f
 from cli import options as o
+from cli.bounds import AT_LEAST_0, AT_LEAST_1, POSITIVE, UNIT, Bounds
 from cli.common import check_data, cli_errors, print_json, resolve_train_eval
-from cli.groups import with_groups
+from cli.flags import flag
+from cli.groups import OptionGroup, with_groups
 from swarmd.errors import ConfigError
 from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
+
+# -- the simulator's flags (this command's only) -------------------------------------------------
+SIM = "Simulated network"
+RegimeOpt = Annotated[
+    str,
+    flag(
+        "--regime",
+        "Network regime: lockstep, async-mild, wan-tight, wan-mid, wan-loose, edge-mid, bad-edge, bad-edge-loose, "
+        "or custom (the network flags below, starting from lockstep's).",
+        SIM,
+    ),
+]
+Workers = Annotated[int, flag("--workers", "K: virtual workers (replicas) per block.", SIM, bounds=AT_LEAST_1)]
+PolicyOpt = Annotated[
+    str | None,
+    flag(
+        "--policy",
+        "Deadline policy: lockstep, fixed (the regime's deadline), adaptive (the daemon's), quantile "
+        "(a participation target). Default: the regime's own (fixed, or lockstep when it has no deadline).",
+        SIM,
+        show_default=False,
+    ),
+]
+TargetParticipation = Annotated[
+    float,
+    flag(
+        "--target-participation",
+        "The quantile policy's target: fraction of arrivals to wait for.",
+        SIM,
+        bounds=Bounds(0, 1, lo_open=True),
+    ),
+]
+
+
+def custom(name: str, help: str, bounds: Bounds = AT_LEAST_0) -> Any:
+    """A network flag of `--regime custom` (None = the lockstep preset's value): `custom: HELP`, in the panel SIM."""
+    return flag(name, f"custom: {help}", SIM, bounds=bounds)
+
+
+ComputeS = Annotated[float | None, custom("--compute-s", "median seconds per local step.")]
+ComputeSigma = Annotated[float | None, custom("--compute-sigma", "log-std of the step time.")]
+LatencyS = Annotated[float | None, custom("--latency-s", "median one-way latency, seconds.")]
+LatencySigma = Annotated[float | None, custom("--latency-sigma", "log-std of the latency.")]
+BandwidthKBps = Annotated[float | None, custom("--bandwidth-kbps", "median upload bandwidth, kB/s.", POSITIVE)]
+BandwidthSigma = Annotated[float | None, custom("--bandwidth-sigma", "log-std of the bandwidth.")]
+Dropout = Annotated[float | None, custom("--dropout", "chance a worker drops out of a round.", UNIT)]
+DeadlineX = Annotated[
+    float | None,
+    custom("--deadline", "fixed deadline as a multiple of a round's median compute time (H x --compute-s).", POSITIVE),
+]
+
+
+@dataclass(frozen=True)
+class NetworkSimOptions(OptionGroup):
+    """`blocktrain simulate --regime custom`: the network distributions (None = lockstep preset's value)."""
+
+    compute_s: ComputeS
+    compute_sigma: ComputeSigma
+    latency_s: LatencyS
+    latency_sigma: LatencySigma
+    bandwidth_kbps: BandwidthKBps
+    bandwidth_sigma: BandwidthSigma
+    dropout: Dropout
+    deadline: DeadlineX
+
+    def regime(self, name: str):
+        """The named preset, or with name custom the lockstep preset changed by the flags given (ConfigError)."""
+        from swarmd.sim.regimes import PRESETS, custom_regime, regime_named
+
+        given = self.given()
+        if name.strip().lower() != "custom":
+            preset = regime_named(name)
+            if given:
+                flags = ", ".join("--" + k.replace("_", "-") for k in given)
+                raise ConfigError(f"{flags} need --regime custom (regime {preset.name} is a preset)")
+            return preset
+        base = PRESETS["lockstep"]
+        values: dict[str, Any] = {
+            "compute_s": base.compute_s.median,
+            "compute_sigma": base.compute_s.sigma,
+            "latency_s": base.latency_s.median,
+            "latency_sigma": base.latency_s.sigma,
+            "bandwidth_kBps": base.bandwidth_Bps.median / 1e3,
+            "bandwidth_sigma": base.bandwidth_Bps.sigma,
+            "dropout": base.dropout,
+            "deadline": base.deadline,
+        }
+        values.update({("bandwidth_kBps" if k == "bandwidth_kbps" else k): v for k, v in given.items()})
+        return custom_regime(**values)
+
 
 # small sizes by default so a run takes a minute on a CPU; the architecture options stay the project's defaults
 SIM_MODEL = o.ModelOptions.with_defaults(d_model=64, layers_per_block=1, seq_len=64)
 SIM_TRAIN = o.TrainOptions.with_defaults(batch_size=16)
 
 
-@with_groups(model=SIM_MODEL, train=SIM_TRAIN, network=o.NetworkSimOptions)
+@with_groups(model=SIM_MODEL, train=SIM_TRAIN, network=NetworkSimOptions)
 def simulate(
     *,
-    regime: o.RegimeOpt,
-    policy: o.PolicyOpt = None,
-    target_participation: o.TargetParticipation = DEFAULT_TARGET,
-    workers: o.Workers = 3,
+    regime: RegimeOpt,
+    policy: PolicyOpt = None,
+    target_participation: TargetParticipation = DEFAULT_TARGET,
+    workers: Workers = 3,
     model: o.ModelOptions,
-    steps_per_round: o.StepsPerRound = 20,
-    rounds: o.Rounds = 12,
+    steps_per_round: f.StepsPerRound = 20,
+    rounds: f.Rounds = 12,
     train: o.TrainOptions,
-    codec: o.CodecOpt = o.DEFAULT_CODEC,
-    network: o.NetworkSimOptions,
-    data: o.Data = None,
-    eval_data: o.EvalData = None,
-    eval_tokens: o.EvalTokens = 4096,
-    json_out: o.Json = False,
-    overlap: o.Overlap = False,
-    overlap_steps: o.OverlapSteps = 0,
+    codec: f.CodecOpt = f.DEFAULT_CODEC,
+    network: NetworkSimOptions,
+    data: f.Data = None,
+    eval_data: f.EvalData = None,
+    eval_tokens: f.EvalTokens = 4096,
+    json_out: f.Json = False,
+    overlap: f.Overlap = False,
+    overlap_steps: f.OverlapSteps = 0,
 ) -> None:
     """Simulate a swarm of B x K virtual workers under a network regime: real training, codec and merge, virtual clock.
 

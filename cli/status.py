@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import options as o
+from cli import flags as f
 from cli.common import cli_errors, fail, print_json, setup_logging
-from cli.options import NET
+from cli.flags import NET
 
 
 def _num(v: float, fmt: str = "{:.2f}") -> str:
@@ -94,11 +94,11 @@ def status(
     address: Annotated[
         str | None, typer.Argument(help="HOST:PORT of one peer's gRPC server.", show_default=False)
     ] = None,
-    swarm: o.SwarmPeers = None,
-    swarm_id: o.SwarmId = NET.swarm_id,
-    timeout_s: o.TimeoutS = 5.0,
-    timeout: o.TimeoutAlias = None,
-    json_out: o.Json = False,
+    swarm: f.SwarmPeers = None,
+    swarm_id: f.SwarmId = NET.swarm_id,
+    timeout_s: f.TimeoutS = 5.0,
+    timeout: f.TimeoutAlias = None,
+    json_out: f.Json = False,
 ) -> None:
     """Show a peer's or the whole swarm's status: rounds, throughput, bytes, participation, consensus."""
     setup_logging(False, hivemind=bool(swarm))  # one peer's status needs no DHT (nor torch)
@@ -107,7 +107,7 @@ def status(
             fail("pass either ADDRESS or --swarm MULTIADDR", 2)
         from swarmd.tools.survey import survey_peer, survey_swarm
 
-        wait_s = o.timeout_s(timeout_s, timeout)
+        wait_s = f.timeout_s(timeout_s, timeout)
         summary = asyncio.run(survey_peer(address, wait_s) if address else survey_swarm(list(swarm), swarm_id, wait_s))
         if swarm and not summary["peers"]:  # not an error (scripts get an empty list), but say why it is empty
             typer.echo(f"note: no peer of swarm {swarm_id!r} found through {swarm[0]} (check --swarm-id)", err=True)

@@ -8,10 +8,11 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cli import flags as f
 from cli import options as o
 from cli.common import check_data, check_device, cli_errors, print_json, resolve_train_eval
+from cli.flags import TRAIN
 from cli.groups import with_groups
-from cli.options import TRAIN
 from swarmd.errors import ConfigError
 
 
@@ -19,15 +20,15 @@ from swarmd.errors import ConfigError
 def train(
     *,
     out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to write.")],
-    data: o.Data = None,
-    eval_data: o.EvalData = None,
+    data: f.Data = None,
+    eval_data: f.EvalData = None,
     e2e: Annotated[bool, typer.Option("--e2e", help="Train the end-to-end reference transformer instead.")] = False,
     model: o.ModelOptions,
-    steps_per_round: o.StepsPerRound = 100,
-    rounds: o.Rounds = 4,
+    steps_per_round: f.StepsPerRound = 100,
+    rounds: f.Rounds = 4,
     train: o.TrainOptions,
-    eval_tokens: o.EvalTokens = 16384,
-    device: o.DeviceOpt = o.Device.cpu,
+    eval_tokens: f.EvalTokens = 16384,
+    device: f.DeviceOpt = f.Device.cpu,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary at the end.")] = False,
 ) -> None:
     """Train one process, one block at a time (no gradient crosses blocks); eval after every round."""
