@@ -23,7 +23,8 @@
   too (Agreement.agreed), so a peer that got ahead alone still rejoins. A joiner (round 0: fresh weights) also
   pulls the other states several peers announce (quorum.candidates, JOIN_CANDIDATES per part) and takes the
   best that passes, its initial weights included;
-- serving: state_payload answers PullState with the base (or the anchor the records announce), signed.
+- pulls and serving (swarmd.averaging.pulls.StatePulls): the signed states pulled and validated before any of the
+  above adopts one, and state_payload, the PullState answer (the base, or the anchor the records announce).
 """
 
 from __future__ import annotations
@@ -35,41 +36,37 @@ import torch
 
 from swarmd.averaging import rejoin
 from swarmd.averaging.adoption import Candidate, Refusals, Verdict, choose, options
-from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
-from swarmd.averaging.delta import encode
-from swarmd.averaging.outer import split_momentum, with_momentum
-from swarmd.averaging.state import weights_hash
-from swarmd.errors import StaleRound, SwarmdError, ValidationError, WrongBlock
+from swarmd.averaging.context import BLOCK, EMB, PeerContext
+from swarmd.averaging.pulls import StatePulls
+from swarmd.errors import ValidationError
 from swarmd.membership.quorum import (
     agreeing,
     candidates,
     diverged_majority,
     quorum,
-    rank,
     reference,
     round_backed,
+    split_reference,
 )
 from swarmd.membership.records import PeerRecord
-from swarmd.membership.trust import sign_payload, verify_payload
-from swarmd.protocol import Codec, PayloadKind
-from swarmd.transport.framing import Encoded
-from swarmd.v1 import swarm_pb2 as pb
+from swarmd.protocol import PayloadKind
 
 logger = logging.getLogger(__name__)
 
-REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
 HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majority from a diverged one
 JOIN_CANDIDATES = 3  # distinct states of each part a joiner pulls and scores (the normal target included)
 
 
 class Agreement:
-    """One peer's state agreement: re-sync, rejoin, pulls, and the states it serves (see the module doc).
+    """One peer's state agreement: re-sync, rejoin, verified adoption (see the module doc); its pulls and the states it
+    serves are StatePulls' (self.pulls).
 
     :param peer: the context the round protocol (swarmd.averaging.exchange) holds too
     """
 
     def __init__(self, peer: PeerContext):
         self.peer = peer
+        self.pulls = StatePulls(peer)  # what it pulls from others, and the states it serves
         self.history: dict[str, dict[int, str]] = {"block": {}, "embedding": {}}  # part -> round -> our base hash
         self.isolated = {BLOCK: 0, EMB: 0}  # rounds in a row without an accepted delta of that kind (rejoin)
         self.refusals = Refusals()  # states the held-out check refused (verified adoption)
@@ -149,7 +146,8 @@ class Agreement:
         target: PeerRecord | None = ref
         expect: tuple[str, int] | None = (weights(ref), ref.round)
         if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
-            target = self._split_reference(kind, me, pool)  # DHT records may lag: use last round's exchanges
+            split = p.last_split.get(kind.delta, (set(), set()))  # DHT records may lag: use last round's exchanges
+            target = split_reference(me, pool, *split)
             expect = None  # the signed deltas said where it is; its state must hash as it signs
             if target is None and self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS:
                 fresh = await self._rejoin(kind, pool)
@@ -159,7 +157,7 @@ class Agreement:
         elif target is not None:
             limit = me.round + p.cfg.max_round_jump
             apart = majority is not None or expect is None  # rejoining a majority, or a split round's move
-            got = await self._try_fetch(target, kind, expect, limit, back=majority is not None, apart=apart)
+            got = await self.pulls.try_fetch(target, kind, expect, limit, back=majority is not None, apart=apart)
             found += [got] if got is not None else []
         if joining:
             found += await self._join_candidates(kind, me, pool, others, {c.weights for c in found})
@@ -179,29 +177,8 @@ class Agreement:
 
         picked = candidates(me, pool, weights, max(0, JOIN_CANDIDATES - len(have)), can_pull, swarm=others)
         limit = me.round + p.cfg.max_round_jump
-        got = await asyncio.gather(*(self._try_fetch(r, kind, (weights(r), r.round), limit) for r in picked))
+        got = await asyncio.gather(*(self.pulls.try_fetch(r, kind, (weights(r), r.round), limit) for r in picked))
         return [c for c in got if c is not None]
-
-    async def _try_fetch(
-        self,
-        peer: PeerRecord,
-        kind: PayloadKind,
-        expect: tuple[str, int] | None,
-        limit: int,
-        back: bool = False,
-        apart: bool = False,
-    ) -> Candidate | None:
-        """_fetch, a failure logged (and an unreachable peer banned) instead of raised; `apart`: Candidate.apart."""
-        p = self.peer
-        try:
-            c = await self._fetch(peer, kind, expect, limit, back)
-            c.apart = apart
-            return c
-        except SwarmdError as exc:
-            logger.warning("%s re-sync of the %s from %s failed: %s", p.tag, kind.part, peer.peer_id[-6:], exc)
-            if not isinstance(exc, (ValidationError, StaleRound)):
-                p.bans.fail(peer.peer_id)
-            return None
 
     async def _adopt_passing(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> list[str]:
         """Adopt the candidates of both parts that pass the held-out check (all first ones when not verifying);
@@ -256,49 +233,6 @@ class Agreement:
                 )
         return verdict
 
-    def _split_reference(self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord]) -> PeerRecord | None:
-        """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
-
-        The side with fewer peers on its base moves; on a tie the lower-ranked side moves (the
-        same rule as reference(), applied to the signed deltas' headers instead of DHT records). The
-        other side must also hold a quorum of the peers seen (one stray signer never moves anybody).
-        """
-        p = self.peer
-        same, other = p.last_split.get(kind.delta, (set(), set()))
-        if not other or len(other) < quorum(len({r.peer_id for r in pool})):
-            return None
-        candidates = [r for r in pool if r.peer_id in other and r.address]
-        if not candidates:
-            return None
-        best = max(candidates, key=rank)
-        if len(other) > len(same) or (len(other) == len(same) and rank(best) > rank(me)):
-            return best
-        return None
-
-    async def _pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
-        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current); the reply must come
-        signed by that peer (ValidationError otherwise)."""
-        p = self.peer
-        request = pb.PullStateRequest(
-            swarm_id=p.me.swarm_id,
-            config_hash=p.me.config_hash,
-            kind=kind.to_pb(),
-            block_index=peer.block_index if kind.is_block else -1,
-            **extra,
-        )
-        enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
-        self._check_signed(enc, peer.peer_id)
-        return enc
-
-    async def _fresh_state(self, peer: PeerRecord, kind: PayloadKind) -> tuple[rejoin.Held, dict[str, torch.Tensor]]:
-        """A peer's current state, signed by it and hashing to the weights its own signed header names."""
-        p = self.peer
-        enc = await self._pull_signed(peer, kind)
-        tensors = p.decode(enc, kind, p.me.block_index if kind.is_block else -1)
-        if (got := await asyncio.to_thread(weights_hash, tensors)) != enc.header.base_hash:
-            raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
-        return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
-
     async def _rejoin(self, kind: PayloadKind, pool: list[PeerRecord]) -> Candidate | None:
         """An isolated peer asks the fresh signed states (swarmd.averaging.rejoin): a fresh quorum's state, or after
         holding still the reconciliation of the members; returns the state to adopt (None: none), not adopted.
@@ -315,7 +249,7 @@ class Agreement:
         prev: dict[str, tuple[int, str]] | None = None
         settled: tuple = ()
         for _ in range(rejoin.HOLD_TRIES):
-            answers = await asyncio.gather(*(self._fresh_state(r, kind) for r in peers), return_exceptions=True)
+            answers = await asyncio.gather(*(self.pulls.fresh_state(r, kind) for r in peers), return_exceptions=True)
             fresh = {
                 h.peer_id: (h, t)
                 for a in answers
@@ -385,44 +319,6 @@ class Agreement:
         p.anchors[c.kind.delta].clear()  # the adopted state is what the quorum shares: our anchor again
         logger.info("%s adopted the %s of %s (round %d)", p.tag, c.kind.part, c.source, c.round)
 
-    async def _fetch(
-        self,
-        peer: PeerRecord,
-        kind: PayloadKind,
-        expect: tuple[str, int] | None = None,
-        round_limit: int | None = None,
-        back: bool = False,
-    ) -> Candidate:
-        """Download a peer's block or embedding state (signed, validated) as a Candidate, not adopted (see pull)."""
-        p = self.peer
-        outer = p.state.outer is not None  # adopt the reference's outer buffer with its weights
-        enc = await self._pull_signed(peer, kind, outer_state=outer)
-        h = enc.header
-        want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
-        if back and expect is not None and want_round < int(h.round) <= want_round + REJOIN_AHEAD_ROUNDS:
-            # rejoining a majority: the member asked has merged on since its record (fast rounds, lagging
-            # records); its own signed, newer state on that trajectory is what the majority holds now
-            want_hash, want_round = h.base_hash, int(h.round)
-        if h.base_hash != want_hash or int(h.round) != want_round:
-            raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
-        tensors, momentum = split_momentum(p.decode(enc, kind, p.me.block_index if kind.is_block else -1, outer))
-        if momentum is not None:  # not covered by the announced hash: bounded like the merges it sums
-            p.check_norm(momentum, kind.delta, 1.0 / (1.0 - p.cfg.outer_momentum))
-        if (got := await asyncio.to_thread(weights_hash, tensors)) != want_hash:
-            raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
-        announced = peer.base_hash if kind.is_block else peer.emb_hash
-        return Candidate(
-            kind,
-            peer.peer_id,
-            want_hash,
-            want_round,
-            tensors,
-            momentum,
-            back=back,
-            round_limit=round_limit,
-            announced=announced,
-        )
-
     async def pull(
         self,
         peer: PeerRecord,
@@ -442,43 +338,10 @@ class Agreement:
         :raises ValidationError: unsigned, not from `peer`, not the announced weights, or refused by the held-out
             check; StaleRound: the peer has moved to another round since its record
         """
-        c = await self._fetch(peer, kind, expect, round_limit, back)
+        c = await self.pulls.fetch(peer, kind, expect, round_limit, back)
         c.apart = back
         if self.verifying:
             verdict = await self._judge([c] if kind.is_block else [], [] if kind.is_block else [c], joining=False)
             if verdict.chosen is None:
                 raise ValidationError(f"the held-out check refused the {kind.part} state of {peer.peer_id[-6:]}")
         await self._adopt(c)
-
-    async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
-        """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        p = self.peer
-        enc = await self._pull_signed(peer, PayloadKind.BLOCK_STATE, current=True)  # its merged block, not its anchor
-        return p.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
-
-    @staticmethod
-    def _check_signed(enc: Encoded, peer_id: str) -> None:
-        """A payload we asked `peer_id` for must come signed by it (ValidationError otherwise)."""
-        if enc.header.peer_id != peer_id:
-            raise ValidationError(f"state signed by {enc.header.peer_id[-6:] or '?'}, asked {peer_id[-6:]}")
-        verify_payload(enc)
-
-    def state_payload(self, request: pb.PullStateRequest) -> Encoded:
-        """The base (merged) block or embedding as an fp32 payload, for PullState."""
-        p = self.peer
-        if request.swarm_id != p.me.swarm_id or request.config_hash != p.me.config_hash:
-            raise ValidationError("pull request for another swarm or model config")
-        kind = payload_kind(request.kind)
-        if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
-            raise ValidationError(f"unknown state kind {kind or request.kind!r}")
-        if kind.is_block and request.block_index != p.me.block_index:
-            raise WrongBlock(f"this peer trains block {p.me.block_index}, not {request.block_index}")
-        round, block, emb, momentum = p.state.snapshot_outer()
-        tensors, base_hash = (block, p.state.block_hash) if kind.is_block else (emb, p.state.emb_hash)
-        if (anchor := p.anchors[kind.delta]).active and anchor.tensors is not None and not request.current:
-            tensors, base_hash = anchor.tensors, anchor.hash  # what the records announce (group averaging)
-        if request.outer_state and momentum is not None:  # the hash stays the weights' (what records announce)
-            tensors = with_momentum(tensors, momentum["block" if kind.is_block else "emb"])
-        enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **p.hdr(kind, round)), p.identity)
-        p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
-        return enc

@@ -11,7 +11,8 @@ The averaging protocol (litepaper §2.3-2.4, ../shared/docs/gossip.md), piece by
   merge.py      the merge rule (robust or plain mean, in peer-id order: bit-identical replicas) and its
                 landing (anchors under group averaging, land_merge under overlap)
   agreement.py  Agreement: re-sync to the reference a quorum of signed records announces, split rounds,
-                rejoining a majority or the fresh states after isolation, pulls, the states served
+                rejoining a majority or the fresh states after isolation, verified adoption
+  pulls.py      StatePulls: the signed states pulled (validated, not adopted) and the states served (PullState)
   swarmd.membership.quorum  the pure quorum rules over signed records the agreement applies
 Talks to a Transport protocol (PeerClient, or an in-memory one in tests) and a Discovery lookup; no grpc
 or hivemind imports. Every merge is a pure function of the accepted deltas (merge.merge_deltas).
@@ -86,8 +87,8 @@ class Gossip(PeerContext):
 
     async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        return await self.agreement.fetch_block(peer)
+        return await self.agreement.pulls.fetch_block(peer)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
-        return self.agreement.state_payload(request)
+        return self.agreement.pulls.state_payload(request)

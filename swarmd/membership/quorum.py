@@ -6,6 +6,7 @@ round_backed()      whether a quorum of the whole swarm's records announces a ro
 rank(), reference() the reference of a part: highest round, then the largest group, then server mode, peer id
 diverged_majority() the majority a peer that trained apart (a partition) rejoins, even at a lower round
 candidates()        the distinct states a joiner pulls to compare on its held-out sample (issue 21), bounded
+split_reference()   whom a peer moves to when last round's signed deltas showed a quorum on another base
 
 The records given are the signed ones (swarmd.membership.trust.is_valid); nothing here checks signatures,
 does I/O or imports torch. swarmd.averaging.agreement applies these rules to a peer's re-sync.
@@ -142,3 +143,22 @@ def reference(me: PeerRecord, others: list[PeerRecord], key: WeightsOf = block_w
         if dialable:
             return max(dialable, key=rank)
     return me
+
+
+def split_reference(me: PeerRecord, pool: list[PeerRecord], same: set[str], other: set[str]) -> PeerRecord | None:
+    """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
+
+    `same` / `other`: the peer ids whose signed deltas of last round were on our base / on another one. The side
+    with fewer peers on its base moves; on a tie the lower-ranked side moves (the same rule as reference(), applied
+    to the signed deltas' headers instead of DHT records). The other side must also hold a quorum of the peers seen
+    in `pool` (one stray signer never moves anybody).
+    """
+    if not other or len(other) < quorum(len({r.peer_id for r in pool})):
+        return None
+    dialable = [r for r in pool if r.peer_id in other and r.address]
+    if not dialable:
+        return None
+    best = max(dialable, key=rank)
+    if len(other) > len(same) or (len(other) == len(same) and rank(best) > rank(me)):
+        return best
+    return None

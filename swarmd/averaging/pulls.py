@@ -1,0 +1,160 @@
+"""State transfer: the signed states one peer pulls from others (validated, not adopted) and the states it serves.
+
+StatePulls owns the PullState traffic of state agreement (swarmd.averaging.agreement decides what to adopt):
+  - fetch: a peer's block or embedding state as an adoption Candidate: signed by the peer asked, at the round
+    and hashing to the weights the quorum's records announce (or, rejoining a majority, the member's own
+    signed newer state on that trajectory, at most REJOIN_AHEAD_ROUNDS ahead), its outer momentum bounded
+    like the merges it sums; try_fetch logs a failure (and bans an unreachable peer) instead of raising;
+  - fresh_state: a peer's current state, hashing to what its own signed header names (a rejoin's question);
+  - fetch_block: another peer's merged block for the CE measurement (swarmd.node.measure), never adopted;
+  - state_payload: what this peer answers a PullState with: the base, or the anchor its records announce
+    (group averaging), with the outer momentum when asked, signed (fp32).
+Talks to the peer's Transport only (no grpc here); hashes and decodes in the worker thread where costly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import torch
+
+from swarmd.averaging import rejoin
+from swarmd.averaging.adoption import Candidate
+from swarmd.averaging.context import PeerContext, payload_kind
+from swarmd.averaging.delta import encode
+from swarmd.averaging.outer import split_momentum, with_momentum
+from swarmd.averaging.state import weights_hash
+from swarmd.errors import StaleRound, SwarmdError, ValidationError, WrongBlock
+from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import sign_payload, verify_payload
+from swarmd.protocol import Codec, PayloadKind
+from swarmd.transport.framing import Encoded
+from swarmd.v1 import swarm_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
+
+
+class StatePulls:
+    """One peer's state transfers (see the module doc).
+
+    :param peer: the context the round protocol and the state agreement hold too
+    """
+
+    def __init__(self, peer: PeerContext):
+        self.peer = peer
+
+    async def fetch(
+        self, peer: PeerRecord, kind: PayloadKind, expect: tuple[str, int] | None, round_limit: int | None, back: bool
+    ) -> Candidate:
+        """Download a peer's block or embedding state (signed, validated) as a Candidate, not adopted (the parameters
+        are Agreement.pull's; with `back` and `expect`, a majority member's own signed state up to REJOIN_AHEAD_ROUNDS
+        past the announced round is taken instead: it merged on since its record)."""
+        p = self.peer
+        outer = p.state.outer is not None  # adopt the reference's outer buffer with its weights
+        enc = await self.pull_signed(peer, kind, outer_state=outer)
+        h = enc.header
+        want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
+        if back and expect is not None and want_round < int(h.round) <= want_round + REJOIN_AHEAD_ROUNDS:
+            # rejoining a majority: the member asked has merged on since its record (fast rounds, lagging
+            # records); its own signed, newer state on that trajectory is what the majority holds now
+            want_hash, want_round = h.base_hash, int(h.round)
+        if h.base_hash != want_hash or int(h.round) != want_round:
+            raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
+        tensors, momentum = split_momentum(p.decode(enc, kind, p.me.block_index if kind.is_block else -1, outer))
+        if momentum is not None:  # not covered by the announced hash: bounded like the merges it sums
+            p.check_norm(momentum, kind.delta, 1.0 / (1.0 - p.cfg.outer_momentum))
+        if (got := await asyncio.to_thread(weights_hash, tensors)) != want_hash:
+            raise ValidationError(f"pulled state hashes to {got}, its peer announced {want_hash}")
+        announced = peer.base_hash if kind.is_block else peer.emb_hash
+        return Candidate(
+            kind,
+            peer.peer_id,
+            want_hash,
+            want_round,
+            tensors,
+            momentum,
+            back=back,
+            round_limit=round_limit,
+            announced=announced,
+        )
+
+    async def try_fetch(
+        self,
+        peer: PeerRecord,
+        kind: PayloadKind,
+        expect: tuple[str, int] | None,
+        limit: int,
+        back: bool = False,
+        apart: bool = False,
+    ) -> Candidate | None:
+        """fetch, a failure logged (and an unreachable peer banned) instead of raised; `apart`: Candidate.apart."""
+        p = self.peer
+        try:
+            c = await self.fetch(peer, kind, expect, limit, back)
+            c.apart = apart
+            return c
+        except SwarmdError as exc:
+            logger.warning("%s re-sync of the %s from %s failed: %s", p.tag, kind.part, peer.peer_id[-6:], exc)
+            if not isinstance(exc, (ValidationError, StaleRound)):
+                p.bans.fail(peer.peer_id)
+            return None
+
+    async def fresh_state(self, peer: PeerRecord, kind: PayloadKind) -> tuple[rejoin.Held, dict[str, torch.Tensor]]:
+        """A peer's current state, signed by it and hashing to the weights its own signed header names."""
+        p = self.peer
+        enc = await self.pull_signed(peer, kind)
+        tensors = p.decode(enc, kind, p.me.block_index if kind.is_block else -1)
+        if (got := await asyncio.to_thread(weights_hash, tensors)) != enc.header.base_hash:
+            raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
+        return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
+
+    async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+        """Download (and validate) another peer's block state without adopting it (CE measurement)."""
+        p = self.peer
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True)  # its merged block, not its anchor
+        return p.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
+
+    async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
+        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current); the reply must come
+        signed by that peer (ValidationError otherwise)."""
+        p = self.peer
+        request = pb.PullStateRequest(
+            swarm_id=p.me.swarm_id,
+            config_hash=p.me.config_hash,
+            kind=kind.to_pb(),
+            block_index=peer.block_index if kind.is_block else -1,
+            **extra,
+        )
+        enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
+        self.check_signed(enc, peer.peer_id)
+        return enc
+
+    @staticmethod
+    def check_signed(enc: Encoded, peer_id: str) -> None:
+        """A payload we asked `peer_id` for must come signed by it (ValidationError otherwise)."""
+        if enc.header.peer_id != peer_id:
+            raise ValidationError(f"state signed by {enc.header.peer_id[-6:] or '?'}, asked {peer_id[-6:]}")
+        verify_payload(enc)
+
+    def state_payload(self, request: pb.PullStateRequest) -> Encoded:
+        """The base (merged) block or embedding as an fp32 payload, for PullState."""
+        p = self.peer
+        if request.swarm_id != p.me.swarm_id or request.config_hash != p.me.config_hash:
+            raise ValidationError("pull request for another swarm or model config")
+        kind = payload_kind(request.kind)
+        if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
+            raise ValidationError(f"unknown state kind {kind or request.kind!r}")
+        if kind.is_block and request.block_index != p.me.block_index:
+            raise WrongBlock(f"this peer trains block {p.me.block_index}, not {request.block_index}")
+        round, block, emb, momentum = p.state.snapshot_outer()
+        tensors, base_hash = (block, p.state.block_hash) if kind.is_block else (emb, p.state.emb_hash)
+        if (anchor := p.anchors[kind.delta]).active and anchor.tensors is not None and not request.current:
+            tensors, base_hash = anchor.tensors, anchor.hash  # what the records announce (group averaging)
+        if request.outer_state and momentum is not None:  # the hash stays the weights' (what records announce)
+            tensors = with_momentum(tensors, momentum["block" if kind.is_block else "emb"])
+        enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **p.hdr(kind, round)), p.identity)
+        p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
+        return enc
