@@ -3,12 +3,13 @@
 config.py         NetConfig, DaemonConfig (GossipConfig is swarmd.averaging.config), peer_train_config
 service.py        SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward)
 credentials.py    where a peer's credentials come from: identity, libp2p key file, swarm key, TLS and its pin
-startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState);
-                  the fresh BlockState of a block a peer moves to (new_state)
+startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState),
+                  its gRPC server and first record; the fresh BlockState of a block a peer moves to (new_state)
 presence.py       Presence: the running peer in discovery (announce, lookups, the announce loop, min_peers wait)
 peers.py          pulls from the other peers: their merged blocks, trajectory training's predecessors
 measure.py        the round's measurements: consensus distance to replicas, the assembled model's CE
 checkpoints.py    CheckpointWriter: checkpoint writes with the progress counters, failures -> gRPC health
+rounds.py         RoundPeer (what a round driver drives of the daemon) and PlainRounds: one round after the other
 overlap.py        delayed averaging's round loop (training goes on while a round is collected), over a RoundPeer
 http_endpoint.py  the thread-served HTTP endpoint the metrics server and the dashboard share
 prometheus.py     the Prometheus endpoint (--metrics-port) over swarmd.metrics.Metrics

@@ -6,22 +6,22 @@ announces and lookups in presence, the checkpoint failures in checkpoints):
   start()      the address plan, discovery, block choice and BlockState (swarmd.node.startup: a taken
                --listen / --dht-port fails first; --block auto picks the least combined throughput; a
                checkpoint dir resumes), the identity and TLS (swarmd.node.credentials), the gRPC server
-               over a SwarmService (none in client mode), Gossip, BlockServing, first announce, then (a
-               fresh --block auto peer) one announce period later the block balance check, the
-               Prometheus endpoint (swarmd.node.prometheus);
+               over a SwarmService (startup.open_server; none in client mode), our first record, Gossip,
+               BlockServing, first announce, then (a fresh --block auto peer) one announce period later
+               the block balance check, the Prometheus endpoint (swarmd.node.prometheus);
   serve()      one asyncio TaskGroup: the announce loop (swarmd.node.presence) and the round loop,
                until stop() or max_rounds; then a final checkpoint and a clean shutdown;
   rebalance()  before every round (and once at start): swarmd.node.rebalance says whether this --block
                auto peer moves (joiners arriving together, a block that lost its last peer) and the state
                it trains there (a fresh one of the new block with our round and byte table);
-  run_round()  re-sync if our base differs (joiners too), predecessors for trajectory training
-               (swarmd.node.peers), H local steps in the worker thread, gossip average, serving update,
-               announce, checkpoint, consensus distance and held-out CE (swarmd.node.measure), then
-               on_round(report); with gossip.overlap the next round's steps run while a round's
-               exchange does (swarmd.node.overlap.OverlapRounds, driving this Daemon as its RoundPeer);
-               then swarmd.node.diagnosis says why nothing merges, if it knows: a joiner that never merged
-               stops with that line (serve() raises NothingMerges after its clean shutdown) unless
-               keep_trying, anyone else warns.
+  run_round()  the round driver's (swarmd.node.rounds.PlainRounds, driving this Daemon as its RoundPeer):
+               re-sync if our base differs (joiners too), predecessors for trajectory training
+               (swarmd.node.peers), H local steps in the worker thread, gossip average; with gossip.overlap
+               the next round's steps run while a round's exchange does (swarmd.node.overlap.OverlapRounds);
+  finish_round() after a merge: serving update, announce, checkpoint, consensus distance and held-out CE
+               (swarmd.node.measure), on_round(report); then swarmd.node.diagnosis says why nothing merges,
+               if it knows: a joiner that never merged stops with that line (serve() raises NothingMerges
+               after its clean shutdown) unless keep_trying, anyone else warns.
 The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
 worker thread at a time for torch, grpc's own threads.
 """
@@ -29,7 +29,6 @@ worker thread at a time for torch, grpc's own threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -48,25 +47,25 @@ from swarmd.core.train import seed_for
 from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
-from swarmd.membership.pow import solve_pow
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import verified
 from swarmd.metrics import Metrics, failure_reason
 from swarmd.node.checkpoints import CheckpointWriter
 from swarmd.node.config import DaemonConfig
 from swarmd.node.credentials import load_identity, load_swarm_key, load_tls, tls_fingerprint
-from swarmd.node.diagnosis import PeerFacts, Watch, counts_since, round_outcome
+from swarmd.node.diagnosis import PeerFacts, Watch
 from swarmd.node.measure import measure_assembled_ce, measure_consensus
 from swarmd.node.overlap import OverlapRounds
 from swarmd.node.peers import load_predecessors
 from swarmd.node.presence import Presence
 from swarmd.node.prometheus import MetricsServer, start_metrics_server
 from swarmd.node.rebalance import Rebalancer, moved_state
+from swarmd.node.rounds import PlainRounds
 from swarmd.node.service import SwarmService
-from swarmd.node.startup import address_plan, open_discovery, open_state
+from swarmd.node.startup import address_plan, first_record, open_discovery, open_server, open_state
 from swarmd.protocol import PeerState
 from swarmd.serve.serving import BlockServing
-from swarmd.transport import PeerClient, SwarmServer, start_server
+from swarmd.transport import PeerClient, SwarmServer
 
 logger = logging.getLogger(__name__)
 
@@ -108,14 +107,14 @@ class Daemon:
         self.service = SwarmService(self)
         self.client.payload_limit = self.service.payload_limit  # replies admitted up to the size our config implies
         self.checkpoints = CheckpointWriter(config.checkpoint_dir, self.metrics)
-        # gossip.overlap: rounds train while the previous round's exchange runs (swarmd.node.overlap)
+        # the round driver; gossip.overlap: rounds train while the previous round's exchange runs (swarmd.node.overlap)
         self.overlap = OverlapRounds(self, config.gossip) if config.gossip.overlap else None
+        self.rounds: OverlapRounds | PlainRounds = self.overlap or PlainRounds(self, config.gossip)
         # why nothing merges, after every round (swarmd.node.diagnosis); failure: the line this peer stopped with
         net = config.net
         facts = PeerFacts(net.swarm_id, self.cfg.config_hash(), self.swarm_key is not None, bool(net.initial_peers))
         self.watch = Watch(facts, keep_trying=config.keep_trying, alone_s=2 * net.record_ttl_s)
         self.failure = ""
-        self._counted: tuple[dict[str, int], dict[str, int]] = ({}, {})  # the failure counts of the last round
 
     @property
     def address(self) -> str:  # the announced HOST:PORT; "" in client mode
@@ -144,19 +143,10 @@ class Daemon:
         resumed = saved_block is not None
         state = await open_state(c, saved_block, self.discovery, self.peer_seed)
         if not net.client_mode:
-            host, _, port = net.listen.rpartition(":")
-            limits = {"max_payload_bytes": c.gossip.max_payload_bytes, **self.service.server_limits()}
-            refused = lambda exc: self.metrics.refuse_call(failure_reason(exc))  # a call without a valid key proof
-            self.server = await start_server(
-                self.service, host, int(port), swarm_key=self.swarm_key, tls=self.tls, on_refusal=refused, **limits
-            )
+            self.server = await open_server(self.service, c, self.swarm_key, self.tls, self.metrics)
             self.announced = plan.grpc_address(self.server.port)
-        block, config_hash = state.block_index, self.cfg.config_hash()
-        record = (self.peer_id, self.address, block, 0, 0.0, config_hash, "", net.client_mode, net.swarm_id)
         fingerprint = tls_fingerprint(self.tls, self.server is not None)  # pins our cert
-        # pinned: an explicit --block never moves (swarmd.membership.balance); --block auto may
-        work = await asyncio.to_thread(solve_pow, self.identity.public_key, c.gossip.pow_bits)  # 0 bits: at once
-        self.me = PeerRecord(*record, tls_fingerprint=fingerprint, pinned=c.block >= 0, pow_nonce=work or 0)
+        self.me = await first_record(c, self.identity, self.address, state.block_index, fingerprint)
         self.data = data
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
         self.use_state(state, resume=(state.round,) if resumed else ())
@@ -219,8 +209,7 @@ class Daemon:
         if move is None:
             return False
         logger.warning("%s %s", self.gossip.tag, move)
-        if self.overlap is not None:
-            await self.overlap.drain()  # the round in flight lands on the block it was trained for
+        await self.rounds.drain()  # with overlap, the round in flight lands on the block it was trained for
         self.use_state(await asyncio.to_thread(moved_state, self.state, self.config, move.target, self.peer_seed))
         if self.metrics_server is not None:
             self.metrics_server.set_block(move.target)
@@ -299,17 +288,15 @@ class Daemon:
         todo, stop_at = self.config.max_rounds, self.config.stop_at_round
         ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
         last = min(ends, default=0)
-        overlap = self.overlap
-        started = overlap.rounds_started if overlap is not None else (lambda: self.state.round)
         try:
-            while not self.stopping.is_set() and not (last and started() >= last):
+            while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
                 await self.rebalance()
                 await self.run_round()
-            if self.overlap is not None:
-                await self.overlap.drain()  # the last round's merge lands (within the stop grace when stopping)
+            await (
+                self.rounds.drain()
+            )  # with overlap, the last round's merge lands (within the stop grace when stopping)
         finally:
-            if self.overlap is not None:
-                await self.overlap.cancel()
+            await self.rounds.cancel()
         self.stop()
 
     async def announce(self) -> None:
@@ -320,32 +307,9 @@ class Daemon:
         return await self.presence.records()
 
     async def run_round(self) -> MergeReport | None:
-        """One round: sync, H local steps, average, publish. Returns the MergeReport (None if stopped).
-
-        With gossip.overlap, OverlapRounds.run_round: returns the report of the previous round, which lands meanwhile.
-        """
-        if self.overlap is not None:
-            return await self.overlap.run_round()
-        g, H, started = self.gossip, self.config.gossip.steps_per_round, time.monotonic()
-        if await g.sync(await self.records()):
-            self.update_serving()
-            with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
-                await self.announce()
-        await g.open_round()
-        await self.load_predecessors()
-        self.phase = PeerState.TRAINING
-        steps_before = self.state.local_steps
-        stats = await self.train(H)
-        self.metrics.observe_throughput(stats["samples"], stats["seconds"], self.state.local_steps - steps_before)
-        self.metrics.observe_train_ce(stats["ce"])
-        if self.stopping.is_set():
-            return None
-        self.phase = PeerState.AVERAGING
-        records = await self.records()  # one lookup serves the merge, the consensus and the CE of this round
-        report = await g.average(records)
-        self.phase = PeerState.TRAINING
-        await self.finish_round(report, records, started)
-        return report
+        """One round: sync, H local steps, average, publish (swarmd.node.rounds.PlainRounds). Returns the MergeReport
+        (None if stopped); with gossip.overlap (OverlapRounds) the report of the previous round, landing meanwhile."""
+        return await self.rounds.run_round()
 
     async def finish_round(self, report: MergeReport, records: list[PeerRecord], started: float | None = None) -> None:
         """After a merge: serving update, announce, round time (since `started`, if given), checkpoint, consensus
@@ -370,19 +334,13 @@ class Daemon:
     def watch_merges(self, report: MergeReport, records: list[PeerRecord]) -> None:
         """After a round: why nothing merges, if swarmd.node.diagnosis knows; stop with that line (self.failure) or
         warn. The round's failed calls, static discovery's skipped peers included, are what it goes by."""
-        m, (dialled, refused) = self.metrics, self._counted
-        failures = counts_since(m.dial_failures, dialled)
-        foreign: list[PeerRecord] = []
+        m, foreign, skipped = self.metrics, [], []
         if isinstance(self.discovery, StaticDiscovery):  # the peers its last lookup skipped, and why
-            foreign = self.discovery.foreign
-            for exc in self.discovery.failures.values():
-                failures[failure_reason(exc)] = failures.get(failure_reason(exc), 0) + 1
-        self._counted = (dict(m.dial_failures), dict(m.refused_calls))
+            foreign, skipped = self.discovery.foreign, [failure_reason(e) for e in self.discovery.failures.values()]
         expected = len(report.expected_block) + len(report.expected_emb)
         accepted = len(report.accepted_block) + len(report.accepted_emb)
-        refusals = counts_since(m.refused_calls, refused)
-        outcome = round_outcome(expected, accepted, records, self.me, failures, refusals, m.uptime_s, foreign)
-        verdict = self.watch.observe(outcome)
+        totals = (m.dial_failures, m.refused_calls, m.uptime_s)
+        verdict = self.watch.observe_totals(expected, accepted, records, self.me, totals, skipped, foreign)
         if verdict is None:
             return
         if verdict.stop:

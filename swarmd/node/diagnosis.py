@@ -199,6 +199,7 @@ class Watch:
         self.seen_peers = False  # somebody was there to talk to in this run
         self.observed = 0  # rounds observed
         self._warned: tuple[int, float] | None = None  # (rounds observed, at_s) of the last warning of this streak
+        self._totals: tuple[dict[str, int], dict[str, int]] = ({}, {})  # failure totals at the last observe_totals
 
     def observe(self, outcome: RoundOutcome) -> Verdict | None:
         """Add a round; what to do now (None: nothing to say this round)."""
@@ -220,3 +221,24 @@ class Watch:
             self._warned = (self.observed, outcome.at_s)
             return Verdict(line, stop=False)
         return None
+
+    def observe_totals(
+        self,
+        expected: int,
+        accepted: int,
+        records: Iterable[PeerRecord],
+        me: PeerRecord,
+        totals: tuple[Mapping[str, int], Mapping[str, int], float],
+        skipped: Iterable[str] = (),
+        foreign: Iterable[PeerRecord] = (),
+    ) -> Verdict | None:
+        """observe() the round that just ended (round_outcome's arguments) from running totals: `totals` is
+        (dial failures, refused calls, at_s), swarmd.metrics.Metrics' counts by reason and uptime; the round's are
+        what they gained since the last call, plus `skipped`, the reasons a static discovery skipped peers."""
+        dial_failures, refused_calls, at_s = totals
+        failures = counts_since(dial_failures, self._totals[0])
+        for reason in skipped:
+            failures[reason] = failures.get(reason, 0) + 1
+        refusals = counts_since(refused_calls, self._totals[1])
+        self._totals = (dict(dial_failures), dict(refused_calls))
+        return self.observe(round_outcome(expected, accepted, records, me, failures, refusals, at_s, foreign))

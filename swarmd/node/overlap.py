@@ -30,40 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.exchange import MergeReport
-from swarmd.averaging.gossip import Gossip
-from swarmd.averaging.state import BlockState
 from swarmd.membership.records import PeerRecord
-from swarmd.metrics import Metrics
+from swarmd.node.rounds import RoundPeer, observe_training
 from swarmd.protocol import PeerState
 
 logger = logging.getLogger(__name__)
-
-
-class RoundPeer(Protocol):
-    """What OverlapRounds drives of its peer (swarmd.node.daemon.Daemon): its state, the round's steps around the
-    exchange, and the end-of-round work; gossip and state exist once the peer has started."""
-
-    state: BlockState
-    gossip: Gossip
-    metrics: Metrics
-    phase: PeerState
-    stopping: asyncio.Event
-
-    async def records(self) -> list[PeerRecord]: ...
-
-    def update_serving(self) -> None: ...
-
-    async def load_predecessors(self) -> int: ...
-
-    async def train(self, steps: int) -> dict: ...
-
-    async def finish_round(
-        self, report: MergeReport, records: list[PeerRecord], started: float | None = None
-    ) -> None: ...
 
 
 def combined(a: dict, b: dict) -> dict:
@@ -118,8 +92,7 @@ class OverlapRounds:
         finally:
             if not training.done():  # cancelled: the thread ends at its next step once stop() was called
                 training.cancel()
-        d.metrics.observe_throughput(stats["samples"], stats["seconds"], d.state.local_steps - steps_before)
-        d.metrics.observe_train_ce(stats["ce"])
+        observe_training(d, stats, steps_before)
         if d.stopping.is_set():
             return report
         d.phase = PeerState.AVERAGING

@@ -1,4 +1,4 @@
-"""A starting peer's three decisions: where it is reached, how it finds the others, which block it trains.
+"""A starting peer's decisions: where it is reached, how it finds the others, which block it trains, who it says it is.
 
 Owns what Daemon.start() decides before it wires anything: address_plan checks that --listen and
 --dht-port are free (a taken one fails at once) and plans the addresses others dial
@@ -8,7 +8,8 @@ their status, or a hivemind DHT node (swarmd.membership.dht) listening and annou
 says, its libp2p key in the checkpoint dir; open_state builds the BlockState of the checkpoint's
 block (resumed from it), else of --block, else of the block --block auto picks from the records;
 new_state is the fresh BlockState of one block (initial weights, round 0), the one a peer that moves
-to another block (swarmd.membership.balance) trains from then on.
+to another block (swarmd.membership.balance) trains from then on; open_server starts the gRPC server over
+the peer's SwarmService on --listen; first_record is the peer's record before its first announce.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ from swarmd.core.train import BlockTrainer
 from swarmd.membership.addresses import AddressPlan, check_listen_ports, plan_addresses
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery, StatusFn
-from swarmd.membership.records import choose_block
+from swarmd.membership.identity import Identity
+from swarmd.membership.pow import solve_pow
+from swarmd.membership.records import PeerRecord, choose_block
+from swarmd.metrics import Metrics, failure_reason
 from swarmd.node.config import DaemonConfig, NetConfig
 from swarmd.node.credentials import libp2p_key_path
+from swarmd.node.service import SwarmService
+from swarmd.transport import SwarmServer, start_server
 
 
 def address_plan(net: NetConfig) -> AddressPlan:
@@ -74,3 +80,30 @@ def new_state(config: DaemonConfig, block: int, peer_seed: int) -> BlockState:
     the block's and the byte table's peers hold, if any)."""
     outer = make_outer(config.gossip.outer, config.gossip.outer_lr, config.gossip.outer_momentum)
     return BlockState(BlockTrainer(config.model, config.train, block, config.device, worker_seed=peer_seed), outer)
+
+
+async def open_server(
+    service: SwarmService,
+    config: DaemonConfig,
+    swarm_key: bytes | None,
+    tls: tuple[bytes, bytes] | None,
+    metrics: Metrics,
+) -> SwarmServer:
+    """The gRPC server over `service` on --listen, bounded by the service's limits (server_limits), proving the swarm
+    key and serving TLS when given; a call refused for its key proof counts in `metrics`."""
+    host, _, port = config.net.listen.rpartition(":")
+    limits = {"max_payload_bytes": config.gossip.max_payload_bytes, **service.server_limits()}
+    refused = lambda exc: metrics.refuse_call(failure_reason(exc))  # a call without a valid key proof
+    return await start_server(service, host, int(port), swarm_key=swarm_key, tls=tls, on_refusal=refused, **limits)
+
+
+async def first_record(
+    config: DaemonConfig, identity: Identity, address: str, block: int, fingerprint: str
+) -> PeerRecord:
+    """This peer's record before its first announce (round 0, no weights yet; `fingerprint` pins our TLS cert): pinned
+    for an explicit --block (swarmd.membership.balance never moves it; --block auto may), with the proof of work on
+    its key (GossipConfig.pow_bits, solved in the worker thread)."""
+    net = config.net
+    fields = (identity.peer_id, address, block, 0, 0.0, config.model.config_hash(), "", net.client_mode, net.swarm_id)
+    work = await asyncio.to_thread(solve_pow, identity.public_key, config.gossip.pow_bits)  # 0 bits: at once
+    return PeerRecord(*fields, tls_fingerprint=fingerprint, pinned=config.block >= 0, pow_nonce=work or 0)
