@@ -10,6 +10,7 @@ predictions, in one sampler sweep) and depth_recovery. No networking, no filesys
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -39,6 +40,30 @@ def eval_noise(cfg: ModelConfig, x: torch.Tensor, seed: int) -> torch.Tensor:
     return start_noise(cfg, (*x.shape, cfg.d_model), torch.Generator().manual_seed(seed))
 
 
+def _sweep(
+    blocks: list[DenoisingBlock],
+    emb: ByteEmbedding,
+    xy: tuple[torch.Tensor, torch.Tensor],
+    cfg: ModelConfig,
+    steps: int | None,
+    seeds: range,
+    batch_size: int,
+    device: str,
+) -> Iterator[tuple[torch.Tensor, Iterator[list[torch.Tensor]]]]:
+    """The from-noise sampler sweep the CE functions score: the blocks in eval mode, then per batch of windows (x, y)
+    its targets and, for each seed in turn, the logits after every sampler step from that seed's fixed start noise
+    (eval_noise). Consume each batch's draws before the next batch (they are sampled on demand, in seed order)."""
+    for b in blocks:
+        b.eval()
+    table_hat = emb.normalized().to(device)
+    x, y = xy
+    noise = [eval_noise(cfg, x, seed) for seed in seeds]
+    for lo in range(0, x.shape[0], batch_size):
+        xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
+        z0 = [n[lo : lo + batch_size].to(device) for n in noise]
+        yield yb, (sample_from_noise(blocks, table_hat, xb, cfg, steps, z0=z, trace=True)[1] for z in z0)
+
+
 @torch.no_grad()
 def from_noise_ce(
     blocks: list[DenoisingBlock],
@@ -56,20 +81,12 @@ def from_noise_ce(
 
     draws > 1 averages the final probabilities over that many noise draws (`ce_mixture`).
     """
-    for b in blocks:
-        b.eval()
-    table_hat = emb.normalized().to(device)
     plan = sampler_plan(cfg, steps)
-    noise = [eval_noise(cfg, x, seed + k) for k in range(draws)]
     step_sums = [0.0] * len(plan)
     mix_sum = 0.0
-    for lo in range(0, x.shape[0], batch_size):
-        xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
-        probs = torch.zeros(*xb.shape, cfg.vocab, device=device)
-        for k in range(draws):
-            _, per_step = sample_from_noise(
-                blocks, table_hat, xb, cfg, steps, z0=noise[k][lo : lo + batch_size].to(device), trace=True
-            )
+    for yb, per_draw in _sweep(blocks, emb, (x, y), cfg, steps, range(seed, seed + draws), batch_size, device):
+        probs = torch.zeros(*yb.shape, cfg.vocab, device=device)
+        for k, per_step in enumerate(per_draw):
             if k == 0:
                 for i, logits in enumerate(per_step):
                     step_sums[i] += _ce_sum(logits, yb)
@@ -149,11 +166,7 @@ def depth_trace(
     (with one step per block, the default, the same rows as trace): `ce` is the stack cut after block b and
     `kl` = KL(p_b || p_{b-1}) between block b's and block b-1's predictions. trace[0] is block 0 alone.
     """
-    for b in blocks:
-        b.eval()
-    table_hat = emb.normalized().to(device)
     plan = sampler_plan(cfg, steps)
-    noise = eval_noise(cfg, x, seed)
     last = {b: i for i, (b, _, _) in enumerate(plan)}  # block -> its last step
     order = sorted(last, key=last.__getitem__)
     # the step pairs whose KL is wanted: consecutive steps, and consecutive blocks' last steps (the same pairs
@@ -161,11 +174,8 @@ def depth_trace(
     pairs = {(i, i - 1) for i in range(1, len(plan))} | {(last[b], last[a]) for a, b in pairwise(order)}
     ce_sums = [0.0] * len(plan)
     kl_sums = dict.fromkeys(pairs, 0.0)
-    for lo in range(0, x.shape[0], batch_size):
-        xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
-        _, per_step = sample_from_noise(
-            blocks, table_hat, xb, cfg, steps, z0=noise[lo : lo + batch_size].to(device), trace=True
-        )
+    for yb, per_draw in _sweep(blocks, emb, (x, y), cfg, steps, range(seed, seed + 1), batch_size, device):
+        per_step = next(per_draw)
         for i, logits in enumerate(per_step):
             ce_sums[i] += _ce_sum(logits, yb)
         for i, k in pairs:
