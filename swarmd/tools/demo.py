@@ -51,21 +51,40 @@ def default_out(now: float | None = None) -> Path:
 class DemoPlan:
     """A validated demo run: built by plan_demo before any process starts."""
 
-    peers: int  # daemons to start; block of peer i = i mod model.blocks
-    model: ModelConfig
     train: TrainConfig  # batch_size, lr, seed and trajectory_prob of every peer
     peer_config: DaemonConfig  # what every peer gets (LocalSwarm fills in block, seed, checkpoint dir, bootstrap)
     train_path: Path
     eval_path: Path
     out: Path  # the assembled model is written here as a normal checkpoint
     replaces_model: bool  # out already holds a BlockTrain checkpoint, which the new model replaces
-    rounds: int
-    steps_per_round: int
-    codec: Codec
-    device: str  # torch device of every peer (cpu, cuda)
     eval_tokens: int  # held-out bytes scored before and after
     timeout_s: float  # give up and stop every peer after this many seconds
     workdir: Path | None  # peer checkpoints and logs (None = a temp dir, removed after a success)
+
+    # the rest is what peer_config says
+    @property
+    def peers(self) -> int:  # daemons to start (each waits for all of them); block of peer i = i mod model.blocks
+        return self.peer_config.min_peers
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.peer_config.model
+
+    @property
+    def rounds(self) -> int:
+        return self.peer_config.max_rounds
+
+    @property
+    def steps_per_round(self) -> int:
+        return self.peer_config.gossip.steps_per_round
+
+    @property
+    def codec(self) -> Codec:
+        return self.peer_config.gossip.codec
+
+    @property
+    def device(self) -> str:  # torch device of every peer (cpu, cuda)
+        return self.peer_config.device
 
 
 def plan_demo(
@@ -120,18 +139,12 @@ def plan_demo(
     _check_text(Path(eval_path), model.seq_len + 1, "held-out data")
     out = Path(out) if out is not None else default_out()
     return DemoPlan(
-        peers=peers,
-        model=model,
         train=train,
         peer_config=peer_config,
         train_path=Path(train_path),
         eval_path=Path(eval_path),
         out=out,
         replaces_model=_check_out(out),
-        rounds=rounds,
-        steps_per_round=steps_per_round,
-        codec=codec,
-        device=device,
         eval_tokens=eval_tokens,
         timeout_s=timeout_s,
         workdir=Path(workdir) if workdir is not None else None,
