@@ -48,11 +48,11 @@ async def open_discovery(
     if net.discovery == "static":
         return StaticDiscovery(list(net.initial_peers), status, net.swarm_id)
     return await HivemindDiscovery.create(
-        net.swarm_id,
-        net.initial_peers,
-        plan.dht_host,
-        net.dht_start_timeout_s,
-        net.client_mode,
+        swarm_id=net.swarm_id,
+        initial_peers=net.initial_peers,
+        host=plan.dht_host,
+        start_timeout_s=net.dht_start_timeout_s,
+        client_mode=net.client_mode,
         port=net.dht_port,
         announce_host=plan.dht_announce_host,
         identity_path=libp2p_key_path(checkpoint_dir),

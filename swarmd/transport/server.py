@@ -102,7 +102,19 @@ def _one_line(exc: BaseException) -> str:
 
 
 class SwarmServicer(pb_grpc.SwarmServicer):
-    """swarmd.v1.Swarm: parse, delegate to the handler, stream the answer, map errors to codes."""
+    """swarmd.v1.Swarm: parse, delegate to the handler, stream the answer, map errors to codes.
+
+    :param max_payload_bytes: largest delta/state payload accepted from a caller, in bytes
+    :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
+    :param payload_limit: the largest payload admitted for a header (the exact size under the daemon's config)
+    :param streams: caps on payload streams at once (default: StreamLimiter())
+    :param forward_rate: Forward request units per second per caller identity, under a host ceiling (default:
+        CallerBudget.of(DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST); a bare RateLimiter: no host ceiling)
+    :param payload_timeout_s: a caller's payload must have arrived this long after its stream opened
+    :param callers: verifies the identity proof calls carry (None: every caller is keyed by its host)
+    :param requests: GetStatus / GetConfig / ExchangeDeltas per second per caller identity, under a host ceiling
+    :param pulls: PullState requests per second per caller identity, under a host ceiling
+    """
 
     def __init__(
         self,
@@ -417,35 +429,18 @@ async def start_server(
     *,
     swarm_key: bytes | None = None,
     tls: tuple[bytes, bytes] | None = None,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
-    payload_limit: PayloadLimit | None = None,
-    streams: StreamLimiter | None = None,
-    forward_rate: RateLimiter | CallerBudget | None = None,
-    payload_timeout_s: float = PAYLOAD_TIMEOUT_S,
     on_refusal: OnRefusal | None = None,
-    callers: CallerCheck | None = None,
-    requests: RateLimiter | CallerBudget | None = None,
-    pulls: RateLimiter | CallerBudget | None = None,
+    **limits: Any,
 ) -> SwarmServer:
     """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
 
     :param swarm_key: a private swarm's key: every call but health checks must prove it (swarmd.transport.auth)
     :param tls: (certificate PEM, private key PEM): serve TLS only (swarmd.transport.tls); None = plaintext
-
-    :param max_payload_bytes: largest delta/state payload accepted from a caller, in bytes
-    :param max_chunk_bytes: chunk size sent, and the largest chunk accepted, in bytes
     :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
-    :param payload_limit: the largest payload admitted for a header (the exact size under the daemon's config)
-    :param streams: caps on payload streams at once (default: StreamLimiter())
-    :param forward_rate: Forward request units per second per caller identity, under a host ceiling (default:
-        CallerBudget.of(DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST); a bare RateLimiter: no host ceiling)
-    :param payload_timeout_s: a caller's payload must have arrived this long after its stream opened
     :param on_refusal: with a swarm key, called with the error of every call refused for its proof
-    :param callers: verifies the identity proof calls carry (None: every caller is keyed by its host)
-    :param requests: GetStatus / GetConfig / ExchangeDeltas per second per caller identity, under a host ceiling
-    :param pulls: PullState requests per second per caller identity, under a host ceiling
+    :param limits: SwarmServicer's keyword arguments (max_payload_bytes, max_chunk_bytes, payload_limit, streams,
+        forward_rate, payload_timeout_s, callers, requests, pulls: what callers may send and hold)
     :raises SwarmdError: the address cannot be bound
     """
     from swarmd.transport.auth import server_interceptors
@@ -453,18 +448,7 @@ async def start_server(
 
     interceptors = server_interceptors(swarm_key, on_refusal)
     server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=interceptors)
-    servicer = SwarmServicer(
-        handler,
-        max_payload_bytes,
-        max_chunk_bytes,
-        payload_limit=payload_limit,
-        streams=streams,
-        forward_rate=forward_rate,
-        payload_timeout_s=payload_timeout_s,
-        callers=callers,
-        requests=requests,
-        pulls=pulls,
-    )
+    servicer = SwarmServicer(handler, **limits)
     _add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
