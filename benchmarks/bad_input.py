@@ -48,6 +48,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -60,6 +61,7 @@ TEXT = (b"the quick brown fox jumps over the lazy dog. " * 400) + bytes(range(32
 NOISE = re.compile(r"Traceback|\[ERROR\]|\[WARN|^error:|No multiaddrs found|\b(ERROR|WARN|WARNING)\b")  # a success
 LOG_NOISE = re.compile(r"Traceback|\[ERROR\]|No multiaddrs found|\bERROR\b")  # among a running peer's log lines
 KEYED_JOIN = ["join", "{MULTIADDR}", "--swarm-id", "badinput", "--data", "{TRAIN}", "--swarm-key", "{OTHER_KEY}"]
+LIVE = ["--swarm", "{MULTIADDR}", "--swarm-id", "badinput"]  # a DHT client command's way into the idle daemon's swarm
 QUICK_JOIN = ["--steps-per-round", "2", "--batch-size", "4", "--deadline-max", "2", "--codec", "fp32"]
 
 
@@ -101,6 +103,16 @@ class Row:
     bar: str = "fast"  # fast, dht (starts a DHT client) or network (a network timeout, a bounded network case)
     stderr: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+
+
+def refused(name: str, args: list[str], words: str) -> Case:
+    """An issue 22 numeric flag refused while parsing: exit code 2, one `--flag must be ..., got ...` line."""
+    return Case(name, args, 2, words, issue=22)
+
+
+def live(name: str, args: list[str], words: str, **more: Any) -> Case:
+    """An issue 22 success against the live swarm (args with LIVE): exit code 0 and a quiet stderr."""
+    return Case(f"{name} (a success: no [ERROR] line, no traceback)", args, 0, words, issue=22, quiet=True, **more)
 
 
 def cases() -> list[Case]:
@@ -150,88 +162,52 @@ def cases() -> list[Case]:
             issue=10,
         ),
         # issue 22's list: every numeric flag range-checked at parse time (a representative few, every command)
-        Case(
+        refused(
             "run --steps-per-round -5 (was a 49-line traceback after 18 s)",
             ["run", "--steps-per-round", "-5"],
-            2,
             r"^error: bad value: --steps-per-round must be >= 1, got -5$",
-            issue=22,
         ),
-        Case("demo --rounds -1", ["demo", "--rounds", "-1"], 2, r"--rounds must be >= 1, got -1", issue=22),
-        Case("train --lr nan", ["train", "--lr", "nan"], 2, r"--lr must be > 0, got nan", issue=22),
-        Case(
+        refused("demo --rounds -1", ["demo", "--rounds", "-1"], r"--rounds must be >= 1, got -1"),
+        refused("train --lr nan", ["train", "--lr", "nan"], r"--lr must be > 0, got nan"),
+        refused(
             "join --steps-per-round 0",
             ["join", "{MULTIADDR}", "--steps-per-round", "0"],
-            2,
             r"--steps-per-round must be >= 1, got 0",
-            issue=22,
         ),
-        Case(
+        refused(
             "score --max-bytes -1 (score's budget flag)",
             ["score", "--max-bytes", "-1", "{TRAIN}"],
-            2,
             r"--max-bytes must be >= 1, got -1",
-            issue=22,
         ),
-        Case(
-            "eval --eval-tokens -1", ["eval", "--eval-tokens", "-1"], 2, r"--eval-tokens must be >= 1, got -1", issue=22
-        ),
-        Case(
+        refused("eval --eval-tokens -1", ["eval", "--eval-tokens", "-1"], r"--eval-tokens must be >= 1, got -1"),
+        refused(
             "generate --temperature -1",
             ["generate", "--temperature", "-1", "hello"],
-            2,
             r"--temperature must be >= 0, got -1",
-            issue=22,
         ),
-        Case(
+        refused(
             "status --timeout-s 0",
             ["status", "--timeout-s", "0", "127.0.0.1:{CLOSED}"],
-            2,
             r"--timeout-s must be > 0, got 0",
-            issue=22,
         ),
-        Case(
+        refused(
             "dashboard --port 70000",
             ["dashboard", "--swarm", "{MULTIADDR}", "--port", "70000"],
-            2,
             r"--port must be in \[0, 65535\], got 70000",
-            issue=22,
         ),
         # issue 22's list: DHT client commands against the live swarm, no hivemind noise on stderr
-        Case(
-            "status --swarm of the live swarm (a success: no [ERROR] line, no traceback)",
-            ["status", "--swarm", "{MULTIADDR}", "--swarm-id", "badinput"],
-            0,
-            r"{PEER_SHORT}",
-            issue=22,
-            dht=True,
-            quiet=True,
-        ),
-        Case(
-            "score --swarm, a tiny budget (a success: no [ERROR] line, no traceback)",
-            ["score", "--swarm", "{MULTIADDR}", "--swarm-id", "badinput", "--max-bytes", "32", "{TRAIN}"],
-            0,
+        live("status --swarm of the live swarm", ["status", *LIVE], r"{PEER_SHORT}", dht=True),
+        live(
+            "score --swarm, a tiny budget",
+            ["score", *LIVE, "--max-bytes", "32", "{TRAIN}"],
             r"^ce \d+\.\d+ nats/byte",
-            issue=22,
             dht=True,
-            quiet=True,
         ),
-        Case(
-            "generate --swarm, a tiny budget (a success: no [ERROR] line, no traceback)",
-            ["generate", "--swarm", "{MULTIADDR}", "--swarm-id", "badinput", "--max-bytes", "4", "hello"],
-            0,
-            r"^hello",
-            issue=22,
-            dht=True,
-            quiet=True,
-        ),
-        Case(
-            "dashboard --swarm started and stopped with Ctrl-C (a success: no [ERROR] line, no traceback)",
-            ["dashboard", "--swarm", "{MULTIADDR}", "--swarm-id", "badinput", "--port", "0"],
-            0,
+        live("generate --swarm, a tiny budget", ["generate", *LIVE, "--max-bytes", "4", "hello"], r"^hello", dht=True),
+        live(
+            "dashboard --swarm started and stopped with Ctrl-C",
+            ["dashboard", *LIVE, "--port", "0"],
             r"^dashboard: http://",
-            issue=22,
-            quiet=True,
             probe="dashboard",
         ),
         Case(

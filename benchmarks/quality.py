@@ -516,6 +516,18 @@ def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, 
     return blocks, emb, facts
 
 
+def other_depth(kind: str, od: dict) -> dict:
+    """The second held-out slice's figures of a depth-traced model (blocktrain, swarm): its CE under the kind's name,
+    block 0 alone, the per-step CE trace and KLs (blocktrain's keys unprefixed, the swarm's prefixed `swarm_`)."""
+    pre = "" if kind == "blocktrain" else f"{kind}_"
+    return {
+        kind: od["ce"],
+        f"{pre}block0": od["trace"][0]["ce"],
+        f"{pre}trace": [round(s["ce"], 4) for s in od["trace"]],
+        f"{pre}kl": [rounded(s["kl"], 6) for s in od["trace"]],
+    }
+
+
 def train_one(
     kind: str,
     lr: float,
@@ -645,22 +657,8 @@ def main(argv: list[str] | None = None) -> dict:
     if other_xy is not None:
         other = {"offset": eval_xy[1].numel() + 1, "tokens": int(other_xy[1].numel())}
         for kind, r in best.items():
-            if kind == "blocktrain":
-                od = r["other_depth"]
-                other.update(
-                    blocktrain=od["ce"],
-                    block0=od["trace"][0]["ce"],
-                    trace=[round(s["ce"], 4) for s in od["trace"]],
-                    kl=[rounded(s["kl"], 6) for s in od["trace"]],
-                )
-            elif kind == "swarm":
-                od = r["other_depth"]
-                other.update(
-                    swarm=od["ce"],
-                    swarm_block0=od["trace"][0]["ce"],
-                    swarm_trace=[round(s["ce"], 4) for s in od["trace"]],
-                    swarm_kl=[rounded(s["kl"], 6) for s in od["trace"]],
-                )
+            if kind in ("blocktrain", "swarm"):
+                other.update(other_depth(kind, r["other_depth"]))
             else:
                 other[kind] = r["other_ce"]
     sweep_runs = [
