@@ -84,14 +84,25 @@ class Row:
 # ----------------------------------------------------------------------------------------------
 # The Byzantine daemon: a real `python -m swarmd` whose Gossip misbehaves (this file only)
 # ----------------------------------------------------------------------------------------------
+def signed_delta(gossip: Any, kind: Any, bad: dict) -> Any:
+    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now, as its honest delta would be
+    (a misbehaving daemon's Gossip sends it instead: here and in benchmarks/insiders.py)."""
+    from swarmd.averaging.delta import encode
+    from swarmd.membership.trust import sign_payload
+
+    rs = gossip.current
+    assert rs is not None
+    hdr = gossip.hdr(kind, rs.round)
+    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=float(gossip.cfg.steps_per_round), **hdr)
+    return sign_payload(enc, gossip.identity)
+
+
 def run_byzantine(mode: str, config: str) -> int:
     """Run one daemon whose outgoing deltas are corrupted by `mode` (a child process of a benchmark)."""
     import torch
 
     from swarmd import __main__ as entry
-    from swarmd.averaging.delta import encode
     from swarmd.averaging.gossip import Gossip
-    from swarmd.membership.trust import sign_payload
     from swarmd.node import daemon as daemon_mod
 
     past: deque = deque(maxlen=4)  # this process's last outgoing payloads (the replay mode sends an old one)
@@ -120,14 +131,7 @@ def run_byzantine(mode: str, config: str) -> int:
                     bad = {k: v * 1e36 for k, v in own.items()}
                 else:
                     raise SystemExit(f"unknown byzantine mode {mode}")
-                enc = encode(
-                    bad,
-                    self.cfg.codec,
-                    base_hash=rs.hashes[kind],
-                    weight=float(self.cfg.steps_per_round),
-                    **self.hdr(kind, rs.round),
-                )
-                rs.outgoing[kind] = sign_payload(enc, self.identity)
+                rs.outgoing[kind] = signed_delta(self, kind, bad)
             past.append(sent)
 
     daemon_mod.Gossip = ByzantineGossip  # type: ignore[misc]  # this process only
@@ -990,12 +994,12 @@ def partition_row(a) -> Row:
 def parse_args(argv=None):
     p = common.parser(__doc__)
     common.add_schedule(p, rounds=12, steps=4)
-    p.add_argument("--deadline-max", type=float, default=10.0)
-    p.add_argument("--eval-tokens", type=int, default=8192)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to finish its rounds")
+    daemons.add_run_options(p, timeout_s=300.0)
     p.add_argument("--kills", type=int, default=5, help="kill -9 during checkpoint writes: how many times")
-    p.add_argument("--partition-s", type=float, default=30.0)
-    p.add_argument("--readonly-s", type=float, default=15.0)
+    p.add_argument("--partition-s", type=float, default=30.0, help="seconds the partition row cuts one host off")
+    p.add_argument(
+        "--readonly-s", type=float, default=15.0, help="seconds the readonly row's checkpoint dir is read-only"
+    )
     p.add_argument(
         "--only",
         default="",

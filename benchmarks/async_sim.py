@@ -54,7 +54,6 @@ def parse(argv: list[str] | None):
     p.add_argument(
         "--trim-fraction",
         type=float,
-        default=None,
         help="the robust merge's trim fraction (default: the daemon's GossipConfig; --add-targets: the stored run's)",
     )
     p.add_argument("--report-only", action="store_true", help="rewrite the plots and markdown of --out, run nothing")

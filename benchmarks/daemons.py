@@ -1,17 +1,18 @@
 """The daemon swarms of the benchmarks: how they are built and started, and what a script reads off them.
 
-Owns: TINY_CFG (the tiny model the daemon benchmarks train) and tiny_options (the LocalSwarm options they
-share: int8 deltas, batch 8, lr 3e-3); Swarm, a LocalSwarm with the hooks the fault matrix needs (a peer
-that runs another program on its config, a swarm key, rounds that wait for every expected delta); tiny,
-tiny_swarm and temporary_swarm (such swarms, the last two in a temporary folder); netns_swarm (the same
-daemons on the hosts of a tests/netns_utils.py NetnsLab); start_staggered (joiners a few at a time); and
-the readings: check_exit, finish, wait_rounds, log_count, outlier_drops, history, replicas_identical,
-replica_ce. Every wait has a deadline. Scripts import it as benchmarks.daemons (each puts the repository
-root on sys.path first).
+Owns: TINY_CFG (the tiny model the daemon benchmarks train), add_run_options (the run arguments they share)
+and tiny_options (the LocalSwarm options they share: int8 deltas, batch 8, lr 3e-3); Swarm, a LocalSwarm
+with the hooks the fault matrix needs (a peer that runs another program on its config, a swarm key, rounds
+that wait for every expected delta); tiny, tiny_swarm and temporary_swarm (such swarms, the last two in a
+temporary folder); netns_swarm (the same daemons on the hosts of a tests/netns_utils.py NetnsLab);
+start_staggered (joiners a few at a time); and the readings: check_exit, finish, wait_rounds, log_count,
+outlier_drops, history, replicas_identical, replica_ce. Every wait has a deadline. Scripts import it as
+benchmarks.daemons (each puts the repository root on sys.path first).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import re
@@ -35,6 +36,14 @@ if TYPE_CHECKING:
 TINY_CFG = ModelConfig(blocks=3, layers_per_block=1, d_model=32, n_heads=2, hidden=128, seq_len=32)
 DROP_LINE = "as outliers"  # in gossip's log line for a merge whose outlier check dropped deltas
 _DROPS = re.compile(r"dropped (\d+) delta\(s\) as outliers")
+
+
+def add_run_options(p: argparse.ArgumentParser, timeout_s: float) -> None:
+    """A daemon-swarm benchmark's --deadline-max (the daemons' round deadline, s), --eval-tokens (held-out bytes of
+    a row's CE) and --timeout (how long a run may take, s; default `timeout_s`)."""
+    p.add_argument("--deadline-max", type=float, default=10.0)
+    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--timeout", type=float, default=timeout_s, help="seconds a run may take to finish its rounds")
 
 
 def tiny_options(rounds: int, steps: int, deadline_max_s: float, **kw: Any) -> dict[str, Any]:

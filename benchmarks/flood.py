@@ -198,9 +198,7 @@ def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
 def parse_args(argv=None):
     p = common.parser(__doc__)
     common.add_schedule(p, rounds=25, steps=10)
-    p.add_argument("--deadline-max", type=float, default=10.0)
-    p.add_argument("--eval-tokens", type=int, default=8192)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to finish its rounds")
+    daemons.add_run_options(p, timeout_s=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default="clean,flood/host,flood/id,ahead/host,ahead/id", help="comma-separated rows")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "flood.json")

@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import daemons
-from benchmarks.adversary import CFG, Row, _f
+from benchmarks.adversary import CFG, Row, _f, signed_delta
 from swarmd.errors import SwarmdError
 from swarmd.tools.launch import PeerProc
 
@@ -134,10 +134,8 @@ def _insider_gossip(mode: str, crew: Path) -> type:
     import torch
 
     from swarmd.averaging.context import BLOCK, EMB
-    from swarmd.averaging.delta import encode
     from swarmd.averaging.gossip import Gossip
     from swarmd.averaging.robust import delta_norm
-    from swarmd.membership.trust import sign_payload
     from swarmd.protocol import PayloadKind
     from swarmd.v1 import swarm_pb2 as pb
 
@@ -148,14 +146,7 @@ def _insider_gossip(mode: str, crew: Path) -> type:
             """Sign and send `bad` as this round's delta of `kind`, and merge it as our own (we stay a replica)."""
             rs = self.current
             assert rs is not None
-            enc = encode(
-                bad,
-                self.cfg.codec,
-                base_hash=rs.hashes[kind],
-                weight=float(self.cfg.steps_per_round),
-                **self.hdr(kind, rs.round),
-            )
-            rs.outgoing[kind] = sign_payload(enc, self.identity)
+            rs.outgoing[kind] = enc = signed_delta(self, kind, bad)
             rs.own[kind] = self.decode(enc, kind, self.me.block_index if kind.is_block else -1)
 
     class Drift(Insider):
