@@ -183,54 +183,8 @@ class BlockServing:
             raise ValidationError("a cached request needs a session_id")
 
     def _check_tensors(self, r: pb.ForwardRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        cfg = self.cfg
-        lo, hi = cfg.sigma_lo / SIGMA_SLACK, cfg.sigma_hi * SIGMA_SLACK
-        if not (math.isfinite(r.sigma) and lo <= r.sigma <= hi):
-            raise ValidationError(f"sigma must be finite and in [{lo:g}, {hi:g}], got {r.sigma}")
-        if not r.final and not (math.isfinite(r.sigma_next) and 0 <= r.sigma_next <= hi):
-            raise ValidationError(f"sigma_next must be finite and in [0, {hi:g}], got {r.sigma_next}")
-        if r.step_index < 0 or r.start_position < 0:
-            raise ValidationError("step_index and start_position must be >= 0")
-        if not r.use_cache and r.start_position != 0:
-            raise ValidationError("start_position > 0 needs use_cache")
-        if not r.HasField("context") or not r.HasField("z"):
-            raise ValidationError("a forward request needs context and z")
-        if len(r.context.shape) != 2:
-            raise ValidationError(f"context must be (n, t), got shape {list(r.context.shape)}")
-        n, t = r.context.shape
-        if not (1 <= n <= MAX_ROWS and 1 <= t <= cfg.seq_len):
-            raise ValidationError(f"context shape {[n, t]} outside [1..{MAX_ROWS}] x [1..{cfg.seq_len}]")
-        if r.start_position + t > cfg.seq_len:
-            raise ValidationError(
-                f"positions {r.start_position}..{r.start_position + t - 1} exceed seq_len {cfg.seq_len}"
-            )
-        limit = n * t * cfg.d_model * 4 + 1024
-        x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
-        z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
-        _check_range("z", z, Z_LIMIT_PER_SIGMA * (cfg.sigma_hi + 1))
-        if bool((x >= cfg.vocab).any()):
-            raise ValidationError(f"context holds a byte >= the vocabulary size {cfg.vocab}")
-        message = self._check_message(r, n, t)
-        if message is not None:
-            _check_range("message", message, MESSAGE_LIMIT)
-        return x, z, message
-
-    def _check_message(self, r: pb.ForwardRequest, n: int, t: int) -> torch.Tensor | None:
-        """The previous step's message: required iff the config passes one and this is not step 0."""
-        width = self.cfg.message_dim
-        wanted = width > 0 and r.step_index > 0
-        if r.HasField("message") != wanted:
-            why = (
-                "this model passes no message"
-                if width == 0
-                else f"step {r.step_index} "
-                + ("needs the previous step's message" if wanted else "is the first step and takes no message")
-            )
-            raise ValidationError(f"forward request: {why}")
-        if not wanted:
-            return None
-        limit = n * t * width * 4 + 1024
-        return from_proto(r.message, max_bytes=limit, expect_shape=(n, t, width), expect_dtype="float32")
+        """The request's (context, z, message), validated against our config (request_tensors)."""
+        return request_tensors(r, self.cfg)
 
     # -- batching --------------------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -401,6 +355,58 @@ class BlockServing:
                 sid, step = next(iter(self._cache_lru))
                 self._drop_cache(sid, step)
                 self.stats.evicted_caches += 1
+
+
+def request_tensors(r: pb.ForwardRequest, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A Forward request's (context, z, message), checked against `cfg` before anything is computed: noise levels
+    in range, shapes within seq_len and MAX_ROWS, byte values in the vocabulary, z and the message bounded
+    (ValidationError otherwise)."""
+    lo, hi = cfg.sigma_lo / SIGMA_SLACK, cfg.sigma_hi * SIGMA_SLACK
+    if not (math.isfinite(r.sigma) and lo <= r.sigma <= hi):
+        raise ValidationError(f"sigma must be finite and in [{lo:g}, {hi:g}], got {r.sigma}")
+    if not r.final and not (math.isfinite(r.sigma_next) and 0 <= r.sigma_next <= hi):
+        raise ValidationError(f"sigma_next must be finite and in [0, {hi:g}], got {r.sigma_next}")
+    if r.step_index < 0 or r.start_position < 0:
+        raise ValidationError("step_index and start_position must be >= 0")
+    if not r.use_cache and r.start_position != 0:
+        raise ValidationError("start_position > 0 needs use_cache")
+    if not r.HasField("context") or not r.HasField("z"):
+        raise ValidationError("a forward request needs context and z")
+    if len(r.context.shape) != 2:
+        raise ValidationError(f"context must be (n, t), got shape {list(r.context.shape)}")
+    n, t = r.context.shape
+    if not (1 <= n <= MAX_ROWS and 1 <= t <= cfg.seq_len):
+        raise ValidationError(f"context shape {[n, t]} outside [1..{MAX_ROWS}] x [1..{cfg.seq_len}]")
+    if r.start_position + t > cfg.seq_len:
+        raise ValidationError(f"positions {r.start_position}..{r.start_position + t - 1} exceed seq_len {cfg.seq_len}")
+    limit = n * t * cfg.d_model * 4 + 1024
+    x = from_proto(r.context, max_bytes=limit, expect_shape=(n, t), expect_dtype="uint8").long()
+    z = from_proto(r.z, max_bytes=limit, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
+    _check_range("z", z, Z_LIMIT_PER_SIGMA * (cfg.sigma_hi + 1))
+    if bool((x >= cfg.vocab).any()):
+        raise ValidationError(f"context holds a byte >= the vocabulary size {cfg.vocab}")
+    message = _request_message(r, cfg, n, t)
+    if message is not None:
+        _check_range("message", message, MESSAGE_LIMIT)
+    return x, z, message
+
+
+def _request_message(r: pb.ForwardRequest, cfg: ModelConfig, n: int, t: int) -> torch.Tensor | None:
+    """The previous step's message: required iff the config passes one and this is not step 0."""
+    width = cfg.message_dim
+    wanted = width > 0 and r.step_index > 0
+    if r.HasField("message") != wanted:
+        why = (
+            "this model passes no message"
+            if width == 0
+            else f"step {r.step_index} "
+            + ("needs the previous step's message" if wanted else "is the first step and takes no message")
+        )
+        raise ValidationError(f"forward request: {why}")
+    if not wanted:
+        return None
+    limit = n * t * width * 4 + 1024
+    return from_proto(r.message, max_bytes=limit, expect_shape=(n, t, width), expect_dtype="float32")
 
 
 def _check_range(name: str, t: torch.Tensor, limit: float) -> None:
