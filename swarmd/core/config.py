@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class ModelConfig:
         return cls(**(cls.DOCUMENTED | data))
 
     @classmethod
-    def documented(cls, **overrides) -> ModelConfig:
+    def documented(cls, **overrides: Any) -> ModelConfig:
         """The documented DiffusionBlocks block (the defaults before issue 8), with `overrides`."""
         return cls(**(cls.DOCUMENTED | overrides))
 

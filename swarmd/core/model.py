@@ -240,7 +240,9 @@ class DenoisingBlock(nn.Module):
             return self.ctx_table[x]
         return math.sqrt(self.cfg.d_model) * table_hat[x]
 
-    def forward(self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None):
+    def forward(
+        self, ctx: torch.Tensor, z_in: torch.Tensor, c_noise: torch.Tensor, cache: list | None = None
+    ) -> torch.Tensor:
         """F (n, t, d) of the documented block (no message from a predecessor); see features()."""
         return self.features(ctx, z_in, c_noise, cache)[0]
 

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class PeerRecord:
         return value
 
     @classmethod
-    def from_value(cls, value) -> PeerRecord | None:
+    def from_value(cls, value: Any) -> PeerRecord | None:
         """Parse a DHT value; None (and a debug log) for anything malformed (the schema check)."""
         try:
             names = {f.name for f in fields(cls)}
@@ -127,7 +128,7 @@ def block_throughput(records: list[PeerRecord], blocks: int) -> list[dict]:
     ]
 
 
-def record_from_status(st, address: str = "") -> PeerRecord:
+def record_from_status(st: Any, address: str = "") -> PeerRecord:
     """PeerRecord from a pb.PeerStatus: the signed record it carries when it parses (verify it before use),
     else one built from its fields, unsigned (address falls back to the dialled one)."""
     if st.signed_record:

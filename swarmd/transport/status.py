@@ -11,6 +11,8 @@ Pure: grpc's StatusCode enum and swarmd.errors only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from swarmd import errors
@@ -50,7 +52,7 @@ def trailing_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-def class_tag(metadata) -> str:
+def class_tag(metadata: Any) -> str:
     """The class name a server put in its trailing metadata ("" when none)."""
     for key, value in metadata or ():
         if key == ERROR_CLASS_KEY:
