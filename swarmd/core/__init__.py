@@ -11,4 +11,5 @@ data.py        byte corpora, seeded batch streams, eval windows
 corpus.py      WikiText-2 download cache with SHA-256 manifest
 checkpoint.py  atomic safetensors checkpoints (one file per block)
 files.py       atomic file writes (temp + fsync + rename), no torch
+textcheck.py   is it text? binary input refused before any training, without torch or numpy
 """

@@ -6,6 +6,11 @@
 - status.py: the one table SwarmdError class <-> status code, used by both of the above.
 - client.py: PeerClient: channel cache, retry policy via service config, per-call deadlines,
   exchange() on one bidirectional stream (works from behind NAT), forward_session().
+- framing.py: one encoded payload as a stream of Payload messages (header, chunks, the sha256 at the end) and
+  the receiving side's framing checks.
+- auth.py: the swarm key file, the proof of it every RPC carries, and the server's check.
+- limits.py: admission limits: payload streams at once and request budgets per caller identity and host.
+- tls.py: optional TLS for the server and the channels to it, the certificate pinned by fingerprint.
 Payload bytes, codecs and validation live in swarmd.averaging.delta.
 """
 
