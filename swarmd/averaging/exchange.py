@@ -427,6 +427,7 @@ class Exchange:
             merged.failed,
         )
         await apply_merged(p, merged.parts, rs.members, rs.exact)
+        p.state.set_replicas(len(merged.merged_from.get(BLOCK, ())))  # K of TrainConfig.replica_adam
         seconds = time.monotonic() - rs.ready_at
         p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
         report = MergeReport(

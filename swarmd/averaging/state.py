@@ -159,6 +159,12 @@ class BlockState:
             self.round += 1
             self._rebase()
 
+    def set_replicas(self, replicas: int) -> None:
+        """The number of same-block deltas (own included) the last merge averaged: the K of the trainer's
+        ReplicaAdamW when TrainConfig.replica_adam is on (swarmd.core.optim), ignored otherwise."""
+        with self.lock:
+            self.trainer.set_replicas(replicas)
+
     def _base_to_live(self) -> None:
         """Copy the base weights into the trainer's live block and byte table (caller holds the lock)."""
         for base, module in ((self.base_block, self.trainer.block), (self.base_emb, self.trainer.emb)):

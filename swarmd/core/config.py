@@ -134,6 +134,9 @@ class TrainConfig:
     # none | block0: block 0's noise path W_z is zeroed and never trained (under trajectory training its z is
     # pure noise)
     freeze_z_in: str = "block0"
+    # AdamW's denominator as if it saw the mean gradient of the replicas a swarm merge averages (swarmd.core.optim;
+    # K = 1, a peer alone or a single process, is plain AdamW bit for bit)
+    replica_adam: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -29,6 +29,7 @@ from swarmd.core.model import (
     sampler_plan,
     start_noise,
 )
+from swarmd.core.optim import ReplicaAdamW
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -45,7 +46,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices (dim >= 2) except embeddings/positions.
 
-    The shared byte table (ByteEmbedding.table) gets its own group at lr * table_lr_scale.
+    The shared byte table (ByteEmbedding.table) gets its own group at lr * table_lr_scale. With
+    cfg.replica_adam it is a ReplicaAdamW (swarmd.core.optim), which is AdamW until set_replicas says more.
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
@@ -61,7 +63,8 @@ def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if table:
         groups.append({"params": table, "weight_decay": 0.0, "lr_scale": cfg.table_lr_scale})
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    optimizer = ReplicaAdamW if cfg.replica_adam else torch.optim.AdamW
+    return optimizer(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 def seed_for(*parts: int | str) -> int:
@@ -172,6 +175,12 @@ class BlockTrainer:
         steps = train_cfg.trajectory_steps or None
         self.plan = sampler_plan(model_cfg, steps)
         self.own_steps = [k for k, (b, _, _) in enumerate(self.plan) if b == block_index]
+
+    def set_replicas(self, replicas: int) -> None:
+        """How many replicas' deltas the last merge averaged (own included): the K of a ReplicaAdamW
+        (cfg.replica_adam); a plain AdamW ignores it."""
+        if isinstance(self.opt, ReplicaAdamW):
+            self.opt.set_replicas(max(1, replicas))
 
     def set_others(self, others: dict[int, DenoisingBlock], table: ByteEmbedding | torch.Tensor | None = None) -> None:
         """Frozen copies of other blocks for trajectory inputs (forward only, never optimised).

@@ -366,6 +366,8 @@ class Simulator:
         for b in range(self.cfg.model.blocks):
             deltas = {self.workers[i].id: outputs[i][0] for i in accepted if self.workers[i].block == b}
             block_means[b] = self.merge(deltas) if deltas else None
+        for w in self.workers:  # the K of TrainConfig.replica_adam: the block deltas this merge counts
+            w.state.set_replicas(sum(self.workers[i].block == w.block for i in accepted))
         if self.cfg.overlap:  # lands after the next round's steps (_land)
             self.pending = (block_means, emb_mean)
             return
