@@ -53,12 +53,13 @@ from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
-VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float}
+VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
 
 
 def parse_variant(text: str) -> dict:
-    """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5' -> dict (lr: inner-lr multiplier); defaults filled in."""
-    v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0}
+    """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict (lr: inner-lr multiplier; H: local steps per
+    round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW); defaults filled in."""
+    v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key not in VARIANT_KEYS:
@@ -69,7 +70,13 @@ def parse_variant(text: str) -> dict:
 
 def label(v: dict) -> str:
     outer = f"nesterov(lr {v['olr']:g}, m {v['mom']:g})" if v["outer"] == "nesterov" else "none"
-    return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}"
+    extra = (f" H={v['H']}" if v.get("H") else "") + (" ReplicaAdamW" if v.get("ra") else "")
+    return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}{extra}"
+
+
+def swarm_label(v: dict, steps: int) -> str:
+    """A sync-DP row's swarm variant in words: H, and ReplicaAdamW or AdamW."""
+    return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}"
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -98,6 +105,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8], help="replica counts of --sync-dp")
     p.add_argument(
+        "--swarm-variants",
+        nargs="+",
+        default=[""],
+        help="--sync-dp's swarms per K, each a row beside the same sync-DP sweep: variant keys without K "
+        "(e.g. 'H=1,ra=1'; '' = plain averaging at --steps with AdamW)",
+    )
+    p.add_argument(
         "--sync-lrs",
         type=parse_lrs,
         default=[1.0, 1.41, 2.0],
@@ -119,25 +133,25 @@ def parse_args(argv=None):
 def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_size: int | None = None) -> dict:
     """One simulator run of variant v for `rounds` rounds; batch_size: per replica (default --batch-size)."""
     batch = a.batch_size if batch_size is None else batch_size
-    train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed)
+    h = v.get("H") or a.steps  # a variant's own H: as many steps per replica, the same warmup (that of --steps)
+    rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
+    train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")))
     sim_cfg = SimConfig(
-        common.model_of(a), train, workers=v["K"], rounds=rounds, steps_per_round=a.steps, eval_every=a.eval_every
+        common.model_of(a), train, workers=v["K"], rounds=rounds, steps_per_round=h, eval_every=eval_every
     )
-    gossip = GossipConfig(
-        steps_per_round=a.steps, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"], group_size=0
-    )
+    gossip = GossipConfig(steps_per_round=h, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"], group_size=0)
     regime = regime_named("lockstep")
     start = time.perf_counter()
     sim = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, gossip=gossip)
     result = sim.run()
-    curve = [(0, result.ce_start)] + [(r.round * a.steps, r.ce) for r in result.rounds if r.ce is not None]
+    curve = [(0, result.ce_start)] + [(r.round * h, r.ce) for r in result.rounds if r.ce is not None]
     return {
         **v,
         "command": common.command_line("replica_sim.py", a.argv),
         "label": label(v),
         "seed": seed,
         "rounds": rounds,
-        "steps_per_replica": rounds * a.steps,
+        "steps_per_replica": rounds * h,
         "ce": result.ce,
         "curve": curve,
         **({} if batch_size is None else {"batch_size": batch}),
@@ -196,8 +210,8 @@ def main(argv=None) -> None:
         single = [(r["steps_per_replica"], r["ce"]) for r in store.get(key, [])]
         if a.sync_dp:
             for k in a.ks:
-                row = sync_dp_row(a, k, seed, data, eval_xy, single, key)
-                out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
+                for row in sync_dp_rows(a, k, seed, data, eval_xy, single, key):
+                    out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
                 common.write_json(a.out, out)
             continue
         for v in variants:
@@ -231,7 +245,7 @@ def sync_single_key(a, seed: int) -> str:
 
 def sync_id(row: dict) -> tuple:
     """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
-    return tuple(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model"))
+    return tuple(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "swarm_variant"))
 
 
 def excess_pct(ce: float, ref_ce: float) -> float:
@@ -269,11 +283,24 @@ def sync_dp_summary(k: int, swarm: dict, sweep: list[dict], single: list[tuple[i
     return row
 
 
-def sync_dp_row(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str) -> dict:
-    """Swarm of K replicas per block, then one replica at K x the batch for each lr multiplier: one row."""
-    start = time.perf_counter()
-    swarm = run_one(a, parse_variant(f"K={k}"), a.rounds, seed, data, eval_xy)
-    print(f"swarm K={k} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}", flush=True)
+def sync_dp_rows(
+    a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str
+) -> list[dict]:
+    """One replica at K x the batch for each lr multiplier, then each swarm of --swarm-variants (K replicas per
+    block): a row per swarm, beside the same sweep."""
+    sweep = sync_dp_sweep(a, k, seed, data, eval_xy)
+    rows = []
+    for text in a.swarm_variants:
+        start = time.perf_counter()
+        v = parse_variant(",".join(filter(None, (f"K={k}", text))))
+        swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
+        print(f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}")
+        rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, time.perf_counter() - start))
+    return rows
+
+
+def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy) -> list[dict]:
+    """One replica per block at K x the batch, each lr multiplier of --sync-lrs."""
     sweep = []
     for mult in a.sync_lrs:
         r = run_one(a, parse_variant(f"K=1,lr={mult:g}"), a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
@@ -285,6 +312,21 @@ def sync_dp_row(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tupl
         sweep.append(
             {"lr_mult": mult, "lr_abs": a.lr * mult, "ce": r["ce"], "curve": r["curve"], "wall_s": r["wall_s"]}
         )
+    return sweep
+
+
+def sync_dp_row(
+    a,
+    k: int,
+    seed: int,
+    v: dict,
+    swarm: dict,
+    sweep: list[dict],
+    single: list[tuple[int, float]],
+    key: str,
+    wall: float,
+) -> dict:
+    """The row of one swarm (variant v, its run `swarm`) beside the sync-DP sweep."""
     row = {
         **sync_dp_summary(k, swarm, sweep, single),
         "seed": seed,
@@ -294,16 +336,18 @@ def sync_dp_row(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tupl
         "sync_dp_batch_size": k * a.batch_size,
         "lr": a.lr,
         "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}",
+        "swarm_variant": swarm_label(v, a.steps),
         "swarm_curve": swarm["curve"],
         "swarm_wall_s": swarm["wall_s"],
         "single_key": key if single else None,
         "single": single,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": wall + sum(r["wall_s"] for r in sweep),
         "command": common.command_line("replica_sim.py", a.argv),
     }
     eff = f"efficiency {row['efficiency']:.3f}" if row["efficiency"] is not None else "no single reference"
     print(
-        f"K={k} seed {seed}: swarm {row['ce']:.4f} sync DP {row['sync_dp_ce']:.4f} (lr x{row['sync_dp_lr_mult']:g}) "
+        f"K={k} {row['swarm_variant']} seed {seed}: swarm {row['ce']:.4f} sync DP {row['sync_dp_ce']:.4f} "
+        f"(lr x{row['sync_dp_lr_mult']:g}) "
         f"excess {row['excess_pct']:+.2f}% {eff} ({row['wall_s']:.0f}s)",
         flush=True,
     )
@@ -316,7 +360,10 @@ def fmt_curve(r: dict) -> str:
 
 def write_sync_md(a, out: dict) -> None:
     """The sync-DP section of --md: one line per (K, seed, budget) row, the sweep, the commands."""
-    rows = sorted(out.get("sync_dp", []), key=lambda r: (r["steps_per_replica"], r["K"], r["seed"]))
+    rows = sorted(
+        out.get("sync_dp", []),
+        key=lambda r: (r["steps_per_replica"], r["K"], r["seed"], r.get("swarm_variant") or "H=25, AdamW"),
+    )
 
     def eff(r: dict, name: str, extrap: str) -> str:
         return "-" if r.get(name) is None else f"{r[name]:.3f}{' (extrap.)' if r.get(extrap) else ''}"
@@ -331,15 +378,16 @@ def write_sync_md(a, out: dict) -> None:
         "replicas) steps to reach the CE, log-steps interpolation between its 1x / 2x / 4x runs, "
         "/ (K x steps per replica); the sync DP column is the same for the reference's CE.",
         "",
-        "| K | seed | model | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr) | sweep (lr x: CE) "
-        "| excess % | efficiency | sync DP efficiency | wall s |",
-        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| K | seed | model | swarm | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr) "
+        "| sweep (lr x: CE) | excess % | efficiency | sync DP efficiency | wall s |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         sweep = ", ".join(f"x{s['lr_mult']:g}: {s['ce']:.4f}" for s in r["sync_dp_sweep"])
         edge = ", sweep edge" if r.get("sync_dp_lr_at_edge") else ""
         lines.append(
-            f"| {r['K']} | {r['seed']} | {r['model']}, H={r['H']}, lr {r['lr']:g} | {r['batch_size']} "
+            f"| {r['K']} | {r['seed']} | {r['model']}, lr {r['lr']:g} "
+            f"| {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'} | {r['batch_size']} "
             f"| {r['steps_per_replica']} | {r['ce']:.4f} "
             f"| {r['sync_dp_ce']:.4f} ({r['sync_dp_batch_size']}, x{r['sync_dp_lr_mult']:g}{edge}) | {sweep} "
             f"| {r['excess_pct']:+.2f} | {eff(r, 'efficiency', 'extrapolated')} "

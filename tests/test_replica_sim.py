@@ -92,3 +92,26 @@ def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path):
     section = md.read_text()
     assert "<!-- replica_sim.py sync-dp -->" in section and "python benchmarks/replica_sim.py" in section
     assert "--sync-dp --ks 2 --sync-lrs 1,2" in section
+
+
+def test_swarm_variants_share_one_sweep_and_keep_the_steps(rs, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
+    (data / "train.txt").write_text(text)
+    (data / "eval.txt").write_text(text[::-1])
+    out, md = tmp_path / "rs.json", tmp_path / "rs.md"
+    argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--ks", "2", "--sync-lrs", "1", "--no-single"]
+    rs.main([*argv, "--swarm-variants", "", "H=1,ra=1", "--out", str(out), "--md", str(md)])
+    rows = json.loads(out.read_text())["sync_dp"]
+    assert [r["swarm_variant"] for r in rows] == ["H=2, AdamW", "H=1, ReplicaAdamW"]
+    assert {r["steps_per_replica"] for r in rows} == {2}  # H=1 runs twice the rounds
+    assert rows[0]["sync_dp_sweep"] == rows[1]["sync_dp_sweep"]
+    assert rows[0]["ce"] != rows[1]["ce"]
+    assert "H=1, ReplicaAdamW" in md.read_text()
+
+
+def test_variant_h_and_replica_adam(rs):
+    v = rs.parse_variant("K=4,H=5,ra=1")
+    assert v["H"] == 5 and v["ra"] == 1 and rs.label(v).endswith("H=5 ReplicaAdamW")
+    assert rs.swarm_label(rs.parse_variant("K=4"), 25) == "H=25, AdamW"
