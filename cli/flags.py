@@ -95,6 +95,15 @@ TrajectoryProb = Annotated[
 FreezeZIn = Annotated[
     str | None, flag("--freeze-z-in", "block0: block 0's noise path stays zero (it only sees noise); none.", T)
 ]
+ReplicaAdam = Annotated[
+    bool | None,
+    flag(
+        "--replica-adam/--no-replica-adam",
+        "AdamW steps as if it saw the mean gradient of the block's replicas that the last merge averaged "
+        "(ReplicaAdamW; a peer alone trains exactly as with AdamW).",
+        T,
+    ),
+]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
 # -- data and training -----------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class TrainOptions(OptionGroup):
     seed: f.Seed
     trajectory_prob: f.TrajectoryProb
     freeze_z_in: f.FreezeZIn
+    replica_adam: f.ReplicaAdam
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

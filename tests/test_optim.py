@@ -129,3 +129,19 @@ def test_simulator_sets_k_to_the_block_deltas_merged(tmp_path):
     sim = Simulator(cfg, regime, Lockstep(), data, eval_xy)
     sim.run()
     assert {w.state.trainer.opt.replicas for w in sim.workers} == {3.0}
+
+
+def test_the_flag_reaches_run_join_and_the_demo_peers(tmp_path):
+    from cli.options import TrainOptions
+    from swarmd.tools.launch import LocalSwarm
+
+    fields = dict.fromkeys(("batch_size", "lr", "seed", "trajectory_prob", "freeze_z_in"))
+    assert TrainOptions(**fields, replica_adam=True).config().replica_adam is True
+    assert TrainOptions(**fields, replica_adam=False).config().replica_adam is False
+    assert TrainOptions(**fields, replica_adam=None).config().replica_adam is TrainOptions.DEFAULTS["replica_adam"]
+    (tmp_path / "t.txt").write_bytes(b"text " * 100)
+    for value in (True, False):
+        swarm = LocalSwarm(
+            2, tiny_model(), tmp_path / "t.txt", tmp_path / "w", rounds=1, steps_per_round=2, replica_adam=value
+        )
+        assert swarm.config.train.replica_adam is value

@@ -67,6 +67,7 @@ class LocalSwarm:
     """:param model: the swarm's model config; :param rounds: rounds each daemon runs (0 = until stopped)
     :param trajectory_prob: chance a batch trains on the sampler's trajectory (every peer)
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
+    :param replica_adam: TrainConfig.replica_adam of every peer (ReplicaAdamW, swarmd.core.optim)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
         with overlap or an outer optimizer, which run all-to-all only)
@@ -90,6 +91,7 @@ class LocalSwarm:
         swarm_id: str = "demo",
         trajectory_prob: float = TrainConfig.trajectory_prob,
         freeze_z_in: str = TrainConfig.freeze_z_in,
+        replica_adam: bool = TrainConfig.replica_adam,
         outer: str = GossipConfig.outer,
         outer_lr: float = GossipConfig.outer_lr,
         outer_momentum: float = GossipConfig.outer_momentum,
@@ -109,6 +111,7 @@ class LocalSwarm:
             seed=seed,
             trajectory_prob=trajectory_prob,
             freeze_z_in=freeze_z_in,
+            replica_adam=replica_adam,
         )
         self.config = DaemonConfig(
             model=model,
