@@ -286,26 +286,32 @@ def sync_dp_summary(k: int, swarm: dict, sweep: list[dict], single: list[tuple[i
 def sync_dp_rows(
     a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str
 ) -> list[dict]:
-    """One replica at K x the batch for each lr multiplier, then each swarm of --swarm-variants (K replicas per
-    block): a row per swarm, beside the same sweep."""
-    sweep = sync_dp_sweep(a, k, seed, data, eval_xy)
+    """Each swarm of --swarm-variants (K replicas per block) beside one replica at K x the batch for each lr
+    multiplier at the swarm's H (one sweep per H: the reference refreshes its trajectory predecessors and
+    averages the byte table across blocks once a round, as often as the swarm): a row per swarm."""
+    sweeps: dict[int, list[dict]] = {}
     rows = []
     for text in a.swarm_variants:
-        start = time.perf_counter()
         v = parse_variant(",".join(filter(None, (f"K={k}", text))))
+        h = v["H"] or a.steps
+        if h not in sweeps:
+            sweeps[h] = sync_dp_sweep(a, k, seed, data, eval_xy, h)
+        sweep = sweeps[h]
+        start = time.perf_counter()
         swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
         print(f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}")
         rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, time.perf_counter() - start))
     return rows
 
 
-def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy) -> list[dict]:
-    """One replica per block at K x the batch, each lr multiplier of --sync-lrs."""
+def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy, h: int) -> list[dict]:
+    """One replica per block at K x the batch, H local steps per round, each lr multiplier of --sync-lrs."""
     sweep = []
     for mult in a.sync_lrs:
-        r = run_one(a, parse_variant(f"K=1,lr={mult:g}"), a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
+        v = parse_variant(f"K=1,lr={mult:g}" + (f",H={h}" if h != a.steps else ""))
+        r = run_one(a, v, a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
         print(
-            f"sync DP K={k} (batch {k * a.batch_size}, lr x{mult:g}) seed {seed}: ce {r['ce']:.4f} "
+            f"sync DP K={k} (batch {k * a.batch_size}, lr x{mult:g}, H={h}) seed {seed}: ce {r['ce']:.4f} "
             f"({r['wall_s']:.0f}s) {fmt_curve(r)}",
             flush=True,
         )
@@ -337,6 +343,7 @@ def sync_dp_row(
         "lr": a.lr,
         "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}",
         "swarm_variant": swarm_label(v, a.steps),
+        "sync_dp_h": v["H"] or a.steps,
         "swarm_curve": swarm["curve"],
         "swarm_wall_s": swarm["wall_s"],
         "single_key": key if single else None,
@@ -373,12 +380,15 @@ def write_sync_md(a, out: dict) -> None:
         "",
         "Per K: the swarm (K replicas per block, plain averaging, H local steps per round, lockstep network, int8 + "
         "error feedback, robust merge) and, in the same run with the same seed, one replica per block at K x the "
-        "batch for the same steps (sync DP), at each inner-lr multiplier of the sweep; sync DP CE = the best. "
+        "batch for the same steps and the same H (sync DP: its trajectory predecessors are refreshed and the byte "
+        "table averaged across blocks once a round, as in the swarm), at each inner-lr multiplier of the sweep; "
+        "sync DP CE = the best. The swarm's H is its variant's (a smaller H: more rounds, the same steps and "
+        "warmup); ReplicaAdamW: swarmd.core.optim. "
         "excess % = 100 (swarm CE - sync DP CE) / sync DP CE. Efficiency = single-replica (batch of the swarm's "
         "replicas) steps to reach the CE, log-steps interpolation between its 1x / 2x / 4x runs, "
         "/ (K x steps per replica); the sync DP column is the same for the reference's CE.",
         "",
-        "| K | seed | model | swarm | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr) "
+        "| K | seed | model | swarm | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr, H) "
         "| sweep (lr x: CE) | excess % | efficiency | sync DP efficiency | wall s |",
         "|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
@@ -389,7 +399,8 @@ def write_sync_md(a, out: dict) -> None:
             f"| {r['K']} | {r['seed']} | {r['model']}, lr {r['lr']:g} "
             f"| {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'} | {r['batch_size']} "
             f"| {r['steps_per_replica']} | {r['ce']:.4f} "
-            f"| {r['sync_dp_ce']:.4f} ({r['sync_dp_batch_size']}, x{r['sync_dp_lr_mult']:g}{edge}) | {sweep} "
+            f"| {r['sync_dp_ce']:.4f} ({r['sync_dp_batch_size']}, x{r['sync_dp_lr_mult']:g}, "
+            f"H={r.get('sync_dp_h', r['H'])}{edge}) | {sweep} "
             f"| {r['excess_pct']:+.2f} | {eff(r, 'efficiency', 'extrapolated')} "
             f"| {eff(r, 'sync_dp_efficiency', 'sync_dp_extrapolated')} | {r['wall_s']:.0f} |"
         )

@@ -94,7 +94,7 @@ def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path):
     assert "--sync-dp --ks 2 --sync-lrs 1,2" in section
 
 
-def test_swarm_variants_share_one_sweep_and_keep_the_steps(rs, tmp_path):
+def test_swarm_variants_keep_the_steps_beside_sync_dp_at_their_h(rs, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
@@ -106,7 +106,8 @@ def test_swarm_variants_share_one_sweep_and_keep_the_steps(rs, tmp_path):
     rows = json.loads(out.read_text())["sync_dp"]
     assert [r["swarm_variant"] for r in rows] == ["H=2, AdamW", "H=1, ReplicaAdamW"]
     assert {r["steps_per_replica"] for r in rows} == {2}  # H=1 runs twice the rounds
-    assert rows[0]["sync_dp_sweep"] == rows[1]["sync_dp_sweep"]
+    assert [r["sync_dp_h"] for r in rows] == [2, 1]  # each swarm beside sync DP at its own H
+    assert rows[0]["sync_dp_sweep"] != rows[1]["sync_dp_sweep"]
     assert rows[0]["ce"] != rows[1]["ce"]
     assert "H=1, ReplicaAdamW" in md.read_text()
 
