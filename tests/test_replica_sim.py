@@ -31,6 +31,17 @@ def rs():
     return module
 
 
+@pytest.fixture
+def data(tmp_path) -> Path:
+    """A tiny train.txt / eval.txt folder."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
+    (folder / "train.txt").write_text(text)
+    (folder / "eval.txt").write_text(text[::-1])
+    return folder
+
+
 def sweep(*ces: float) -> list[dict]:
     return [{"lr_mult": m, "lr_abs": 3e-3 * m, "ce": c} for m, c in zip((1.0, 1.41, 2.0), ces, strict=False)]
 
@@ -67,12 +78,7 @@ def test_defaults_keep_the_issue_12_outputs(rs, tmp_path):
     assert a.md.name == "ISSUE20_sync_dp.md" and a.ks == [2, 4, 8] and a.sync_lrs == [1.0, 1.41, 2.0]
 
 
-def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
-    (data / "train.txt").write_text(text)
-    (data / "eval.txt").write_text(text[::-1])
+def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path, data):
     out, md = tmp_path / "rs.json", tmp_path / "rs.md"
     out.write_text(json.dumps({"rows": [{"label": "earlier"}], "single": {}}))
     argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--ks", "2", "--sync-lrs", "1,2", "--out", str(out)]
@@ -94,12 +100,7 @@ def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path):
     assert "--sync-dp --ks 2 --sync-lrs 1,2" in section
 
 
-def test_swarm_variants_keep_the_steps_beside_sync_dp_at_their_h(rs, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
-    (data / "train.txt").write_text(text)
-    (data / "eval.txt").write_text(text[::-1])
+def test_swarm_variants_keep_the_steps_beside_sync_dp_at_their_h(rs, tmp_path, data):
     out, md = tmp_path / "rs.json", tmp_path / "rs.md"
     argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--ks", "2", "--sync-lrs", "1", "--no-single"]
     rs.main([*argv, "--swarm-variants", "", "H=1,ra=1", "--out", str(out), "--md", str(md)])
