@@ -111,12 +111,14 @@ def memory_swarm(
     client_mode: set[int] = frozenset(),
     checks: bool = False,
     public: bool = False,
+    train: TrainConfig | None = None,
     **gossip,
 ) -> tuple[list[Gossip], MemoryTransport, dict]:
     """One in-process Gossip per entry of blocks_of (its block index), sharing a MemoryDiscovery board.
 
     :param checks: give every peer a HeldOutCheck on TEXT (swarmd.averaging.validation: verified adoption)
     :param public: the peers are of a public swarm (swarmd.averaging.standing: probation and the range cap)
+    :param train: every peer's TrainConfig (default tiny_train())
     :param gossip: more GossipConfig fields (merge="mean", clip_factor, ...)
     """
     cfg = tiny_model(blocks)
@@ -128,7 +130,7 @@ def memory_swarm(
     identities = peer_identities(len(blocks_of))
     for i, b in enumerate(blocks_of):
         outer = make_outer(gcfg.outer, gcfg.outer_lr, gcfg.outer_momentum)
-        state = BlockState(BlockTrainer(cfg, tiny_train(), b, worker_seed=i), outer)
+        state = BlockState(BlockTrainer(cfg, train or tiny_train(), b, worker_seed=i), outer)
         pid = identities[i].peer_id
         me = PeerRecord(
             pid,

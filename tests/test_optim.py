@@ -145,3 +145,18 @@ def test_the_flag_reaches_run_join_and_the_demo_peers(tmp_path):
             2, tiny_model(), tmp_path / "t.txt", tmp_path / "w", rounds=1, steps_per_round=2, replica_adam=value
         )
         assert swarm.config.train.replica_adam is value
+
+
+def test_a_daemon_round_sets_k_to_the_block_deltas_it_merged():
+    import asyncio
+
+    from swarm_utils import memory_round, memory_swarm
+
+    async def scenario():
+        train = dataclasses.replace(tiny_train(), replica_adam=True)
+        peers, _, board = memory_swarm([0, 0, 0, 1], codec="fp32", train=train)
+        await memory_round(peers, board)
+        return peers
+
+    peers = asyncio.run(scenario())
+    assert [g.state.trainer.opt.replicas for g in peers] == [3.0, 3.0, 3.0, 1.0]  # block 1's peer is alone: AdamW
