@@ -135,8 +135,9 @@ class TrainConfig:
     # pure noise)
     freeze_z_in: str = "block0"
     # AdamW's denominator as if it saw the mean gradient of the replicas a swarm merge averages (swarmd.core.optim;
-    # K = 1, a peer alone or a single process, is plain AdamW bit for bit)
-    replica_adam: bool = False
+    # K = 1, a peer alone or a single process, is plain AdamW bit for bit). On since issue 20: -0.027 nats at 4 and
+    # 8 replicas of benchmarks/replica_sim.py's swarm, +0.004 at 2 (BENCHMARKS.md)
+    replica_adam: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
