@@ -99,6 +99,13 @@ def parse_args(argv=None):
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
     p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
     p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="with --sync-dp --report: add the sync-DP rows of these JSONs (runs with another --out) to --out",
+    )
+    p.add_argument(
         "--sync-dp",
         action="store_true",
         help="per K of --ks: the swarm and one replica at K x the batch (best of --sync-lrs), side by side",
@@ -124,6 +131,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.md is None:
         a.md = common.RESULTS / ("ISSUE20_sync_dp.md" if a.sync_dp else "ISSUE12_replicas.md")
+    if a.merge and not (a.report and a.sync_dp):
+        raise SystemExit("--merge goes with --sync-dp --report")
     if any(k < 1 for k in a.ks):
         raise SystemExit(f"--ks wants replica counts >= 1, got {a.ks}")
     a.argv = argv
@@ -194,6 +203,9 @@ def main(argv=None) -> None:
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
         earlier = json.loads(a.out.read_text())
         out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single") if k in earlier})
+    for other in a.merge:  # rows of runs that wrote other files (each row keeps its own command)
+        for row in json.loads(other.read_text()).get("sync_dp", []):
+            out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
     if a.sync_dp:  # its own reference runs, measured by this code (the issue-12 ones predate merge changes)
         out.setdefault("sync_dp_single", {})
     store = out["sync_dp_single"] if a.sync_dp else out["single"]

@@ -117,3 +117,16 @@ def test_variant_h_and_replica_adam(rs):
     v = rs.parse_variant("K=4,H=5,ra=1")
     assert v["H"] == 5 and v["ra"] == 1 and rs.label(v).endswith("H=5 ReplicaAdamW")
     assert rs.swarm_label(rs.parse_variant("K=4"), 25) == "H=25, AdamW"
+
+
+def test_report_merges_the_rows_of_other_runs(rs, tmp_path, data):
+    argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--sync-lrs", "1", "--no-single"]
+    a, b, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "rs.md"
+    rs.main([*argv, "--ks", "2", "--out", str(a), "--md", str(md)])
+    rs.main([*argv, "--ks", "3", "--out", str(b), "--md", str(tmp_path / "b.md")])
+    rs.main([*argv, "--report", "--merge", str(b), "--out", str(a), "--md", str(md)])
+    rows = json.loads(a.read_text())["sync_dp"]
+    assert sorted(r["K"] for r in rows) == [2, 3]
+    assert {r["command"] for r in rows} <= set(md.read_text().split("`"))  # each row's own command is listed
+    with pytest.raises(SystemExit):
+        rs.parse_args(["--data-dir", str(data), "--merge", str(b)])
