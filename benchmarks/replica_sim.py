@@ -203,9 +203,9 @@ def main(argv=None) -> None:
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
         earlier = json.loads(a.out.read_text())
         out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single") if k in earlier})
-    for other in a.merge:  # rows of runs that wrote other files (each row keeps its own command)
-        for row in json.loads(other.read_text()).get("sync_dp", []):
-            out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
+    merged = [*out.get("sync_dp", []), *(r for f in a.merge for r in json.loads(f.read_text()).get("sync_dp", []))]
+    if merged:  # rows of runs that wrote other files (each keeps its own command); the last of a measurement wins
+        out["sync_dp"] = list({sync_id(r): r for r in merged}.values())
     if a.sync_dp:  # its own reference runs, measured by this code (the issue-12 ones predate merge changes)
         out.setdefault("sync_dp_single", {})
     store = out["sync_dp_single"] if a.sync_dp else out["single"]
@@ -257,7 +257,8 @@ def sync_single_key(a, seed: int) -> str:
 
 def sync_id(row: dict) -> tuple:
     """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
-    return tuple(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "swarm_variant"))
+    variant = row.get("swarm_variant") or f"H={row.get('H')}, AdamW"  # rows from before --swarm-variants
+    return (*(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model")), variant)
 
 
 def excess_pct(ce: float, ref_ce: float) -> float:
