@@ -103,7 +103,7 @@ def test_replicas_below_one_are_refused(bad):
 
 def test_train_config_picks_the_optimizer_and_block_state_sets_k():
     model = tiny_model()
-    plain = BlockTrainer(model, dataclasses.replace(tiny_train(), replica_adam=False), 0, "cpu")
+    plain = BlockTrainer(model, tiny_train(), 0, "cpu")
     assert type(plain.opt) is torch.optim.AdamW
     plain.set_replicas(4)  # a plain AdamW ignores it
     replica = BlockState(BlockTrainer(model, dataclasses.replace(tiny_train(), replica_adam=True), 0, "cpu"))

@@ -135,9 +135,10 @@ class TrainConfig:
     # pure noise)
     freeze_z_in: str = "block0"
     # AdamW's denominator as if it saw the mean gradient of the replicas a swarm merge averages (swarmd.core.optim;
-    # K = 1, a peer alone or a single process, is plain AdamW bit for bit). On since issue 20: -0.027 nats at 4 and
-    # 8 replicas of benchmarks/replica_sim.py's swarm, +0.004 at 2 (BENCHMARKS.md)
-    replica_adam: bool = True
+    # K = 1, a peer alone or a single process, is plain AdamW bit for bit). Off: at H=25 it gained 0.027 nats at 4
+    # and 8 replicas after 200 steps but lost 0.023 at 4 after 1,600 (issue 20, BENCHMARKS.md); it pays when
+    # replicas average every step or few
+    replica_adam: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
