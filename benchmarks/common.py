@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -182,7 +183,7 @@ def add_section(p: argparse.ArgumentParser, default: str) -> None:
 
 def command_line(script: str, argv: list[str] | None) -> str:
     """'python benchmarks/<script> <args>': the command a result records."""
-    return (f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    return (f"python benchmarks/{script} " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
 
 
 def write_json(path: Path, out: dict) -> None:
