@@ -29,6 +29,13 @@ ones in "single" were measured before later merge changes and no longer reproduc
 
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --rounds 64   # 1,600 steps per replica
+
+--swarm-variants (issue 20): several swarms per K, each a variant without K ('' = plain AdamW at --steps;
+'H=1,ra=1' = averaging every step with ReplicaAdamW), each beside sync DP at its own H (one sweep per H: the
+reference refreshes its trajectory predecessors and averages the byte table as often as that swarm does).
+--report --merge A.json B.json gathers the sync-DP rows of runs written to other --out files into --out.
+
+    python benchmarks/replica_sim.py --sync-dp --ks 4 --swarm-variants '' ra=1 H=1,ra=1
 """
 
 from __future__ import annotations
@@ -312,7 +319,10 @@ def sync_dp_rows(
         sweep = sweeps[h]
         start = time.perf_counter()
         swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
-        print(f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}")
+        print(
+            f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}",
+            flush=True,
+        )
         rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, time.perf_counter() - start))
     return rows
 
