@@ -292,9 +292,8 @@ class Daemon:
             while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
                 await self.rebalance()
                 await self.run_round()
-            await (
-                self.rounds.drain()
-            )  # with overlap, the last round's merge lands (within the stop grace when stopping)
+            # with overlap, the last round's merge lands (within the stop grace when stopping)
+            await self.rounds.drain()
         finally:
             await self.rounds.cancel()
         self.stop()
