@@ -32,7 +32,8 @@ held-out CE (`lr_sweep`: every run, and the best lr per model). --task copy trai
 seeded, in a temporary folder) instead of WikiText. --swarm also trains the stack as a LocalSwarm of one
 daemon per block (same model, TrainConfig, rounds x steps; the peers' own data streams, --swarm-codec
 deltas) and scores the assembled checkpoint with the same trace and KL (`swarm_ce`, `swarm_trace`,
-`swarm_kl`, `swarm_depth_recovery`).
+`swarm_kl`, `swarm_depth_recovery`). --reference-layout block gives the E2E and plain references a block's byte tables
+(untied context table, row-normalised output table; E2EModel) instead of one tied table.
 
     python benchmarks/quality.py --data-dir $BLOCKTRAIN_DATA --out benchmarks/results/quality
     python benchmarks/quality.py --task copy --blocks 2 --layers-per-block 1 --lr-sweep 1e-3,3e-3 --swarm
@@ -59,6 +60,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import depth_recovery, depth_trace, e2e_ce
 from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
+from swarmd.core.model import E2E_LAYOUTS
 from swarmd.core.train import seed_for
 
 KINDS = ("blocktrain", "e2e", "e2e1", "swarm")  # the models a run can train, in the order it trains them
@@ -122,6 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also train the stack as a LocalSwarm of one daemon per block and score it with the same trace",
     )
     p.add_argument("--swarm-codec", choices=("fp32", "fp16", "bf16", "int8"), default="int8")
+    p.add_argument(
+        "--reference-layout",
+        choices=E2E_LAYOUTS,
+        default="tied",
+        help="byte tables of the E2E and plain references: tied (one table in and out) or block (a block's "
+        "untied context table and row-normalised output table, without the noise path)",
+    )
     common.add_torch(p)
     # model
     common.add_shape(p, blocks=3, d_model=128, seq_len=128, layers_per_block=2)
@@ -598,7 +607,12 @@ def train_one(
             )
             record["other_ce"] = record["other_depth"]["ce"]
     else:
-        trainer = train_e2e(replace(mcfg, blocks=mcfg.blocks if kind == "e2e" else 1), *run[1:], on_round=on_round)
+        trainer = train_e2e(
+            replace(mcfg, blocks=mcfg.blocks if kind == "e2e" else 1),
+            *run[1:],
+            on_round=on_round,
+            layout=args.reference_layout,
+        )
         record["seconds"] = round(time.perf_counter() - t0, 1)
         if other_xy is not None:
             record["other_ce"] = e2e_ce(trainer.model, *other_xy)["ce"]
@@ -677,6 +691,7 @@ def main(argv: list[str] | None = None) -> dict:
             "steps_per_round": args.steps_per_round,
             "eval_steps": args.eval_steps,
             "trajectory_source": args.trajectory_source,
+            "reference_layout": args.reference_layout,
             "threads": args.threads,
         },
         "task": data["task"],

@@ -333,7 +333,7 @@ def load_e2e(directory: Path, device: str = "cpu") -> E2EModel:
     body = read_config(directory)
     cfg = body["model_config"]
     tensors, _ = load_tensors(Path(directory) / "e2e.safetensors")
-    model = E2EModel(cfg)
+    model = E2EModel(cfg, layout="block" if "table" in tensors else "tied")
     _load_state(model, tensors, "e2e model")
     return model.to(device)
 

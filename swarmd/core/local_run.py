@@ -130,9 +130,9 @@ class LocalRun:
         )
         return stack
 
-    def e2e(self) -> E2ETrainer:
-        """The E2E reference: the same number of optimiser steps as each block."""
-        trainer = E2ETrainer(self.model_cfg, self.train_cfg, self.device)
+    def e2e(self, layout: str = "tied") -> E2ETrainer:
+        """The E2E reference: the same number of optimiser steps as each block (layout: E2EModel's)."""
+        trainer = E2ETrainer(self.model_cfg, self.train_cfg, self.device, layout)
         stream = self.data.stream(seed_for("data", self.train_cfg.seed, "e2e"), self.train_cfg.batch_size)
 
         def train_round() -> float:
@@ -155,6 +155,6 @@ def train_blocktrain(
     return LocalRun(*run, **run_kw).blocktrain(eval_steps, trajectory_source)
 
 
-def train_e2e(*run: Any, **run_kw: Any) -> E2ETrainer:
-    """LocalRun(*run, **run_kw).e2e()."""
-    return LocalRun(*run, **run_kw).e2e()
+def train_e2e(*run: Any, layout: str = "tied", **run_kw: Any) -> E2ETrainer:
+    """LocalRun(*run, **run_kw).e2e(layout)."""
+    return LocalRun(*run, **run_kw).e2e(layout)

@@ -274,13 +274,13 @@ class BlockTrainer:
 
 
 class E2ETrainer:
-    """The end-to-end reference: same width, B x L_b layers, same optimiser, next-byte CE."""
+    """The end-to-end reference: same width, B x L_b layers, same optimiser, next-byte CE (layout: E2EModel's)."""
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, device: str = "cpu"):
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, device: str = "cpu", layout: str = "tied"):
         self.model_cfg, self.train_cfg, self.device = model_cfg, train_cfg, device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed_for("e2e", train_cfg.seed))
-            self.model = E2EModel(model_cfg).to(device)
+            self.model = E2EModel(model_cfg, layout).to(device)
         self.opt = make_adamw([self.model], train_cfg)
         self.step_count = 0
         self.autocast = autocast_dtype_for(device)
