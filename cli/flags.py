@@ -104,6 +104,16 @@ ReplicaAdam = Annotated[
         T,
     ),
 ]
+PredecessorPulls = Annotated[
+    int | None,
+    flag(
+        "--predecessor-pulls",
+        "Times per round a swarm peer refreshes the earlier blocks trajectory training runs: at round start, "
+        "then their working weights every steps-per-round / N steps (1 = round start only).",
+        T,
+        bounds=AT_LEAST_1,
+    ),
+]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
 # -- data and training -----------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class TrainOptions(OptionGroup):
     trajectory_prob: f.TrajectoryProb
     freeze_z_in: f.FreezeZIn
     replica_adam: f.ReplicaAdam
+    predecessor_pulls: f.PredecessorPulls
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

@@ -89,6 +89,10 @@ class Gossip(PeerContext):
         """Download (and validate) another peer's block state without adopting it (CE measurement)."""
         return await self.agreement.pulls.fetch_block(peer)
 
+    async def fetch_working(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+        """Another block's working weights now (mid-round; StatePulls.fetch_working)."""
+        return await self.agreement.pulls.fetch_working(peer)
+
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""
         return self.agreement.pulls.state_payload(request)

@@ -117,9 +117,16 @@ class StatePulls:
         enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True)  # its merged block, not its anchor
         return p.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
 
+    async def fetch_working(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+        """Another block's working weights as its peer trains them now (mid-round), signed by that peer; not checked
+        against any record (nothing announces mid-round weights): swarmd.node.peers bounds their distance from the
+        merged state before trajectory training runs them."""
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, working=True)
+        return self.peer.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
+
     async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
-        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current); the reply must come
-        signed by that peer (ValidationError otherwise)."""
+        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working); the reply
+        must come signed by that peer (ValidationError otherwise)."""
         p = self.peer
         request = pb.PullStateRequest(
             swarm_id=p.me.swarm_id,
@@ -140,7 +147,8 @@ class StatePulls:
         verify_payload(enc)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
-        """The base (merged) block or embedding as an fp32 payload, for PullState."""
+        """The base (merged) block or embedding as an fp32 payload, for PullState (request.working: the block's
+        working weights now, with their own hash)."""
         p = self.peer
         if request.swarm_id != p.me.swarm_id or request.config_hash != p.me.config_hash:
             raise ValidationError("pull request for another swarm or model config")
@@ -149,6 +157,12 @@ class StatePulls:
             raise ValidationError(f"unknown state kind {kind or request.kind!r}")
         if kind.is_block and request.block_index != p.me.block_index:
             raise WrongBlock(f"this peer trains block {p.me.block_index}, not {request.block_index}")
+        if request.working and kind.is_block:
+            tensors = p.state.current()[0]
+            enc = encode(tensors, Codec.FP32, base_hash=weights_hash(tensors), **p.hdr(kind, p.state.round))
+            enc = sign_payload(enc, p.identity)
+            p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
+            return enc
         round, block, emb, momentum = p.state.snapshot_outer()
         tensors, base_hash = (block, p.state.block_hash) if kind.is_block else (emb, p.state.emb_hash)
         if (anchor := p.anchors[kind.delta]).active and anchor.tensors is not None and not request.current:

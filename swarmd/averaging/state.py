@@ -5,8 +5,8 @@ Owns the weights a peer trains and the base they started from this round: local 
 (apply_merge: base + mean delta, written into the parameters in place so AdamW keeps its
 moments), adoption of a peer's state (join / re-sync), snapshots for PullState and serving, the
 hashes and count-sketch that identify and compare weights, trajectory training on or off for a
-round (use_predecessors), and its own checkpoint (save / restore, atomic files through
-swarmd.core.checkpoint). No grpc, no asyncio here.
+round (use_predecessors, refreshed mid-round by refresh_predecessors), and its own checkpoint
+(save / restore, atomic files through swarmd.core.checkpoint). No grpc, no asyncio here.
 Follows hivemind's averager.get_tensors(): every reader takes a copy under the lock.
 """
 
@@ -55,6 +55,13 @@ def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", torch.float32).clone() for k, v in sd.items()}
 
 
+def merge_train_stats(parts: list[dict]) -> dict:
+    """One train_steps result of several in a row: samples and seconds summed, CE weighted by samples."""
+    n, seconds = sum(p["samples"] for p in parts), sum(p["seconds"] for p in parts)
+    ce = sum(p["ce"] * p["samples"] for p in parts if p["samples"]) / n if n else float("nan")
+    return {"ce": ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
+
+
 class BlockState:
     """A BlockTrainer plus the base weights of the current round, behind one lock.
 
@@ -73,6 +80,9 @@ class BlockState:
         self.lock = threading.RLock()  # reentrant: swarmd.averaging.delayed.land_merge wraps apply_merge in it
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
+        self.predecessors: dict[int, dict[str, torch.Tensor]] | None = (
+            None  # this round's merged ones (use_predecessors)
+        )
         self._rebase()
 
     # -- reading -------------------------------------------------------------------------------
@@ -226,16 +236,44 @@ class BlockState:
         """Trajectory training for the next steps: on with these frozen predecessor blocks (merged states,
         run forward only with the round's merged byte table), or off (None: the documented noisy targets).
         "On" means the configured trajectory_prob; the trainer's other settings are left as configured.
+        These merged states are what refresh_predecessors measures fresher ones against until the next call.
         """
-        others = {}
-        for b, state in (blocks or {}).items():
-            others[b] = DenoisingBlock(self.cfg)
-            others[b].load_state_dict(state)
-            others[b].to(self.trainer.device).eval()
+        self.predecessors = dict(blocks) if blocks is not None else None
+        others = self._frozen(blocks or {})
         with self.lock:
             self.trainer.set_others(others, table=F.normalize(self.base_emb["table"].float(), dim=-1))
             on = blocks is not None
             self.trainer.train_cfg = self.train_cfg if on else replace(self.train_cfg, trajectory_prob=0.0)
+
+    @torch.no_grad()
+    def refresh_predecessors(self, fresh: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Mid-round: run these fresher states of some predecessors (their working weights) from the next step on,
+        the round-start merged states of the others; nothing changes while trajectory training is off."""
+        if self.predecessors is None:
+            return
+        others = self._frozen({**self.predecessors, **{b: fresh[b] for b in fresh if b in self.predecessors}})
+        with self.lock:
+            self.trainer.set_others(others, table=F.normalize(self.base_emb["table"].float(), dim=-1))
+
+    def _frozen(self, blocks: dict[int, dict[str, torch.Tensor]]) -> dict[int, DenoisingBlock]:
+        """Eval-mode DenoisingBlocks of these states on the trainer's device (forward only, never optimised)."""
+        others = {}
+        for b, state in blocks.items():
+            others[b] = DenoisingBlock(self.cfg)
+            others[b].load_state_dict(state)
+            others[b].to(self.trainer.device).eval().requires_grad_(False)
+        return others
+
+    def moved(self) -> float:
+        """||working block - base block||: how far this peer's own block has moved this round so far."""
+        with self.lock:
+            return float(
+                sum(
+                    float((v.detach().float().cpu() - self.base_block[k]).pow(2).sum())
+                    for k, v in self.trainer.block.state_dict().items()
+                )
+                ** 0.5
+            )
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, directory: str | Path, **progress: Any) -> None:

@@ -139,6 +139,11 @@ class TrainConfig:
     # and 8 replicas after 200 steps but lost 0.023 at 4 after 1,600 (issue 20, BENCHMARKS.md); it pays when
     # replicas average every step or few
     replica_adam: bool = False
+    # trajectory training's frozen predecessors are refreshed this many times per round: at round start (the
+    # merged states) and then every steps_per_round / predecessor_pulls steps (the predecessors' working weights
+    # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
+    # predecessor is what made them give back what block 1 gained (issue 19, BENCHMARKS.md)
+    predecessor_pulls: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -155,6 +160,8 @@ class TrainConfig:
             raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
         if self.freeze_z_in not in ("none", "block0"):
             raise ValueError(f"freeze_z_in must be none or block0, got {self.freeze_z_in!r}")
+        if self.predecessor_pulls < 1:
+            raise ValueError(f"predecessor_pulls must be >= 1, got {self.predecessor_pulls}")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 

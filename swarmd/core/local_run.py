@@ -21,7 +21,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
-from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for
+from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for, split_steps
 
 
 @dataclass
@@ -70,21 +70,29 @@ class BlockStack:
         return self.trainers[0].emb
 
     def train_round(self, steps: int, on_step: Callable[[int, dict], None] | None = None) -> float:
+        """Every block takes `steps` local steps, then the byte table copies are averaged; the mean train CE.
+
+        With snapshot predecessors the round runs in train_cfg.predecessor_pulls chunks, as concurrent swarm
+        peers do: at each chunk's start every block is copied as it is then (the first copy is the round-start
+        state) and each block trains its share of the steps against the others' copies.
+        """
         ces = []
-        snapshot = None
-        if self.train_cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot":
-            snapshot = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(self.trainers)}
-            table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging
-        for b, trainer in enumerate(self.trainers):
-            if snapshot is not None:
-                trainer.set_others({i: blk for i, blk in snapshot.items() if i != b}, table=table)
-            elif self.train_cfg.trajectory_prob > 0:
-                trainer.set_others({i: t.block for i, t in enumerate(self.trainers) if i != b})
-            for _ in range(steps):
-                metrics = trainer.step(*next(self.streams[b]))
-                ces.append(metrics["ce"])
-                if on_step:
-                    on_step(b, metrics)
+        snapshots = self.train_cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
+        chunks = split_steps(steps, self.train_cfg.predecessor_pulls if snapshots else 1)
+        table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging
+        for chunk in chunks:
+            if snapshots:
+                snapshot = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(self.trainers)}
+            for b, trainer in enumerate(self.trainers):
+                if snapshots:
+                    trainer.set_others({i: blk for i, blk in snapshot.items() if i != b}, table=table)
+                elif self.train_cfg.trajectory_prob > 0:
+                    trainer.set_others({i: t.block for i, t in enumerate(self.trainers) if i != b})
+                for _ in range(chunk):
+                    metrics = trainer.step(*next(self.streams[b]))
+                    ces.append(metrics["ce"])
+                    if on_step:
+                        on_step(b, metrics)
         average_embeddings([t.emb for t in self.trainers])
         return sum(ces) / max(1, len(ces))
 

@@ -67,6 +67,13 @@ def make_adamw(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
     return optimizer(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
+def split_steps(steps: int, parts: int) -> list[int]:
+    """`steps` in `parts` chunks as equal as can be, the larger first, none empty (one chunk of 0 for 0 steps):
+    split_steps(10, 4) = [3, 3, 2, 2]; a round's steps between predecessor pulls (TrainConfig.predecessor_pulls)."""
+    parts = max(1, min(parts, steps))
+    return [steps // parts + (i < steps % parts) for i in range(parts)]
+
+
 def seed_for(*parts: int | str) -> int:
     """Stable 31-bit seed from parts (crc32 of their text)."""
     return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF

@@ -39,11 +39,11 @@ import torch
 
 from swarmd.averaging.exchange import MergeReport
 from swarmd.averaging.gossip import Gossip
-from swarmd.averaging.state import BlockState
+from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
-from swarmd.core.train import seed_for
+from swarmd.core.train import seed_for, split_steps
 from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
@@ -56,7 +56,7 @@ from swarmd.node.credentials import load_identity, load_swarm_key, load_tls, tls
 from swarmd.node.diagnosis import PeerFacts, Watch
 from swarmd.node.measure import measure_assembled_ce, measure_consensus
 from swarmd.node.overlap import OverlapRounds
-from swarmd.node.peers import load_predecessors
+from swarmd.node.peers import load_predecessors, refresh_predecessors
 from swarmd.node.presence import Presence
 from swarmd.node.prometheus import MetricsServer, start_metrics_server
 from swarmd.node.rebalance import Rebalancer, moved_state
@@ -225,8 +225,16 @@ class Daemon:
         self.serving.update_weights(block, emb["table"])
 
     async def train(self, steps: int) -> dict:
-        """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step after stop())."""
-        return await asyncio.to_thread(self.state.train_steps, steps, self.batches, self._stop_thread)
+        """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step after stop()),
+        in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
+        parts = []
+        for i, chunk in enumerate(split_steps(steps, self.config.train.predecessor_pulls)):
+            if i:
+                await refresh_predecessors(self.gossip, self.state, self.records)
+            parts.append(await asyncio.to_thread(self.state.train_steps, chunk, self.batches, self._stop_thread))
+            if self.stopping.is_set():
+                break
+        return merge_train_stats(parts)
 
     async def serve(self) -> None:
         """Run until stop() (or max_rounds), then checkpoint and shut down.

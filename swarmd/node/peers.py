@@ -2,9 +2,11 @@
 
 Owns the order peers of a block are asked in (pull_order: the weights most records share first), the
 pulls of other blocks' merged states (one block, several, or all the predecessors trajectory training
-runs frozen, or none), and the round-start load of those predecessors into the BlockState. Every pull
-is best effort: a peer that fails is logged and skipped. No policy, no state of its own. What the
-pulled blocks are measured with (the assembled model's CE) is swarmd.node.measure.
+runs frozen, or none), the round-start load of those predecessors into the BlockState, and their
+mid-round refresh from the predecessors' working weights (bounded by how far our own block moved in the
+same steps: WORKING_DRIFT). Every pull is best effort: a peer that fails is logged and skipped. No
+policy, no state of its own. What the pulled blocks are measured with (the assembled model's CE) is
+swarmd.node.measure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from swarmd.membership.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 StateDict = dict[str, torch.Tensor]
+# a predecessor's working weights are run only within this many times our own block's movement this round of its
+# merged state (blocks of one config at one learning rate move alike, give or take a few steps of warmup or of a
+# faster peer; a peer serving weights further off, hostile or broken, leaves us on the round-start state)
+WORKING_DRIFT = 8.0
 
 
 def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
@@ -86,3 +92,47 @@ async def load_predecessors(
     pulled = await pull_predecessors(gossip, await lookup(), cfg, state.block_index)
     await asyncio.to_thread(state.use_predecessors, pulled)
     return len(pulled or {})
+
+
+def within_drift(working: StateDict, merged: StateDict, own_moved: float, factor: float = WORKING_DRIFT) -> bool:
+    """Whether a predecessor's working weights are finite, shaped as its merged state, and no further from it than
+    `factor` x `own_moved` (||our working block - our base||, the same steps at the same learning rate) in L2."""
+    if set(working) != set(merged) or any(working[k].shape != merged[k].shape for k in merged):
+        return False
+    if not all(bool(torch.isfinite(t).all()) for t in working.values()):
+        return False
+    dist = sum(float((working[k].float() - merged[k].float()).pow(2).sum()) for k in merged) ** 0.5
+    return dist <= factor * own_moved + 1e-6
+
+
+async def refresh_predecessors(
+    gossip: Gossip, state: BlockState, lookup: Callable[[], Awaitable[list[PeerRecord]]]
+) -> int:
+    """Mid-round: pull the working weights of the predecessors trajectory training runs and run those within
+    WORKING_DRIFT of their merged state from the next step on (the rest stay as pulled at round start); how many.
+    Nothing is pulled while the round trains without predecessors."""
+    if not state.predecessors:
+        return 0
+    records, own = await lookup(), await asyncio.to_thread(state.moved)
+    fresh = {}
+    for b, merged in sorted(state.predecessors.items()):
+        for r in pull_order(records, b):
+            try:
+                working = await gossip.fetch_working(r)
+            except SwarmdError as exc:
+                logger.info(
+                    "%s could not pull block %d's working weights from %s: %s", gossip.tag, b, r.peer_id[-6:], exc
+                )
+                continue
+            if within_drift(working, merged, own):
+                fresh[b] = working
+                break
+            logger.warning(
+                "%s block %d's working weights from %s are too far off its merged state: not run",
+                gossip.tag,
+                b,
+                r.peer_id[-6:],
+            )
+    if fresh:
+        await asyncio.to_thread(state.refresh_predecessors, fresh)
+    return len(fresh)

@@ -1,0 +1,150 @@
+"""Fresher trajectory predecessors (TrainConfig.predecessor_pulls, issue 19): the round's steps in chunks, the
+predecessors' working weights pulled between them within a bound, in one process and in real daemons."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+from swarm_utils import daemon_config, running
+
+from swarmd.averaging.state import merge_train_stats, weights_hash
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.local_run import BlockStack
+from swarmd.core.train import split_steps
+from swarmd.node.peers import refresh_predecessors, within_drift
+from swarmd.transport import PeerClient
+from swarmd.v1 import swarm_pb2 as pb
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize(
+    ("steps", "parts", "chunks"),
+    [(10, 4, [3, 3, 2, 2]), (100, 4, [25] * 4), (3, 8, [1, 1, 1]), (7, 1, [7]), (0, 3, [0])],
+)
+def test_split_steps(steps, parts, chunks):
+    assert split_steps(steps, parts) == chunks
+
+
+def test_merge_train_stats_weights_ce_by_samples():
+    a = {"ce": 2.0, "samples": 30, "seconds": 1.0, "samples_per_s": 30.0}
+    b = {"ce": 4.0, "samples": 10, "seconds": 1.0, "samples_per_s": 10.0}
+    merged = merge_train_stats([a, b, {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}])
+    assert merged == {"ce": 2.5, "samples": 40, "seconds": 2.0, "samples_per_s": 20.0}
+
+
+def test_predecessor_pulls_must_be_positive():
+    with pytest.raises(ValueError, match="predecessor_pulls"):
+        TrainConfig(predecessor_pulls=0)
+
+
+def test_within_drift_bounds_a_working_state_by_our_own_movement():
+    merged = {"w": torch.zeros(4, 4), "b": torch.ones(4)}
+    near = {"w": torch.full((4, 4), 0.1), "b": torch.ones(4)}  # 0.4 from merged
+    assert within_drift(near, merged, own_moved=0.05)  # 0.4 <= 8 x 0.05
+    assert not within_drift(near, merged, own_moved=0.04)
+    assert not within_drift({"w": torch.full((4, 4), float("nan")), "b": torch.ones(4)}, merged, 1e9)
+    assert not within_drift({"w": torch.zeros(4, 4)}, merged, 1.0)  # a tensor missing
+    assert not within_drift({"w": torch.zeros(2, 8), "b": torch.ones(4)}, merged, 1.0)  # another shape
+
+
+def _stack(pulls: int, corpus) -> BlockStack:
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    tcfg = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, predecessor_pulls=pulls)
+    return BlockStack(cfg, tcfg, ByteData.from_path(corpus, cfg.seq_len))
+
+
+def _chunked_by_hand(stack: BlockStack, chunks: list[int]) -> None:
+    """The old round loop, once per chunk: snapshot every block, each trains its chunk against the others."""
+    import copy
+
+    table = stack.trainers[0].emb.normalized().detach().clone()
+    for chunk in chunks:
+        snap = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(stack.trainers)}
+        for b, trainer in enumerate(stack.trainers):
+            trainer.set_others({i: blk for i, blk in snap.items() if i != b}, table=table)
+            for _ in range(chunk):
+                trainer.step(*next(stack.streams[b]))
+    from swarmd.core.train import average_embeddings
+
+    average_embeddings([t.emb for t in stack.trainers])
+
+
+@pytest.mark.parametrize("pulls", [1, 3])
+def test_block_stack_refreshes_its_snapshots_pulls_times_a_round(tmp_path, pulls):
+    corpus = tmp_path / "train.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 40)
+    stack, by_hand = _stack(pulls, corpus), _stack(pulls, corpus)
+    stack.train_round(6)
+    _chunked_by_hand(by_hand, split_steps(6, pulls))
+    for a, b in zip(stack.trainers, by_hand.trainers):
+        for (name, p), q in zip(a.block.state_dict().items(), b.block.state_dict().values()):
+            assert torch.equal(p, q), name
+    # the last chunk ran against block 1 as it was after the earlier chunks, not at round start
+    first_chunk_moved = not torch.equal(
+        stack.trainers[2].others[1].out.weight, torch.zeros_like(stack.trainers[1].block.out.weight)
+    )
+    assert first_chunk_moved == (pulls > 1)
+
+
+def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
+    def config(block, seed):
+        cfg = daemon_config(tmp_path, block, blocks=3, seed=seed, discovery="static", deadline_max_s=3.0)
+        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=2))
+
+    async def scenario():
+        async with running(*(config(b, b) for b in range(3))) as daemons:
+            addresses = [d.server.address for d in daemons]
+            for d in daemons:
+                d.discovery.addresses = addresses
+            last = daemons[2]
+            assert await last.load_predecessors() == 2
+            merged = {b: dict(last.state.predecessors[b]) for b in (0, 1)}
+            for d in daemons:  # every block takes steps this round (two chunks each: no predecessors to refresh
+                await d.train(2)  # for block 0; block 1's and 2's refreshes run as the daemon does)
+            working = {b: daemons[b].state.current()[0] for b in (0, 1)}
+            refreshed = await refresh_predecessors(last.gossip, last.state, last.records)
+            # the PullState answer itself: the working weights, signed, hashing to what its header names
+            client = PeerClient()
+            try:
+                request = pb.PullStateRequest(
+                    swarm_id="test",
+                    config_hash=last.cfg.config_hash(),
+                    kind=pb.PAYLOAD_KIND_BLOCK_STATE,
+                    block_index=0,
+                    working=True,
+                )
+                enc = await client.pull_state(addresses[0], request, 5.0)
+            finally:
+                await client.close()
+            return refreshed, merged, working, last, enc, daemons[0].peer_id
+
+    refreshed, merged, working, last, enc, peer0 = asyncio.run(scenario())
+    assert refreshed == 2
+    others = last.state.trainer.others
+    for b in (0, 1):
+        assert any(not torch.equal(working[b][k], merged[b][k]) for k in merged[b])  # they moved this round
+        for k, v in working[b].items():  # ... and the block-2 peer now runs them as they are
+            assert torch.equal(others[b].state_dict()[k], v)
+        assert all(p.grad is None and not p.requires_grad for p in others[b].parameters())
+    assert enc.header.peer_id == peer0 and enc.header.base_hash == weights_hash(working[0])
+    assert last.state.predecessors is not None and set(last.state.predecessors) == {0, 1}  # the bound's reference
+
+
+def test_a_round_without_predecessors_refreshes_nothing(tmp_path):
+    cfg = daemon_config(tmp_path, 1, blocks=3, seed=0, discovery="static")
+    cfg = replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=4))
+
+    async def scenario():
+        async with running(cfg) as (d,):
+            assert await d.load_predecessors() == 0
+            refreshed = await refresh_predecessors(d.gossip, d.state, d.records)
+            await asyncio.wait_for(d.run_round(), 60)
+            return refreshed, d
+
+    refreshed, d = asyncio.run(scenario())
+    assert refreshed == 0 and d.state.round == 1 and d.state.trainer.train_cfg.trajectory_prob == 0.0
