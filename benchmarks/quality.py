@@ -152,6 +152,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
+    p.add_argument(
+        "--predecessor-pulls",
+        type=int,
+        default=TrainConfig.predecessor_pulls,
+        help="times per round snapshot predecessors are refreshed (the stack's snapshots and the swarm's pulls)",
+    )
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.rounds = args.rounds or 8
@@ -175,7 +181,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     model = ("blocks", "layers_per_block", "d_model", "n_heads", "seq_len", "noise_feature_scale", "logit_scale")
     mcfg = ModelConfig(hidden=4 * args.d_model, **common.picked(args, (*model, *common.BLOCK_OPTIONS)))
     total = args.steps_per_round * args.rounds
-    train = ("batch_size", "lr", "seed", "trajectory_steps", "sigma_jitter", "table_lr_scale")
+    train = ("batch_size", "lr", "seed", "trajectory_steps", "sigma_jitter", "table_lr_scale", "predecessor_pulls")
     tcfg = TrainConfig(
         total_steps=total,
         warmup_steps=min(50, total // 10),

@@ -129,7 +129,7 @@ def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
     for b in (0, 1):
         assert any(not torch.equal(working[b][k], merged[b][k]) for k in merged[b])  # they moved this round
         for k, v in working[b].items():  # ... and the block-2 peer now runs them as they are
-            assert torch.equal(others[b].state_dict()[k], v)
+            assert torch.allclose(others[b].state_dict()[k], v, rtol=1e-3, atol=1e-6)  # fp16 on the wire
         assert all(p.grad is None and not p.requires_grad for p in others[b].parameters())
     assert enc.header.peer_id == peer0 and enc.header.base_hash == weights_hash(working[0])
     assert last.state.predecessors is not None and set(last.state.predecessors) == {0, 1}  # the bound's reference

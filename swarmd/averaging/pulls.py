@@ -148,7 +148,7 @@ class StatePulls:
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState (request.working: the block's
-        working weights now, with their own hash)."""
+        working weights now as fp16, with the hash of their fp32 values: trajectory inputs of a later block)."""
         p = self.peer
         if request.swarm_id != p.me.swarm_id or request.config_hash != p.me.config_hash:
             raise ValidationError("pull request for another swarm or model config")
@@ -158,8 +158,9 @@ class StatePulls:
         if kind.is_block and request.block_index != p.me.block_index:
             raise WrongBlock(f"this peer trains block {p.me.block_index}, not {request.block_index}")
         if request.working and kind.is_block:
+            # fp16 on the wire: half the bytes; ~5e-4 relative error on weights that only run forward elsewhere
             tensors = p.state.current()[0]
-            enc = encode(tensors, Codec.FP32, base_hash=weights_hash(tensors), **p.hdr(kind, p.state.round))
+            enc = encode(tensors, Codec.FP16, base_hash=weights_hash(tensors), **p.hdr(kind, p.state.round))
             enc = sign_payload(enc, p.identity)
             p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
             return enc
