@@ -126,12 +126,21 @@ def model_of(a: argparse.Namespace, documented: bool = False) -> ModelConfig:
     )
 
 
-BLOCK_OPTIONS = ("sigma_lo", "sigma_hi", "context_input", "z_in_init", "pred_input", "noise_embedding", "pred_output")
+BLOCK_OPTIONS = (
+    "sigma_lo",
+    "sigma_hi",
+    "context_input",
+    "z_in_init",
+    "pred_input",
+    "noise_embedding",
+    "pred_output",
+    "handoff_loss",
+)
 TRAJECTORY_OPTIONS = ("freeze_z_in", "trajectory_prob", "sigma_sampling")  # add_trajectory_options' TrainConfig fields
 
 
 def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
-    """The noise range and the issue-8 block options (--context-input ... --pred-output: the ModelConfig fields
+    """The noise range and the issue-8/19 block options (--context-input ... --handoff-loss: the ModelConfig fields
     BLOCK_OPTIONS), defaults from model."""
     p.add_argument("--sigma-lo", type=float, default=model.sigma_lo)
     p.add_argument("--sigma-hi", type=float, default=model.sigma_hi)
@@ -140,6 +149,7 @@ def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
     p.add_argument("--pred-input", choices=("none", "feature"), default=model.pred_input)
     p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=model.noise_embedding)
     p.add_argument("--pred-output", choices=("none", "add"), default=model.pred_output)
+    p.add_argument("--handoff-loss", choices=("none", "prev_byte"), default=model.handoff_loss)
 
 
 def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:

@@ -152,6 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
+    p.add_argument("--handoff-weight", type=float, default=TrainConfig.handoff_weight)
     p.add_argument(
         "--predecessor-pulls",
         type=int,
@@ -181,7 +182,16 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     model = ("blocks", "layers_per_block", "d_model", "n_heads", "seq_len", "noise_feature_scale", "logit_scale")
     mcfg = ModelConfig(hidden=4 * args.d_model, **common.picked(args, (*model, *common.BLOCK_OPTIONS)))
     total = args.steps_per_round * args.rounds
-    train = ("batch_size", "lr", "seed", "trajectory_steps", "sigma_jitter", "table_lr_scale", "predecessor_pulls")
+    train = (
+        "batch_size",
+        "lr",
+        "seed",
+        "trajectory_steps",
+        "sigma_jitter",
+        "table_lr_scale",
+        "predecessor_pulls",
+        "handoff_weight",
+    )
     tcfg = TrainConfig(
         total_steps=total,
         warmup_steps=min(50, total // 10),

@@ -78,6 +78,14 @@ PredInput = Annotated[
 PredOutput = Annotated[
     str | None, flag("--pred-output", "add: a block corrects the previous step's estimate; none.", M)
 ]
+HandoffLoss = Annotated[
+    str | None,
+    flag(
+        "--handoff-loss",
+        "prev_byte: each block's final feature also predicts the previous byte (training only); none.",
+        M,
+    ),
+]
 
 # -- optimiser (TrainOptions) ------------------------------------------------------------------------
 BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T, bounds=AT_LEAST_1)]
@@ -103,6 +111,10 @@ ReplicaAdam = Annotated[
         "(ReplicaAdamW; a peer alone trains exactly as with AdamW).",
         T,
     ),
+]
+HandoffWeight = Annotated[
+    float | None,
+    flag("--handoff-weight", "Weight of --handoff-loss's term beside the block's CE.", T, bounds=AT_LEAST_0),
 ]
 PredecessorPulls = Annotated[
     int | None,

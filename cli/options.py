@@ -43,6 +43,7 @@ class ModelOptions(OptionGroup):
     noise_embedding: f.NoiseEmbedding
     pred_input: f.PredInput
     pred_output: f.PredOutput
+    handoff_loss: f.HandoffLoss
 
     def config(self, base: ModelConfig = MODEL) -> ModelConfig:
         """`base` with the options given (None = keep); --hidden defaults to 4 x --d-model."""
@@ -67,6 +68,7 @@ class TrainOptions(OptionGroup):
     freeze_z_in: f.FreezeZIn
     replica_adam: f.ReplicaAdam
     predecessor_pulls: f.PredecessorPulls
+    handoff_weight: f.HandoffWeight
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

@@ -46,6 +46,10 @@ class ModelConfig:
     # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate,
     # not c_skip z; init_block starts F's last linear at 0 in blocks > 0)
     pred_output: str = "add"
+    # issue 19. none (documented) | prev_byte: each block's final feature g_t also predicts the previous context
+    # byte x_{t-1} through a block-owned linear head (trained with TrainConfig.handoff_weight, never run at
+    # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read
+    handoff_loss: str = "none"
 
     # the documented block's values of the fields added after the first release. A field at this value
     # is left out of config_hash (so a documented config keeps the hash it always had), and a config
@@ -56,6 +60,7 @@ class ModelConfig:
         "noise_embedding": "default",
         "pred_input": "none",
         "pred_output": "none",
+        "handoff_loss": "none",
     }
 
     def __post_init__(self) -> None:
@@ -82,6 +87,8 @@ class ModelConfig:
             raise ValueError(f"noise_embedding must be default, zero_init or off, got {self.noise_embedding!r}")
         if self.pred_output not in ("none", "add"):
             raise ValueError(f"pred_output must be none or add, got {self.pred_output!r}")
+        if self.handoff_loss not in ("none", "prev_byte"):
+            raise ValueError(f"handoff_loss must be none or prev_byte, got {self.handoff_loss!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 
@@ -144,6 +151,7 @@ class TrainConfig:
     # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
     # predecessor is what made them give back what block 1 gained (issue 19, BENCHMARKS.md)
     predecessor_pulls: int = 1
+    handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term beside the block's weighted CE
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -160,6 +168,8 @@ class TrainConfig:
             raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
         if self.freeze_z_in not in ("none", "block0"):
             raise ValueError(f"freeze_z_in must be none or block0, got {self.freeze_z_in!r}")
+        if self.handoff_weight < 0:
+            raise ValueError(f"handoff_weight must be >= 0, got {self.handoff_weight}")
         if self.predecessor_pulls < 1:
             raise ValueError(f"predecessor_pulls must be >= 1, got {self.predecessor_pulls}")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:

@@ -233,6 +233,8 @@ class DenoisingBlock(nn.Module):
             self.pred_in = nn.Linear(d, d)
             nn.init.zeros_(self.pred_in.weight)
             nn.init.zeros_(self.pred_in.bias)
+        if cfg.handoff_loss == "prev_byte":  # training only: g_t -> logits of x_{t-1} (handoff_logits)
+            self.handoff_head = nn.Linear(d, cfg.vocab)
 
     def context(self, x: torch.Tensor, table_hat: torch.Tensor) -> torch.Tensor:
         """Context input of bytes x (n, t): sqrt(d) e_hat[x] (documented) or the block's own table rows."""
@@ -286,7 +288,7 @@ def count_params(module: nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------
 # 5. Denoiser output, logits and the block-local objective.
 # ---------------------------------------------------------------------------------------------
-def denoise(
+def denoise_with_feature(
     block: DenoisingBlock,
     table_hat: torch.Tensor,
     x: torch.Tensor,
@@ -295,7 +297,7 @@ def denoise(
     cache: list | None = None,
     autocast_dtype: torch.dtype | None = None,
     pred: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(logits (n, t, V) of D = c_skip z + c_out F(x, c_in z, c_noise) against the normalised table, message).
 
     x: context bytes (n, t) long; z: noisy target embeddings (n, t, d) fp32; sigma: (n,) per sequence.
@@ -318,7 +320,29 @@ def denoise(
     logits = z_hat @ table_hat.T
     logits = logits if cfg.logit_scale == 1.0 else cfg.logit_scale * logits
     parts = ([feature.float()] if cfg.pred_input == "feature" else []) + ([z_hat] if cfg.pred_output == "add" else [])
-    return logits, (torch.cat(parts, dim=-1) if parts else None)
+    return logits, (torch.cat(parts, dim=-1) if parts else None), feature
+
+
+def denoise(
+    block: DenoisingBlock,
+    table_hat: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    sigma: torch.Tensor,
+    cache: list | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    pred: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, message) of denoise_with_feature: what the sampler and serving need."""
+    logits, message, _ = denoise_with_feature(block, table_hat, x, z, sigma, cache, autocast_dtype, pred)
+    return logits, message
+
+
+def handoff_ce(head: nn.Module, feature: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """ModelConfig.handoff_loss=prev_byte: mean CE of predicting x_{t-1} from the feature at t (positions 1..t-1 of
+    each window; the first has no previous byte in the window)."""
+    logits = head(feature[:, 1:].float())
+    return F.cross_entropy(logits.flatten(0, 1), x[:, :-1].flatten())
 
 
 def noisy_targets(
@@ -340,20 +364,25 @@ def block_loss(
     z: torch.Tensor | None = None,
     autocast_dtype: torch.dtype | None = None,
     pred: torch.Tensor | None = None,
+    handoff_weight: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss to minimise, unweighted CE for logging) of one block at per-sequence sigmas.
 
     z defaults to the documented noisy target e_hat[y] + sigma * eps; a caller may pass another
     input at the same sigmas (for example a point on the sampler's own trajectory). pred: the
-    predecessor's feature for pred_input=feature (computed without gradient by the caller).
+    predecessor's feature for pred_input=feature (computed without gradient by the caller). With
+    handoff_loss=prev_byte the loss adds handoff_weight x handoff_ce of the block's final feature.
     """
     table_hat = emb.normalized()
     if z is None:
         z = noisy_targets(table_hat, y, sigma)
-    logits, _ = denoise(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
+    logits, _, feature = denoise_with_feature(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight
-    return (w[:, None] * ce).mean(), ce.mean().detach()
+    loss = (w[:, None] * ce).mean()
+    if block.cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:
+        loss = loss + handoff_weight * handoff_ce(block.handoff_head, feature, x)
+    return loss, ce.mean().detach()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,12 +491,19 @@ class E2EModel(nn.Module):
         if layout == "block":  # created after the tied modules, so the tied layout draws the same init
             self.out = nn.Linear(d, d)
             self.table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
+        if cfg.handoff_loss == "prev_byte":  # the blocks' training-only head, for a reference trained alike
+            self.handoff_head = nn.Linear(d, cfg.vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits_and_feature(x)[0]
+
+    def logits_and_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(next-byte logits, final feature LN_f(h)); the feature is what handoff_ce reads."""
         h = self.tok(x) + self.pos[: x.shape[1]]
         for layer in self.layers:
             h = layer(h)
+        feature = self.ln_f(h)
         if self.layout == "tied":
-            return self.ln_f(h).float() @ self.tok.weight.float().T
-        logits = self.out(self.ln_f(h)).float() @ F.normalize(self.table.float(), dim=-1).T
-        return logits if self.cfg.logit_scale == 1.0 else self.cfg.logit_scale * logits
+            return feature.float() @ self.tok.weight.float().T, feature
+        logits = self.out(feature).float() @ F.normalize(self.table.float(), dim=-1).T
+        return (logits if self.cfg.logit_scale == 1.0 else self.cfg.logit_scale * logits), feature

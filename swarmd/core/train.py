@@ -25,6 +25,7 @@ from swarmd.core.model import (
     block_loss,
     denoise,
     euler_update,
+    handoff_ce,
     sample_sigma,
     sampler_plan,
     start_noise,
@@ -269,7 +270,17 @@ class BlockTrainer:
         for group in self.opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.block.train()
-        loss, ce = block_loss(self.block, self.emb, x, y, sigma, z=z, autocast_dtype=self.autocast, pred=pred)
+        loss, ce = block_loss(
+            self.block,
+            self.emb,
+            x,
+            y,
+            sigma,
+            z=z,
+            autocast_dtype=self.autocast,
+            pred=pred,
+            handoff_weight=self.train_cfg.handoff_weight,
+        )
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(
@@ -301,14 +312,17 @@ class E2ETrainer:
         with torch.autocast(
             torch.device(self.device).type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
         ):
-            logits = self.model(x)
+            logits, feature = self.model.logits_and_feature(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        ce = loss.detach()
+        if self.model_cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:  # the blocks' term, for a fair reference
+            loss = loss + self.train_cfg.handoff_weight * handoff_ce(self.model.handoff_head, feature, x)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.grad_clip)
         self.opt.step()
         self.step_count += 1
-        return {"loss": float(loss.detach()), "ce": float(loss.detach()), "lr": lr}
+        return {"loss": float(loss.detach()), "ce": float(ce), "lr": lr}
 
 
 @torch.no_grad()
