@@ -23,7 +23,7 @@ from swarmd.core.model import (
 )
 from swarmd.core.train import BlockTrainer, E2ETrainer, init_block
 
-CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12)
+CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, handoff_loss="none")
 HANDOFF = replace(CFG, handoff_loss="prev_byte")
 
 
@@ -33,11 +33,12 @@ def _bytes(n: int = 3, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return xy[:, :-1], xy[:, 1:]
 
 
-def test_only_the_option_adds_the_head_and_the_default_hash_is_unchanged():
+def test_only_the_option_adds_the_head_and_the_documented_hash_is_unchanged():
     assert not hasattr(DenoisingBlock(CFG), "handoff_head")
     head = DenoisingBlock(HANDOFF).handoff_head
     assert (head.in_features, head.out_features) == (16, 256)
-    assert ModelConfig().config_hash() == replace(ModelConfig(), handoff_loss="none").config_hash()
+    assert ModelConfig.documented().handoff_loss == "none" and ModelConfig().handoff_loss == "prev_byte"
+    assert ModelConfig.documented().config_hash() == "05523195af4f092b"  # the first release's identity
     assert HANDOFF.config_hash() != CFG.config_hash()
     with pytest.raises(ValueError, match="handoff_loss"):
         replace(CFG, handoff_loss="next_byte")
@@ -64,7 +65,8 @@ def test_block_loss_adds_the_weighted_term_and_nothing_else():
     with_term, ce2 = block_loss(block, emb, x, y, sigma, z=z, handoff_weight=2.5)
     _, _, feature = denoise_with_feature(block, emb.normalized(), x, z, sigma)
     assert torch.equal(ce, ce2)
-    assert torch.allclose(with_term, plain + 2.5 * handoff_ce(block.handoff_head, feature, x))
+    w = (2.0**2 + 0.25) / (2.0 * 0.5) ** 2  # EDM's w(sigma) at sigma 2: the term is weighted as the CE is
+    assert torch.allclose(with_term, plain + 2.5 * w * handoff_ce(block.handoff_head, feature, x))
 
 
 def test_the_head_never_runs_at_inference():

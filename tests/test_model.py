@@ -5,6 +5,7 @@ options it tests, so a test means the same whatever the defaults are.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -189,9 +190,16 @@ def test_new_fields_keep_default_hash_and_init():
     assert ModelConfig.documented().config_hash() == "05523195af4f092b"
     # the default is the issue-8 block (measured best), a different identity from the documented one
     assert ModelConfig() == ModelConfig.documented(
-        context_input="own_table", z_in_init="zero", noise_embedding="off", pred_input="feature", pred_output="add"
+        context_input="own_table",
+        z_in_init="zero",
+        noise_embedding="off",
+        pred_input="feature",
+        pred_output="add",
+        handoff_loss="prev_byte",
     )
-    assert ModelConfig().config_hash() == "b8752cc70e007cc1"
+    # the issue-8 block keeps its identity; the default since issue 19 adds the hand-off term
+    assert replace(ModelConfig(), handoff_loss="none").config_hash() == "b8752cc70e007cc1"
+    assert ModelConfig().config_hash() != "b8752cc70e007cc1"
     assert ModelConfig.documented(blocks=3, **dict(TINY, n_heads=2)).config_hash() == "03a9d1aa4757074b"
     assert ModelConfig.documented(pred_input="feature").config_hash() != ModelConfig.documented().config_hash()
     torch.manual_seed(0)

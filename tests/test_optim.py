@@ -135,7 +135,8 @@ def test_the_flag_reaches_run_join_and_the_demo_peers(tmp_path):
     from cli.options import TrainOptions
     from swarmd.tools.launch import LocalSwarm
 
-    fields = dict.fromkeys(("batch_size", "lr", "seed", "trajectory_prob", "freeze_z_in"))
+    fields = dict.fromkeys(("batch_size", "lr", "seed", "trajectory_prob", "freeze_z_in", "predecessor_pulls"))
+    fields["handoff_weight"] = None
     assert TrainOptions(**fields, replica_adam=True).config().replica_adam is True
     assert TrainOptions(**fields, replica_adam=False).config().replica_adam is False
     assert TrainOptions(**fields, replica_adam=None).config().replica_adam is TrainOptions.DEFAULTS["replica_adam"]

@@ -49,7 +49,7 @@ class ModelConfig:
     # issue 19. none (documented) | prev_byte: each block's final feature g_t also predicts the previous context
     # byte x_{t-1} through a block-owned linear head (trained with TrainConfig.handoff_weight, never run at
     # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read
-    handoff_loss: str = "none"
+    handoff_loss: str = "prev_byte"
 
     # the documented block's values of the fields added after the first release. A field at this value
     # is left out of config_hash (so a documented config keeps the hash it always had), and a config
@@ -150,8 +150,8 @@ class TrainConfig:
     # merged states) and then every steps_per_round / predecessor_pulls steps (the predecessors' working weights
     # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
     # predecessor is what made them give back what block 1 gained (issue 19, BENCHMARKS.md)
-    predecessor_pulls: int = 1
-    handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term beside the block's weighted CE
+    predecessor_pulls: int = 4
+    handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term relative to the CE beside it
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -371,7 +371,8 @@ def block_loss(
     z defaults to the documented noisy target e_hat[y] + sigma * eps; a caller may pass another
     input at the same sigmas (for example a point on the sampler's own trajectory). pred: the
     predecessor's feature for pred_input=feature (computed without gradient by the caller). With
-    handoff_loss=prev_byte the loss adds handoff_weight x handoff_ce of the block's final feature.
+    handoff_loss=prev_byte the loss adds handoff_weight x mean w(sigma) x handoff_ce of the block's final feature
+    (the term weighted as the CE is, so handoff_weight means what it means for the E2E reference's unweighted CE).
     """
     table_hat = emb.normalized()
     if z is None:
@@ -380,8 +381,8 @@ def block_loss(
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight
     loss = (w[:, None] * ce).mean()
-    if block.cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:
-        loss = loss + handoff_weight * handoff_ce(block.handoff_head, feature, x)
+    if block.cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:  # weighted as the CE is (w(sigma) ~ 4-5 here)
+        loss = loss + handoff_weight * w.mean() * handoff_ce(block.handoff_head, feature, x)
     return loss, ce.mean().detach()
 
 
