@@ -161,3 +161,18 @@ def test_cli_simulate_json_and_a_bad_regime(text_data):
     assert bad.output.strip().count("\n") == 0 and "unknown regime" in bad.output
     custom = runner.invoke(app, ["simulate", "--regime", "lockstep", "--dropout", "0.5"])
     assert custom.exit_code == 2 and "--regime custom" in custom.output
+
+
+@pytest.mark.parametrize("pulls", [1, 2])
+def test_workers_refresh_their_predecessors_mid_round_as_daemons_do(corpus, pulls):
+    cfg = replace(
+        TINY, rounds=1, steps_per_round=4, train=replace(TINY.train, trajectory_prob=1.0, predecessor_pulls=pulls)
+    )
+    lockstep = regime_named("lockstep")
+    sim = Simulator(cfg, lockstep, Lockstep(), corpus[0], corpus[1].eval_windows(cfg.eval_tokens))
+    merged = {k: v.clone() for k, v in sim.heads()[0].state.base_block.items()}  # block 0 at round start
+    sim.step()
+    late = sim.workers[-1]  # a block-1 replica
+    ran = late.state.trainer.others[0].state_dict()
+    # one pull: the round-start merged block 0; two: block 0's first replica after the round's first 2 steps
+    assert all(torch.equal(ran[k], merged[k]) for k in merged) == (pulls == 1)

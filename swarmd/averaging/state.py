@@ -56,7 +56,10 @@ def _clone(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def merge_train_stats(parts: list[dict]) -> dict:
-    """One train_steps result of several in a row: samples and seconds summed, CE weighted by samples."""
+    """One train_steps result of several in a row: samples and seconds summed, CE weighted by samples (one part:
+    itself, bit for bit)."""
+    if len(parts) == 1:
+        return dict(parts[0])
     n, seconds = sum(p["samples"] for p in parts), sum(p["seconds"] for p in parts)
     ce = sum(p["ce"] * p["samples"] for p in parts if p["samples"]) / n if n else float("nan")
     return {"ce": ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}

@@ -35,7 +35,8 @@ round (the exchange hides behind the next round's steps), and the last exchange 
 measured on the merged weights (base + the merge in flight), the model a swarm would serve once it lands.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
-with the merged predecessor blocks of the round, as the daemon does. No grpc, no asyncio, no files.
+with the merged predecessor blocks of the round, refreshed mid-round from the predecessors' working weights
+(TrainConfig.predecessor_pulls), as the daemon does. No grpc, no asyncio, no files.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
 from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import make_outer
-from swarmd.averaging.state import BlockState
+from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
-from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
+from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
@@ -271,19 +272,38 @@ class Simulator:
             heads = {h.block: h for h in self.heads()}
             w.state.use_predecessors({b: heads[b].state.base_block for b in needed})
 
-    def _train_and_encode(self, w: _Worker) -> tuple[float, int, Tensors, Tensors]:
-        """H real steps, then both deltas through the real codec: (train CE, upload bytes, decoded block, emb)."""
-        self._use_predecessors(w)
+    def _train(self, trained: list[_Worker]) -> dict[str, float]:
+        """The round's H real steps of these workers (id -> train CE). Without overlap they run in
+        TrainConfig.predecessor_pulls chunks, each worker's predecessors refreshed between chunks from the first
+        trained replica of each predecessor block as it is then (the daemon's mid-round pulls, in lockstep)."""
+        for w in trained:
+            self._use_predecessors(w)
         H = self.cfg.steps_per_round
-        if self.cfg.overlap:  # the merge in flight lands after overlap_steps of the H steps
+        if self.cfg.overlap:  # the merge in flight lands after overlap_steps of the H steps (round-start pulls only)
             k = self.cfg.overlap_steps or H
-            before = w.state.train_steps(k, w.batches)
-            self._land(w)
-            after = w.state.train_steps(H - k, w.batches) if k < H else {"ce": 0.0}
-            stats = {"ce": (k * before["ce"] + (H - k) * after["ce"]) / H}
-            w.exact = w.state.deltas()
-        else:
-            stats = w.state.train_steps(H, w.batches)
+            ces: dict[str, float] = {}
+            for w in trained:
+                before = w.state.train_steps(k, w.batches)
+                self._land(w)
+                after = w.state.train_steps(H - k, w.batches) if k < H else {"ce": 0.0}
+                ces[w.id] = (k * before["ce"] + (H - k) * after["ce"]) / H
+                w.exact = w.state.deltas()
+            return ces
+        sources: dict[int, _Worker] = {}
+        for w in trained:
+            sources.setdefault(w.block, w)
+        parts: dict[str, list[dict]] = {w.id: [] for w in trained}
+        for c, chunk in enumerate(split_steps(H, self.cfg.train.predecessor_pulls)):
+            if c:
+                working = {b: src.state.current()[0] for b, src in sources.items()}
+                for w in trained:
+                    w.state.refresh_predecessors(working)
+            for w in trained:
+                parts[w.id].append(w.state.train_steps(chunk, w.batches))
+        return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}
+
+    def _encode(self, w: _Worker) -> tuple[int, Tensors, Tensors]:
+        """Both deltas of a worker that trained, through the real codec: (upload bytes, decoded block, emb)."""
         block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
         decoded, sent = {}, 0
@@ -305,7 +325,7 @@ class Simulator:
                 **header,
             )
             sent += enc.wire_bytes * copies[kind]
-        return stats["ce"], sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
+        return sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
 
     def step(self) -> RoundRecord:
         """Run one round (see the module doc) and return its record (CE not yet measured)."""
@@ -316,14 +336,17 @@ class Simulator:
         deadline = self.policy.deadline(float(ready), n)
         arrivals: dict[int, float] = {}
         outputs: dict[int, tuple[Tensors, Tensors]] = {}
-        ces, sent = [], 0
+        sent, trained = 0, []
         for i in live:
             w = self.workers[i]
             if deadline is not None and self.cfg.skip_late and draw.compute_s[i] + draw.latency_s[i] > deadline:
                 arrivals[i] = draw.arrival_s(i, w.upload_bytes)  # late whatever it sends
                 continue
-            ce, w.upload_bytes, block_d, emb_d = self._train_and_encode(w)
-            ces.append(ce)
+            trained.append(i)
+        ces = self._train([self.workers[i] for i in trained])
+        for i in trained:
+            w = self.workers[i]
+            w.upload_bytes, block_d, emb_d = self._encode(w)
             sent += w.upload_bytes
             outputs[i] = (block_d, emb_d)
             arrivals[i] = draw.arrival_s(i, w.upload_bytes)
@@ -354,7 +377,7 @@ class Simulator:
             len(live) - len(accepted),
             len(accepted),
             sent,
-            float(np.mean(ces)) if ces else float("nan"),
+            float(np.mean(list(ces.values()))) if ces else float("nan"),
             None,
         )
 
