@@ -154,7 +154,7 @@ def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
 
 def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:
     """--freeze-z-in, --trajectory-prob, --sigma-sampling (defaults from train) and --trajectory-source."""
-    p.add_argument("--freeze-z-in", choices=("none", "block0"), default=train.freeze_z_in)
+    p.add_argument("--freeze-z-in", choices=("none", "block0", "all"), default=train.freeze_z_in)
     p.add_argument(
         "--trajectory-prob",
         type=float,

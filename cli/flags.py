@@ -101,7 +101,8 @@ TrajectoryProb = Annotated[
     ),
 ]
 FreezeZIn = Annotated[
-    str | None, flag("--freeze-z-in", "block0: block 0's noise path stays zero (it only sees noise); none.", T)
+    str | None,
+    flag("--freeze-z-in", "block0: block 0's noise path stays zero (it only sees noise); all: every block's; none.", T),
 ]
 ReplicaAdam = Annotated[
     bool | None,

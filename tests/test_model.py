@@ -383,3 +383,15 @@ def test_pred_output_add_starts_at_the_predecessor_estimate():
 def test_pred_output_add_kv_cache_matches_full_sweep():
     cfg = ModelConfig.documented(blocks=3, pred_input="feature", pred_output="add", context_input="own_table", **TINY)
     _incremental_sweep_equals_full(cfg, n=9, prefix=3, randomise_out=True)
+
+
+def test_freeze_z_in_all_zeroes_and_freezes_every_blocks_noise_path():
+    from swarmd.core.config import TrainConfig
+    from swarmd.core.train import BlockTrainer
+
+    cfg = ModelConfig(blocks=3, **TINY)
+    for b in range(3):
+        trainer = BlockTrainer(cfg, TrainConfig(batch_size=2, freeze_z_in="all"), b)
+        assert not trainer.block.z_in.weight.requires_grad and float(trainer.block.z_in.weight.abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="freeze_z_in"):
+        TrainConfig(freeze_z_in="later")

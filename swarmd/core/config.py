@@ -139,7 +139,7 @@ class TrainConfig:
     sigma_jitter: float = 0.0  # with sigma_sampling=sampler: log-std of multiplicative jitter around the sampler sigma
     table_lr_scale: float = 1.0  # learning-rate multiplier for the shared byte table (it is averaged every round)
     # none | block0: block 0's noise path W_z is zeroed and never trained (under trajectory training its z is
-    # pure noise)
+    # pure noise) | all: every block's (z then carries nothing: a block reads its context and the message)
     freeze_z_in: str = "block0"
     # AdamW's denominator as if it saw the mean gradient of the replicas a swarm merge averages (swarmd.core.optim;
     # K = 1, a peer alone or a single process, is plain AdamW bit for bit). Off: at H=25 it gained 0.027 nats at 4
@@ -166,8 +166,8 @@ class TrainConfig:
             raise ValueError(f"trajectory_steps must be >= 0, got {self.trajectory_steps}")
         if self.sigma_sampling not in ("lognormal", "loguniform", "sampler"):
             raise ValueError(f"sigma_sampling must be lognormal, loguniform or sampler, got {self.sigma_sampling!r}")
-        if self.freeze_z_in not in ("none", "block0"):
-            raise ValueError(f"freeze_z_in must be none or block0, got {self.freeze_z_in!r}")
+        if self.freeze_z_in not in ("none", "block0", "all"):
+            raise ValueError(f"freeze_z_in must be none, block0 or all, got {self.freeze_z_in!r}")
         if self.handoff_weight < 0:
             raise ValueError(f"handoff_weight must be >= 0, got {self.handoff_weight}")
         if self.predecessor_pulls < 1:

@@ -168,7 +168,7 @@ class BlockTrainer:
         self.model_cfg, self.train_cfg, self.block_index, self.device = model_cfg, train_cfg, block_index, device
         self.block = (block or init_block(model_cfg, block_index, train_cfg.seed)).to(device)
         self.emb = (emb or init_embedding(model_cfg, train_cfg.seed)).to(device)
-        if train_cfg.freeze_z_in == "block0" and block_index == 0:
+        if train_cfg.freeze_z_in == "all" or (train_cfg.freeze_z_in == "block0" and block_index == 0):
             # block 0's z is pure noise under trajectory training: its noise path can only learn noise
             with torch.no_grad():
                 self.block.z_in.weight.zero_()
