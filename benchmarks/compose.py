@@ -27,6 +27,7 @@ PARTS = [
     ("No pause for the network: delayed averaging (issue 12)", "ISSUE12_delayed.md"),
     ("Group averaging: 3-24 daemons, 1,000 and 10,000 simulated peers (issue 12)", "ISSUE12_groups.md"),
     ("Depth instrument: per-block trace, KL and depth recovery, screening budgets (issue 19)", "ISSUE19_depth.md"),
+    ("Depth that pays: fresher predecessors and the hand-off term (issue 19)", "ISSUE19_finals.md"),
     ("Replicas against synchronous data parallel at the same global batch (issue 20)", "ISSUE20_sync_dp.md"),
     ("Trust without an honest majority: what the checks cost (issue 21)", "ISSUE21_trust.md"),
     ("Fast swarm commands: status, score, generate, dashboard (issue 22)", "ISSUE22_swarm_commands.md"),
@@ -48,6 +49,12 @@ sections of issues 2-4 and 10 (sigma range, memory, transport codecs, scale, fau
 input) were measured with the documented block, then the default; their commands now run the new default
 block, so their figures would move (the model has one more d x d projection and its own context table per
 block; serving hops carry 2d more floats per position). Re-measuring them is open work.
+
+The default changed again with issue 19: every block trains with the hand-off term (`--handoff-loss
+prev_byte`) and a later block's peer refreshes its predecessors four times a round (`--predecessor-pulls 4`).
+The quality.py commands of the sections before issue 19 carry `--handoff-loss none --predecessor-pulls 1`, which
+reproduces their figures; the daemon benchmarks (swarm.py, scale, fault, adversary, serving, ...) run the new
+default when re-run, except where a section says it was re-measured.
 """
 
 
