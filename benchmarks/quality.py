@@ -154,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
     p.add_argument("--handoff-weight", type=float, default=TrainConfig.handoff_weight)
     p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="the swarm's peers run the pipelined schedule (TrainConfig.pipeline; the single-process analogue is "
+        "--trajectory-source live)",
+    )
+    p.add_argument(
         "--predecessor-pulls",
         type=int,
         default=TrainConfig.predecessor_pulls,
@@ -191,6 +197,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         "table_lr_scale",
         "predecessor_pulls",
         "handoff_weight",
+        "pipeline",
     )
     tcfg = TrainConfig(
         total_steps=total,

@@ -113,6 +113,15 @@ ReplicaAdam = Annotated[
         T,
     ),
 ]
+Pipeline = Annotated[
+    bool | None,
+    flag(
+        "--pipeline/--no-pipeline",
+        "Swarm peers: block b starts training b rounds after block 0 (every peer runs B - 1 rounds more), so each "
+        "round of a later block runs against its predecessors' ended round.",
+        T,
+    ),
+]
 HandoffWeight = Annotated[
     float | None,
     flag("--handoff-weight", "Weight of --handoff-loss's term beside the block's CE.", T, bounds=AT_LEAST_0),

@@ -69,6 +69,7 @@ class TrainOptions(OptionGroup):
     replica_adam: f.ReplicaAdam
     predecessor_pulls: f.PredecessorPulls
     handoff_weight: f.HandoffWeight
+    pipeline: f.Pipeline
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

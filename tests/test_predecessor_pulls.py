@@ -148,3 +148,45 @@ def test_a_round_without_predecessors_refreshes_nothing(tmp_path):
 
     refreshed, d = asyncio.run(scenario())
     assert refreshed == 0 and d.state.round == 1 and d.state.trainer.train_cfg.trajectory_prob == 0.0
+
+
+@pytest.mark.parametrize(
+    ("round_no", "block", "train_rounds", "start", "trains"),
+    [
+        (1, 0, 3, 0, True),
+        (3, 0, 3, 0, True),
+        (4, 0, 3, 0, False),  # block 0 is done after its 3 rounds and waits for the others
+        (1, 2, 3, 0, False),  # block 2 starts 2 rounds late ...
+        (3, 2, 3, 0, True),
+        (5, 2, 3, 0, True),  # ... and ends in round 3 + 2
+        (6, 2, 3, 0, False),
+        (100, 1, 0, 0, True),  # without an end
+        (11, 1, 3, 10, False),  # a run resumed at round 10
+        (12, 1, 3, 10, True),
+    ],
+)
+def test_pipeline_trains(round_no, block, train_rounds, start, trains):
+    from swarmd.core.train import pipeline_trains
+
+    assert pipeline_trains(round_no, block, train_rounds, start) is trains
+
+
+def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_steps(tmp_path):
+    def config(block):
+        cfg = daemon_config(tmp_path, block, blocks=2, seed=block, discovery="static", deadline_max_s=3.0, max_rounds=2)
+        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, pipeline=True, predecessor_pulls=4))
+
+    steps_after_round: dict[int, list[int]] = {0: [], 1: []}
+
+    async def scenario():
+        async with running(config(0), config(1)) as daemons:
+            addresses = [d.server.address for d in daemons]
+            for d in daemons:
+                d.discovery.addresses = addresses
+                d.on_round = lambda report, d=d: steps_after_round[d.state.block_index].append(d.state.local_steps)
+            await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+            return daemons
+
+    d0, d1 = asyncio.run(scenario())
+    assert d0.state.round == d1.state.round == 3  # 2 rounds each, block 1 one round late
+    assert steps_after_round == {0: [2, 4, 4], 1: [0, 2, 4]}

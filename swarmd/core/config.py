@@ -152,6 +152,10 @@ class TrainConfig:
     # predecessor is what made them give back what block 1 gained (issue 19, BENCHMARKS.md)
     predecessor_pulls: int = 4
     handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term relative to the CE beside it
+    # pipelined schedule (swarm peers): block b trains from round b + 1 on, for as many rounds as block 0, and every
+    # peer runs B - 1 rounds more to let the last block finish; with predecessor_pulls 1 each round of block b then
+    # runs against its predecessors as they ended the same round of theirs, the live predecessors of one process
+    pipeline: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -43,7 +43,7 @@ from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
-from swarmd.core.train import seed_for, split_steps
+from swarmd.core.train import pipeline_trains, seed_for, split_steps
 from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
@@ -115,6 +115,7 @@ class Daemon:
         facts = PeerFacts(net.swarm_id, self.cfg.config_hash(), self.swarm_key is not None, bool(net.initial_peers))
         self.watch = Watch(facts, keep_trying=config.keep_trying, alone_s=2 * net.record_ttl_s)
         self.failure = ""
+        self.pipeline_window = (0, 0)  # TrainConfig.pipeline: (rounds each block trains, 0 = no end; start round)
 
     @property
     def address(self) -> str:  # the announced HOST:PORT; "" in client mode
@@ -227,8 +228,12 @@ class Daemon:
     async def train(self, steps: int) -> dict:
         """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step after stop()),
         in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
+        train = self.config.train
+        if train.pipeline and not pipeline_trains(self.state.round + 1, self.state.block_index, *self.pipeline_window):
+            return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
         parts = []
-        for i, chunk in enumerate(split_steps(steps, self.config.train.predecessor_pulls)):
+        pulls = 1 if train.pipeline else train.predecessor_pulls  # pipelined: the predecessors' ended round
+        for i, chunk in enumerate(split_steps(steps, pulls)):
             if i:
                 await refresh_predecessors(self.gossip, self.state, self.records)
             parts.append(await asyncio.to_thread(self.state.train_steps, chunk, self.batches, self._stop_thread))
@@ -296,6 +301,10 @@ class Daemon:
         todo, stop_at = self.config.max_rounds, self.config.stop_at_round
         ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
         last = min(ends, default=0)
+        if self.config.train.pipeline:  # block b trains rounds b+1 .. b+R: everyone runs B - 1 rounds more
+            start = self.state.round if todo else 0
+            self.pipeline_window = (last - start if last else 0, start)
+            last = last and last + self.cfg.blocks - 1
         try:
             while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
                 await self.rebalance()

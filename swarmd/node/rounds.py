@@ -53,7 +53,10 @@ class RoundPeer(Protocol):
 
 
 def observe_training(peer: RoundPeer, stats: dict, steps_before: int) -> None:
-    """Count a round's local steps (train_steps' `stats`) into the peer's throughput and train CE metrics."""
+    """Count a round's local steps (train_steps' `stats`) into the peer's throughput and train CE metrics (a round
+    without steps, a pipelined block waiting its turn, counts nothing)."""
+    if not stats["samples"]:
+        return
     peer.metrics.observe_throughput(stats["samples"], stats["seconds"], peer.state.local_steps - steps_before)
     peer.metrics.observe_train_ce(stats["ce"])
 

@@ -125,6 +125,7 @@ def plan_demo(
                 trajectory_prob=train.trajectory_prob,
                 replica_adam=train.replica_adam,
                 predecessor_pulls=train.predecessor_pulls,
+                pipeline=train.pipeline,
             ),
             gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec),
             net=NetConfig(swarm_id=DEMO_SWARM_ID),
@@ -272,6 +273,7 @@ def run_demo(plan: DemoPlan, on_event: OnEvent | None = None, poll_s: float = 0.
         trajectory_prob=plan.train.trajectory_prob,
         replica_adam=plan.train.replica_adam,
         predecessor_pulls=plan.train.predecessor_pulls,
+        pipeline=plan.train.pipeline,
         device=plan.device,
     )
     kept = True  # the work dir stays (and is named) unless the run succeeds or is interrupted

@@ -69,6 +69,7 @@ class LocalSwarm:
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
     :param replica_adam: TrainConfig.replica_adam of every peer (ReplicaAdamW, swarmd.core.optim)
     :param predecessor_pulls: TrainConfig.predecessor_pulls of every peer (trajectory predecessors refreshed per round)
+    :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
         with overlap or an outer optimizer, which run all-to-all only)
@@ -94,6 +95,7 @@ class LocalSwarm:
         freeze_z_in: str = TrainConfig.freeze_z_in,
         replica_adam: bool = TrainConfig.replica_adam,
         predecessor_pulls: int = TrainConfig.predecessor_pulls,
+        pipeline: bool = TrainConfig.pipeline,
         outer: str = GossipConfig.outer,
         outer_lr: float = GossipConfig.outer_lr,
         outer_momentum: float = GossipConfig.outer_momentum,
@@ -115,6 +117,7 @@ class LocalSwarm:
             freeze_z_in=freeze_z_in,
             replica_adam=replica_adam,
             predecessor_pulls=predecessor_pulls,
+            pipeline=pipeline,
         )
         self.config = DaemonConfig(
             model=model,
