@@ -163,6 +163,7 @@ def main(argv=None) -> None:
     eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(a.eval_tokens)
     out = json.loads(a.out.read_text()) if a.only and a.out.exists() else {}  # --only: keep the other part
     if a.only != "replicas":
+        out.pop("int8_ce_loss_vs_fp32", None)  # a codecs run without fp32 has no such figure
         out.update(run_codecs(a, cfg, train_path, eval_xy, argv))
         common.write_json(a.out, out)
         write_md(a, out)
@@ -345,7 +346,7 @@ def write_md(a, out: dict) -> None:
     cfg = out["config"]
     lines = [
         "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback), "
-        + ("the documented block" if a.documented else "the default block (issue 8)")
+        + ("the documented block" if a.documented else "the default block (issues 8 and 19)")
         + (f", trajectory training (p={a.trajectory_prob})" if a.trajectory_prob else ", noisy targets"),
         "",
         f"Command: `{out['command']}`",
