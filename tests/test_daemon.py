@@ -224,7 +224,8 @@ def test_trajectory_training_pulls_the_earlier_blocks_at_round_start(tmp_path):
 
     def config(block, seed):
         cfg = daemon_config(tmp_path, block, blocks=3, seed=seed, discovery="static", deadline_max_s=3.0)
-        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0))
+        # one pull a round: the round-start state stays (mid-round pulls: tests/test_predecessor_pulls.py)
+        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=1))
 
     async def scenario():
         async with running(*(config(b, b) for b in range(3))) as daemons:
