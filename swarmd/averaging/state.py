@@ -83,9 +83,8 @@ class BlockState:
         self.lock = threading.RLock()  # reentrant: swarmd.averaging.delayed.land_merge wraps apply_merge in it
         self.round = 0
         self.samples = 0  # sequences trained on, all rounds
-        self.predecessors: dict[int, dict[str, torch.Tensor]] | None = (
-            None  # this round's merged ones (use_predecessors)
-        )
+        # trajectory training's predecessors as merged at round start (use_predecessors); None = none this round
+        self.predecessors: dict[int, dict[str, torch.Tensor]] | None = None
         self._rebase()
 
     # -- reading -------------------------------------------------------------------------------
