@@ -59,7 +59,7 @@ def mi_proxy(blocks, emb, x, y, cfg: ModelConfig, seed: int = 1234, batch_size: 
                 logits = denoise(block, table_hat, xb, zz, st, pred=ff)[0]
                 return float(F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum"))
 
-            logits, new_feature = denoise(blocks[b], table_hat, xb, z, st, pred=feature)
+            logits, new_feature, _ = denoise(blocks[b], table_hat, xb, z, st, pred=feature)
             sums[i]["traj"] += float(F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum"))
             sums[i]["noise_z"] += ce(pure, feature)
             if cfg.message_dim:

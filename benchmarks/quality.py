@@ -60,7 +60,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import depth_recovery, depth_trace, e2e_ce
 from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
-from swarmd.core.model import E2E_LAYOUTS
+from swarmd.core.reference import E2E_LAYOUTS
 from swarmd.core.train import seed_for
 
 KINDS = ("blocktrain", "e2e", "e2e1", "swarm")  # the models a run can train, in the order it trains them

@@ -15,12 +15,12 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
-    E2EModel,
     block_loss,
-    denoise_with_feature,
+    denoise,
     handoff_ce,
     sample_from_noise,
 )
+from swarmd.core.reference import E2EModel
 from swarmd.core.train import BlockTrainer, E2ETrainer, init_block
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, handoff_loss="none")
@@ -63,7 +63,7 @@ def test_block_loss_adds_the_weighted_term_and_nothing_else():
     z = torch.randn(3, CFG.seq_len, 16)
     plain, ce = block_loss(block, emb, x, y, sigma, z=z, handoff_weight=0.0)
     with_term, ce2 = block_loss(block, emb, x, y, sigma, z=z, handoff_weight=2.5)
-    _, _, feature = denoise_with_feature(block, emb.normalized(), x, z, sigma)
+    _, _, feature = denoise(block, emb.normalized(), x, z, sigma)
     assert torch.equal(ce, ce2)
     w = (2.0**2 + 0.25) / (2.0 * 0.5) ** 2  # EDM's w(sigma) at sigma 2: the term is weighted as the CE is
     assert torch.allclose(with_term, plain + 2.5 * w * handoff_ce(block.handoff_head, feature, x))

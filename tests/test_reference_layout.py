@@ -7,7 +7,7 @@ import torch
 
 from swarmd.core.checkpoint import load_e2e, save_e2e
 from swarmd.core.config import ModelConfig, TrainConfig
-from swarmd.core.model import E2EModel
+from swarmd.core.reference import E2EModel
 from swarmd.core.train import E2ETrainer
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, handoff_loss="none")

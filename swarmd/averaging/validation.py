@@ -82,7 +82,7 @@ class HeldOutCheck:
             table_hat = self._emb.normalized()
             gen = torch.Generator().manual_seed(self.noise_seed)
             z = noisy_targets(table_hat, self.y, self.sigma, gen)
-            logits, _ = denoise(self._block, table_hat, self.x, z, self.sigma)
+            logits = denoise(self._block, table_hat, self.x, z, self.sigma)[0]
             ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), self.y.flatten())
         value = float(ce)
         return value if value == value and value != float("inf") else float("inf")

@@ -2,7 +2,8 @@
 
 config.py      ModelConfig, TrainConfig (frozen, validated, hashable identity of a model)
 model.py       DiffusionBlocks mechanics: sigma partition, EDM preconditioning, byte table,
-               DenoisingBlock, block loss, Euler sampler, E2E reference transformer
+               DenoisingBlock, block loss (and the hand-off term), Euler sampler
+reference.py   E2EModel: the end-to-end reference transformer (tied or a block's table layout)
 train.py       BlockTrainer (one block + byte table, trajectory inputs), E2ETrainer, lr schedule
 local_run.py   single-process round loop behind `blocktrain train` and the quality benchmark
 evaluate.py    from-noise CE with per-step trace, denoising CE, E2E CE

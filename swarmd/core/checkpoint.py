@@ -35,7 +35,8 @@ from safetensors.torch import save as st_save
 
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.files import atomic_write_bytes
-from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel
+from swarmd.core.model import ByteEmbedding, DenoisingBlock
+from swarmd.core.reference import E2EModel
 from swarmd.errors import CheckpointError, ConfigMismatch
 
 logger = logging.getLogger(__name__)

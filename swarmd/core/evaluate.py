@@ -21,7 +21,6 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
-    E2EModel,
     denoise,
     noisy_targets,
     sample_from_noise,
@@ -29,6 +28,7 @@ from swarmd.core.model import (
     sampler_plan,
     start_noise,
 )
+from swarmd.core.reference import E2EModel
 
 
 def _ce_sum(logits: torch.Tensor, y: torch.Tensor) -> float:

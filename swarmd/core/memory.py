@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from swarmd.core.config import ModelConfig
-from swarmd.core.model import ByteEmbedding, DenoisingBlock, E2EModel, count_params
+from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
+from swarmd.core.reference import E2EModel
 
 ADAMW_BYTES_PER_PARAM = 16  # fp32 param + fp32 grad + fp32 exp_avg + fp32 exp_avg_sq
 GIB = 1024**3

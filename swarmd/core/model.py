@@ -7,8 +7,8 @@ Owns the exact mechanics of ../shared/docs/diffusionblocks.md:
   4. the causal transformer denoising block (DenoisingBlock) with an optional KV cache;
   5. the per-block weighted cross-entropy objective (block_loss);
   6. the Euler sampler (euler_step, sample_from_noise) that composes blocks at inference;
-  7. the end-to-end reference transformer (E2EModel) used as the quality baseline.
-A worker needs only one DenoisingBlock plus the ByteEmbedding; blocks trained in different
+The end-to-end reference transformer (E2EModel) is swarmd.core.reference. A worker needs only one
+DenoisingBlock plus the ByteEmbedding; blocks trained in different
 processes compose because they share nothing but the byte table and the noise schedule.
 No grpc, hivemind or filesystem imports here.
 """
@@ -288,7 +288,7 @@ def count_params(module: nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------
 # 5. Denoiser output, logits and the block-local objective.
 # ---------------------------------------------------------------------------------------------
-def denoise_with_feature(
+def denoise(
     block: DenoisingBlock,
     table_hat: torch.Tensor,
     x: torch.Tensor,
@@ -298,7 +298,8 @@ def denoise_with_feature(
     autocast_dtype: torch.dtype | None = None,
     pred: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(logits (n, t, V) of D = c_skip z + c_out F(x, c_in z, c_noise) against the normalised table, message).
+    """(logits (n, t, V) of D = c_skip z + c_out F(x, c_in z, c_noise) against the normalised table, message,
+    the step's final feature LN_f(h) (n, t, d); the feature is what handoff_ce reads).
 
     x: context bytes (n, t) long; z: noisy target embeddings (n, t, d) fp32; sigma: (n,) per sequence.
     Block math may run under bf16 autocast; preconditioning, logits and everything after stay fp32.
@@ -321,21 +322,6 @@ def denoise_with_feature(
     logits = logits if cfg.logit_scale == 1.0 else cfg.logit_scale * logits
     parts = ([feature.float()] if cfg.pred_input == "feature" else []) + ([z_hat] if cfg.pred_output == "add" else [])
     return logits, (torch.cat(parts, dim=-1) if parts else None), feature
-
-
-def denoise(
-    block: DenoisingBlock,
-    table_hat: torch.Tensor,
-    x: torch.Tensor,
-    z: torch.Tensor,
-    sigma: torch.Tensor,
-    cache: list | None = None,
-    autocast_dtype: torch.dtype | None = None,
-    pred: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits, message) of denoise_with_feature: what the sampler and serving need."""
-    logits, message, _ = denoise_with_feature(block, table_hat, x, z, sigma, cache, autocast_dtype, pred)
-    return logits, message
 
 
 def handoff_ce(head: nn.Module, feature: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -377,7 +363,7 @@ def block_loss(
     table_hat = emb.normalized()
     if z is None:
         z = noisy_targets(table_hat, y, sigma)
-    logits, _, feature = denoise_with_feature(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
+    logits, _, feature = denoise(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight
     loss = (w[:, None] * ce).mean()
@@ -425,7 +411,7 @@ def euler_step(
     passes none); pred is the one this step received (None at the first step).
     """
     s = torch.full((x.shape[0],), sigma, device=z.device)
-    logits, message = denoise(block, table_hat, x, z, s, cache, autocast_dtype, pred=pred)
+    logits, message, _ = denoise(block, table_hat, x, z, s, cache, autocast_dtype, pred=pred)
     z_next = z if sigma_next is None else euler_update(z, logits, table_hat, sigma, sigma_next)
     return logits, z_next, message
 
@@ -460,51 +446,3 @@ def sampler_plan(cfg: ModelConfig, steps: int | None = None) -> list[tuple[int, 
     """(block_index, sigma, sigma_next or None) for every sampler step, in order."""
     sigmas = sampler_schedule(cfg, steps)
     return [(block_for_sigma(cfg, s), s, sigmas[i + 1] if i + 1 < len(sigmas) else None) for i, s in enumerate(sigmas)]
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. End-to-end reference: a plain causal byte transformer of the same width and total depth.
-# ---------------------------------------------------------------------------------------------
-E2E_LAYOUTS = ("tied", "block")  # the reference's byte tables: one tied table, or a block's untied pair
-
-
-class E2EModel(nn.Module):
-    """A plain causal byte transformer of cfg.blocks x cfg.layers_per_block layers, next-byte logits.
-
-    layout "tied" (the reference since the first release): one table embeds the input bytes and, transposed,
-    scores the output. layout "block": a denoising block's table layout without its noise path, so a
-    reference and a block differ only in how they are trained: an untied context table C (N(0, 0.02^2), as
-    context_input=own_table), and logits out(LN_f(h)) @ E_hat^T against a row-normalised output table E
-    (as the block's <z_hat, e_hat_k>, times cfg.logit_scale).
-    """
-
-    def __init__(self, cfg: ModelConfig, layout: str = "tied"):
-        super().__init__()
-        if layout not in E2E_LAYOUTS:
-            raise ValueError(f"E2E layout must be one of {E2E_LAYOUTS}, got {layout!r}")
-        d = cfg.d_model
-        self.cfg, self.layout = cfg, layout
-        self.tok = nn.Embedding(cfg.vocab, d)
-        nn.init.normal_(self.tok.weight, std=0.02)
-        self.pos = nn.Parameter(torch.randn(cfg.seq_len, d) * 0.02)
-        self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.hidden) for _ in range(cfg.blocks * cfg.layers_per_block))
-        self.ln_f = nn.LayerNorm(d)
-        if layout == "block":  # created after the tied modules, so the tied layout draws the same init
-            self.out = nn.Linear(d, d)
-            self.table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
-        if cfg.handoff_loss == "prev_byte":  # the blocks' training-only head, for a reference trained alike
-            self.handoff_head = nn.Linear(d, cfg.vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits_and_feature(x)[0]
-
-    def logits_and_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(next-byte logits, final feature LN_f(h)); the feature is what handoff_ce reads."""
-        h = self.tok(x) + self.pos[: x.shape[1]]
-        for layer in self.layers:
-            h = layer(h)
-        feature = self.ln_f(h)
-        if self.layout == "tied":
-            return feature.float() @ self.tok.weight.float().T, feature
-        logits = self.out(feature).float() @ F.normalize(self.table.float(), dim=-1).T
-        return (logits if self.cfg.logit_scale == 1.0 else self.cfg.logit_scale * logits), feature

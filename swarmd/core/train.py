@@ -20,7 +20,6 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import (
     ByteEmbedding,
     DenoisingBlock,
-    E2EModel,
     block_interval,
     block_loss,
     denoise,
@@ -31,6 +30,7 @@ from swarmd.core.model import (
     start_noise,
 )
 from swarmd.core.optim import ReplicaAdamW
+from swarmd.core.reference import E2EModel
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -147,7 +147,7 @@ def trajectory_inputs(
     message = None
     for (b, s), s_next in zip(steps, [*targets, None]):
         s_t = torch.full((x.shape[0],), s, device=x.device)
-        logits, message = denoise(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=message)
+        logits, message, _ = denoise(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=message)
         z = euler_update(z, logits, table_hat, s, s_next if s_next is not None else sigma)
     return z, message
 
