@@ -223,6 +223,22 @@ def daemon_config(
     )
 
 
+def trajectory_config(tmp: Path, block: int, *, blocks: int = 3, max_rounds: int = 0, **train) -> DaemonConfig:
+    """A static-discovery daemon of block `block` (seed = block) of `blocks` that trains on the sampler's
+    trajectory (trajectory_prob 1), with these TrainConfig fields besides; link_static() wires the addresses."""
+    cfg = daemon_config(
+        tmp, block, blocks=blocks, seed=block, discovery="static", deadline_max_s=3.0, max_rounds=max_rounds
+    )
+    return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, **train))
+
+
+def link_static(daemons: list[Daemon]) -> None:
+    """Static discovery among started daemons: each knows every one's address."""
+    addresses = [d.server.address for d in daemons]
+    for d in daemons:
+        d.discovery.addresses = addresses
+
+
 @contextlib.asynccontextmanager
 async def running(*configs: DaemonConfig, reports: list[list] | None = None) -> AsyncIterator[list[Daemon]]:
     """Start a Daemon per config, in order; yield them; shut every one down in reverse order (30 s each),

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import daemon_config, running, wait_until
+from swarm_utils import daemon_config, link_static, running, trajectory_config, wait_until
 
 from swarmd.averaging.state import relative_distance
 from swarmd.errors import ConfigMismatch, DataError
@@ -222,16 +222,10 @@ def test_trajectory_training_pulls_the_earlier_blocks_at_round_start(tmp_path):
     """--trajectory-prob 1: the block-2 peer trains on the sampler's own states, which needs the
     merged weights of blocks 0 and 1 from their peers; gradients stay in its own block."""
 
-    def config(block, seed):
-        cfg = daemon_config(tmp_path, block, blocks=3, seed=seed, discovery="static", deadline_max_s=3.0)
-        # one pull a round: the round-start state stays (mid-round pulls: tests/test_predecessor_pulls.py)
-        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=1))
-
     async def scenario():
-        async with running(*(config(b, b) for b in range(3))) as daemons:
-            addresses = [d.server.address for d in daemons]
-            for d in daemons:
-                d.discovery.addresses = addresses
+        # one pull a round: the round-start state stays (mid-round pulls: tests/test_predecessor_pulls.py)
+        async with running(*(trajectory_config(tmp_path, b, predecessor_pulls=1) for b in range(3))) as daemons:
+            link_static(daemons)
             last = daemons[2]
             loaded = await last.load_predecessors()
             before = {b: {k: v.clone() for k, v in daemons[b].state.snapshot()[1].items()} for b in (0, 1)}

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import daemon_config, running
+from swarm_utils import daemon_config, link_static, running, trajectory_config
 
 from swarmd.averaging.state import merge_train_stats, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -92,15 +92,10 @@ def test_block_stack_refreshes_its_snapshots_pulls_times_a_round(tmp_path, pulls
 
 
 def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
-    def config(block, seed):
-        cfg = daemon_config(tmp_path, block, blocks=3, seed=seed, discovery="static", deadline_max_s=3.0)
-        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=2))
-
     async def scenario():
-        async with running(*(config(b, b) for b in range(3))) as daemons:
+        async with running(*(trajectory_config(tmp_path, b, predecessor_pulls=2) for b in range(3))) as daemons:
             addresses = [d.server.address for d in daemons]
-            for d in daemons:
-                d.discovery.addresses = addresses
+            link_static(daemons)
             last = daemons[2]
             assert await last.load_predecessors() == 2
             merged = {b: dict(last.state.predecessors[b]) for b in (0, 1)}
@@ -173,16 +168,14 @@ def test_pipeline_trains(round_no, block, train_rounds, start, trains):
 
 def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_steps(tmp_path):
     def config(block):
-        cfg = daemon_config(tmp_path, block, blocks=2, seed=block, discovery="static", deadline_max_s=3.0, max_rounds=2)
-        return replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, pipeline=True, predecessor_pulls=4))
+        return trajectory_config(tmp_path, block, blocks=2, max_rounds=2, pipeline=True, predecessor_pulls=4)
 
     steps_after_round: dict[int, list[int]] = {0: [], 1: []}
 
     async def scenario():
         async with running(config(0), config(1)) as daemons:
-            addresses = [d.server.address for d in daemons]
+            link_static(daemons)
             for d in daemons:
-                d.discovery.addresses = addresses
                 d.on_round = lambda report, d=d: steps_after_round[d.state.block_index].append(d.state.local_steps)
             await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
             return daemons
