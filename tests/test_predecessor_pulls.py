@@ -102,7 +102,7 @@ def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
             for d in daemons:  # every block takes steps this round (two chunks each: no predecessors to refresh
                 await d.train(2)  # for block 0; block 1's and 2's refreshes run as the daemon does)
             working = {b: daemons[b].state.current()[0] for b in (0, 1)}
-            refreshed = await refresh_predecessors(last.gossip, last.state, last.records)
+            refreshed = await refresh_predecessors(last.gossip, last.state, await last.records())
             # the PullState answer itself: the working weights, signed, hashing to what its header names
             client = PeerClient()
             try:
@@ -137,7 +137,7 @@ def test_a_round_without_predecessors_refreshes_nothing(tmp_path):
     async def scenario():
         async with running(cfg) as (d,):
             assert await d.load_predecessors() == 0
-            refreshed = await refresh_predecessors(d.gossip, d.state, d.records)
+            refreshed = await refresh_predecessors(d.gossip, d.state, await d.records())
             await asyncio.wait_for(d.run_round(), 60)
             return refreshed, d
 

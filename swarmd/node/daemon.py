@@ -234,8 +234,9 @@ class Daemon:
         parts = []
         pulls = 1 if train.pipeline else train.predecessor_pulls  # pipelined: the predecessors' ended round
         for i, chunk in enumerate(split_steps(steps, pulls)):
-            if i:
-                await refresh_predecessors(self.gossip, self.state, self.records)
+            if i and self.state.predecessors:  # the peers of the last lookup within an announce period
+                records = await self.presence.recent(self.config.net.announce_period_s)
+                await refresh_predecessors(self.gossip, self.state, records)
             parts.append(await asyncio.to_thread(self.state.train_steps, chunk, self.batches, self._stop_thread))
             if self.stopping.is_set():
                 break

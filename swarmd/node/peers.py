@@ -105,15 +105,13 @@ def within_drift(working: StateDict, merged: StateDict, own_moved: float, factor
     return dist <= factor * own_moved + 1e-6
 
 
-async def refresh_predecessors(
-    gossip: Gossip, state: BlockState, lookup: Callable[[], Awaitable[list[PeerRecord]]]
-) -> int:
-    """Mid-round: pull the working weights of the predecessors trajectory training runs and run those within
-    WORKING_DRIFT of their merged state from the next step on (the rest stay as pulled at round start); how many.
-    Nothing is pulled while the round trains without predecessors."""
+async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[PeerRecord]) -> int:
+    """Mid-round: pull the working weights of the predecessors trajectory training runs from these peers and run
+    those within WORKING_DRIFT of their merged state from the next step on (the rest stay as pulled at round
+    start); how many. Nothing is pulled while the round trains without predecessors."""
     if not state.predecessors:
         return 0
-    records, own = await lookup(), await asyncio.to_thread(state.moved)
+    own = await asyncio.to_thread(state.moved)
     fresh = {}
     for b, merged in sorted(state.predecessors.items()):
         for r in pull_order(records, b):
