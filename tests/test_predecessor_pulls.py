@@ -4,6 +4,7 @@ predecessors' working weights pulled between them within a bound, in one process
 from __future__ import annotations
 
 import asyncio
+import copy
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ from swarmd.averaging.state import merge_train_stats, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.local_run import BlockStack
-from swarmd.core.train import split_steps
+from swarmd.core.train import average_embeddings, split_steps
 from swarmd.node.peers import refresh_predecessors, within_drift
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -60,8 +61,6 @@ def _stack(pulls: int, corpus) -> BlockStack:
 
 def _chunked_by_hand(stack: BlockStack, chunks: list[int]) -> None:
     """The old round loop, once per chunk: snapshot every block, each trains its chunk against the others."""
-    import copy
-
     table = stack.trainers[0].emb.normalized().detach().clone()
     for chunk in chunks:
         snap = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(stack.trainers)}
@@ -69,8 +68,6 @@ def _chunked_by_hand(stack: BlockStack, chunks: list[int]) -> None:
             trainer.set_others({i: blk for i, blk in snap.items() if i != b}, table=table)
             for _ in range(chunk):
                 trainer.step(*next(stack.streams[b]))
-    from swarmd.core.train import average_embeddings
-
     average_embeddings([t.emb for t in stack.trainers])
 
 
