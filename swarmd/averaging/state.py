@@ -243,7 +243,7 @@ class BlockState:
         self.predecessors = dict(blocks) if blocks is not None else None
         others = self._frozen(blocks or {})
         with self.lock:
-            self.trainer.set_others(others, table=F.normalize(self.base_emb["table"].float(), dim=-1))
+            self.trainer.set_others(others, table=self.base_table_hat())
             on = blocks is not None
             self.trainer.train_cfg = self.train_cfg if on else replace(self.train_cfg, trajectory_prob=0.0)
 
@@ -255,7 +255,11 @@ class BlockState:
             return
         others = self._frozen({**self.predecessors, **{b: fresh[b] for b in fresh if b in self.predecessors}})
         with self.lock:
-            self.trainer.set_others(others, table=F.normalize(self.base_emb["table"].float(), dim=-1))
+            self.trainer.set_others(others, table=self.base_table_hat())
+
+    def base_table_hat(self) -> torch.Tensor:
+        """The normalised rows of the round's merged byte table: what frozen predecessors run with."""
+        return F.normalize(self.base_emb["table"].float(), dim=-1)
 
     def _frozen(self, blocks: dict[int, dict[str, torch.Tensor]]) -> dict[int, DenoisingBlock]:
         """Eval-mode DenoisingBlocks of these states on the trainer's device (forward only, never optimised)."""

@@ -91,6 +91,8 @@ async def load_predecessors(
         return 0
     pulled = await pull_predecessors(gossip, await lookup(), cfg, state.block_index)
     await asyncio.to_thread(state.use_predecessors, pulled)
+    if gossip.check is not None:  # the merge check scores what the round trains on (swarmd.averaging.validation)
+        await asyncio.to_thread(gossip.check.use_predecessors, pulled, state.base_table_hat())
     return len(pulled or {})
 
 

@@ -33,6 +33,13 @@ merge landed), so overlap_steps=0 bounds the quality cost (overlap_steps models 
 takes; the clock does not depend on it). The clock counts max(compute, previous round's exchange) per
 round (the exchange hides behind the next round's steps), and the last exchange once at the end; CE is
 measured on the merged weights (base + the merge in flight), the model a swarm would serve once it lands.
+With group averaging (GossipConfig.group_size = k > 0, the daemon's swarmd.averaging.groups), each part's
+workers (a block's replicas; every worker for the table) split into the round's grid groups (groups.assign,
+the daemon's call, salted per part), each worker keeps its part's anchor and sends offset + delta through the
+codec (the daemon's step rule), and each group merges its own accepted payloads: the members' new bases are
+anchor + merged offsets, and a round in which a part averages as one group sets them exactly and drops the
+anchor (merge.apply_merged's rule). Replicas then differ between groups: measure() scores replica set 0, and
+consensus() is the largest relative distance between same-part bases.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, refreshed mid-round from the predecessors' working weights
@@ -53,9 +60,10 @@ import torch
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
+from swarmd.averaging.groups import Anchor, assign, base_step, merged_target, offset_int8_levels, round_members
 from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import make_outer
-from swarmd.averaging.state import BlockState, merge_train_stats
+from swarmd.averaging.state import BlockState, merge_train_stats, relative_distance
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
@@ -125,6 +133,7 @@ class RoundRecord:
     upload_bytes: int  # real wire bytes uploaded this round (every copy of every delta sent)
     train_ce: float  # mean training CE of the workers that trained (NaN if none did)
     ce: float | None  # from-noise CE of the merged stack after the round (None = not measured)
+    consensus: float | None = None  # Simulator.consensus() after the round, when ce was measured
 
     @property
     def participation(self) -> float:
@@ -187,6 +196,9 @@ class _Worker:
     ef: dict[PayloadKind, ErrorFeedback]
     upload_bytes: int = 0  # last round's upload (estimate for a skipped late worker's arrival)
     exact: tuple[Tensors, Tensors] | None = None  # overlap: own (block, table) deltas of the merge in flight
+    anchors: dict[PayloadKind, Anchor] = field(  # group averaging: each part's anchor (swarmd.averaging.groups)
+        default_factory=lambda: {PayloadKind.BLOCK_DELTA: Anchor(), PayloadKind.EMBEDDING_DELTA: Anchor()}
+    )
 
 
 class Simulator:
@@ -210,7 +222,9 @@ class Simulator:
         self.cfg, self.regime, self.policy, self.eval_xy = cfg, regime, policy, eval_xy
         self.merge = merge or merge_fn(gossip)
         m, t = cfg.model, cfg.train
-        g = gossip or GossipConfig()
+        g = self.gossip = gossip or GossipConfig()
+        if g.group_size and cfg.overlap:
+            raise ValueError("group averaging and overlap cannot be simulated together (the daemon refuses both)")
         self.workers = [
             _Worker(
                 f"b{b}w{k}",
@@ -230,6 +244,7 @@ class Simulator:
         # overlap: the merge in flight (per-block merged block deltas, merged table delta) and its exchange seconds
         self.pending: tuple[dict[int, Tensors | None], Tensors | None] | None = None
         self.pending_comm_s = 0.0
+        self.groups: dict[PayloadKind, tuple[list[list[int]], bool]] = {}  # this round's (groups, grouped) per part
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -243,6 +258,16 @@ class Simulator:
         if self.cfg.overlap:
             blocks, emb = self._merged_view(heads)
         return float(from_noise_ce(blocks, emb, x, y, self.cfg.model)["ce"])
+
+    def consensus(self) -> float:
+        """The largest relative distance between two replicas' bases of a block, or two workers' tables (0 when
+        every part is bit-identical across its replicas, as after any all-to-all round)."""
+        worst = 0.0
+        for b in range(self.cfg.model.blocks):
+            bases = [w.state.base_block for w in self.workers if w.block == b]
+            worst = max([worst, *(relative_distance(bases[0], x) for x in bases[1:])])
+        tables = [w.state.base_emb for w in self.workers]
+        return max([worst, *(relative_distance(tables[0], x) for x in tables[1:])])
 
     def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
         """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
@@ -307,29 +332,29 @@ class Simulator:
         block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
         decoded, sent = {}, 0
-        copies = {
-            PayloadKind.BLOCK_DELTA: self.cfg.workers - 1,  # to the block's other replicas
-            PayloadKind.EMBEDDING_DELTA: len(self.workers) - 1,  # to every other worker
-        }
-        for kind, delta, base in (
-            (PayloadKind.BLOCK_DELTA, block_delta, w.state.block_hash),
-            (PayloadKind.EMBEDDING_DELTA, emb_delta, w.state.emb_hash),
+        for kind, delta, base, base_hash in (
+            (PayloadKind.BLOCK_DELTA, block_delta, w.state.base_block, w.state.block_hash),
+            (PayloadKind.EMBEDDING_DELTA, emb_delta, w.state.base_emb, w.state.emb_hash),
         ):
+            anchor = w.anchors[kind]
+            offset = anchor.offset(base)  # group averaging: base - anchor + delta (the delta without an anchor)
             enc, decoded[kind] = w.ef[kind].compress(
-                delta,
+                delta if offset is None else {k: offset[k] + delta[k] for k in delta},
                 self.cfg.codec,
                 kind=kind,
                 block_index=w.block if kind.is_block else -1,
-                base_hash=base,
+                base_hash=anchor.hash if anchor.active else base_hash,
                 weight=float(self.cfg.steps_per_round),
+                int8_rms_levels=offset_int8_levels(anchor),
                 **header,
             )
-            sent += enc.wire_bytes * copies[kind]
+            sent += enc.wire_bytes * (len(self._group_of(kind, w)) - 1)  # to the other members of its group
         return sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
 
     def step(self) -> RoundRecord:
         """Run one round (see the module doc) and return its record (CE not yet measured)."""
         n, H = len(self.workers), self.cfg.steps_per_round
+        self._plan_groups()
         draw = RoundDraw.sample(self.regime, self.rng, n, H)
         live = [i for i in range(n) if not draw.dropped[i]]
         ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
@@ -381,21 +406,76 @@ class Simulator:
             None,
         )
 
+    def _plan_groups(self) -> None:
+        """This round's groups of each part (the daemon's round_members / assign, salted per part: a block's
+        replicas, every worker for the table); an anchor is taken when a part first averages in groups."""
+        index = {w.id: i for i, w in enumerate(self.workers)}
+        parts = [
+            (PayloadKind.BLOCK_DELTA, f"block{b}", [w.id for w in self.workers if w.block == b])
+            for b in range(self.cfg.model.blocks)
+        ]
+        parts.append((PayloadKind.EMBEDDING_DELTA, "table", [w.id for w in self.workers]))
+        self.groups = {}
+        for kind, salt, ids in parts:
+            grouped = round_members(ids[0], ids, self.round, self.gossip, salt) is not None
+            groups = assign(ids, self.round, self.gossip.group_size, salt) if grouped else [sorted(ids)]
+            found = [[index[i] for i in g] for g in groups]
+            if kind.is_block:
+                self.groups.setdefault(kind, ([], grouped))[0].extend(found)
+            else:
+                self.groups[kind] = (found, grouped)
+            for i in (index[x] for x in ids):
+                anchor = self.workers[i].anchors[kind]
+                if grouped and not anchor.active:
+                    w = self.workers[i]
+                    base, h = (
+                        (w.state.base_block, w.state.block_hash)
+                        if kind.is_block
+                        else (w.state.base_emb, w.state.emb_hash)
+                    )
+                    anchor.set(base, h, self.round)
+
+    def _group_of(self, kind: PayloadKind, w: _Worker) -> list[int]:
+        """The members (worker indices) of w's group for this part this round."""
+        i = self.workers.index(w)
+        return next(g for g in self.groups[kind][0] if i in g)
+
     def _merge(self, accepted: list[int], outputs: dict[int, tuple[Tensors, Tensors]]) -> None:
-        """Per block: merge of its accepted block deltas; the table: merge over every accepted worker."""
-        emb = {self.workers[i].id: outputs[i][1] for i in accepted}
-        emb_mean = self.merge(emb) if emb else None
-        block_means = {}
-        for b in range(self.cfg.model.blocks):
-            deltas = {self.workers[i].id: outputs[i][0] for i in accepted if self.workers[i].block == b}
-            block_means[b] = self.merge(deltas) if deltas else None
-        for w in self.workers:  # the K of TrainConfig.replica_adam: the block deltas this merge counts
-            w.state.set_replicas(sum(self.workers[i].block == w.block for i in accepted))
-        if self.cfg.overlap:  # lands after the next round's steps (_land)
-            self.pending = (block_means, emb_mean)
+        """Each group of each part merges its accepted payloads (all-to-all: per block, its replicas' block
+        deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets."""
+        taken = set(accepted)
+        steps: dict[int, dict[PayloadKind, Tensors | None]] = {i: {} for i in range(len(self.workers))}
+        exact: dict[int, dict[PayloadKind, Tensors]] = {i: {} for i in range(len(self.workers))}
+        for kind, (groups, grouped) in self.groups.items():
+            slot = 0 if kind.is_block else 1
+            for g in groups:
+                payloads = {self.workers[i].id: outputs[i][slot] for i in g if i in taken}
+                value = self.merge(payloads) if payloads else None
+                for i in g:
+                    w, anchor = self.workers[i], self.workers[i].anchors[kind]
+                    if kind.is_block:  # the K of TrainConfig.replica_adam: the block deltas this merge counts
+                        w.state.set_replicas(len(payloads))
+                    if value is None or not anchor.active or anchor.tensors is None:
+                        steps[i][kind] = value
+                        continue
+                    target = merged_target(anchor.tensors, value)
+                    base = w.state.base_block if kind.is_block else w.state.base_emb
+                    steps[i][kind] = base_step(target, base)
+                    if not grouped:  # every member merged the same offsets: same bits, the new anchor
+                        exact[i][kind] = target
+        if self.cfg.overlap:  # lands after the next round's steps (_land); no groups with overlap
+            block_means = {
+                self.workers[g[0]].block: steps[g[0]][PayloadKind.BLOCK_DELTA]
+                for g in self.groups[PayloadKind.BLOCK_DELTA][0]
+            }
+            self.pending = (block_means, steps[0][PayloadKind.EMBEDDING_DELTA])
             return
-        for w in self.workers:
-            w.state.apply_merge(block_means[w.block], emb_mean)
+        for i, w in enumerate(self.workers):
+            w.state.apply_merge(steps[i][PayloadKind.BLOCK_DELTA], steps[i][PayloadKind.EMBEDDING_DELTA])
+            if exact[i]:
+                w.state.adopt(exact[i].get(PayloadKind.BLOCK_DELTA), exact[i].get(PayloadKind.EMBEDDING_DELTA))
+                for kind in exact[i]:
+                    w.anchors[kind].clear()
 
     def drain(self) -> float:
         """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""
@@ -419,7 +499,7 @@ class Simulator:
                 record.seconds += self.drain()
                 record.t_s = self.clock
             if r % self.cfg.eval_every == 0 or last:
-                record.ce = self.measure()
+                record.ce, record.consensus = self.measure(), self.consensus()
             result.rounds.append(record)
             if on_round is not None:
                 on_round(record)

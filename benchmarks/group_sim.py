@@ -1,0 +1,160 @@
+"""Group averaging's quality cost in the simulator (issue 20, item 3): groups of k against all-to-all.
+
+Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's robust merge, and with
+--group-size the daemon's grid groups and anchored offsets: swarmd.averaging.groups) for benchmarks/swarm.py's
+model and schedule (B=3, d=64, 8 rounds x H=25, batch 16, lr 3e-3), K replicas per block for each K of --ks.
+For each K, in the same run with the same seeds, all-to-all averaging and groups of at most --group-size (and
+one row per --full-every value: every that many rounds one round of everybody), under each --regimes
+network (lockstep: every delta arrives; the others drop and delay peers as swarmd.sim.regimes says).
+Reports per row: from-noise CE of every replica set (replica j: block b from worker j of block b, its own
+byte table), their mean and spread, the CE minus all-to-all's, and the consensus distance (the largest
+relative distance between two same-block replicas' bases, or two workers' tables) after each round.
+
+    python benchmarks/group_sim.py --ks 4 8 --group-size 2 4
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common
+from swarmd.averaging.config import GossipConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import from_noise_ce
+from swarmd.node.config import peer_train_config
+from swarmd.sim.engine import SimConfig, Simulator
+from swarmd.sim.policies import make_policy
+from swarmd.sim.regimes import regime_named
+
+
+def parse_args(argv=None):
+    p = common.parser(__doc__)
+    common.add_swarm_config(p)
+    p.add_argument("--ks", type=int, nargs="+", default=[4, 8], help="replicas per block")
+    p.add_argument("--group-size", type=int, nargs="+", default=[4], help="k of the group rows (0 = all-to-all)")
+    p.add_argument("--full-every", type=int, nargs="+", default=[0], help="group_full_every of the group rows")
+    p.add_argument("--regimes", nargs="+", default=["lockstep"])
+    p.add_argument("--seed", type=int, default=0)
+    common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
+    a = p.parse_args(argv)
+    a.argv = argv
+    return a
+
+
+def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
+    """From-noise CE of each replica set: block b of worker j of every block, worker j of block 0's table."""
+    K = sim.cfg.workers
+    ces = []
+    for j in range(K):
+        ws = [sim.workers[b * K + j] for b in range(cfg.blocks)]
+        ces.append(
+            float(from_noise_ce([w.state.trainer.block for w in ws], ws[0].state.trainer.emb, *eval_xy, cfg)["ce"])
+        )
+    return ces
+
+
+def run_row(a, k: int, group: int, full_every: int, regime_name: str, data, eval_xy) -> dict:
+    cfg = common.model_of(a)
+    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    sim_cfg = SimConfig(cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1)
+    gossip = GossipConfig(steps_per_round=a.steps, group_size=group, group_full_every=full_every)
+    regime = regime_named(regime_name)
+    start = time.perf_counter()
+    sim = Simulator(
+        sim_cfg,
+        regime,
+        make_policy("adaptive" if regime_name != "lockstep" else "lockstep", regime, a.steps),
+        data,
+        eval_xy,
+        gossip=gossip,
+    )
+    result = sim.run()
+    ces = replica_set_ces(sim, eval_xy, cfg)
+    return {
+        "K": k,
+        "group_size": group,
+        "full_every": full_every,
+        "regime": regime_name,
+        "steps_per_replica": a.rounds * a.steps,
+        "ce_mean": statistics.mean(ces),
+        "ce_min": min(ces),
+        "ce_max": max(ces),
+        "ce_per_replica_set": ces,
+        "consensus": [r.consensus for r in result.rounds],
+        "participation": result.participation,
+        "upload_bytes_per_worker_round": result.wire_bytes / (k * cfg.blocks * a.rounds),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def label(r: dict) -> str:
+    if not r["group_size"]:
+        return "all-to-all"
+    full = f", all-to-all every {r['full_every']} rounds" if r["full_every"] else ""
+    return f"groups of at most {r['group_size']}{full}"
+
+
+def write_md(a, out: dict) -> None:
+    lines = [
+        "### Group averaging in the simulator: groups of k against all-to-all",
+        "",
+        f"Command: `{out['command']}`",
+        "",
+        f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
+        f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, int8 + error feedback, robust merge, seed {a.seed}. Groups: "
+        "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
+        "replicas and for the byte table among all B x K workers. CE: from-noise CE (nats/byte) of each replica "
+        "set's model (block b of worker j, worker j's table), mean (min / max). Consensus: the largest relative "
+        "distance between two same-block replicas' bases or two workers' tables after the round (0: bit-identical).",
+        "",
+        "| K | regime | averaging | CE mean (min / max) | minus all-to-all | consensus after rounds 1 / 4 / last "
+        "| participation | bytes up per worker per round |",
+        "|---:|---|---|---|---:|---|---:|---:|",
+    ]
+    for r in out["rows"]:
+        ref = next(
+            (x for x in out["rows"] if x["K"] == r["K"] and x["regime"] == r["regime"] and not x["group_size"]), None
+        )
+        diff = f"{r['ce_mean'] - ref['ce_mean']:+.4f}" if ref is not None and r is not ref else "-"
+        c = r["consensus"]
+        cons = " / ".join(f"{x:.1e}" for x in (c[0], c[min(3, len(c) - 1)], c[-1]))
+        lines.append(
+            f"| {r['K']} | {r['regime']} | {label(r)} | {r['ce_mean']:.4f} ({r['ce_min']:.4f} / {r['ce_max']:.4f}) "
+            f"| {diff} | {cons} | {r['participation']:.2f} | {r['upload_bytes_per_worker_round']:,.0f} |"
+        )
+    lines += common.machine_footer(out["machine"])
+    common.replace_section(a.md, "group_sim.py", lines)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = common.model_of(a)
+    data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
+    eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+    out = {"command": common.command_line("group_sim.py", argv), "rows": [], "machine": common.machine()}
+    for regime in a.regimes:
+        for k in a.ks:
+            combos = [(0, 0)] + [(g, f) for g in a.group_size if g for f in a.full_every]
+            for group, full in combos:
+                r = run_row(a, k, group, full, regime, data, eval_xy)
+                out["rows"].append(r)
+                common.write_json(a.out, out)
+                cons = " ".join(f"{x:.1e}" for x in r["consensus"])
+                print(
+                    f"K={k} {regime} {label(r)}: ce {r['ce_mean']:.4f} ({r['ce_min']:.4f}-{r['ce_max']:.4f}) "
+                    f"consensus {cons} ({r['wall_s']:.0f}s)",
+                    flush=True,
+                )
+    write_md(a, out)
+
+
+if __name__ == "__main__":
+    main()
