@@ -35,7 +35,7 @@ from swarmd.errors import SwarmdError
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
-    p.add_argument("--sizes", type=int, nargs="+", default=[3, 6, 12, 24])
+    p.add_argument("--sizes", type=int, nargs="*", default=[3, 6, 12, 24], help="none: the quality runs only")
     p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
     common.add_schedule(p, rounds=3, steps=5)
     p.add_argument(
@@ -49,6 +49,12 @@ def parse_args(argv=None):
     p.add_argument("--quality-rounds", type=int, default=8)
     p.add_argument("--quality-steps", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument(
+        "--wait-all",
+        action="store_true",
+        help="quality runs: every round waits for all expected deltas (up to the 30 s deadline), so the loaded "
+        "machine's late peers do not set the result",
+    )
     common.add_outputs(p, "scale.json", "ISSUE12_groups.md")
     common.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
     common.add_section(p, "scale.py")
@@ -58,10 +64,12 @@ def parse_args(argv=None):
 CFG = daemons.TINY_CFG
 
 
-def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int):
+def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int, wait_all: bool = False):
     """daemons.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
     trajectory = {} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}
-    return daemons.tiny_swarm(prefix, n, a.data_dir, rounds, steps, 30.0, group_size=group_size, **trajectory)
+    return daemons.tiny_swarm(
+        prefix, n, a.data_dir, rounds, steps, 30.0, group_size=group_size, wait_all=wait_all, **trajectory
+    )
 
 
 def retried(what: str, run, tries: int = 3) -> dict:
@@ -128,7 +136,7 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
     from swarmd.core.evaluate import from_noise_ce
 
     rounds, steps = a.quality_rounds, a.quality_steps
-    with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size) as swarm:
+    with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size, a.wait_all) as swarm:
         start = time.monotonic()
         try:
             daemons.start_staggered(swarm, timeout_s=600)
@@ -149,6 +157,8 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
         for b in range(B):
             states = [ck.load_block(p.checkpoint_dir, CFG, b)[0].state_dict() for p in swarm.peers if p.block == b]
             spread = max([spread, *(relative_distance(states[0], s) for s in states[1:])])
+        tables = [ck.load_embedding(p.checkpoint_dir, CFG).state_dict() for p in swarm.peers]
+        table_spread = max(relative_distance(tables[0], t) for t in tables[1:])
         sums = swarm.summaries()
     return {
         "daemons": n,
@@ -160,6 +170,8 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
         "ce_max": max(ces),
         "ce_per_replica_set": ces,
         "replica_distance_max": spread,
+        "table_distance_max": table_spread,
+        "wait_all": a.wait_all,
         "participation": sum(s["participation"] for s in sums) / len(sums),
         "bytes_per_peer_round": sum(s["bytes_sent"] for s in sums) / len(sums) / rounds,
         "wall_s": wall,
@@ -226,7 +238,7 @@ def main(argv=None) -> None:
     for r in done:
         r["bytes_vs_first"] = r["bytes_per_peer_round"] / base if base else None
     common.write_json(a.out, out)
-    lines = [
+    sizes = [
         f"### Scale: bytes, round time and discovery with {', '.join(map(str, a.sizes))} daemons (one machine), "
         f"groups of at most {a.group_size}",
         "",
@@ -246,6 +258,11 @@ def main(argv=None) -> None:
         "| first round s (max) | exchange s (median) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    lines = (
+        sizes
+        if rows
+        else [f"### Scale: quality with groups of at most {a.group_size}", "", f"Command: `{command}`", ""]
+    )
     for r in rows:
         if "failed" in r:
             lines.append(f"| {r['daemons']} | failed: {r['failed'][:200]} |||||||||")
@@ -258,15 +275,21 @@ def main(argv=None) -> None:
             f"| {r['discovery_s_max']:.1f} / {r['discovery_s_median']:.1f} | {r['first_round_s_max']:.2f} "
             f"| {r['exchange_s_median']:.2f} |"
         )
-    lines += ["", COLUMNS_NOTE, ""]
+    lines += ["", COLUMNS_NOTE, ""] if rows else []
     if quality:
         lines += [
             f"Quality, {quality[0]['daemons']} daemons, {quality[0]['rounds']} rounds x "
             f"H={quality[0]['steps_per_round']}: from-noise CE "
             f"(nats/byte, {a.eval_tokens} bytes of eval.txt) of the model each replica set assembles "
-            "(replica j: block b from peer j x B + b).",
+            "(replica j: block b from peer j x B + b); distances: the largest relative distance between two "
+            "same-block replicas' blocks, and between two peers' byte tables, at the end"
+            + (
+                "; every round waits for all expected deltas (up to its 30 s deadline)."
+                if a.wait_all
+                else "; rounds close at the daemons' adaptive deadlines."
+            ),
             "",
-            "| averaging | CE mean | CE min / max over replica sets | max distance between same-block replicas "
+            "| averaging | CE mean | CE min / max over replica sets | max distance: blocks / tables "
             "| participation | bytes sent per peer per round |",
             "|---|---:|---:|---:|---:|---:|",
         ]
@@ -274,7 +297,8 @@ def main(argv=None) -> None:
             name = f"groups of at most {q['group_size']}" if q["group_size"] else "all-to-all"
             lines.append(
                 f"| {name} | {q['ce_mean']:.4f} | {q['ce_min']:.4f} / {q['ce_max']:.4f} "
-                f"| {q['replica_distance_max']:.1e} | {q['participation']:.3f} | {q['bytes_per_peer_round']:,.0f} |"
+                f"| {q['replica_distance_max']:.1e} / {q.get('table_distance_max', float('nan')):.1e} "
+                f"| {q['participation']:.3f} | {q['bytes_per_peer_round']:,.0f} |"
             )
         if "quality_ce_groups_minus_all_to_all" in out:
             lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]

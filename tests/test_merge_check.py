@@ -15,8 +15,10 @@ from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.context import BLOCK, EMB
 from swarmd.averaging.merge import Landing, check_merge, merge_deltas
 from swarmd.averaging.validation import HeldOutCheck
-from swarmd.core.data import ByteData
-from swarmd.core.train import BlockTrainer
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData, load_bytes
+from swarmd.core.model import denoise
+from swarmd.core.train import BlockTrainer, init_block, init_embedding, trajectory_inputs
 
 Tensors = dict[str, torch.Tensor]
 CFG = GossipConfig(steps_per_round=4, codec="fp32")  # the default robust merge, tolerance 0.02 nats
@@ -265,3 +267,41 @@ def test_an_anchored_part_is_scored_where_it_lands_and_an_infinite_tolerance_tur
     off = GossipConfig(steps_per_round=4, codec="fp32", merge_check_tolerance=math.inf)
     out = check_merge("p0", own, inbox, off, sample(), landing)
     assert out.scores == 0 and not out.fell_back and out.merged_from[BLOCK] == ("p0", "p1")
+
+
+def test_a_later_block_is_scored_on_the_trajectory_it_trains_on(text_data):
+    """With the round's predecessors given, the check scores block 1 on the sampler's trajectory through them
+    (trajectory_inputs + the predecessor's message, fixed noise): the same float as that computed by hand, the same
+    every time; None goes back to the documented noisy targets. And what it scores is what training lowers: a
+    block 1 trained on the trajectory scores lower on it after training than before."""
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=64, seq_len=16)
+    data = ByteData(load_bytes(text_data / "train.txt")[:50_000], cfg.seq_len)
+    check = HeldOutCheck.from_data(data, cfg, 1, seed=0, sequences=8)
+    pred = init_block(cfg, 0, 0)
+    emb = init_embedding(cfg, 0)
+    trainer = BlockTrainer(cfg, TrainConfig(batch_size=8, warmup_steps=2, lr=3e-3), 1)
+    trainer.set_others({0: pred}, table=emb)
+    block = {k: v.clone() for k, v in trainer.block.state_dict().items()}
+    table = {k: v.clone() for k, v in trainer.emb.state_dict().items()}
+    documented = check.score(block, table)
+    check.use_predecessors({0: pred.state_dict()}, emb.normalized())
+    before = check.score(block, table)
+    assert before == check.score(block, table) and before != documented
+    with torch.no_grad():
+        scratch = init_block(cfg, 1, 0).eval()
+        scratch.load_state_dict(block)
+        gen = torch.Generator().manual_seed(check.noise_seed)
+        z, message = trajectory_inputs(
+            {0: pred.eval(), 1: scratch}, emb.normalized(), check.x, check.sigma, cfg, 1, gen
+        )
+        logits = denoise(scratch, trainer.emb.normalized(), check.x, z, check.sigma, pred=message)[0]
+        by_hand = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), check.y.flatten()))
+    assert before == pytest.approx(by_hand, abs=1e-6)
+    batches = data.stream(7, 8)
+    for _ in range(40):
+        trainer.step(*next(batches))
+    assert check.score(trainer.block.state_dict(), trainer.emb.state_dict()) < before - 0.1
+    check.use_predecessors(None)
+    assert check.score(block, table) == documented

@@ -176,3 +176,38 @@ def test_workers_refresh_their_predecessors_mid_round_as_daemons_do(corpus, pull
     ran = late.state.trainer.others[0].state_dict()
     # one pull: the round-start merged block 0; two: block 0's first replica after the round's first 2 steps
     assert all(torch.equal(ran[k], merged[k]) for k in merged) == (pulls == 1)
+
+
+def test_group_averaging_merges_each_group_apart_and_a_full_round_reunites_them(corpus):
+    """Groups of 2 among 4 replicas per block (and 8 workers for the table): members of a round's group end
+    bit-identical, groups differ (consensus > 0) until a one-group round, which sets every replica to the same
+    bits and drops the anchors, as the daemon's apply_merged does; all-to-all keeps consensus at 0."""
+    from swarmd.averaging.config import GossipConfig
+    from swarmd.averaging.sketch import flatten
+    from swarmd.protocol import PayloadKind
+
+    cfg = replace(TINY, workers=4, rounds=3)
+    gossip = GossipConfig(steps_per_round=cfg.steps_per_round, group_size=2, group_full_every=3)
+    with torch.random.fork_rng(devices=[]):
+        sim = Simulator(
+            cfg, regime_named("lockstep"), Lockstep(), corpus[0], corpus[1].eval_windows(256), gossip=gossip
+        )
+        sim.step()  # round 0: 0 % 3 == 0, one group of everybody
+        assert sim.consensus() == 0.0
+        sim.step()  # round 1: groups of 2
+        groups, grouped = sim.groups[PayloadKind.BLOCK_DELTA]
+        assert grouped and all(len(g) == 2 for g in groups) and len(groups) == 4  # 2 blocks x 2 groups
+        for g in groups:
+            a, b = (sim.workers[i].state.base_block for i in g)
+            assert torch.equal(flatten(a), flatten(b))
+        assert sim.consensus() > 0 and all(w.anchors[PayloadKind.BLOCK_DELTA].active for w in sim.workers)
+        sim.step()  # round 2: groups again
+        assert sim.consensus() > 0
+        sim.cfg = replace(cfg, rounds=4)
+        sim.step()  # round 3: 3 % 3 == 0, one group: same bits everywhere, anchors dropped
+        assert sim.consensus() == 0.0
+        assert not any(a.active for w in sim.workers for a in w.anchors.values())
+    with torch.random.fork_rng(devices=[]):
+        plain = Simulator(cfg, regime_named("lockstep"), Lockstep(), corpus[0], corpus[1].eval_windows(256))
+        result = plain.run()
+    assert [r.consensus for r in result.rounds] == [0.0, 0.0, 0.0]
