@@ -10,7 +10,7 @@ Reports per row: from-noise CE of every replica set (replica j: block b from wor
 byte table), their mean and spread, the CE minus all-to-all's, and the consensus distance (the largest
 relative distance between two same-block replicas' bases, or two workers' tables) after each round.
 
-    python benchmarks/group_sim.py --ks 4 8 --group-size 2 4
+    python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ def parse_args(argv=None):
     p.add_argument("--ks", type=int, nargs="+", default=[4, 8], help="replicas per block")
     p.add_argument("--group-size", type=int, nargs="+", default=[4], help="k of the group rows (0 = all-to-all)")
     p.add_argument("--full-every", type=int, nargs="+", default=[0], help="group_full_every of the group rows")
+    p.add_argument(
+        "--table-group-size",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="table_group_size of the group rows (0 = the byte table all-to-all)",
+    )
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
@@ -60,11 +67,13 @@ def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
     return ces
 
 
-def run_row(a, k: int, group: int, full_every: int, regime_name: str, data, eval_xy) -> dict:
+def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str, data, eval_xy) -> dict:
     cfg = common.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     sim_cfg = SimConfig(cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1)
-    gossip = GossipConfig(steps_per_round=a.steps, group_size=group, group_full_every=full_every)
+    gossip = GossipConfig(
+        steps_per_round=a.steps, group_size=group, group_full_every=full_every, table_group_size=table
+    )
     regime = regime_named(regime_name)
     start = time.perf_counter()
     sim = Simulator(
@@ -81,6 +90,7 @@ def run_row(a, k: int, group: int, full_every: int, regime_name: str, data, eval
         "K": k,
         "group_size": group,
         "full_every": full_every,
+        "table_group_size": table,
         "regime": regime_name,
         "steps_per_replica": a.rounds * a.steps,
         "ce_mean": statistics.mean(ces),
@@ -95,10 +105,11 @@ def run_row(a, k: int, group: int, full_every: int, regime_name: str, data, eval
 
 
 def label(r: dict) -> str:
-    if not r["group_size"]:
+    if not r["group_size"] and not r["table_group_size"]:
         return "all-to-all"
     full = f", all-to-all every {r['full_every']} rounds" if r["full_every"] else ""
-    return f"groups of at most {r['group_size']}{full}"
+    table = f"table in groups of {r['table_group_size']}" if r["table_group_size"] else "table all-to-all"
+    return f"blocks in groups of at most {r['group_size']}, {table}{full}"
 
 
 def write_md(a, out: dict) -> None:
@@ -110,9 +121,10 @@ def write_md(a, out: dict) -> None:
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, int8 + error feedback, robust merge, seed {a.seed}. Groups: "
         "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
-        "replicas and for the byte table among all B x K workers. CE: from-noise CE (nats/byte) of each replica "
-        "set's model (block b of worker j, worker j's table), mean (min / max). Consensus: the largest relative "
-        "distance between two same-block replicas' bases or two workers' tables after the round (0: bit-identical).",
+        "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
+        "(nats/byte) of each replica set's model (block b of worker j, worker j's table), mean (min / max). "
+        "Consensus: the largest relative distance between two same-block replicas' bases or two workers' tables "
+        "after the round (0: bit-identical).",
         "",
         "| K | regime | averaging | CE mean (min / max) | minus all-to-all | consensus after rounds 1 / 4 / last "
         "| participation | bytes up per worker per round |",
@@ -142,9 +154,11 @@ def main(argv=None) -> None:
     out = {"command": common.command_line("group_sim.py", argv), "rows": [], "machine": common.machine()}
     for regime in a.regimes:
         for k in a.ks:
-            combos = [(0, 0)] + [(g, f) for g in a.group_size if g for f in a.full_every]
-            for group, full in combos:
-                r = run_row(a, k, group, full, regime, data, eval_xy)
+            combos = [(0, 0, 0)] + [
+                (g, f, t) for g in a.group_size for f in a.full_every for t in a.table_group_size if g or t
+            ]
+            for group, full, table in combos:
+                r = run_row(a, k, group, full, table, regime, data, eval_xy)
                 out["rows"].append(r)
                 common.write_json(a.out, out)
                 cons = " ".join(f"{x:.1e}" for x in r["consensus"])

@@ -266,6 +266,16 @@ GroupSize = Annotated[
         bounds=Bounds(2, or_zero=True),
     ),
 ]
+TableGroupSize = Annotated[
+    int,
+    flag(
+        "--table-group-size",
+        "The byte table's groups: at most this many peers (0 = every peer with every peer, whatever "
+        "--group-size says; the table is the smallest part, and groups of mixed blocks drift apart).",
+        S,
+        bounds=Bounds(2, or_zero=True),
+    ),
+]
 GroupFullEvery = Annotated[
     int,
     flag(

@@ -51,13 +51,18 @@ def test_assignment_is_deterministic_and_changes_every_round():
 def test_small_swarms_are_one_group():
     assert assign(IDS[:4], 7, 4) == [sorted(IDS[:4])]
     assert assign(IDS[:9], 7, 0) == [sorted(IDS[:9])]  # k = 0: all-to-all
-    cfg = GossipConfig(group_size=4)
+    cfg = GossipConfig(group_size=4, table_group_size=4)
     assert round_members(IDS[0], IDS[1:4], 5, cfg, "s") is None
     assert round_members(IDS[0], IDS[:4], 5, cfg, "s") is None  # me among the records counts once
     got = round_members(IDS[0], IDS[1:8], 5, cfg, "s")
     assert got is not None and IDS[0] not in got and 1 <= len(got) <= 3
-    full = GossipConfig(group_size=4, group_full_every=3)
+    full = GossipConfig(group_size=4, table_group_size=4, group_full_every=3)
     assert round_members(IDS[0], IDS[1:8], 6, full, "s") is None  # every 3rd round: everybody
+    blocks_only = GossipConfig(group_size=4)  # the byte table all-to-all by default (table_group_size 0)
+    assert round_members(IDS[0], IDS[1:8], 5, blocks_only, "s", table=True) is None
+    assert round_members(IDS[0], IDS[1:8], 5, blocks_only, "s") is not None
+    with pytest.raises(ConfigError):
+        GossipConfig(table_group_size=1)
 
 
 def test_grid_shapes():
@@ -143,7 +148,7 @@ def test_one_group_swarm_is_bit_identical_to_all_to_all():
         torch.manual_seed(0)  # the trainer draws from the global generator too: the same draws in both runs
 
         async def scenario():
-            peers, _, board = memory_swarm([0, 0, 1], codec="int8", group_size=group_size)
+            peers, _, board = memory_swarm([0, 0, 1], codec="int8", group_size=group_size, table_group_size=group_size)
             reports = await _rounds(peers, board, 2)
             return peers, reports
 
@@ -162,7 +167,7 @@ def test_one_group_swarm_is_bit_identical_to_all_to_all():
 
 def test_group_rounds_stay_in_groups_never_resync_and_reach_consensus():
     async def scenario():
-        peers, _, board = memory_swarm([0] * 8, codec="fp32", blocks=2, group_size=4, merge="mean")
+        peers, _, board = memory_swarm([0] * 8, codec="fp32", blocks=2, group_size=4, table_group_size=4, merge="mean")
         _patient(peers)
         trained = await _rounds(peers, board, 3)  # training rounds in groups
         spread_trained = _spread(peers)
@@ -184,10 +189,25 @@ def test_group_rounds_stay_in_groups_never_resync_and_reach_consensus():
     assert _spread(peers) < 1e-6  # ... and two grid rounds (4 x 2) bring every replica to the one mean
 
 
+def test_blocks_in_groups_with_the_table_all_to_all_keep_one_table():
+    """group_size 4, table_group_size 0 (the default): blocks average in groups, the byte table among every peer,
+    so every peer ends each round on the same table bits while the block replicas average apart."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0] * 8, codec="int8", blocks=2, group_size=4)
+        _patient(peers)
+        return peers, await _rounds(peers, board, 2)
+
+    peers, reports = asyncio.run(scenario())
+    for r in (r for rs in reports for r in rs):
+        assert len(r.expected_block) <= 3 and len(r.expected_emb) == 7 and r.participation == 1.0
+    assert len({g.state.emb_hash for g in peers}) == 1 and _spread(peers) > 1e-4
+
+
 @pytest.mark.slow
 def test_group_rounds_with_int8_reach_consensus_within_a_few_rounds():
     async def scenario():
-        peers, _, board = memory_swarm([0] * 8, codec="int8", blocks=2, group_size=4)
+        peers, _, board = memory_swarm([0] * 8, codec="int8", blocks=2, group_size=4, table_group_size=4)
         _patient(peers)
         await _rounds(peers, board, 2)
         before = _spread(peers)
@@ -201,7 +221,9 @@ def test_group_rounds_with_int8_reach_consensus_within_a_few_rounds():
 @pytest.mark.slow
 def test_a_full_round_re_anchors_every_replica_bit_identically():
     async def scenario():
-        peers, _, board = memory_swarm([0] * 6, codec="int8", blocks=2, group_size=4, group_full_every=2)
+        peers, _, board = memory_swarm(
+            [0] * 6, codec="int8", blocks=2, group_size=4, table_group_size=4, group_full_every=2
+        )
         _patient(peers)
         reports = await _rounds(peers, board, 2)  # round 0: everybody; round 1: groups (anchored)
         anchored = all(g.anchors[BLOCK].active for g in peers)
@@ -219,7 +241,7 @@ def test_a_full_round_re_anchors_every_replica_bit_identically():
 @pytest.mark.slow
 def test_a_late_joiner_in_group_mode_pulls_the_anchor_and_joins_the_groups():
     async def scenario():
-        peers, _, board = memory_swarm([0] * 7, codec="fp32", blocks=2, group_size=4)
+        peers, _, board = memory_swarm([0] * 7, codec="fp32", blocks=2, group_size=4, table_group_size=4)
         joiner = peers.pop()
         del board[joiner.me.peer_id]
         await _rounds(peers, board, 2)
@@ -240,7 +262,7 @@ def test_a_byzantine_member_is_bounded_in_its_group():
     """One member sends a x1000 payload (within the norm bound's reach): the robust merge clips it for its group."""
 
     async def scenario():
-        peers, _, board = memory_swarm([0] * 8, codec="fp32", blocks=2, group_size=4)
+        peers, _, board = memory_swarm([0] * 8, codec="fp32", blocks=2, group_size=4, table_group_size=4)
         _patient(peers)
         await _rounds(peers, board, 1)
         bad = peers[0]

@@ -46,6 +46,10 @@ class GossipConfig:
     # group averaging (swarmd.averaging.groups): peers average in groups of at most this many (0 = all-to-all)
     group_size: int = 0  # opt-in: a 12-daemon run measured 0.07 nats worse than all-to-all (README)
     group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
+    # ... the byte table's groups (every peer holds the table): 0 = all-to-all whatever group_size says. The
+    # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart
+    # (README "Group averaging"); the table is the smallest part, so sending it to every peer costs least
+    table_group_size: int = 0
     # checks on the peer's held-out sample (swarmd.averaging.validation; issue 21), in nats; inf turns one off
     adopt_tolerance: float = 0.05  # refuse to adopt a state that scores worse than what we hold by more than this
     merge_check_tolerance: float = 0.02  # a merge that scores worse than our own delta alone by more than this falls
@@ -91,5 +95,7 @@ class GossipConfig:
             raise ConfigError("need probation_rounds >= 0, identities_per_range >= 0 and pow_bits in [0, 40]")
         if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
+        if self.table_group_size < 0 or self.table_group_size == 1:
+            raise ConfigError("table_group_size must be 0 (all-to-all) or >= 2")
         if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part
             raise ConfigError("--overlap and --outer need all-to-all averaging: drop --group-size (or set it to 0)")

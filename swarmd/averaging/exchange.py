@@ -350,7 +350,7 @@ class Exchange:
         for kind in (BLOCK, EMB):
             pool = [r.peer_id for r in ours if kind == EMB or r.block_index == p.me.block_index]
             salt = f"{p.me.swarm_id}/{'block' + str(p.me.block_index) if kind == BLOCK else 'table'}"
-            rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt)
+            rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt, table=kind == EMB)
             anchor = p.anchors[kind]
             if rs.members[kind] is not None and not anchor.active:
                 anchor.set(*p.base(kind), p.state.round)

@@ -201,13 +201,16 @@ def norm_bound_factor(age: int) -> float:
     return 1.0 + max(0, int(age))
 
 
-def round_members(me: str, pool: list[str], round: int, cfg: GossipConfig, salt: str) -> set[str] | None:
+def round_members(
+    me: str, pool: list[str], round: int, cfg: GossipConfig, salt: str, table: bool = False
+) -> set[str] | None:
     """The other members of `me`'s group this round (None: one group of everybody, the all-to-all round).
 
     :param pool: peer ids of the part's signed records (me may be among them)
-    :param cfg: the GossipConfig (group_size, group_full_every)
+    :param cfg: the GossipConfig (group_size, group_full_every; table_group_size for the byte table)
+    :param table: the part is the byte table (its own group size)
     """
-    k, full_every = cfg.group_size, cfg.group_full_every
+    k, full_every = (cfg.table_group_size if table else cfg.group_size), cfg.group_full_every
     members = {*pool, me}
     if k <= 0 or len(members) <= k or (full_every and round % full_every == 0):
         return None

@@ -417,8 +417,10 @@ class Simulator:
         parts.append((PayloadKind.EMBEDDING_DELTA, "table", [w.id for w in self.workers]))
         self.groups = {}
         for kind, salt, ids in parts:
-            grouped = round_members(ids[0], ids, self.round, self.gossip, salt) is not None
-            groups = assign(ids, self.round, self.gossip.group_size, salt) if grouped else [sorted(ids)]
+            table = not kind.is_block
+            grouped = round_members(ids[0], ids, self.round, self.gossip, salt, table=table) is not None
+            k = self.gossip.table_group_size if table else self.gossip.group_size
+            groups = assign(ids, self.round, k, salt) if grouped else [sorted(ids)]
             found = [[index[i] for i in g] for g in groups]
             if kind.is_block:
                 self.groups.setdefault(kind, ([], grouped))[0].extend(found)

@@ -72,7 +72,7 @@ class LocalSwarm:
     :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
-        with overlap or an outer optimizer, which run all-to-all only)
+        with overlap or an outer optimizer, which run all-to-all only); table_group_size: the byte table's
     :param device: torch device of every peer (cpu, cuda)
     """
 
@@ -102,6 +102,7 @@ class LocalSwarm:
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
         group_size: int | None = None,
+        table_group_size: int = GossipConfig.table_group_size,
         device: str = "cpu",
     ):
         if peers < 1:
@@ -134,6 +135,7 @@ class LocalSwarm:
                 group_size=(0 if overlap or outer != "none" else GossipConfig.group_size)
                 if group_size is None
                 else group_size,
+                table_group_size=table_group_size,
             ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),
