@@ -29,6 +29,7 @@ from swarmd.averaging.config import GossipConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
+from swarmd.protocol import Codec
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
@@ -48,6 +49,7 @@ def parse_args(argv=None):
         help="table_group_size of the group rows (0 = the byte table all-to-all)",
     )
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
+    p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
     a = p.parse_args(argv)
@@ -70,7 +72,9 @@ def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
 def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str, data, eval_xy) -> dict:
     cfg = common.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
-    sim_cfg = SimConfig(cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1)
+    sim_cfg = SimConfig(
+        cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1, codec=Codec(a.codec)
+    )
     gossip = GossipConfig(
         steps_per_round=a.steps, group_size=group, group_full_every=full_every, table_group_size=table
     )
@@ -92,6 +96,7 @@ def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str
         "full_every": full_every,
         "table_group_size": table,
         "regime": regime_name,
+        "codec": a.codec,
         "steps_per_replica": a.rounds * a.steps,
         "ce_mean": statistics.mean(ces),
         "ce_min": min(ces),
@@ -119,7 +124,8 @@ def write_md(a, out: dict) -> None:
         f"Command: `{out['command']}`",
         "",
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
-        f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, int8 + error feedback, robust merge, seed {a.seed}. Groups: "
+        f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas (int8: with error feedback), robust merge, "
+        f"seed {a.seed}. Groups: "
         "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
         "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
         "(nats/byte) of each replica set's model (block b of worker j, worker j's table), mean (min / max). "

@@ -106,14 +106,21 @@ def test_a_poisoning_majority_is_refused_and_the_honest_deltas_kept(honest):
     assert out.scores == 3 + 4 + 1  # own, base, candidate, one per peer, the fallback merge
 
 
-def test_other_block_peers_are_judged_on_their_byte_table_delta_with_our_block_delta(honest):
+def test_other_block_peers_are_judged_on_their_byte_table_delta_merged_with_ours(honest):
     landing, (own, other, *_) = honest
     bad = poison(landing, other)
     inbox = {BLOCK: {}, EMB: {"q1": other[EMB], "q2": bad[EMB], "q3": bad[EMB], "q4": bad[EMB]}}
-    out = check_merge("p0", own, inbox, CFG, sample(), landing)
+    check = sample()
+    out = check_merge("p0", own, inbox, CFG, check, landing)
     assert out.fell_back and out.failed == {"q2", "q3", "q4"} and out.passed == {"q1"}
     assert out.merged_from == {BLOCK: ("p0",), EMB: ("p0", "q1")}
     assert all(torch.equal(out.parts[BLOCK][n], own[BLOCK][n]) for n in own[BLOCK])  # our block delta alone
+    # the verdict is that of our block delta with the pair's table merge (as the round lands it), not of their
+    # table delta in place of ours: each block tunes the table to its own noise levels
+    for pid in ("q1", "q2"):
+        pair = merge_deltas({"p0": own[EMB], pid: inbox[EMB][pid]}, CFG)
+        expected = check.score(*landing.weights({BLOCK: own[BLOCK], EMB: pair})) <= out.bound_ce
+        assert (pid in out.passed) == expected
 
 
 def test_verdicts_are_deterministic_for_the_same_accepted_set(honest):
