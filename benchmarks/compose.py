@@ -29,6 +29,7 @@ PARTS = [
     ("Depth instrument: per-block trace, KL and depth recovery, screening budgets (issue 19)", "ISSUE19_depth.md"),
     ("Depth that pays: fresher predecessors and the hand-off term (issue 19)", "ISSUE19_finals.md"),
     ("Replicas against synchronous data parallel at the same global batch (issue 20)", "ISSUE20_sync_dp.md"),
+    ("Groups that keep quality: the simulator and 12 daemons (issue 20)", "ISSUE20_groups.md"),
     ("Trust without an honest majority: what the checks cost (issue 21)", "ISSUE21_trust.md"),
     ("Fast swarm commands: status, score, generate, dashboard (issue 22)", "ISSUE22_swarm_commands.md"),
     ("The Docker image, built and run for real (issue 22)", "ISSUE22_docker.md"),

@@ -52,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
+    common.add_section(p, "group_sim.py")
     a = p.parse_args(argv)
     a.argv = argv
     return a
@@ -124,7 +125,8 @@ def write_md(a, out: dict) -> None:
         f"Command: `{out['command']}`",
         "",
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
-        f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas (int8: with error feedback), robust merge, "
+        f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
+        "robust merge, "
         f"seed {a.seed}. Groups: "
         "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
         "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
@@ -148,7 +150,7 @@ def write_md(a, out: dict) -> None:
             f"| {diff} | {cons} | {r['participation']:.2f} | {r['upload_bytes_per_worker_round']:,.0f} |"
         )
     lines += common.machine_footer(out["machine"])
-    common.replace_section(a.md, "group_sim.py", lines)
+    common.replace_section(a.md, a.section, lines)
 
 
 def main(argv=None) -> None:
