@@ -50,6 +50,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
     p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
+    p.add_argument("--merge", choices=("robust", "mean"), default="robust", help="GossipConfig.merge")
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
     common.add_section(p, "group_sim.py")
@@ -77,7 +78,11 @@ def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str
         cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1, codec=Codec(a.codec)
     )
     gossip = GossipConfig(
-        steps_per_round=a.steps, group_size=group, group_full_every=full_every, table_group_size=table
+        steps_per_round=a.steps,
+        group_size=group,
+        group_full_every=full_every,
+        table_group_size=table,
+        merge=a.merge,
     )
     regime = regime_named(regime_name)
     start = time.perf_counter()
@@ -98,6 +103,7 @@ def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str
         "table_group_size": table,
         "regime": regime_name,
         "codec": a.codec,
+        "merge": a.merge,
         "steps_per_replica": a.rounds * a.steps,
         "ce_mean": statistics.mean(ces),
         "ce_min": min(ces),
@@ -126,7 +132,7 @@ def write_md(a, out: dict) -> None:
         "",
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
-        "robust merge, "
+        f"{a.merge} merge, "
         f"seed {a.seed}. Groups: "
         "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
         "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
