@@ -82,11 +82,12 @@ class HeldOutCheck:
         round), with their byte table's normalised rows `table_hat`; None (or a set lacking a block the
         trajectory needs): the documented noisy targets."""
         needed = {b for b, _ in trajectory_predecessors(self.cfg, self.block_index)}
-        usable = blocks is not None and bool(needed) and needed <= set(blocks) and table_hat is not None
+        given = blocks or {}
+        usable = bool(needed) and needed <= set(given) and table_hat is not None
         frozen: dict[int, DenoisingBlock] = {}
-        for b in sorted(needed) if usable and blocks is not None else []:
+        for b in sorted(needed) if usable else []:
             frozen[b] = DenoisingBlock(self.cfg).eval().requires_grad_(False)
-            frozen[b].load_state_dict({k: v.detach().float().cpu() for k, v in blocks[b].items()})
+            frozen[b].load_state_dict({k: v.detach().float().cpu() for k, v in given[b].items()})
         with self._lock:
             self._predecessors = frozen
             self._predecessor_table = (
