@@ -169,6 +169,10 @@ class Exchange:
         self.deadline = DeadlinePolicy(peer.cfg)
         self.current: Round | None = None
         self._opened = asyncio.Condition()
+        # a round this peer did not train (a pipelined block before or after its turn): its delta is ready at once,
+        # so the policy's deadline would close the round before the training peers arrive; it waits up to
+        # deadline_max_s instead (the collection still ends as soon as every expected peer answered)
+        self.patient = False
 
     async def open_round(self) -> None:
         """Start accepting deltas for the round we are about to train (call after sync)."""
@@ -390,7 +394,9 @@ class Exchange:
         expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
-        deadline_s = self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
+        deadline_s = (
+            p.cfg.deadline_max_s if self.patient else self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
+        )
         deadline = rs.ready_at + deadline_s
         tasks = [
             asyncio.create_task(self._dial(rs, r, kind, deadline))

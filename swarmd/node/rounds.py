@@ -86,7 +86,9 @@ class PlainRounds:
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps
-        observe_training(d, await d.train(H), steps_before)
+        stats = await d.train(H)
+        observe_training(d, stats, steps_before)
+        g.rounds.patient = not stats.get("samples")  # idle (pipelined, not this block's turn): wait for the trainers
         if d.stopping.is_set():
             return None
         d.phase = PeerState.AVERAGING
