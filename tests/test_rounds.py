@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from swarm_utils import daemon_config, running
+from swarm_utils import daemon_config, memory_swarm, running
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -47,3 +47,31 @@ def test_rounds_help_says_where_the_count_starts():
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "counted from where this run starts" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("patient", [False, True])
+def test_a_round_this_peer_did_not_train_waits_for_the_training_peers(patient):
+    """A pipelined peer's idle round (Exchange.patient, set by the round loop when it trained nothing) waits up to
+    deadline_max_s for a peer that is still training; a normal round closes at the policy's short deadline."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0], codec="fp32", deadline_max_s=6.0)
+        waiting, training = peers
+        records = list(board.values())
+        for g in peers:
+            await g.sync(records)
+            await g.open_round()
+        for _ in range(3):  # rounds whose deltas all came at once: the policy's deadline is deadline_min_s
+            waiting.rounds.deadline.observe(0.01, 0.05)
+            waiting.rounds.deadline.observe_arrivals([0.02], 0, 0.05)
+        waiting.rounds.patient = patient
+
+        async def still_training():
+            await asyncio.sleep(1.5)  # the other peer's local steps (injected lateness, not a wait for a condition)
+            return await training.average(records)
+
+        report, _ = await asyncio.gather(waiting.average(records), still_training())
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.participation == (1.0 if patient else 0.0)
