@@ -34,12 +34,13 @@ takes; the clock does not depend on it). The clock counts max(compute, previous 
 round (the exchange hides behind the next round's steps), and the last exchange once at the end; CE is
 measured on the merged weights (base + the merge in flight), the model a swarm would serve once it lands.
 With group averaging (GossipConfig.group_size = k > 0, the daemon's swarmd.averaging.groups), each part's
-workers (a block's replicas; every worker for the table) split into the round's grid groups (groups.assign,
-the daemon's call, salted per part), each worker keeps its part's anchor and sends offset + delta through the
-codec (the daemon's step rule), and each group merges its own accepted payloads: the members' new bases are
-anchor + merged offsets, and a round in which a part averages as one group sets them exactly and drops the
-anchor (merge.apply_merged's rule). Replicas then differ between groups: measure() scores replica set 0, and
-consensus() is the largest relative distance between same-part bases.
+workers (a block's replicas; every worker for the table) split into the round's grid groups
+(swarmd.sim.grouping: groups.assign, the daemon's call, salted per part), each worker keeps its part's
+anchor and sends offset + delta through the codec (the daemon's step rule), and each group merges its own
+accepted payloads: the members' new bases are anchor + merged offsets, and a round in which a part
+averages as one group sets them exactly and drops the anchor (merge.apply_merged's rule). Replicas then
+differ between groups: measure() scores replica set 0, and consensus() is the largest relative distance
+between same-part bases.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, refreshed mid-round from the predecessors' working weights
@@ -60,16 +61,17 @@ import torch
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
-from swarmd.averaging.groups import Anchor, assign, base_step, merged_target, offset_int8_levels, round_members
+from swarmd.averaging.groups import Anchor, offset_int8_levels
 from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import make_outer
-from swarmd.averaging.state import BlockState, merge_train_stats, relative_distance
+from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
+from swarmd.sim import grouping
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 
@@ -244,7 +246,7 @@ class Simulator:
         # overlap: the merge in flight (per-block merged block deltas, merged table delta) and its exchange seconds
         self.pending: tuple[dict[int, Tensors | None], Tensors | None] | None = None
         self.pending_comm_s = 0.0
-        self.groups: dict[PayloadKind, tuple[list[list[int]], bool]] = {}  # this round's (groups, grouped) per part
+        self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -260,14 +262,8 @@ class Simulator:
         return float(from_noise_ce(blocks, emb, x, y, self.cfg.model)["ce"])
 
     def consensus(self) -> float:
-        """The largest relative distance between two replicas' bases of a block, or two workers' tables (0 when
-        every part is bit-identical across its replicas, as after any all-to-all round)."""
-        worst = 0.0
-        for b in range(self.cfg.model.blocks):
-            bases = [w.state.base_block for w in self.workers if w.block == b]
-            worst = max([worst, *(relative_distance(bases[0], x) for x in bases[1:])])
-        tables = [w.state.base_emb for w in self.workers]
-        return max([worst, *(relative_distance(tables[0], x) for x in tables[1:])])
+        """grouping.consensus of the workers (0 while every part is bit-identical across its replicas)."""
+        return grouping.consensus(self.workers, self.cfg.model.blocks)
 
     def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
         """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
@@ -348,13 +344,15 @@ class Simulator:
                 int8_rms_levels=offset_int8_levels(anchor),
                 **header,
             )
-            sent += enc.wire_bytes * (len(self._group_of(kind, w)) - 1)  # to the other members of its group
+            sent += enc.wire_bytes * (
+                len(grouping.group_of(self.groups, kind, self.workers.index(w))) - 1
+            )  # to the other members of its group
         return sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
 
     def step(self) -> RoundRecord:
         """Run one round (see the module doc) and return its record (CE not yet measured)."""
         n, H = len(self.workers), self.cfg.steps_per_round
-        self._plan_groups()
+        self.groups = grouping.plan(self.workers, self.cfg.model.blocks, self.round, self.gossip)
         draw = RoundDraw.sample(self.regime, self.rng, n, H)
         live = [i for i in range(n) if not draw.dropped[i]]
         ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
@@ -406,65 +404,10 @@ class Simulator:
             None,
         )
 
-    def _plan_groups(self) -> None:
-        """This round's groups of each part (the daemon's round_members / assign, salted per part: a block's
-        replicas, every worker for the table); an anchor is taken when a part first averages in groups."""
-        index = {w.id: i for i, w in enumerate(self.workers)}
-        parts = [
-            (PayloadKind.BLOCK_DELTA, f"block{b}", [w.id for w in self.workers if w.block == b])
-            for b in range(self.cfg.model.blocks)
-        ]
-        parts.append((PayloadKind.EMBEDDING_DELTA, "table", [w.id for w in self.workers]))
-        self.groups = {}
-        for kind, salt, ids in parts:
-            table = not kind.is_block
-            grouped = round_members(ids[0], ids, self.round, self.gossip, salt, table=table) is not None
-            k = self.gossip.table_group_size if table else self.gossip.group_size
-            groups = assign(ids, self.round, k, salt) if grouped else [sorted(ids)]
-            found = [[index[i] for i in g] for g in groups]
-            if kind.is_block:
-                self.groups.setdefault(kind, ([], grouped))[0].extend(found)
-            else:
-                self.groups[kind] = (found, grouped)
-            for i in (index[x] for x in ids):
-                anchor = self.workers[i].anchors[kind]
-                if grouped and not anchor.active:
-                    w = self.workers[i]
-                    base, h = (
-                        (w.state.base_block, w.state.block_hash)
-                        if kind.is_block
-                        else (w.state.base_emb, w.state.emb_hash)
-                    )
-                    anchor.set(base, h, self.round)
-
-    def _group_of(self, kind: PayloadKind, w: _Worker) -> list[int]:
-        """The members (worker indices) of w's group for this part this round."""
-        i = self.workers.index(w)
-        return next(g for g in self.groups[kind][0] if i in g)
-
     def _merge(self, accepted: list[int], outputs: dict[int, tuple[Tensors, Tensors]]) -> None:
         """Each group of each part merges its accepted payloads (all-to-all: per block, its replicas' block
         deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets."""
-        taken = set(accepted)
-        steps: dict[int, dict[PayloadKind, Tensors | None]] = {i: {} for i in range(len(self.workers))}
-        exact: dict[int, dict[PayloadKind, Tensors]] = {i: {} for i in range(len(self.workers))}
-        for kind, (groups, grouped) in self.groups.items():
-            slot = 0 if kind.is_block else 1
-            for g in groups:
-                payloads = {self.workers[i].id: outputs[i][slot] for i in g if i in taken}
-                value = self.merge(payloads) if payloads else None
-                for i in g:
-                    w, anchor = self.workers[i], self.workers[i].anchors[kind]
-                    if kind.is_block:  # the K of TrainConfig.replica_adam: the block deltas this merge counts
-                        w.state.set_replicas(len(payloads))
-                    if value is None or not anchor.active or anchor.tensors is None:
-                        steps[i][kind] = value
-                        continue
-                    target = merged_target(anchor.tensors, value)
-                    base = w.state.base_block if kind.is_block else w.state.base_emb
-                    steps[i][kind] = base_step(target, base)
-                    if not grouped:  # every member merged the same offsets: same bits, the new anchor
-                        exact[i][kind] = target
+        steps, exact = grouping.merge_groups(self.workers, self.groups, set(accepted), outputs, self.merge)
         if self.cfg.overlap:  # lands after the next round's steps (_land); no groups with overlap
             block_means = {
                 self.workers[g[0]].block: steps[g[0]][PayloadKind.BLOCK_DELTA]
