@@ -170,6 +170,15 @@ def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> No
     )
 
 
+def swarm_text(a: argparse.Namespace, cfg: ModelConfig) -> tuple:
+    """(training text, held-out windows) of a simulator benchmark: --data-dir's train.txt as ByteData and
+    --eval-tokens bytes of its eval.txt as (x, y)."""
+    from swarmd.core.data import ByteData
+
+    data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
+    return data, ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+
+
 def picked(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
     """{name: a.name} for these option names: config fields to pass on, e.g. ModelConfig(**picked(a, BLOCK_OPTIONS))."""
     return {k: getattr(a, k) for k in names}

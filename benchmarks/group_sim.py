@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
 from swarmd.averaging.config import GossipConfig
-from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
 from swarmd.protocol import Codec
@@ -163,8 +162,7 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
     cfg = common.model_of(a)
-    data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
-    eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+    data, eval_xy = common.swarm_text(a, cfg)
     out = {"command": common.command_line("group_sim.py", argv), "rows": [], "machine": common.machine()}
     for regime in a.regimes:
         for k in a.ks:

@@ -201,8 +201,7 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
     cfg = common.model_of(a)
-    data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
-    eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+    data, eval_xy = common.swarm_text(a, cfg)
     variants = [] if a.report or a.sync_dp else [parse_variant(t) for t in a.variants]
     out: dict = {"command": common.command_line("replica_sim.py", argv), "single": {}, "rows": []}
     if a.out.exists():  # keep earlier rows of other commands (the sweep is run in pieces)
