@@ -45,6 +45,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -165,6 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=TrainConfig.predecessor_pulls,
         help="times per round snapshot predecessors are refreshed (the stack's snapshots and the swarm's pulls)",
     )
+    p.add_argument("--swarm-logs", type=Path, default=None, help="copy the swarm's daemon logs into this folder")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.rounds = args.rounds or 8
@@ -535,6 +537,10 @@ def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, 
             finished = swarm.wait(timeout_s=3600)
         finally:
             swarm.stop()
+        if args.swarm_logs is not None:
+            args.swarm_logs.mkdir(parents=True, exist_ok=True)
+            for p in swarm.peers:
+                shutil.copyfile(p.log_path, args.swarm_logs / p.log_path.name)
         daemons.check_exit(swarm, finished, "the quality swarm failed")
         blocks, emb = swarm.assemble()
         sums = swarm.summaries()

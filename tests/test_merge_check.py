@@ -13,7 +13,7 @@ from swarm_utils import TEXT, batches, memory_round, memory_swarm, tiny_model, t
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.context import BLOCK, EMB
-from swarmd.averaging.merge import Landing, check_merge, merge_deltas
+from swarmd.averaging.merge import IDLE_SLACK, Landing, check_merge, merge_deltas
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData, load_bytes
@@ -312,3 +312,19 @@ def test_a_later_block_is_scored_on_the_trajectory_it_trains_on(text_data):
     assert check.score(trainer.block.state_dict(), trainer.emb.state_dict()) < before - 0.1
     check.use_predecessors(None)
     assert check.score(block, table) == documented
+
+
+def test_a_peer_that_trained_nothing_lands_the_trainers_merge_and_still_refuses_a_wreck(honest):
+    """own_counts False (a pipelined peer's idle round, own delta zero): the trainers' deltas are merged without
+    our zeros, and the check only keeps out what would wreck our block (base CE + IDLE_SLACK)."""
+    landing, (_, a, b, c) = honest
+    zero = {kind: {n: torch.zeros_like(v) for n, v in a[kind].items()} for kind in (BLOCK, EMB)}
+    inbox = inbox_of(["p1", "p2", "p3"], [a, b, poison(landing, c)])
+    check = sample()
+    out = check_merge("p0", zero, inbox, CFG, check, landing, must_pass={"p3"}, own_counts=False)
+    assert out.own_ce == out.base_ce and out.bound_ce == pytest.approx(out.base_ce + IDLE_SLACK)
+    assert out.failed == {"p3"} and out.merged_from == {BLOCK: ("p1", "p2"), EMB: ("p1", "p2")}
+    assert same_bits(out.parts, {kind: merge_deltas({"p1": a[kind], "p2": b[kind]}, CFG) for kind in (BLOCK, EMB)})
+    # nothing but our zeros: the base is kept
+    alone = check_merge("p0", zero, {BLOCK: {}, EMB: {}}, CFG, check, landing, own_counts=False)
+    assert alone.merged_from == {BLOCK: ("p0",), EMB: ("p0",)} and same_bits(alone.parts, zero)

@@ -9,14 +9,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import daemon_config, link_static, running, trajectory_config
+from swarm_utils import daemon_config, link_static, memory_swarm, running, tiny_model, trajectory_config
 
 from swarmd.averaging.state import merge_train_stats, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.local_run import BlockStack
 from swarmd.core.train import average_embeddings, split_steps
-from swarmd.node.peers import refresh_predecessors, within_drift
+from swarmd.node.peers import pull_predecessors, refresh_predecessors, within_drift
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -168,15 +168,34 @@ def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_s
         return trajectory_config(tmp_path, block, blocks=2, max_rounds=2, pipeline=True, predecessor_pulls=4)
 
     steps_after_round: dict[int, list[int]] = {0: [], 1: []}
+    tables: dict[int, list[str]] = {0: [], 1: []}
+
+    def on_round(d):
+        steps_after_round[d.state.block_index].append(d.state.local_steps)
+        tables[d.state.block_index].append(d.state.emb_hash)
 
     async def scenario():
         async with running(config(0), config(1)) as daemons:
             link_static(daemons)
             for d in daemons:
-                d.on_round = lambda report, d=d: steps_after_round[d.state.block_index].append(d.state.local_steps)
+                d.on_round = lambda report, d=d: on_round(d)
             await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
             return daemons
 
     d0, d1 = asyncio.run(scenario())
     assert d0.state.round == d1.state.round == 3  # 2 rounds each, block 1 one round late
     assert steps_after_round == {0: [2, 4, 4], 1: [0, 2, 4]}
+    # one byte table after every round (the idle peer lands the trainer's table step), moving every round
+    assert tables[0] == tables[1] and len(set(tables[0])) == 3
+
+
+def test_a_predecessor_nobody_serves_keeps_the_state_pulled_before():
+    """A trajectory-trained block whose predecessors' peers left (a pipelined swarm's ended blocks) runs the states
+    it pulled in an earlier round, not a round of noisy targets; a block never pulled still means noisy targets."""
+    peers, _, _ = memory_swarm([2], blocks=3)
+    cfg = tiny_model(3)
+    held = {b: {"w": torch.full((2,), float(b))} for b in (0, 1)}
+    kept = asyncio.run(pull_predecessors(peers[0], [], cfg, 2, held))
+    assert kept is not None and sorted(kept) == [0, 1] and all(kept[b] is held[b] for b in (0, 1))
+    assert asyncio.run(pull_predecessors(peers[0], [], cfg, 2, {0: held[0]})) is None
+    assert asyncio.run(pull_predecessors(peers[0], [], cfg, 2)) is None

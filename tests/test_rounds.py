@@ -10,7 +10,8 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from swarm_utils import daemon_config, memory_swarm, running
+import torch
+from swarm_utils import batches, daemon_config, memory_swarm, running
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -49,9 +50,9 @@ def test_rounds_help_says_where_the_count_starts():
     assert "counted from where this run starts" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("patient", [False, True])
-def test_a_round_this_peer_did_not_train_waits_for_the_training_peers(patient):
-    """A pipelined peer's idle round (Exchange.patient, set by the round loop when it trained nothing) waits up to
+@pytest.mark.parametrize("idle", [False, True])
+def test_a_round_this_peer_did_not_train_waits_for_the_training_peers(idle):
+    """A pipelined peer's idle round (Exchange.idle, set by the round loop when it trained nothing) waits up to
     deadline_max_s for a peer that is still training; a normal round closes at the policy's short deadline."""
 
     async def scenario():
@@ -64,7 +65,7 @@ def test_a_round_this_peer_did_not_train_waits_for_the_training_peers(patient):
         for _ in range(3):  # rounds whose deltas all came at once: the policy's deadline is deadline_min_s
             waiting.rounds.deadline.observe(0.01, 0.05)
             waiting.rounds.deadline.observe_arrivals([0.02], 0, 0.05)
-        waiting.rounds.patient = patient
+        waiting.rounds.idle = idle
 
         async def still_training():
             await asyncio.sleep(1.5)  # the other peer's local steps (injected lateness, not a wait for a condition)
@@ -74,4 +75,33 @@ def test_a_round_this_peer_did_not_train_waits_for_the_training_peers(patient):
         return report
 
     report = asyncio.run(scenario())
-    assert report.participation == (1.0 if patient else 0.0)
+    assert report.participation == (1.0 if idle else 0.0)
+
+
+def test_an_idle_peers_zero_deltas_are_not_averaged_into_the_trainers_update():
+    """Pipelined: block 1's peer trained nothing this round (Exchange.idle): its deltas carry weight 0, so both
+    peers land the training peer's byte-table delta whole (not halved by the idle zeros) and hold one table; the
+    idle peer's block stays where it was."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 1], codec="fp32", merge="mean")
+        trainer, idle = peers
+        records = list(board.values())
+        for g in peers:
+            await g.sync(records)
+            await g.open_round()
+        table_before = trainer.state.snapshot()[2]
+        idle_block_before = idle.state.snapshot()[1]
+        await asyncio.to_thread(trainer.state.train_steps, 2, batches(0))
+        _, trained_table = trainer.state.current()
+        idle.rounds.idle = True
+        reports = await asyncio.gather(*(g.average(records) for g in peers))
+        return trainer, idle, table_before, trained_table, idle_block_before, reports
+
+    trainer, idle, before, trained, idle_block, reports = asyncio.run(scenario())
+    assert all(r.participation == 1.0 for r in reports)  # the idle peer's deltas arrived: nothing was waited for
+    assert trainer.state.emb_hash == idle.state.emb_hash
+    landed = trainer.state.snapshot()[2]["table"]
+    assert torch.allclose(landed, trained["table"])  # the whole step, not the mean with a zero
+    assert not torch.allclose(landed, before["table"])
+    assert all(torch.equal(v, idle_block[k]) for k, v in idle.state.snapshot()[1].items())

@@ -126,17 +126,28 @@ class Round:
     )  # peers whose (signed) delta of this round was judged: one each, accepted or not
     exact: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # own deltas before the codec (overlap)
     members: dict[str, set[str] | None] = field(default_factory=lambda: {BLOCK: None, EMB: None})  # group (None: all)
+    idle: dict[str, set[str]] = field(
+        default_factory=lambda: {BLOCK: set(), EMB: set()}
+    )  # senders whose delta carries weight 0 (they trained nothing this round): arrived, but not merged
+
+    def active(self) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
+        """The accepted deltas the merge counts: every kind's inbox without the idle senders' (weight 0)."""
+        return {k: {pid: t for pid, t in box.items() if pid not in self.idle[k]} for k, box in self.inbox.items()}
 
     def judged(self, kind: PayloadKind, peer_id: str) -> None:
         """`peer_id`'s delta of `kind` failed (or will not come this round): the collection stops waiting for it."""
         self.failed[kind].add(peer_id)
         self.arrived.set()
 
-    def stash(self, kind: PayloadKind, peer_id: str, tensors: dict[str, torch.Tensor]) -> None:
-        """An accepted decoded delta, with its arrival time."""
+    def stash(self, kind: PayloadKind, peer_id: str, tensors: dict[str, torch.Tensor], idle: bool = False) -> None:
+        """An accepted decoded delta, with its arrival time (not of an idle sender's: ready at once, it would teach
+        the deadline policy that deltas come early)."""
         self.inbox[kind][peer_id] = tensors
-        self.last_arrival = time.monotonic()
-        self.arrivals.append(self.last_arrival - self.opened_at)
+        if idle:
+            self.idle[kind].add(peer_id)
+        else:
+            self.last_arrival = time.monotonic()
+            self.arrivals.append(self.last_arrival - self.opened_at)
         self.arrived.set()
 
     def complete(self, expected: dict[PayloadKind, set[str]]) -> bool:
@@ -169,10 +180,11 @@ class Exchange:
         self.deadline = DeadlinePolicy(peer.cfg)
         self.current: Round | None = None
         self._opened = asyncio.Condition()
-        # a round this peer did not train (a pipelined block before or after its turn): its delta is ready at once,
-        # so the policy's deadline would close the round before the training peers arrive; it waits up to
-        # deadline_max_s instead (the collection still ends as soon as every expected peer answered)
-        self.patient = False
+        # a round this peer did not train (a pipelined block before or after its turn): its deltas carry weight 0,
+        # so the receivers (and its own merge) count only the peers that trained; and they are ready at once, so the
+        # policy's deadline would close the round before the training peers arrive: it waits up to deadline_max_s
+        # instead (the collection still ends as soon as every expected peer answered)
+        self.idle = False
 
     async def open_round(self) -> None:
         """Start accepting deltas for the round we are about to train (call after sync)."""
@@ -200,7 +212,7 @@ class Exchange:
             for ef in p.ef.values():
                 ef.reset()
         rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.averaging.delayed)
-        weight = float(p.cfg.steps_per_round)
+        weight = 0.0 if self.idle else float(p.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
             # group averaging: base - anchor + delta
             delta = with_offset(delta, p.anchors[kind].offset(p.base(kind)[0]))
@@ -256,7 +268,8 @@ class Exchange:
         except SwarmdError as exc:
             self._reject(rs, h, kind, exc)
             raise
-        rs.stash(kind, h.peer_id, tensors)
+        # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
+        rs.stash(kind, h.peer_id, tensors, idle=h.weight == 0)
         return h.peer_id
 
     async def _round_for(self, h: pb.PayloadHeader, kind: PayloadKind) -> Round:
@@ -395,7 +408,7 @@ class Exchange:
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
         deadline_s = (
-            p.cfg.deadline_max_s if self.patient else self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
+            p.cfg.deadline_max_s if self.idle else self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
         )
         deadline = rs.ready_at + deadline_s
         tasks = [
@@ -413,20 +426,22 @@ class Exchange:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
-        if accepted[BLOCK] or accepted[EMB]:
+        if rs.arrivals:  # (the idle senders' deltas teach the policy nothing: see Round.stash)
             self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
-        self.deadline.observe_arrivals(
-            rs.arrivals, max(0, expected_n - len(rs.arrivals)), min(deadline, time.monotonic()) - rs.opened_at
-        )
+        missing = expected_n - len(rs.arrivals) - len(rs.idle[BLOCK]) - len(rs.idle[EMB])
+        self.deadline.observe_arrivals(rs.arrivals, max(0, missing), min(deadline, time.monotonic()) - rs.opened_at)
         premerge = await self._premerge(rs)
         senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
         must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
-        merged = await merge_parts(p, rs.round, rs.own, rs.inbox, must_pass=must_pass, leave_out=leave_out)
+        active = rs.active()
+        merged = await merge_parts(
+            p, rs.round, rs.own, active, must_pass=must_pass, leave_out=leave_out, own_counts=not self.idle
+        )
         await asyncio.to_thread(
             p.standing.observe,
             rs.round,
             rs.own,
-            rs.inbox,
+            active,
             merged.parts,
             merged.merged_from,
             merged.passed,

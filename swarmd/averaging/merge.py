@@ -76,6 +76,11 @@ KINDS = (BLOCK, EMB)
 # share of our own delta's progress on the sample (base CE - own CE) a merge may give up beyond the tolerance
 # before it falls back (honest averages gave up to ~0.4 of it at benchmarks/swarm.py's config; see the module doc)
 PROGRESS_SLACK = 0.5
+# the bound of a round we trained nothing in (own_counts False: a pipelined block before or after its turn): with no
+# own progress to protect, the check only keeps out what would wreck our block, base CE + this many nats. A table
+# step of the block that trains moves the idle blocks' CE by far less; a random or scaled table costs nats. The
+# usual tolerance would have the idle peers refuse the trainers' step, and the swarm's tables split.
+IDLE_SLACK = 0.5
 
 
 def merge_mean(deltas: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -178,14 +183,21 @@ class MergeOutcome:
 
 
 def _merge(
-    me: str, own: dict[str, Tensors], inbox: dict[str, dict[str, Tensors]], ids: set[str], cfg: GossipConfig
+    me: str,
+    own: dict[str, Tensors],
+    inbox: dict[str, dict[str, Tensors]],
+    ids: set[str],
+    cfg: GossipConfig,
+    own_counts: bool = True,
 ) -> tuple[dict[str, Tensors], dict[str, MergeStats | None], dict[str, tuple[str, ...]]]:
-    """The rule of cfg over own + the deltas of `ids` (each part over the peers of `ids` it holds)."""
+    """The rule of cfg over own + the deltas of `ids` (each part over the peers of `ids` it holds); without
+    own_counts (we trained nothing this round), own only where no other delta of the part is counted."""
     values: dict[str, Tensors] = {}
     stats: dict[str, MergeStats | None] = {}
     used: dict[str, tuple[str, ...]] = {}
     for kind in KINDS:
-        deltas = {me: own[kind], **{p: d for p, d in inbox[kind].items() if p in ids}}
+        others = {p: d for p, d in inbox[kind].items() if p in ids}
+        deltas = {me: own[kind], **others} if own_counts or not others else others
         values[kind], stats[kind] = merge_with_stats(deltas, cfg)
         used[kind] = tuple(sorted(deltas))
     return values, stats, used
@@ -201,6 +213,7 @@ def check_merge(
     *,
     must_pass: frozenset[str] | set[str] = frozenset(),
     leave_out: frozenset[str] | set[str] = frozenset(),
+    own_counts: bool = True,
 ) -> MergeOutcome:
     """The round's merge of own + the accepted deltas under the loss check (see the module doc). Blocking.
 
@@ -210,6 +223,8 @@ def check_merge(
     :param landing: where merged values land (Landing.of(peer); None: no check)
     :param must_pass: peers whose deltas count only when they pass the one-by-one check (probation)
     :param leave_out: peers whose deltas do not count this round (they are not scored)
+    :param own_counts: False when we trained nothing this round (own delta zero, weight 0): own joins a part's
+        merge only where no other delta is counted, so the peers that trained land unaveraged with our zeros
     """
     started = time.perf_counter()
     accepted = set(inbox[BLOCK]) | set(inbox[EMB])
@@ -218,7 +233,7 @@ def check_merge(
     tolerance = cfg.merge_check_tolerance
     if check is None or landing is None or not math.isfinite(tolerance) or not pool:
         unchecked = pool & set(must_pass)  # nothing can pass without a check
-        values, stats, used = _merge(me, own, inbox, pool - unchecked, cfg)
+        values, stats, used = _merge(me, own, inbox, pool - unchecked, cfg, own_counts)
         return MergeOutcome(dict(values), used, left_out=frozenset(left_out | unchecked), stats=stats)
     scored = check.scores
 
@@ -230,26 +245,28 @@ def check_merge(
     base_ce = score({BLOCK: None, EMB: None})
     # a base or own delta that scores inf (garbage) makes the bound inf: there is no progress to protect
     bound = own_ce + tolerance + PROGRESS_SLACK * max(0.0, base_ce - own_ce)
+    if not own_counts:
+        bound = base_ce + max(tolerance, IDLE_SLACK)
     verdicts: dict[str, bool] = {}
 
     def judge(ids: set[str]) -> None:
         """Score each peer's delta in the place of ours (sorted order): within the bound or not."""
         for pid in sorted(ids - set(verdicts)):
             alone: dict[str, Tensors | None] = {kind: inbox[kind].get(pid, own[kind]) for kind in KINDS}
-            if pid not in inbox[BLOCK] and pid in inbox[EMB]:  # another block's peer: its table delta joins ours
+            if own_counts and pid not in inbox[BLOCK] and pid in inbox[EMB]:  # another block's: joins our table delta
                 alone[EMB] = merge_deltas({me: own[EMB], pid: inbox[EMB][pid]}, cfg)
             verdicts[pid] = score(alone) <= bound  # inf (garbage) never passes
 
     judge(pool & set(must_pass))
     counted = {p for p in pool if verdicts.get(p, True)}
-    values, stats, used = _merge(me, own, inbox, counted, cfg)
+    values, stats, used = _merge(me, own, inbox, counted, cfg, own_counts)
     candidate_ce = landed_ce = score(dict(values))
     fell_back = not candidate_ce <= bound
     if fell_back:
         judge(pool)
         kept = {p for p in pool if verdicts[p]}
         if kept != counted:  # (the same set is the candidate again)
-            values, stats, used = _merge(me, own, inbox, kept, cfg)
+            values, stats, used = _merge(me, own, inbox, kept, cfg, own_counts)
             landed_ce = score(dict(values))
         if not landed_ce <= bound:  # even the passing deltas together: our own delta alone
             values, stats, used = _merge(me, own, inbox, set(), cfg)
@@ -280,6 +297,7 @@ async def merge_parts(
     *,
     must_pass: frozenset[str] | set[str] = frozenset(),
     leave_out: frozenset[str] | set[str] = frozenset(),
+    own_counts: bool = True,
 ) -> MergeOutcome:
     """Each part's merge (check_merge over own + the accepted deltas, in the worker thread); a part whose merge is
     not finite gets None (the base is kept). Logs a fallback once, with its figures, and counts it in the
@@ -287,6 +305,7 @@ async def merge_parts(
 
     :param must_pass: peers whose deltas count only when they pass the one-by-one check (probation)
     :param leave_out: peers whose deltas do not count this round
+    :param own_counts: see check_merge
     """
     checking = peer.check is not None and math.isfinite(peer.cfg.merge_check_tolerance)
     landing = Landing.of(peer) if checking else None  # (copies the outer buffers: only when they are scored)
@@ -300,6 +319,7 @@ async def merge_parts(
         landing,
         must_pass=frozenset(must_pass),
         leave_out=frozenset(leave_out),
+        own_counts=own_counts,
     )
     if out.fell_back:
         logger.warning(
@@ -322,6 +342,14 @@ async def merge_parts(
             round,
             len(out.failed),
             ", ".join(p[-6:] for p in sorted(out.failed)),
+        )
+    if not own_counts and out.scores:
+        logger.info(
+            "%s round %d (idle): the trainers' update scores %.4f nats on our sample, the base %.4f",
+            peer.tag,
+            round,
+            out.candidate_ce,
+            out.base_ce,
         )
     if out.scores:
         peer.metrics.observe_merge_check(out.fell_back, len(out.failed), out.check_s)

@@ -62,13 +62,26 @@ async def pull_blocks(gossip: Gossip, records: list[PeerRecord], blocks: Iterabl
 
 
 async def pull_predecessors(
-    gossip: Gossip, records: list[PeerRecord], cfg: ModelConfig, block_index: int
+    gossip: Gossip,
+    records: list[PeerRecord],
+    cfg: ModelConfig,
+    block_index: int,
+    held: dict[int, StateDict] | None = None,
 ) -> dict[int, StateDict] | None:
-    """Merged states of every block the sampler runs before block_index (trajectory training), or None,
-    with a warning, when one of them has no reachable peer (the round then trains on noisy targets)."""
+    """Merged states of every block the sampler runs before block_index (trajectory training). A block with no
+    reachable peer keeps the state pulled in an earlier round (`held`, the predecessors the last round ran): a
+    block trained on the trajectory is wrecked by rounds of noisy targets (a pipelined swarm whose earlier blocks
+    ended and left), a round-old predecessor costs little. None, with a warning, when one was never pulled (the
+    round then trains on noisy targets)."""
     needed = sorted({b for b, _ in trajectory_predecessors(cfg, block_index)})
     pulled = await pull_blocks(gossip, records, needed)
-    if len(pulled) < len(needed):
+    missing = [b for b in needed if b not in pulled]
+    if missing and held is not None and all(b in held for b in missing):
+        logger.warning(
+            "%s no peer of block(s) %s reachable: this round runs their states pulled before", gossip.tag, missing
+        )
+        return {**pulled, **{b: held[b] for b in missing}}
+    if missing:
         msg = "%s trajectory training needs blocks %s, found %s: this round uses noisy targets"
         logger.warning(msg, gossip.tag, needed, sorted(pulled))
         return None
@@ -83,13 +96,13 @@ async def load_predecessors(
     trajectory_prob: float,
 ) -> int:
     """Trajectory training: pull the blocks that run before ours (frozen, forward only; with the merged byte
-    table) at round start, or train on noisy targets this round if one is unreachable. Returns how many.
+    table) at round start (see pull_predecessors for one that is unreachable). Returns how many.
 
     :param lookup: the peers now (called only when trajectory training needs predecessors)
     """
     if trajectory_prob <= 0 or not trajectory_predecessors(cfg, state.block_index):
         return 0
-    pulled = await pull_predecessors(gossip, await lookup(), cfg, state.block_index)
+    pulled = await pull_predecessors(gossip, await lookup(), cfg, state.block_index, state.predecessors)
     await asyncio.to_thread(state.use_predecessors, pulled)
     if gossip.check is not None:  # the merge check scores what the round trains on (swarmd.averaging.validation)
         await asyncio.to_thread(gossip.check.use_predecessors, pulled, state.base_table_hat())

@@ -88,7 +88,7 @@ class PlainRounds:
         steps_before = d.state.local_steps
         stats = await d.train(H)
         observe_training(d, stats, steps_before)
-        g.rounds.patient = not stats.get("samples")  # idle (pipelined, not this block's turn): wait for the trainers
+        g.rounds.idle = not stats.get("samples")  # pipelined, not this block's turn: weight 0, wait for the trainers
         if d.stopping.is_set():
             return None
         d.phase = PeerState.AVERAGING
