@@ -11,6 +11,7 @@ byte table), their mean and spread, the CE minus all-to-all's, and the consensus
 relative distance between two same-block replicas' bases, or two workers' tables) after each round.
 
     python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
+    python benchmarks/group_sim.py --ks 4 8 --group-size 2 4 --layouts grid balanced
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
-from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.config import GROUP_LAYOUTS, GossipConfig
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
 from swarmd.protocol import Codec
@@ -46,6 +47,9 @@ def parse_args(argv=None):
         nargs="+",
         default=[0],
         help="table_group_size of the group rows (0 = the byte table all-to-all)",
+    )
+    p.add_argument(
+        "--layouts", nargs="+", choices=GROUP_LAYOUTS, default=["grid"], help="group_layout of the group rows"
     )
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
     p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
@@ -70,7 +74,7 @@ def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
     return ces
 
 
-def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str, data, eval_xy) -> dict:
+def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, regime_name: str, data, eval_xy) -> dict:
     cfg = common.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     sim_cfg = SimConfig(
@@ -81,6 +85,7 @@ def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str
         group_size=group,
         group_full_every=full_every,
         table_group_size=table,
+        group_layout=layout,
         merge=a.merge,
     )
     regime = regime_named(regime_name)
@@ -100,6 +105,7 @@ def run_row(a, k: int, group: int, full_every: int, table: int, regime_name: str
         "group_size": group,
         "full_every": full_every,
         "table_group_size": table,
+        "layout": layout,
         "regime": regime_name,
         "codec": a.codec,
         "merge": a.merge,
@@ -120,7 +126,8 @@ def label(r: dict) -> str:
         return "all-to-all"
     full = f", all-to-all every {r['full_every']} rounds" if r["full_every"] else ""
     table = f"table in groups of {r['table_group_size']}" if r["table_group_size"] else "table all-to-all"
-    return f"blocks in groups of at most {r['group_size']}, {table}{full}"
+    layout = ", balanced groups" if r.get("layout") == "balanced" else ""
+    return f"blocks in groups of at most {r['group_size']}, {table}{full}{layout}"
 
 
 def write_md(a, out: dict) -> None:
@@ -133,7 +140,8 @@ def write_md(a, out: dict) -> None:
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
         f"{a.merge} merge, "
         f"seed {a.seed}. Groups: "
-        "the daemon's grid assignment and anchored offsets (swarmd.averaging.groups), per block among its K "
+        "the daemon's assignment (grid, or balanced where the row says so) and anchored offsets "
+        "(swarmd.averaging.groups), per block among its K "
         "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
         "(nats/byte) of each replica set's model (block b of worker j, worker j's table), mean (min / max). "
         "Consensus: the largest relative distance between two same-block replicas' bases or two workers' tables "
@@ -166,11 +174,16 @@ def main(argv=None) -> None:
     out = {"command": common.command_line("group_sim.py", argv), "rows": [], "machine": common.machine()}
     for regime in a.regimes:
         for k in a.ks:
-            combos = [(0, 0, 0)] + [
-                (g, f, t) for g in a.group_size for f in a.full_every for t in a.table_group_size if g or t
+            combos = [(0, 0, 0, "grid")] + [
+                (g, f, t, lay)
+                for g in a.group_size
+                for f in a.full_every
+                for t in a.table_group_size
+                for lay in a.layouts
+                if g or t
             ]
-            for group, full, table in combos:
-                r = run_row(a, k, group, full, table, regime, data, eval_xy)
+            for group, full, table, layout in combos:
+                r = run_row(a, k, group, full, table, layout, regime, data, eval_xy)
                 out["rows"].append(r)
                 common.write_json(a.out, out)
                 cons = " ".join(f"{x:.1e}" for x in r["consensus"])

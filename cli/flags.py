@@ -285,6 +285,16 @@ GroupFullEvery = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
+GroupLayout = Annotated[
+    str,
+    flag(
+        "--group-layout",
+        "Who averages with whom when --group-size splits the swarm: grid (a new grid of groups every round) or "
+        "balanced (a new order every round cut into the fewest groups, of equal size). Every peer of a swarm "
+        "must use the same layout.",
+        S,
+    ),
+]
 EvalEvery = Annotated[
     int,
     flag(

@@ -106,6 +106,7 @@ class PeerOptions(OptionGroup):
         "overlap_steps": GOSSIP.overlap_steps,
         "group_size": GOSSIP.group_size,
         "group_full_every": GOSSIP.group_full_every,
+        "group_layout": GOSSIP.group_layout,
         "table_group_size": GOSSIP.table_group_size,
         "keep_trying": DAEMON.keep_trying,
         "adopt_tolerance": GOSSIP.adopt_tolerance,
@@ -145,6 +146,7 @@ class PeerOptions(OptionGroup):
     overlap_steps: f.OverlapSteps
     group_size: f.GroupSize
     group_full_every: f.GroupFullEvery
+    group_layout: f.GroupLayout
     table_group_size: f.TableGroupSize
     keep_trying: f.KeepTrying
     adopt_tolerance: f.AdoptTolerance
@@ -178,6 +180,7 @@ class PeerOptions(OptionGroup):
             overlap_steps=self.overlap_steps,
             group_size=self.group_size,
             group_full_every=self.group_full_every,
+            group_layout=self.group_layout,
             table_group_size=self.table_group_size,
             adopt_tolerance=self.adopt_tolerance,
             merge_check_tolerance=self.merge_check_tolerance,

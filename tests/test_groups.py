@@ -86,6 +86,24 @@ def test_grid_rounds_reach_the_exact_mean_when_the_grid_is_full(n, k):
     assert max(float((v - mean).norm()) for v in x.values()) < 1e-12
 
 
+@pytest.mark.parametrize("n,k", [(8, 4), (10, 4), (21, 4), (9, 2)])
+def test_balanced_layout_cuts_the_fewest_groups_of_equal_size_and_reshuffles(n, k):
+    """group_layout "balanced": every round ceil(n / k) groups, sizes within one of each other, a partition;
+    the same for every peer that computes it, another one the next round; 8 in groups of 4 never averages pairs."""
+    ids = [f"p{i}" for i in range(n)]
+    rounds = [assign(ids, r, k, "s", "balanced") for r in range(4)]
+    for groups in rounds:
+        sizes = [len(g) for g in groups]
+        assert len(groups) == -(-n // k) and max(sizes) <= k and max(sizes) - min(sizes) <= 1
+        assert sorted(p for g in groups for p in g) == sorted(ids)
+    assert rounds[0] == assign(list(reversed(ids)), 0, k, "s", "balanced")
+    assert len({tuple(map(tuple, g)) for g in rounds}) > 1
+    assert group_of(ids[0], ids[1:], 2, k, "s", "balanced") in rounds[2]
+    assert [len(g) for g in assign(ids[:8], 1, 4, "s")] == [2, 2, 2, 2]  # the grid's 4 x 2: pairs every other round
+    with pytest.raises(ConfigError):
+        GossipConfig(group_layout="ring")
+
+
 def test_incomplete_grids_still_converge_in_a_few_rounds():
     ids = [f"p{i}" for i in range(21)]  # 21 = 4 x 3 x 2 - 3: an incomplete grid
     g = torch.Generator().manual_seed(1)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
 
+GROUP_LAYOUTS = ("grid", "balanced")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
+
 
 @dataclass(frozen=True)
 class GossipConfig:
@@ -46,6 +48,7 @@ class GossipConfig:
     # group averaging (swarmd.averaging.groups): peers average in groups of at most this many (0 = all-to-all)
     group_size: int = 0  # opt-in: a 12-daemon run measured 0.07 nats worse than all-to-all (README)
     group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
+    group_layout: str = "grid"  # who groups with whom: "grid" or "balanced" (swarmd.averaging.groups.assign)
     # ... the byte table's groups (every peer holds the table): 0 = all-to-all whatever group_size says. The
     # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart
     # (README "Group averaging"); the table is the smallest part, so sending it to every peer costs least
@@ -95,6 +98,8 @@ class GossipConfig:
             raise ConfigError("need probation_rounds >= 0, identities_per_range >= 0 and pow_bits in [0, 40]")
         if self.group_size < 0 or self.group_size == 1 or self.group_full_every < 0:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
+        if self.group_layout not in GROUP_LAYOUTS:
+            raise ConfigError(f"group_layout must be one of {', '.join(GROUP_LAYOUTS)}, got {self.group_layout!r}")
         if self.table_group_size < 0 or self.table_group_size == 1:
             raise ConfigError("table_group_size must be 0 (all-to-all) or >= 2")
         if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part

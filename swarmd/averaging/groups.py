@@ -81,13 +81,16 @@ def _order_key(salt: str, epoch: int, peer_id: str) -> bytes:
     return hashlib.sha256(f"{salt}\x00{epoch}\x00{peer_id}".encode()).digest()
 
 
-def assign(members: list[str] | set[str], round: int, k: int, salt: str = "") -> list[list[str]]:
+def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", layout: str = "grid") -> list[list[str]]:
     """The groups of `round` (see the module doc): a partition of `members` into groups of at most k peers.
 
-    Deterministic in (members, round, k, salt); each group is sorted by peer id; groups are listed by
+    Deterministic in (members, round, k, salt, layout); each group is sorted by peer id; groups are listed by
     their first member. k <= 0 or len(members) <= k: one group of everybody.
 
     :param salt: separates independent assignments (e.g. per block, and the byte table)
+    :param layout: "grid" (the module doc), or "balanced": every round a new order cut into the fewest groups
+        of at most k, their sizes within one of each other (8 in groups of 4: two groups of 4 every round,
+        where the grid's 4 x 2 averages pairs every other round; no exact all-reduce in d rounds)
     """
     ids = sorted(set(members))
     n = len(ids)
@@ -95,6 +98,10 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "") ->
         return [ids] if ids else []
     if k == 1:
         return [[p] for p in ids]
+    if layout == "balanced":
+        count = -(-n // k)
+        order = sorted(ids, key=lambda p: _order_key(salt, round, p))
+        return sorted((sorted(order[i::count]) for i in range(count)), key=lambda g: g[0])
     sides = grid_sides(n, k)
     epoch, dim = divmod(round, len(sides))
     order = sorted(ids, key=lambda p: _order_key(salt, epoch, p))
@@ -109,9 +116,11 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "") ->
     return sorted((sorted(g) for g in lines.values()), key=lambda g: g[0])
 
 
-def group_of(peer_id: str, members: list[str] | set[str], round: int, k: int, salt: str = "") -> list[str]:
+def group_of(
+    peer_id: str, members: list[str] | set[str], round: int, k: int, salt: str = "", layout: str = "grid"
+) -> list[str]:
     """The group of `peer_id` in `round` (peer_id is counted as a member)."""
-    for g in assign({*members, peer_id}, round, k, salt):
+    for g in assign({*members, peer_id}, round, k, salt, layout):
         if peer_id in g:
             return g
     raise AssertionError("unreachable: every member is in one group")
@@ -207,11 +216,11 @@ def round_members(
     """The other members of `me`'s group this round (None: one group of everybody, the all-to-all round).
 
     :param pool: peer ids of the part's signed records (me may be among them)
-    :param cfg: the GossipConfig (group_size, group_full_every; table_group_size for the byte table)
+    :param cfg: the GossipConfig (group_size, group_full_every, group_layout; table_group_size for the byte table)
     :param table: the part is the byte table (its own group size)
     """
     k, full_every = (cfg.table_group_size if table else cfg.group_size), cfg.group_full_every
     members = {*pool, me}
     if k <= 0 or len(members) <= k or (full_every and round % full_every == 0):
         return None
-    return set(group_of(me, members, round, k, salt)) - {me}
+    return set(group_of(me, members, round, k, salt, cfg.group_layout)) - {me}

@@ -46,7 +46,10 @@ def plan(workers: Sequence[Worker], blocks: int, round: int, gossip: GossipConfi
         table = not kind.is_block
         grouped = round_members(ids[0], ids, round, gossip, salt, table=table) is not None
         k = gossip.table_group_size if table else gossip.group_size
-        found = [[index[i] for i in g] for g in (assign(ids, round, k, salt) if grouped else [sorted(ids)])]
+        found = [
+            [index[i] for i in g]
+            for g in (assign(ids, round, k, salt, gossip.group_layout) if grouped else [sorted(ids)])
+        ]
         out.setdefault(kind, ([], grouped))[0].extend(found)
         for w in (workers[index[x]] for x in ids):
             if grouped and not w.anchors[kind].active:
