@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks import common, daemons
+from swarmd.averaging.config import GROUP_LAYOUTS
 from swarmd.sim.protocol import DHT_OPS_PER_ROUND, ProtocolConfig, simulate
 
 
@@ -34,6 +35,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--regime", default="wan-mid")
     p.add_argument("--merge", default="robust", choices=["robust", "mean"])
+    p.add_argument(
+        "--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout (default: the grid)"
+    )
     common.add_outputs(p, "protocol_scale.json", "ISSUE12_groups.md")
     common.add_section(p, "protocol_scale.py")
     common.add_from_log(p, "the table from the rows a stopped run printed")
@@ -142,6 +146,7 @@ def main(argv=None) -> None:
         rows = [row_of(out) for out in runs]
         cfg = runs[0]["config"]
         a.group_size, a.rounds, a.regime, a.merge = cfg["group_size"], cfg["rounds"], cfg["regime"], cfg["merge"]
+        a.group_layout = cfg.get("layout", "grid")
         a.sizes = [out["config"]["peers"] for out in runs]
     if a.from_log is not None:  # a run stopped before its end: the rows it printed, no per-round runs
         rows = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
@@ -149,7 +154,9 @@ def main(argv=None) -> None:
             r["dht_ops_per_peer_round"] = DHT_OPS_PER_ROUND  # a count of the daemon's calls, not a measurement
         a.sizes = [r["peers"] for r in rows]
     for n in [] if a.render or a.from_log is not None else a.sizes:
-        cfg = ProtocolConfig(peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge)
+        cfg = ProtocolConfig(
+            peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge, layout=a.group_layout
+        )
         out = simulate(cfg, daemons.TINY_CFG)
         runs.append(out)
         rows.append(row_of(out))
@@ -169,7 +176,8 @@ def main(argv=None) -> None:
         "",
         f"swarmd.sim.protocol: no training; each virtual peer starts 1e-2 (relative) from the others with a "
         f"random delta of the tiny model's real shapes (block and byte table of benchmarks/scale.py), then "
-        f"{a.rounds} rounds of the daemon's grid grouping (k = {a.group_size}), int8 codec with error feedback "
+        f"{a.rounds} rounds of the daemon's {a.group_layout} grouping (k = {a.group_size}), int8 codec with error "
+        "feedback "
         f"and {a.merge} merge; the virtual clock, latency, bandwidth and dropout of regime `{a.regime}`. "
         "B = 3: one block's replicas are simulated (peers / 3), the byte table over every peer.",
         "",

@@ -185,7 +185,9 @@ def test_one_group_swarm_is_bit_identical_to_all_to_all():
 
 def test_group_rounds_stay_in_groups_never_resync_and_reach_consensus():
     async def scenario():
-        peers, _, board = memory_swarm([0] * 8, codec="fp32", blocks=2, group_size=4, table_group_size=4, merge="mean")
+        peers, _, board = memory_swarm(
+            [0] * 8, codec="fp32", blocks=2, group_size=4, table_group_size=4, merge="mean", group_layout="grid"
+        )
         _patient(peers)
         trained = await _rounds(peers, board, 3)  # training rounds in groups
         spread_trained = _spread(peers)

@@ -48,7 +48,10 @@ class GossipConfig:
     # group averaging (swarmd.averaging.groups): peers average in groups of at most this many (0 = all-to-all)
     group_size: int = 0  # opt-in: a 12-daemon run measured 0.07 nats worse than all-to-all (README)
     group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
-    group_layout: str = "grid"  # who groups with whom: "grid" or "balanced" (swarmd.averaging.groups.assign)
+    # who groups with whom (swarmd.averaging.groups.assign): "balanced" (a new order cut into the fewest groups of
+    # equal size every round) or "grid". Balanced measured better at 8 replicas (groups of 4: +0.013 nats over
+    # all-to-all against +0.028 for the grid's 4 x 2, which averages pairs every other round; benchmarks/group_sim.py)
+    group_layout: str = "balanced"
     # ... the byte table's groups (every peer holds the table): 0 = all-to-all whatever group_size says. The
     # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart
     # (README "Group averaging"); the table is the smallest part, so sending it to every peer costs least

@@ -53,6 +53,7 @@ class ProtocolConfig:
     :param codec: the payload codec (int8 = the daemon's default)
     :param merge: "robust" or "mean" (GossipConfig.merge)
     :param regime: swarmd.sim.regimes preset for the virtual clock and dropout
+    :param layout: GossipConfig.group_layout
     """
 
     peers: int = 1000
@@ -63,6 +64,7 @@ class ProtocolConfig:
     codec: str = "int8"
     merge: str = "robust"
     regime: str = "wan-mid"  # its latency, bandwidth and dropout (its deadline is not used: groups wait for all)
+    layout: str = "grid"  # GossipConfig.group_layout (the issue-12 figures were measured on the grid)
     seed: int = 0
 
 
@@ -127,7 +129,7 @@ def simulate_part(anchor: dict[str, torch.Tensor], n: int, cfg: ProtocolConfig, 
     started = time.perf_counter()
     for r in range(cfg.rounds):
         draw = RoundDraw.sample(regime, rng, n, 1)
-        groups = assign(ids, r, cfg.group_size, salt)
+        groups = assign(ids, r, cfg.group_size, salt, cfg.layout)
         sent = np.zeros(n)
         decoded: dict[int, dict[str, torch.Tensor]] = {}
         payload_bytes = np.zeros(n)
