@@ -188,6 +188,8 @@ def main(argv=None) -> None:
     ]
     for r in rows:
         grid = "x".join(map(str, r["grid_block"])) + " / " + "x".join(map(str, r["grid_table"]))
+        if a.group_layout != "grid":  # no grid: the fewest groups of at most k, every round
+            grid = f"{a.group_layout}: groups of <= {a.group_size}"
         lines.append(
             f"| {r['peers']:,} | {grid} | {r['bytes_per_peer_round']:,.0f} "
             f"| {r['all_to_all_bytes_per_peer_round']:,.0f} "

@@ -69,3 +69,17 @@ def test_the_daemon_uses_the_participation_target_by_default():
 
     assert PARTICIPATION_TARGET == 0.8  # the simulator's pick over the EMA rule (benchmarks/async_sim.py)
     assert DeadlinePolicy(GossipConfig()).target == PARTICIPATION_TARGET
+
+
+def test_the_cap_follows_a_long_round_and_an_idle_round_waits_for_the_round_length_seen():
+    """A later block's round is longer (trajectory training runs its predecessors): the cap is deadline_max_s or
+    1.5 x the round's own training time, whichever is longer; an idle round waits up to that cap for the round
+    length measured so far."""
+    policy = DeadlinePolicy(CFG, target=0.8)
+    assert policy.cap_s(4.0) == 30.0 and policy.cap_s(40.0) == pytest.approx(60.0)
+    assert policy.deadline_s(ready_after_open_s=40.0) == pytest.approx(60.0)  # nothing measured: the cap
+    policy.observe(30.0, round_s=70.0)  # the slowest peer came 70 s after open
+    assert policy.deadline_s(ready_after_open_s=40.0, expected=3) == pytest.approx(60.0)  # 1.5 x 70 - 40, capped
+    assert policy.deadline_s(ready_after_open_s=4.0, expected=3) == 30.0  # a short round keeps deadline_max_s
+    assert policy.idle_deadline_s() == pytest.approx(105.0)
+    assert DeadlinePolicy(CFG).idle_deadline_s() == 30.0

@@ -21,7 +21,7 @@ class GossipConfig:
     steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
     codec: Codec = Codec.INT8  # delta codec on the wire (always followed by zstd); its name is accepted too
     deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
-    deadline_max_s: float = 30.0  # ... and never exceeds this, however slow the peers were
+    deadline_max_s: float = 30.0  # ... and never exceeds this (or 1.5 x the round's own training time, if longer)
     deadline_factor: float = 3.0  # deadline = factor x EMA of the last rounds' arrival lag, clipped to [min, max]
     max_payload_bytes: int = 512 << 20  # refuse any incoming payload larger than this (decoded fp32 bytes)
     rpc_timeout_s: float = 10.0  # timeout of status / config / state pulls

@@ -6,9 +6,17 @@ The collection of a round ends when every expected peer answered, or at the dead
     benchmarks/async_sim.py);
   - before any round was observed, at an adaptive deadline: the later of (own delta ready + factor x EMA
     of the arrival lag) and (round start + 1.5 x EMA of the round length until the last arrival), never
-    before ready + deadline_min_s nor after ready + deadline_max_s. The second term makes the fastest peer
+    before ready + deadline_min_s nor after ready + the cap. The second term makes the fastest peer
     of a round wait for the slower ones' training even when it was itself the slowest last round (lags
     swap roles).
+The cap (cap_s) is deadline_max_s, or round_factor x this round's own training time when that is longer: the
+peers of different blocks exchange the byte table every round, and a later block's round is inherently longer
+(trajectory training runs its predecessors forward at every step: about 2x block 0's at B=4); at 200 steps a
+round its peers outlasted block 0's 30 s cap, and the table exchanges of the last rounds closed apart
+(benchmarks/quality.py --pipeline at 1,600 steps: participation 0.46). A peer waits at most half again as long
+as it computed; a dead peer still costs the others no more than that. A peer that trained nothing this round
+(a pipelined block before or after its turn) waits up to idle_deadline_s, the same bound on the round length
+measured so far.
 Pure bookkeeping over the times it is told (no clock, no I/O); swarmd.averaging.exchange feeds it each round.
 """
 
@@ -75,19 +83,29 @@ class DeadlinePolicy:
             return arrived[k - 1]
         return self.growth * max(r[2] for r in self.rounds)
 
+    def cap_s(self, ready_after_open_s: float = 0.0) -> float:
+        """The longest wait after own delta is ready (see the module doc)."""
+        return max(self.cfg.deadline_max_s, self.round_factor * ready_after_open_s)
+
+    def idle_deadline_s(self) -> float:
+        """The wait of a round this peer trained nothing in (its delta ready at once): the cap for the round length
+        measured so far (open -> last arrival), so the training peers' deltas still come in."""
+        return self.cap_s(self.round_ema or 0.0)
+
     def deadline_s(self, ready_after_open_s: float = 0.0, expected: int | None = None) -> float:
         """Seconds to wait after own delta is ready; ready_after_open_s = how long training took this round,
         expected = how many deltas it expects (see target_after_open_s)."""
         target = self.target_after_open_s(expected)
+        cap = self.cap_s(ready_after_open_s)
         if target is not None:
             wait = target - ready_after_open_s
         elif self.ema is None:
-            return self.cfg.deadline_max_s
+            return cap
         else:
             wait = self.cfg.deadline_factor * self.ema
             if self.round_ema is not None:
                 wait = max(wait, self.round_factor * self.round_ema - ready_after_open_s)
-        return min(self.cfg.deadline_max_s, max(self.cfg.deadline_min_s, wait))
+        return min(cap, max(self.cfg.deadline_min_s, wait))
 
     def observe_arrivals(self, arrived_s: list[float], missing: int, closed_s: float) -> None:
         """One round for the target rule: arrival times (seconds after round open) of the deltas that came

@@ -182,7 +182,7 @@ class Exchange:
         self._opened = asyncio.Condition()
         # a round this peer did not train (a pipelined block before or after its turn): its deltas carry weight 0,
         # so the receivers (and its own merge) count only the peers that trained; and they are ready at once, so the
-        # policy's deadline would close the round before the training peers arrive: it waits up to deadline_max_s
+        # policy's deadline would close the round before the training peers arrive: it waits up to idle_deadline_s
         # instead (the collection still ends as soon as every expected peer answered)
         self.idle = False
 
@@ -316,7 +316,9 @@ class Exchange:
             p.metrics.reject(reject_reason(exc))
             logger.info("%s refused a %s exchange from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
             raise
-        wait_s = p.cfg.deadline_max_s
+        # still training: wait for our delta as the policy bounds a round this long (the caller's call has its own
+        # deadline); a later block's round outlasts an earlier one's by design (swarmd.averaging.deadline)
+        wait_s = self.deadline.cap_s(time.monotonic() - rs.opened_at)
         try:
             await asyncio.wait_for(rs.ready.wait(), wait_s)
         except TimeoutError:
@@ -408,7 +410,9 @@ class Exchange:
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
         deadline_s = (
-            p.cfg.deadline_max_s if self.idle else self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
+            self.deadline.idle_deadline_s()
+            if self.idle
+            else self.deadline.deadline_s(rs.ready_at - rs.opened_at, expected_n)
         )
         deadline = rs.ready_at + deadline_s
         tasks = [
