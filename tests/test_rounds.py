@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import batches, daemon_config, memory_swarm, running
+from swarm_utils import batches, daemon_config, memory_round, memory_swarm, running
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -105,3 +105,29 @@ def test_an_idle_peers_zero_deltas_are_not_averaged_into_the_trainers_update():
     assert torch.allclose(landed, trained["table"])  # the whole step, not the mean with a zero
     assert not torch.allclose(landed, before["table"])
     assert all(torch.equal(v, idle_block[k]) for k, v in idle.state.snapshot()[1].items())
+
+
+@pytest.mark.parametrize(("error", "merged"), [("busy", True), ("unavailable", False)])
+def test_a_callee_still_training_is_dialled_again_until_the_deadline(error, merged):
+    """A callee whose own delta was not ready within its wait answers Busy (a later block's round is longer): the
+    caller dials it again while its round is open and merges its delta; any other failure ends the dial."""
+    from swarmd.errors import Busy, PeerUnavailable
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0], codec="fp32", deadline_max_s=6.0)
+        caller, _ = peers
+        real, calls = caller.rounds.peer.transport.exchange, []
+
+        async def flaky(address, payload, timeout):  # each kind's (block, table) first two calls fail
+            calls.append(payload.header.kind)
+            if calls.count(payload.header.kind) <= 2:
+                raise (Busy if error == "busy" else PeerUnavailable)("own delta not ready in time")
+            return await real(address, payload, timeout)
+
+        caller.rounds.peer.transport.exchange = flaky
+        reports = await memory_round(peers, board)
+        return reports[0], calls
+
+    report, calls = asyncio.run(scenario())
+    assert len(calls) == (2 * 3 if merged else 2)
+    assert report.participation == (1.0 if merged else 0.0)

@@ -44,7 +44,16 @@ from swarmd.averaging.groups import offset_int8_levels, with_offset
 from swarmd.averaging.groups import round_members as group_members
 from swarmd.averaging.merge import apply_merged, finite, merge_parts
 from swarmd.averaging.state import relative_distance
-from swarmd.errors import BaseMismatch, NotReady, PeerUnavailable, StaleRound, SwarmdError, ValidationError, WrongBlock
+from swarmd.errors import (
+    BaseMismatch,
+    Busy,
+    NotReady,
+    PeerUnavailable,
+    StaleRound,
+    SwarmdError,
+    ValidationError,
+    WrongBlock,
+)
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_payload, verify_payload
 from swarmd.metrics import failure_reason, reject_reason
@@ -55,6 +64,7 @@ from swarmd.v1 import swarm_pb2 as pb
 logger = logging.getLogger(__name__)
 
 AHEAD_ROUNDS = 1  # a delta (or record) at most this many rounds ahead of ours is of a peer at our round, or about to be
+REDIAL_PAUSE_S = 0.5  # a callee still training (Busy: its own delta not ready in time) is dialled again after this
 
 
 def dials(me: PeerRecord, other: PeerRecord) -> bool:
@@ -332,11 +342,28 @@ class Exchange:
         p.metrics.add_sent(reply.wire_bytes, reply.raw_bytes)
         return reply
 
+    async def _call(self, rs: Round, peer: PeerRecord, kind: PayloadKind, deadline: float) -> Encoded:
+        """ExchangeDeltas with `peer` until the deadline: a callee still training (Busy: its own delta was not ready
+        within its wait; a later block's round is longer, or we trained nothing) is dialled again while our round
+        is open, rather than the round closing without its delta. Raises the last SwarmdError."""
+        while True:
+            try:
+                return await self.peer.transport.exchange(
+                    peer.address, rs.outgoing[kind], max(0.1, deadline - time.monotonic())
+                )
+            except SwarmdError as exc:
+                if exc.status != Busy.status or rs.closed or deadline - time.monotonic() < 2 * REDIAL_PAUSE_S:
+                    raise
+                logger.info(
+                    "%s %s is still training: dialling again for its %s", self.peer.tag, peer.peer_id[-6:], kind
+                )
+                await asyncio.sleep(REDIAL_PAUSE_S)
+
     async def _dial(self, rs: Round, peer: PeerRecord, kind: PayloadKind, deadline: float) -> None:
         """Caller side: send our delta of `kind` to `peer`, judge and stash its signed reply."""
-        p, outgoing, started = self.peer, rs.outgoing[kind], time.monotonic()
+        p, started = self.peer, time.monotonic()
         try:
-            reply = await p.transport.exchange(peer.address, outgoing, max(0.1, deadline - time.monotonic()))
+            reply = await self._call(rs, peer, kind, deadline)
         except SwarmdError as exc:
             rs.judged(kind, peer.peer_id)
             p.metrics.dial_failed(failure_reason(exc))  # swarmd.node.diagnosis names a cause they share
