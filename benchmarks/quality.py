@@ -57,6 +57,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import depth_recovery, depth_trace, e2e_ce
@@ -167,6 +168,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="times per round snapshot predecessors are refreshed (the stack's snapshots and the swarm's pulls)",
     )
     p.add_argument("--swarm-logs", type=Path, default=None, help="copy the swarm's daemon logs into this folder")
+    p.add_argument(
+        "--swarm-deadline-max",
+        type=float,
+        default=GossipConfig.deadline_max_s,
+        help="the swarm's GossipConfig.deadline_max_s (its 4 daemons share this machine's cores, so a round's length "
+        "changes with how many blocks train: a longer cap measures the schedule, not the contention)",
+    )
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     args.rounds = args.rounds or 8
@@ -531,6 +539,7 @@ def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, 
             seed=tcfg.seed,
             trajectory_prob=tcfg.trajectory_prob,
             freeze_z_in=tcfg.freeze_z_in,
+            deadline_max_s=args.swarm_deadline_max,
         )
         try:
             swarm.start(timeout_s=300)
