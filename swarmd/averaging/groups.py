@@ -1,10 +1,13 @@
 """Group averaging: who averages with whom each round, and the anchor that keeps group payloads int8-sized.
 
-Owns the group assignment (Moshpit-style grid, Ryabinin et al. 2021) and the anchored merge arithmetic that
-Gossip.average applies when a round splits the swarm into groups (GossipConfig.group_size = k > 0):
+Owns the group assignment (balanced random groups by default; a Moshpit-style grid, Ryabinin et al. 2021) and
+the anchored merge arithmetic that Gossip.average applies when a round splits the swarm into groups
+(GossipConfig.group_size = k > 0):
 
-  - assignment (assign): the members of a part (the same-block peers for a block, every peer for the byte
-    table; the signed DHT records plus this peer) are ordered by sha256(salt, epoch, peer id) and laid on a
+  - assignment (assign), GossipConfig.group_layout "balanced" (the default): the members of a part (the
+    same-block peers for a block, every peer for the byte table; the signed DHT records plus this peer) are
+    ordered by sha256(salt, round, peer id) and cut into the fewest groups of at most k, of equal size (within
+    one), a new cut every round. Layout "grid": the members are ordered by sha256(salt, epoch, peer id) and laid on a
     d-dimensional grid, d = ceil(log_k n), of sides at most k whose product is the least >= n; in round r
     the groups are the grid lines along dimension r mod d, and every epoch of d rounds draws a new order.
     Every peer computes the same groups from the same records and round; each peer is in exactly one group
