@@ -179,7 +179,10 @@ def test_demo_piped_prints_lines_as_they_happen_and_keeps_its_model(tmp_path):
     rounds = [run.first(rf"peer {i} round \d/2: block {i} train ce \d") for i in range(2)]
     rounds += [run.first(rf"peer {i} round 2/2: block {i} train ce \d") for i in range(2)]
     assert max(ready) <= min(rounds), text
-    assert min(rounds) < ended - 1.0, text  # flushed as it happened, not at the end
+    # flushed as it happened, not at the end: held back, every line would come within milliseconds of the exit;
+    # the peers' shutdown and the model's assembly after the last round take 0.5-1 s (a fixed 1 s margin failed
+    # on a fast machine: first round line 0.9 s before the exit)
+    assert min(rounds) < ended - 0.25, text
     assert run.first(r"initial from-noise CE \d") < ended
     work = Path(re.search(r"peers keep checkpoints and logs in (\S+)", text).group(1))
     assert not work.exists()  # a temp work dir goes after a success; the model stays
