@@ -162,6 +162,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trajectory-source live)",
     )
     p.add_argument(
+        "--pipeline-stagger",
+        type=int,
+        default=TrainConfig.pipeline_stagger,
+        help="with --pipeline: rounds between two blocks' starts (rounds = sequential training, block by block)",
+    )
+    p.add_argument(
         "--predecessor-pulls",
         type=int,
         default=TrainConfig.predecessor_pulls,
@@ -208,6 +214,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         "predecessor_pulls",
         "handoff_weight",
         "pipeline",
+        "pipeline_stagger",
     )
     tcfg = TrainConfig(
         total_steps=total,

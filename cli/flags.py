@@ -122,6 +122,16 @@ Pipeline = Annotated[
         T,
     ),
 ]
+PipelineStagger = Annotated[
+    int | None,
+    flag(
+        "--pipeline-stagger",
+        "With --pipeline: rounds between two consecutive blocks' starts (every peer runs (B - 1) x this many "
+        "rounds more; --rounds = one block after the other).",
+        T,
+        bounds=AT_LEAST_1,
+    ),
+]
 HandoffWeight = Annotated[
     float | None,
     flag("--handoff-weight", "Weight of --handoff-loss's term beside the block's CE.", T, bounds=AT_LEAST_0),

@@ -70,6 +70,7 @@ class TrainOptions(OptionGroup):
     predecessor_pulls: f.PredecessorPulls
     handoff_weight: f.HandoffWeight
     pipeline: f.Pipeline
+    pipeline_stagger: f.PipelineStagger
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

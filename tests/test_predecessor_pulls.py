@@ -163,9 +163,25 @@ def test_pipeline_trains(round_no, block, train_rounds, start, trains):
     assert pipeline_trains(round_no, block, train_rounds, start) is trains
 
 
-def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_steps(tmp_path):
+@pytest.mark.parametrize(
+    ("round_no", "block", "trains"), [(4, 1, False), (5, 1, True), (8, 1, True), (9, 1, False), (9, 2, True)]
+)
+def test_a_staggered_pipeline_starts_each_block_s_rounds_after_the_one_before(round_no, block, trains):
+    from swarmd.core.train import pipeline_trains
+
+    assert pipeline_trains(round_no, block, 4, 0, stagger=4) is trains  # sequential: 4 rounds each, in turn
+
+
+@pytest.mark.parametrize(
+    ("stagger", "steps"), [(1, {0: [2, 4, 4], 1: [0, 2, 4]}), (2, {0: [2, 4, 4, 4], 1: [0, 0, 2, 4]})]
+)
+def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_steps(tmp_path, stagger, steps):
+    """--pipeline-stagger S: block 1 starts S rounds after block 0; everyone runs (B - 1) x S rounds more (S = the
+    rounds: one block after the other)."""
+
     def config(block):
-        return trajectory_config(tmp_path, block, blocks=2, max_rounds=2, pipeline=True, predecessor_pulls=4)
+        cfg = trajectory_config(tmp_path, block, blocks=2, max_rounds=2, pipeline=True, predecessor_pulls=4)
+        return replace(cfg, train=replace(cfg.train, pipeline_stagger=stagger))
 
     steps_after_round: dict[int, list[int]] = {0: [], 1: []}
     tables: dict[int, list[str]] = {0: [], 1: []}
@@ -183,10 +199,10 @@ def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_s
             return daemons
 
     d0, d1 = asyncio.run(scenario())
-    assert d0.state.round == d1.state.round == 3  # 2 rounds each, block 1 one round late
-    assert steps_after_round == {0: [2, 4, 4], 1: [0, 2, 4]}
-    # one byte table after every round (the idle peer lands the trainer's table step), moving every round
-    assert tables[0] == tables[1] and len(set(tables[0])) == 3
+    assert d0.state.round == d1.state.round == 2 + stagger  # 2 rounds each, block 1 `stagger` rounds late
+    assert steps_after_round == steps
+    # one byte table after every round (the idle peer lands the trainer's table step), moving while a block trains
+    assert tables[0] == tables[1] and len(set(tables[0])) == 2 + stagger
 
 
 def test_a_predecessor_nobody_serves_keeps_the_state_pulled_before():

@@ -156,6 +156,9 @@ class TrainConfig:
     # peer runs B - 1 rounds more to let the last block finish; with predecessor_pulls 1 each round of block b then
     # runs against its predecessors as they ended the same round of theirs, the live predecessors of one process
     pipeline: bool = False
+    # ... rounds between two consecutive blocks' starts (1: block b starts b rounds late; steps_per_block / H:
+    # sequential, each block trains only once the one before it ended); every peer runs (B - 1) x this more rounds
+    pipeline_stagger: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -174,8 +177,8 @@ class TrainConfig:
             raise ValueError(f"freeze_z_in must be none, block0 or all, got {self.freeze_z_in!r}")
         if self.handoff_weight < 0:
             raise ValueError(f"handoff_weight must be >= 0, got {self.handoff_weight}")
-        if self.predecessor_pulls < 1:
-            raise ValueError(f"predecessor_pulls must be >= 1, got {self.predecessor_pulls}")
+        if self.predecessor_pulls < 1 or self.pipeline_stagger < 1:
+            raise ValueError("predecessor_pulls and pipeline_stagger must be >= 1")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 

@@ -229,7 +229,8 @@ class Daemon:
         """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step after stop()),
         in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
         train = self.config.train
-        if train.pipeline and not pipeline_trains(self.state.round + 1, self.state.block_index, *self.pipeline_window):
+        window = (*self.pipeline_window, train.pipeline_stagger)
+        if train.pipeline and not pipeline_trains(self.state.round + 1, self.state.block_index, *window):
             return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
         parts = []
         pulls = 1 if train.pipeline else train.predecessor_pulls  # pipelined: the predecessors' ended round
@@ -302,10 +303,11 @@ class Daemon:
         todo, stop_at = self.config.max_rounds, self.config.stop_at_round
         ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
         last = min(ends, default=0)
-        if self.config.train.pipeline:  # block b trains rounds b+1 .. b+R: everyone runs B - 1 rounds more
+        train = self.config.train
+        if train.pipeline:  # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S rounds more
             start = self.state.round if todo else 0
             self.pipeline_window = (last - start if last else 0, start)
-            last = last and last + self.cfg.blocks - 1
+            last = last and last + (self.cfg.blocks - 1) * train.pipeline_stagger
         try:
             while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
                 await self.rebalance()

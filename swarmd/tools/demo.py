@@ -126,6 +126,7 @@ def plan_demo(
                 replica_adam=train.replica_adam,
                 predecessor_pulls=train.predecessor_pulls,
                 pipeline=train.pipeline,
+                pipeline_stagger=train.pipeline_stagger,
             ),
             gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec),
             net=NetConfig(swarm_id=DEMO_SWARM_ID),
@@ -274,6 +275,7 @@ def run_demo(plan: DemoPlan, on_event: OnEvent | None = None, poll_s: float = 0.
         replica_adam=plan.train.replica_adam,
         predecessor_pulls=plan.train.predecessor_pulls,
         pipeline=plan.train.pipeline,
+        pipeline_stagger=plan.train.pipeline_stagger,
         device=plan.device,
     )
     kept = True  # the work dir stays (and is named) unless the run succeeds or is interrupted

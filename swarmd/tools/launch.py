@@ -70,6 +70,7 @@ class LocalSwarm:
     :param replica_adam: TrainConfig.replica_adam of every peer (ReplicaAdamW, swarmd.core.optim)
     :param predecessor_pulls: TrainConfig.predecessor_pulls of every peer (trajectory predecessors refreshed per round)
     :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
+    :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
         with overlap or an outer optimizer, which run all-to-all only); table_group_size: the byte table's
@@ -96,6 +97,7 @@ class LocalSwarm:
         replica_adam: bool = TrainConfig.replica_adam,
         predecessor_pulls: int = TrainConfig.predecessor_pulls,
         pipeline: bool = TrainConfig.pipeline,
+        pipeline_stagger: int = TrainConfig.pipeline_stagger,
         outer: str = GossipConfig.outer,
         outer_lr: float = GossipConfig.outer_lr,
         outer_momentum: float = GossipConfig.outer_momentum,
@@ -119,6 +121,7 @@ class LocalSwarm:
             replica_adam=replica_adam,
             predecessor_pulls=predecessor_pulls,
             pipeline=pipeline,
+            pipeline_stagger=pipeline_stagger,
         )
         self.config = DaemonConfig(
             model=model,
