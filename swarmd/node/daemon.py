@@ -233,8 +233,7 @@ class Daemon:
         if train.pipeline and not pipeline_trains(self.state.round + 1, self.state.block_index, *window):
             return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
         parts = []
-        pulls = 1 if train.pipeline else train.predecessor_pulls  # pipelined: the predecessors' ended round
-        for i, chunk in enumerate(split_steps(steps, pulls)):
+        for i, chunk in enumerate(split_steps(steps, train.predecessor_pulls)):
             if i and self.state.predecessors:  # the peers of the last lookup within an announce period
                 records = await self.presence.recent(self.config.net.announce_period_s)
                 await refresh_predecessors(self.gossip, self.state, records)
