@@ -183,10 +183,12 @@ def demo(
             check_device(device)
         view = PlainView(sys.stderr if json_out else sys.stdout)
         if not json_out and sys.stdout.isatty():
-            view = LiveView(rounds)
+            view = LiveView(plan.swarm_rounds)
         view.line(
             f"demo: {peers} peers on loopback, B={cfg.blocks} x L_b={cfg.layers_per_block}, d={cfg.d_model}, "
-            f"seq={cfg.seq_len}; {rounds} rounds x {steps_per_round} steps, {codec.value} deltas, on {device.value}; "
+            f"seq={cfg.seq_len}; {rounds} rounds x {steps_per_round} steps"
+            + (f" per block, pipelined ({plan.swarm_rounds} rounds in all)" if plan.swarm_rounds > rounds else "")
+            + f", {codec.value} deltas, on {device.value}; "
             f"data {train_path}; model to {plan.out}" + (" (replacing the model there)" if plan.replaces_model else "")
         )
         with view:
@@ -196,7 +198,9 @@ def demo(
         return
     typer.echo(
         f"from-noise CE {result['ce_start']:.4f} -> {result['ce_end']:.4f} nats/byte after "
-        f"{result['rounds']} rounds x {steps_per_round} steps; participation {result['participation']:.2f}; "
+        f"{min(result['rounds'], rounds)} rounds x {steps_per_round} steps per block"
+        + (f" ({result['rounds']} swarm rounds, pipelined)" if result["rounds"] > rounds else "")
+        + f"; participation {result['participation']:.2f}; "
         f"{result['bytes_sent'] / 1e6:.2f} MB sent ({result['raw_bytes_sent'] / 1e6:.2f} MB raw fp32) "
         f"in {result['wall_s']:.0f}s"
     )

@@ -176,8 +176,9 @@ def test_demo_piped_prints_lines_as_they_happen_and_keeps_its_model(tmp_path):
     assert first < max(2.0, cli_start_s + 1.0), f"first line after {first:.2f}s ({cli_start_s=:.2f})"
     ready = [run.first(rf"peer {i} ready: block {i}") for i in range(2)]
     # every peer reports its rounds as they end (a peer that re-syncs may skip a number, never the last)
-    rounds = [run.first(rf"peer {i} round \d/2: block {i} train ce \d") for i in range(2)]
-    rounds += [run.first(rf"peer {i} round 2/2: block {i} train ce \d") for i in range(2)]
+    # pipelined (the demo's default): 2 rounds per block, block 1 one round late, 3 swarm rounds
+    rounds = [run.first(rf"peer {i} round \d/3: block {i} train ce \d") for i in range(2)]
+    rounds += [run.first(rf"peer {i} round 3/3: block {i} train ce \d") for i in range(2)]
     assert max(ready) <= min(rounds), text
     # flushed as it happened, not at the end: held back, every line would come within milliseconds of the exit;
     # the peers' shutdown and the model's assembly after the last round take 0.5-1 s (a fixed 1 s margin failed
@@ -188,7 +189,8 @@ def test_demo_piped_prints_lines_as_they_happen_and_keeps_its_model(tmp_path):
     assert not work.exists()  # a temp work dir goes after a success; the model stays
     assert f"blocktrain generate --checkpoint {out}" in text
     body = json.loads((out / "config.json").read_text())
-    assert body["kind"] == "blocktrain" and body["rounds"] == 2 and body["trained_by"] == "blocktrain demo"
+    assert body["kind"] == "blocktrain" and body["rounds"] == 3 and body["trained_by"] == "blocktrain demo"
+    assert "2 rounds x 2 steps per block (3 swarm rounds, pipelined)" in text
     eval_path = str(tmp_path / "eval.txt")
     gen = runner.invoke(app, ["generate", "--checkpoint", str(out), "the ", "--max-bytes", "8", "--seed", "1"])
     assert gen.exit_code == 0 and gen.output.startswith("the "), gen.output
