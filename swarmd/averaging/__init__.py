@@ -8,13 +8,14 @@ robust.py     the robust merge: norm clip, coordinate-wise trimmed mean, outlier
 drift.py      DriftTracker: peers whose deviations from the merge keep pointing one way across rounds
 outer.py      the outer optimizer (DiLoCo's Nesterov) on the merged delta
 delayed.py    delayed averaging: land a merge one round late, keeping the steps taken meanwhile
-groups.py     group averaging: the round's group grid, anchors and offsets
+groups.py     group averaging: the round's groups (balanced or grid), anchors and offsets
 allreduce.py  butterfly all-reduce over signed chunks (the large-swarm alternative to all-to-all)
 rejoin.py     the pure rules of a peer that is isolated: fresh majority, reconciliation, stability
 adoption.py   verified adoption: which pulled candidate states pass the held-out check, refusals remembered
 context.py    PeerContext: one peer's identity, replica, known records, bans, transport; payload rules
 deadline.py   DeadlinePolicy: when a round stops waiting (participation target, adaptive EMA rule)
 merge.py      the round's merge rule over the accepted deltas, and landing it (anchors, overlap)
+round.py      Round (one open round's payloads, inbox and collection wait) and MergeReport
 exchange.py   Exchange: the round protocol (publish, dial/answer, judge each delta, collect, merge)
 pulls.py      StatePulls: signed states pulled from peers (validated, not adopted) and the states served
 agreement.py  Agreement: state agreement (re-sync to a quorum's reference, rejoin, verified adoption)

@@ -17,7 +17,7 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     contribution; a peer gets one delta per round and kind judged;
   - the collection ends when every expected peer answered, or at the deadline of swarmd.averaging.deadline;
   - group averaging (cfg.group_size = k, swarmd.averaging.groups): a part with more than k peers averages in
-    the round's group of at most k (a grid every peer computes from the signed records and the round),
+    the round's group of at most k (every peer computes it from the signed records and the round),
     as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
     records announce; with at most k peers the round is the all-to-all one, bit for bit;
   - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
@@ -34,7 +34,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +42,7 @@ from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.groups import offset_int8_levels, with_offset
 from swarmd.averaging.groups import round_members as group_members
 from swarmd.averaging.merge import apply_merged, finite, merge_parts
+from swarmd.averaging.round import MergeReport, Round
 from swarmd.averaging.state import relative_distance
 from swarmd.errors import (
     BaseMismatch,
@@ -76,107 +76,8 @@ def dials(me: PeerRecord, other: PeerRecord) -> bool:
     return me.peer_id < other.peer_id
 
 
-@dataclass
-class MergeReport:
-    """What one averaging round merged: whose deltas were expected and accepted, and how long it took."""
-
-    round: int  # round index that was merged (rounds completed before it)
-    expected_block: list[str]
-    expected_emb: list[str]
-    accepted_block: list[str]
-    accepted_emb: list[str]
-    rejected: int
-    deadline_s: float
-    seconds: float  # from own delta ready to merge
-    premerge_distance: float  # max relative distance between own live block and an accepted replica before the merge
-    # the loss check (swarmd.averaging.merge): whether the merge fell back to the deltas that pass one by one, the
-    # peers whose delta passed / failed such a check (failed: kept out), and the seconds it took
-    fell_back: bool = False
-    passed: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
-    check_s: float = 0.0
-
-    @property
-    def participation(self) -> float:
-        """Fraction of the expected (peer, kind) deltas that were accepted; 1.0 when none was expected."""
-        expected = len(self.expected_block) + len(self.expected_emb)
-        got = len(set(self.accepted_block) & set(self.expected_block)) + len(
-            set(self.accepted_emb) & set(self.expected_emb)
-        )
-        return 1.0 if expected == 0 else got / expected
-
-
 class _Repeat(StaleRound):
     """A second delta of the same peer, kind and round (a peer that re-syncs and retries within our round)."""
-
-
-@dataclass
-class Round:
-    """One open round: own payloads, the deltas stashed and the peers judged, and the events the collection waits on."""
-
-    round: int
-    hashes: dict[str, str]  # kind -> base hash
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    outgoing: dict[str, Encoded] = field(default_factory=dict)
-    own: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
-    failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
-    closed: bool = False
-    mismatched: dict[str, set[str]] = field(
-        default_factory=lambda: {BLOCK: set(), EMB: set()}
-    )  # senders on another base
-    opened_at: float = field(default_factory=time.monotonic)
-    ready_at: float = 0.0
-    last_arrival: float = 0.0
-    arrivals: list[float] = field(default_factory=list)  # seconds after open of each accepted delta
-    rejected: int = 0
-    senders: dict[str, set[str]] = field(
-        default_factory=lambda: {BLOCK: set(), EMB: set()}
-    )  # peers whose (signed) delta of this round was judged: one each, accepted or not
-    exact: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # own deltas before the codec (overlap)
-    members: dict[str, set[str] | None] = field(default_factory=lambda: {BLOCK: None, EMB: None})  # group (None: all)
-    idle: dict[str, set[str]] = field(
-        default_factory=lambda: {BLOCK: set(), EMB: set()}
-    )  # senders whose delta carries weight 0 (they trained nothing this round): arrived, but not merged
-
-    def active(self) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
-        """The accepted deltas the merge counts: every kind's inbox without the idle senders' (weight 0)."""
-        return {k: {pid: t for pid, t in box.items() if pid not in self.idle[k]} for k, box in self.inbox.items()}
-
-    def judged(self, kind: PayloadKind, peer_id: str) -> None:
-        """`peer_id`'s delta of `kind` failed (or will not come this round): the collection stops waiting for it."""
-        self.failed[kind].add(peer_id)
-        self.arrived.set()
-
-    def stash(self, kind: PayloadKind, peer_id: str, tensors: dict[str, torch.Tensor], idle: bool = False) -> None:
-        """An accepted decoded delta, with its arrival time (not of an idle sender's: ready at once, it would teach
-        the deadline policy that deltas come early)."""
-        self.inbox[kind][peer_id] = tensors
-        if idle:
-            self.idle[kind].add(peer_id)
-        else:
-            self.last_arrival = time.monotonic()
-            self.arrivals.append(self.last_arrival - self.opened_at)
-        self.arrived.set()
-
-    def complete(self, expected: dict[PayloadKind, set[str]]) -> bool:
-        """Every expected delta was accepted or judged."""
-        return all(expected[k] <= set(self.inbox[k]) | self.failed[k] for k in (BLOCK, EMB))
-
-    async def collect(self, expected: dict[PayloadKind, set[str]], deadline: float) -> None:
-        """Wait until complete(expected) or the deadline (time.monotonic()), whichever comes first."""
-        while not self.complete(expected):
-            self.arrived.clear()
-            if self.complete(expected):
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                await asyncio.wait_for(self.arrived.wait(), remaining)
-            except TimeoutError:
-                break
 
 
 class Exchange:

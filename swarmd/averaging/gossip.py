@@ -27,7 +27,8 @@ import torch
 from swarmd.averaging.agreement import Agreement
 from swarmd.averaging.context import PeerContext
 from swarmd.averaging.deadline import DeadlinePolicy
-from swarmd.averaging.exchange import Exchange, MergeReport, Round
+from swarmd.averaging.exchange import Exchange
+from swarmd.averaging.round import MergeReport, Round
 from swarmd.membership.records import PeerRecord
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb

@@ -37,8 +37,8 @@ from dataclasses import replace
 
 import torch
 
-from swarmd.averaging.exchange import MergeReport
 from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.round import MergeReport
 from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core import checkpoint as ck

@@ -32,7 +32,7 @@ import logging
 import time
 
 from swarmd.averaging.config import GossipConfig
-from swarmd.averaging.exchange import MergeReport
+from swarmd.averaging.round import MergeReport
 from swarmd.membership.records import PeerRecord
 from swarmd.node.rounds import RoundPeer, observe_training
 from swarmd.protocol import PeerState

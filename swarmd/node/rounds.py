@@ -18,8 +18,8 @@ import time
 from typing import Protocol
 
 from swarmd.averaging.config import GossipConfig
-from swarmd.averaging.exchange import MergeReport
 from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.round import MergeReport
 from swarmd.averaging.state import BlockState
 from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord

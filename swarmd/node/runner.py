@@ -31,7 +31,7 @@ from swarmd.membership.addresses import is_loopback, multiaddr_host, preferred_m
 from swarmd.node.config import DaemonConfig
 
 if TYPE_CHECKING:  # the round loop's report (importing gossip at run time would load torch)
-    from swarmd.averaging.exchange import MergeReport
+    from swarmd.averaging.round import MergeReport
 
 
 def _print(line: str) -> None:
