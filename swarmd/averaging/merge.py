@@ -244,8 +244,9 @@ def check_merge(
     own_ce = score(own_values)
     base_ce = score({BLOCK: None, EMB: None})
     # a base or own delta that scores inf (garbage) makes the bound inf: there is no progress to protect
-    bound = own_ce + tolerance + PROGRESS_SLACK * max(0.0, base_ce - own_ce)
-    if not own_counts:
+    if own_counts:
+        bound = own_ce + tolerance + PROGRESS_SLACK * max(0.0, base_ce - own_ce)
+    else:  # no own step to protect (see IDLE_SLACK)
         bound = base_ce + max(tolerance, IDLE_SLACK)
     verdicts: dict[str, bool] = {}
 

@@ -182,5 +182,10 @@ class TrainConfig:
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 
+    def extra_rounds(self, blocks: int) -> int:
+        """Rounds a swarm of `blocks` runs beyond the rounds each block trains: (B - 1) x pipeline_stagger when
+        pipelined (the last block starts that late), else none."""
+        return (blocks - 1) * self.pipeline_stagger if self.pipeline else 0
+
     def to_dict(self) -> dict:
         return asdict(self)

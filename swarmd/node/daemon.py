@@ -302,11 +302,10 @@ class Daemon:
         todo, stop_at = self.config.max_rounds, self.config.stop_at_round
         ends = [n for n in (todo and self.state.round + todo, stop_at) if n]
         last = min(ends, default=0)
-        train = self.config.train
-        if train.pipeline:  # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S rounds more
+        if self.config.train.pipeline:  # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S more
             start = self.state.round if todo else 0
             self.pipeline_window = (last - start if last else 0, start)
-            last = last and last + (self.cfg.blocks - 1) * train.pipeline_stagger
+            last = last and last + self.config.train.extra_rounds(self.cfg.blocks)
         try:
             while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
                 await self.rebalance()

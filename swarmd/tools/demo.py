@@ -77,8 +77,7 @@ class DemoPlan:
 
     @property
     def swarm_rounds(self) -> int:  # rounds the swarm runs: pipelined, (B - 1) x stagger more
-        train = self.peer_config.train
-        return self.rounds + (self.model.blocks - 1) * train.pipeline_stagger * train.pipeline
+        return self.rounds + self.peer_config.train.extra_rounds(self.model.blocks)
 
     @property
     def steps_per_round(self) -> int:
