@@ -12,6 +12,10 @@ relative distance between two same-block replicas' bases, or two workers' tables
 
     python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
     python benchmarks/group_sim.py --ks 4 8 --group-size 2 4 --layouts grid balanced
+    python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --outer nesterov --overlap
+
+--outer and --overlap apply to every row, the all-to-all one included (with groups, the outer optimizer is
+the local one of swarmd.averaging.outer: each worker steps on its own delta before sending).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
     p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
     p.add_argument("--merge", choices=("robust", "mean"), default="robust", help="GossipConfig.merge")
+    p.add_argument("--outer", choices=("none", "nesterov"), default="none", help="GossipConfig.outer (every row)")
+    p.add_argument("--outer-lr", type=float, default=GossipConfig.outer_lr)
+    p.add_argument("--outer-momentum", type=float, default=GossipConfig.outer_momentum)
+    p.add_argument("--overlap", action="store_true", help="merges land a round late (SimConfig.overlap, every row)")
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
     common.add_section(p, "group_sim.py")
@@ -78,7 +86,14 @@ def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, reg
     cfg = common.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     sim_cfg = SimConfig(
-        cfg, train, workers=k, rounds=a.rounds, steps_per_round=a.steps, eval_every=1, codec=Codec(a.codec)
+        cfg,
+        train,
+        workers=k,
+        rounds=a.rounds,
+        steps_per_round=a.steps,
+        eval_every=1,
+        codec=Codec(a.codec),
+        overlap=a.overlap,
     )
     gossip = GossipConfig(
         steps_per_round=a.steps,
@@ -87,6 +102,9 @@ def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, reg
         table_group_size=table,
         group_layout=layout,
         merge=a.merge,
+        outer=a.outer,
+        outer_lr=a.outer_lr,
+        outer_momentum=a.outer_momentum,
     )
     regime = regime_named(regime_name)
     start = time.perf_counter()
@@ -109,6 +127,8 @@ def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, reg
         "regime": regime_name,
         "codec": a.codec,
         "merge": a.merge,
+        "outer": a.outer if a.outer == "none" else f"{a.outer} lr {a.outer_lr} momentum {a.outer_momentum}",
+        "overlap": a.overlap,
         "steps_per_replica": a.rounds * a.steps,
         "ce_mean": statistics.mean(ces),
         "ce_min": min(ces),
@@ -126,7 +146,7 @@ def label(r: dict) -> str:
         return "all-to-all"
     full = f", all-to-all every {r['full_every']} rounds" if r["full_every"] else ""
     table = f"table in groups of {r['table_group_size']}" if r["table_group_size"] else "table all-to-all"
-    layout = ", balanced groups" if r.get("layout") == "balanced" else ""
+    layout = f", {r['layout']} groups" if r.get("layout", "grid") != "grid" else ""
     return f"blocks in groups of at most {r['group_size']}, {table}{full}{layout}"
 
 
@@ -139,8 +159,14 @@ def write_md(a, out: dict) -> None:
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
         f"{a.merge} merge, "
-        f"seed {a.seed}. Groups: "
-        "the daemon's assignment (grid, or balanced where the row says so) and anchored offsets "
+        + (
+            f"outer Nesterov (lr {a.outer_lr:g}, momentum {a.outer_momentum:g}; local in group rows), "
+            if a.outer != "none"
+            else ""
+        )
+        + ("overlap (merges land a round late), " if a.overlap else "")
+        + f"seed {a.seed}. Groups: "
+        "the daemon's assignment (grid, or the layout the row names) and anchored offsets "
         "(swarmd.averaging.groups), per block among its K "
         "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
         "(nats/byte) of each replica set's model (block b of worker j, worker j's table), mean (min / max). "

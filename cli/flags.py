@@ -299,9 +299,10 @@ GroupLayout = Annotated[
     str,
     flag(
         "--group-layout",
-        "Who averages with whom when --group-size splits the swarm: grid (a new grid of groups every round) or "
-        "balanced (a new order every round cut into the fewest groups, of equal size). Every peer of a swarm "
-        "must use the same layout.",
+        "Who averages with whom when --group-size splits the swarm: grid (a new grid of groups every round), "
+        "balanced (a new order every round cut into the fewest groups, of equal size) or orthogonal (balanced "
+        "groups in pairs of rounds, the second mixing the first's). Every peer of a swarm must use the same "
+        "layout.",
         S,
     ),
 ]

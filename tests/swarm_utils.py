@@ -19,7 +19,7 @@ import numpy as np
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.gossip import Gossip
-from swarmd.averaging.outer import make_outer
+from swarmd.averaging.outer import outer_for
 from swarmd.averaging.state import BlockState
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -129,7 +129,7 @@ def memory_swarm(
     out = []
     identities = peer_identities(len(blocks_of))
     for i, b in enumerate(blocks_of):
-        outer = make_outer(gcfg.outer, gcfg.outer_lr, gcfg.outer_momentum)
+        outer = outer_for(gcfg)
         state = BlockState(BlockTrainer(cfg, train or tiny_train(), b, worker_seed=i), outer)
         pid = identities[i].peer_id
         me = PeerRecord(

@@ -13,8 +13,11 @@ import pytest
 import torch
 from swarm_utils import batches, daemon_config, memory_swarm, running, tiny_model, tiny_train, wait_until
 
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.context import BLOCK
+from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.delayed import corrected, land_merge
-from swarmd.averaging.state import BlockState, relative_distance
+from swarmd.averaging.state import BlockState, relative_distance, weights_hash
 from swarmd.core.train import BlockTrainer
 from swarmd.node.daemon import STOP_GRACE_S
 from swarmd.sim.engine import SimConfig, Simulator
@@ -121,6 +124,65 @@ def test_replicas_bases_stay_bit_identical_with_overlap_on():
     asyncio.run(scenario())
 
 
+def test_rebase_sets_the_base_bits_and_keeps_the_steps_taken_meanwhile():
+    """BlockState.rebase (a one-group round's exact landing): base := the given bits, live keeps live - base."""
+    state, stream = _state(), batches(2)
+    target = {k: v + 0.01 for k, v in state.base_block.items()}
+    state.rebase(target, None)  # no steps taken: live is the target, bit for bit
+    assert all(torch.equal(state.base_block[k], target[k]) for k in target)
+    assert all(torch.equal(_live(state)[0][k], target[k]) for k in target)
+    state.train_steps(2, stream)
+    pending = state.deltas()[0]
+    target = {k: v - 0.02 for k, v in state.base_block.items()}
+    emb_base, emb_live = dict(state.base_emb), _live(state)[1]
+    state.rebase(target, None)
+    assert all(torch.equal(state.base_block[k], target[k]) for k in target)
+    assert state.block_hash == weights_hash(target)
+    assert all(torch.equal(state.base_emb[k], emb_base[k]) for k in emb_base)  # a part not given: untouched
+    assert all(torch.equal(_live(state)[1][k], emb_live[k]) for k in emb_live)
+    assert all(torch.allclose(state.deltas()[0][k], pending[k], atol=1e-6) for k in target)
+    assert max(float(v.abs().max()) for v in pending.values()) > 0
+
+
+def test_group_replicas_with_overlap_on_land_their_group_merge_and_keep_their_steps():
+    """Overlap with group averaging (4 replicas in pairs, an all-peer round every second round): every round the
+    members of a group hold one base bit for bit, an all-peer round lands on every replica exactly (rebase, not
+    adopt: the steps taken during the exchange survive it), and live keeps the steps taken meanwhile."""
+    peers, _, board = memory_swarm(
+        [0] * 4, overlap=True, group_size=2, group_full_every=2, merge="mean", deadline_max_s=20.0
+    )
+    for g in peers:
+        g.deadline = DeadlinePolicy(replace(g.cfg, deadline_min_s=10.0, deadline_max_s=20.0), target=0)
+    streams = [batches(20 + i) for i in range(len(peers))]
+
+    async def scenario():
+        for round in range(3):
+            records = list(board.values())
+            for g in peers:
+                await g.sync(records)
+                await g.open_round()
+            for i, g in enumerate(peers):
+                await asyncio.to_thread(g.state.train_steps, 2, streams[i])
+            averages = [asyncio.create_task(g.average(records)) for g in peers]
+            await asyncio.gather(*(g.current.ready.wait() for g in peers))
+            meanwhile = [asyncio.to_thread(g.state.train_steps, i + 1, streams[i]) for i, g in enumerate(peers)]
+            reports = (await asyncio.gather(*averages, *meanwhile))[: len(peers)]
+            for g in peers:
+                board[g.me.peer_id] = g.record()
+            by_id = {g.me.peer_id: g for g in peers}
+            assert all(r.participation == 1.0 and r.rejected == 0 for r in reports)
+            for g, r in zip(peers, reports):
+                assert len(r.expected_block) == (3 if round % 2 == 0 else 1)
+                assert all(by_id[m].state.block_hash == g.state.block_hash for m in r.expected_block)
+                assert relative_distance(g.state.current()[0], g.state.base_block) > 0  # steps meanwhile kept
+            if round % 2 == 1:
+                assert len({g.state.block_hash for g in peers}) == 2 and all(g.anchors[BLOCK].active for g in peers)
+            else:
+                assert len({g.state.block_hash for g in peers}) == 1 and not any(g.anchors[BLOCK].active for g in peers)
+
+    asyncio.run(scenario())
+
+
 @pytest.fixture(scope="module")
 def corpus(text_data):
     from swarmd.core.data import ByteData, load_bytes
@@ -181,6 +243,36 @@ def test_a_lone_replica_loses_nothing_to_a_late_merge_and_partial_overlap_runs(c
     assert ces[1] == pytest.approx(ces[0], abs=1e-4) and ces[2] == pytest.approx(ces[0], abs=1e-4)
     with pytest.raises(ValueError, match="overlap_steps"):
         replace(cfg, overlap_steps=3)
+
+
+def test_the_simulator_lands_group_merges_late_per_worker(corpus):
+    """Overlap with group averaging in the simulator (4 replicas in pairs, an all-peer round every second
+    round): each worker lands its own group's merge late, a pair ends on one base, an all-peer round on one
+    base for all, and the lossless pairs' late merges keep the CE near merging at once."""
+    cfg = SimConfig(
+        tiny_model(blocks=1), tiny_train(), workers=4, rounds=4, steps_per_round=2, codec="fp32", eval_tokens=256
+    )
+    net = custom_regime(0.1, 0.0, 0.05, 0.0, 100.0, 0.0, dropout=0.0, deadline=None)
+    gossip = GossipConfig(group_size=2, group_full_every=2, merge="mean")
+    ces, spreads = [], []
+    for overlap in (False, True):
+        with torch.random.fork_rng(devices=[]):
+            sim = Simulator(
+                replace(cfg, overlap=overlap), net, Lockstep(), corpus[0], corpus[1].eval_windows(256), gossip=gossip
+            )
+            rounds = []
+            for _ in range(3):
+                rounds.append(sim.step())
+                spreads.append(sim.consensus())
+            sim.drain()
+            spreads.append(sim.consensus())
+            ces.append(sim.measure())
+        assert all(r.accepted == 4 for r in rounds)
+    at_once, late = spreads[:4], spreads[4:]  # after rounds 0 (all), 1 (pairs), 2 (all), and the drain
+    assert at_once[0] == 0 and at_once[1] > 1e-4 and at_once[2] == 0 and at_once[3] == 0
+    assert late[0] == 0 and late[1] == 0  # nothing landed / round 0's all-peer merge landed exactly ...
+    assert late[2] > 1e-4 and late[3] == 0  # ... the pairs apart; the drain lands round 2's all-peer merge
+    assert ces[1] == pytest.approx(ces[0], abs=0.05)
 
 
 @pytest.mark.swarm

@@ -104,6 +104,31 @@ def test_balanced_layout_cuts_the_fewest_groups_of_equal_size_and_reshuffles(n, 
         GossipConfig(group_layout="ring")
 
 
+@pytest.mark.parametrize("n,k", [(8, 4), (4, 2), (18, 6), (12, 4), (7, 4), (30, 4)])
+def test_orthogonal_layout_groups_like_balanced_and_mixes_exactly_in_two_rounds(n, k):
+    """group_layout "orthogonal": ceil(n / k) groups of at most k, a partition, the same for every peer; when
+    c = ceil(n / k) divides n / c, the two rounds of an epoch give every member the exact mean (both groups of 4
+    at n = 8, where balanced groups mix only by chance and the grid averages pairs); a new order every epoch."""
+    ids = [f"p{i}" for i in range(n)]
+    rounds = [assign(ids, r, k, "s", "orthogonal") for r in range(4)]
+    for groups in rounds:
+        assert len(groups) == -(-n // k) and max(len(g) for g in groups) <= k
+        assert sorted(p for g in groups for p in g) == sorted(ids)
+    assert rounds[1] == assign(list(reversed(ids)), 1, k, "s", "orthogonal")
+    assert rounds[2] != rounds[0]
+    g = torch.Generator().manual_seed(0)
+    x = {p: torch.randn(50, generator=g, dtype=torch.float64) for p in ids}
+    mean = torch.stack(list(x.values())).mean(0)
+    for groups in rounds[2:4]:
+        for group in groups:
+            m = torch.stack([x[p] for p in group]).mean(0)
+            for p in group:
+                x[p] = m.clone()
+    error = max(float((v - mean).norm()) for v in x.values())
+    c = -(-n // k)
+    assert (error < 1e-12) == (n % c == 0 and (n // c) % c == 0)
+
+
 def test_incomplete_grids_still_converge_in_a_few_rounds():
     ids = [f"p{i}" for i in range(21)]  # 21 = 4 x 3 x 2 - 3: an incomplete grid
     g = torch.Generator().manual_seed(1)

@@ -10,11 +10,12 @@ from swarm_utils import batches, memory_round, memory_swarm, tiny_model, tiny_tr
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.outer import OuterOptimizer, make_outer, split_momentum, with_momentum
-from swarmd.averaging.state import BlockState, weights_hash
+from swarmd.averaging.state import BlockState, relative_distance, weights_hash
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.train import BlockTrainer
-from swarmd.errors import ConfigError
+from swarmd.errors import ConfigError, ValidationError
 from swarmd.node.config import DaemonConfig
+from swarmd.protocol import PayloadKind
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import Lockstep
 from swarmd.sim.regimes import regime_named
@@ -145,6 +146,64 @@ def test_gossip_re_sync_pulls_the_outer_buffer_with_the_weights():
     assert a.state.block_hash == b.state.block_hash and a.state.emb_hash == b.state.emb_hash == c.state.emb_hash
     for k, v in b.state.outer.buffers["block"].items():
         assert torch.equal(a.state.outer.buffers["block"][k], v)
+
+
+def test_in_group_mode_each_peer_steps_on_its_own_delta_and_the_mean_follows_diloco():
+    """group_size > 0: the outer optimizer is local (each peer sends its own update; merged updates land as they
+    are). Linear: with one group and the plain mean, every replica lands DiLoCo's step on the mean delta, and
+    the replicas' mean buffer is DiLoCo's buffer; applied twice or not at all, the bases would differ."""
+
+    def run(**gossip):
+        torch.manual_seed(0)
+
+        async def scenario():
+            peers, _, board = memory_swarm([0, 0, 1], codec="fp32", merge="mean", **gossip)
+            for _ in range(2):
+                assert all(r.participation == 1.0 for r in await memory_round(peers, board))
+            return peers
+
+        return asyncio.run(scenario())
+
+    diloco = run(outer="nesterov", group_size=0)
+    grouped = run(outer="nesterov", group_size=4)
+    plain = run(group_size=4)
+    assert not diloco[0].state.outer.local and grouped[0].state.outer.local
+    assert grouped[0].state.block_hash == grouped[1].state.block_hash  # one group: replicas bit-identical
+    for a, b, c in zip(grouped, diloco, plain):
+        # (round 1 lands within 1e-8; AdamW's second round on bases 1e-8 apart grows that to ~1e-5)
+        assert relative_distance(a.state.base_block, b.state.base_block) < 1e-4
+        assert relative_distance(a.state.base_emb, b.state.base_emb) < 1e-4
+        assert relative_distance(a.state.base_block, c.state.base_block) > 1e-2
+    own = [g.state.outer.buffers["block"] for g in grouped[:2]]
+    assert relative_distance(own[0], own[1]) > 1e-2  # each peer's buffer is its own ...
+    mean = {k: (own[0][k] + own[1][k]) / 2 for k in own[0]}
+    assert relative_distance(mean, diloco[0].state.outer.buffers["block"]) < 1e-3  # ... their mean DiLoCo's
+
+
+def test_outer_updates_in_groups_pass_the_norm_bound_and_keep_groups_consistent():
+    """8 replicas in groups of 4 with the outer optimizer, int8 offsets: nothing is rejected (the payload bound
+    allows for the outer gain), each group's members land on one base, and the groups differ."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0] * 8, codec="int8", blocks=2, group_size=4, outer="nesterov")
+        reports = [await memory_round(peers, board) for _ in range(3)]
+        return peers, reports
+
+    peers, reports = asyncio.run(scenario())
+    by_id = {g.me.peer_id: g for g in peers}
+    kind = PayloadKind.BLOCK_DELTA
+    ones = {k: torch.ones_like(v) for k, v in peers[0].state.base_block.items()}
+    scale = 2 * peers[0].norm_bound(kind) / float(torch.cat([v.flatten() for v in ones.values()]).norm())
+    over = {k: v * scale for k, v in ones.items()}  # 2x the plain bound, within the outer's (gain 0.7 / 0.1 = 7)
+    peers[0].check_norm(over, kind)
+    plain, _, _ = memory_swarm([0, 0], codec="int8", group_size=4)
+    with pytest.raises(ValidationError):
+        plain[0].check_norm(over, kind)
+    for g, r in zip(peers, reports[-1]):
+        assert r.rejected == 0 and len(r.expected_block) == 3
+        for m in r.accepted_block:  # (the same values; summation order may differ in the last bit)
+            assert relative_distance(by_id[m].state.base_block, g.state.base_block) < 1e-6
+    assert max(relative_distance(peers[0].state.base_block, g.state.base_block) for g in peers) > 1e-4
 
 
 def test_simulator_applies_the_daemons_outer_step(text_data):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
 
-GROUP_LAYOUTS = ("grid", "balanced")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
+GROUP_LAYOUTS = ("grid", "balanced", "orthogonal")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class GossipConfig:
     # reject (not merge) a decoded delta whose norm exceeds this x steps_per_round x lr x sqrt(values) (0 = no bound)
     max_delta_factor: float = 10.0
     # outer optimizer on the merged delta (swarmd.averaging.outer): "nesterov" = DiLoCo's SGD with Nesterov momentum,
-    # "none" = plain averaging (base += merged)
+    # "none" = plain averaging (base += merged); with group averaging each peer steps on its own delta (outer_for)
     outer: str = "none"
     outer_lr: float = 0.7  # its learning rate (1.0 with momentum 0 is plain averaging)
     outer_momentum: float = 0.9  # its Nesterov momentum, in [0, 1)
@@ -105,5 +105,3 @@ class GossipConfig:
             raise ConfigError(f"group_layout must be one of {', '.join(GROUP_LAYOUTS)}, got {self.group_layout!r}")
         if self.table_group_size < 0 or self.table_group_size == 1:
             raise ConfigError("table_group_size must be 0 (all-to-all) or >= 2")
-        if self.group_size and (self.overlap or self.outer != "none"):  # both assume one shared base per part
-            raise ConfigError("--overlap and --outer need all-to-all averaging: drop --group-size (or set it to 0)")

@@ -168,7 +168,9 @@ class PeerContext:
     def check_norm(self, tensors: dict[str, torch.Tensor], kind: PayloadKind, scale: float = 1.0) -> None:
         """ValidationError when a decoded delta (or `scale` x bounded buffer) exceeds norm_bound."""
         norm = delta_norm(tensors)
-        bound = self.norm_bound(kind) * scale * norm_bound_factor(self.anchors[kind].age(self.state.round))
+        outer = self.state.outer
+        gain = max(1.0, outer.gain()) if outer is not None and outer.local else 1.0  # payloads are outer updates
+        bound = self.norm_bound(kind) * scale * gain * norm_bound_factor(self.anchors[kind].age(self.state.round))
         if not norm <= bound:
             raise ValidationError(
                 f"delta norm {norm:.3g} exceeds the bound of {bound:.3g} for {self.cfg.steps_per_round} steps"

@@ -125,6 +125,8 @@ class Exchange:
         rs.exact = {BLOCK: block_delta, EMB: emb_delta}  # what a late merge subtracts again (swarmd.averaging.delayed)
         weight = 0.0 if self.idle else float(p.cfg.steps_per_round)
         for kind, delta in ((BLOCK, block_delta), (EMB, emb_delta)):
+            if not self.idle:  # a local outer optimizer (group averaging) steps on the own delta: what is sent
+                delta = await asyncio.to_thread(p.state.local_outer_step, "block" if kind.is_block else "emb", delta)
             # group averaging: base - anchor + delta
             delta = with_offset(delta, p.anchors[kind].offset(p.base(kind)[0]))
             enc, decoded = await asyncio.to_thread(

@@ -7,7 +7,9 @@ the anchored merge arithmetic that Gossip.average applies when a round splits th
   - assignment (assign), GossipConfig.group_layout "balanced" (the default): the members of a part (the
     same-block peers for a block, every peer for the byte table; the signed DHT records plus this peer) are
     ordered by sha256(salt, round, peer id) and cut into the fewest groups of at most k, of equal size (within
-    one), a new cut every round. Layout "grid": the members are ordered by sha256(salt, epoch, peer id) and laid on a
+    one), a new cut every round. Layout "orthogonal": as balanced, but in pairs of rounds whose second
+    round's groups each take an equal share of every group of the first (exact global mean in two rounds
+    when the counts divide). Layout "grid": the members are ordered by sha256(salt, epoch, peer id) and laid on a
     d-dimensional grid, d = ceil(log_k n), of sides at most k whose product is the least >= n; in round r
     the groups are the grid lines along dimension r mod d, and every epoch of d rounds draws a new order.
     Every peer computes the same groups from the same records and round; each peer is in exactly one group
@@ -91,9 +93,10 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", la
     their first member. k <= 0 or len(members) <= k: one group of everybody.
 
     :param salt: separates independent assignments (e.g. per block, and the byte table)
-    :param layout: "grid" (the module doc), or "balanced": every round a new order cut into the fewest groups
+    :param layout: "grid" (the module doc), "balanced": every round a new order cut into the fewest groups
         of at most k, their sizes within one of each other (8 in groups of 4: two groups of 4 every round,
-        where the grid's 4 x 2 averages pairs every other round; no exact all-reduce in d rounds)
+        where the grid's 4 x 2 averages pairs every other round; no exact all-reduce in d rounds), or
+        "orthogonal" (_orthogonal): balanced groups whose second round of each pair mixes the first's
     """
     ids = sorted(set(members))
     n = len(ids)
@@ -105,6 +108,8 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", la
         count = -(-n // k)
         order = sorted(ids, key=lambda p: _order_key(salt, round, p))
         return sorted((sorted(order[i::count]) for i in range(count)), key=lambda g: g[0])
+    if layout == "orthogonal":
+        return _orthogonal(ids, round, k, salt)
     sides = grid_sides(n, k)
     epoch, dim = divmod(round, len(sides))
     order = sorted(ids, key=lambda p: _order_key(salt, epoch, p))
@@ -117,6 +122,22 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", la
         digits[dim] = -1  # members that differ only along `dim` share a line
         lines.setdefault(tuple(digits), []).append(pid)
     return sorted((sorted(g) for g in lines.values()), key=lambda g: g[0])
+
+
+def _orthogonal(ids: list[str], round: int, k: int, salt: str) -> list[list[str]]:
+    """Layout "orthogonal": rounds in pairs (epochs) over one order per epoch laid on c rows, c = ceil(n / k),
+    member i at row i mod c, column i // c (rows of at most m = ceil(n / c) <= k). The epoch's first round
+    groups the rows; its second the diagonals, (row + column) mod c, each of which takes about m / c members
+    from every row: when c divides m (8 in groups of 4, 4 in pairs, 18 in groups of 6) the two rounds give
+    every member the exact global mean, as the grid does, but with groups as large as balanced ones."""
+    count = -(-len(ids) // k)
+    epoch, phase = divmod(round, 2)
+    order = sorted(ids, key=lambda p: _order_key(salt, epoch, p))
+    groups: list[list[str]] = [[] for _ in range(count)]
+    for i, pid in enumerate(order):
+        row, col = i % count, i // count
+        groups[row if phase == 0 else (row + col) % count].append(pid)
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
 
 
 def group_of(

@@ -149,7 +149,7 @@ class Landing:
             return base
         if anchor is not None:
             return merged_target(anchor, value)
-        if self.outer is not None:  # apply_merge's step, on a copy of the buffers
+        if self.outer is not None and not self.outer.local:  # apply_merge's step, on a copy of the buffers
             value = copy.deepcopy(self.outer).step("block" if kind == BLOCK else "emb", value)
         return {k: base[k] + value[k] for k in base}
 
@@ -393,12 +393,12 @@ async def apply_merged(
         steps[kind] = base_step(target, peer.base(kind)[0])
         if members[kind] is None:  # everybody merged the same offsets: same bits, the new anchor
             exact[kind] = target
-    if peer.cfg.overlap:  # the merge lands one round late, live keeps the steps taken since publish() (no groups)
+    if peer.cfg.overlap:  # the merge lands one round late, live keeps the steps taken since publish()
         await asyncio.to_thread(land_merge, peer.state, steps[BLOCK], steps[EMB], own_exact[BLOCK], own_exact[EMB])
     else:
         await asyncio.to_thread(peer.state.apply_merge, steps[BLOCK], steps[EMB])
-    if exact[BLOCK] is not None or exact[EMB] is not None:
-        await asyncio.to_thread(peer.state.adopt, exact[BLOCK], exact[EMB])
+    if exact[BLOCK] is not None or exact[EMB] is not None:  # (rebase keeps live's steps since publish)
+        await asyncio.to_thread(peer.state.rebase, exact[BLOCK], exact[EMB])
         for kind in (BLOCK, EMB):
             if exact[kind] is not None:
                 peer.anchors[kind].clear()

@@ -1,6 +1,6 @@
 """The outer optimizer: what a peer does with a round's merged delta before it moves its base (DiLoCo's outer step).
 
-Owns OuterOptimizer and make_outer. The merged (robust-mean) delta of a round is a pseudo-gradient
+Owns OuterOptimizer, make_outer and outer_for. The merged (robust-mean) delta of a round is a pseudo-gradient
 (its negative): plain averaging applies it as it is (base += merged; outer "none"), DiLoCo applies
 SGD with Nesterov momentum to it (Douillard et al. 2023: outer lr 0.7, momentum 0.9):
 
@@ -14,7 +14,18 @@ operations, to the same merged delta, so equal buffers stay equal. The buffers a
 state: they travel with its checkpoint (state_tensors / load_state_tensors, names "outer.<part>.<tensor>")
 and with PullState (a joiner or re-syncing peer adopts the reference's buffers with its weights);
 a state adopted without buffers (a peer that sent none) resets that part's buffer to zero, the
-documented reset rule. No grpc, no asyncio here.
+documented reset rule.
+
+Under group averaging (GossipConfig.group_size or table_group_size > 0; outer_for) the replicas of a
+block hold different bases, so the step cannot wait for one shared merged delta: the optimizer is `local`
+there. Each peer steps on its own round delta before sending (the payload is offset + update,
+swarmd.averaging.exchange.publish) and its group averages the updates, which land as they are (no second
+step). Nesterov is linear in its input, so the mean of every replica's update is DiLoCo's step on the mean
+delta with the mean buffer: the swarm's mean follows DiLoCo exactly while group averaging mixes the
+replicas; each peer's buffer is its own (they differ by the replicas' noise, as their bases do before the
+groups mix them). An update can be up to lr / (1 - momentum) x a delta's norm (gain()), which the payload
+norm bound allows for.
+No grpc, no asyncio here.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from swarmd.averaging.config import GossipConfig
 
 Tensors = dict[str, torch.Tensor]
 
@@ -33,13 +46,18 @@ PARTS = ("block", "emb")
 class OuterOptimizer:
     """SGD with Nesterov momentum on the merged delta; holds one momentum buffer per part."""
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9, name: str = "nesterov"):
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, name: str = "nesterov", local: bool = False):
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"outer lr must be > 0, got {lr}")
         if not 0 <= momentum < 1:
             raise ValueError(f"outer momentum must be in [0, 1), got {momentum}")
         self.lr, self.momentum, self.name = float(lr), float(momentum), name
+        self.local = bool(local)  # step on the own delta before sending (group averaging; module doc)
         self.buffers: dict[str, Tensors] = {}
+
+    def gain(self) -> float:
+        """The largest ratio of an update's norm to the deltas' (a buffer of equal deltas: lr / (1 - momentum))."""
+        return self.lr * (1.0 + self.momentum / (1.0 - self.momentum))
 
     @torch.no_grad()
     def step(self, part: str, merged: Tensors) -> Tensors:
@@ -104,10 +122,17 @@ def with_momentum_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[
     return {**shapes, **{PREFIX + k: s for k, s in shapes.items()}}
 
 
-def make_outer(kind: str, lr: float = 0.7, momentum: float = 0.9) -> OuterOptimizer | None:
-    """The outer optimizer of a GossipConfig's outer / outer_lr / outer_momentum (None for "none")."""
+def make_outer(kind: str, lr: float = 0.7, momentum: float = 0.9, local: bool = False) -> OuterOptimizer | None:
+    """The outer optimizer of a GossipConfig's outer / outer_lr / outer_momentum (None for "none"); local: group
+    averaging's (GossipConfig.group_size > 0; see the module doc)."""
     if kind == "none":
         return None
     if kind == "nesterov":
-        return OuterOptimizer(lr, momentum, kind)
+        return OuterOptimizer(lr, momentum, kind, local)
     raise ValueError(f"outer must be one of {OUTER_KINDS}, got {kind!r}")
+
+
+def outer_for(cfg: GossipConfig) -> OuterOptimizer | None:
+    """A peer's outer optimizer for its GossipConfig: local when any part averages in groups (group_size or
+    table_group_size > 0: parts anchored apart have no shared merged delta to step on)."""
+    return make_outer(cfg.outer, cfg.outer_lr, cfg.outer_momentum, local=bool(cfg.group_size or cfg.table_group_size))

@@ -157,19 +157,28 @@ class BlockState:
     ) -> None:
         """base += delta for each part given (None: keep the base), live weights := new base; round += 1.
 
-        With an outer optimizer the delta added is its step on the merged delta (swarmd.averaging.outer).
+        With an outer optimizer the delta added is its step on the merged delta (swarmd.averaging.outer), unless
+        it is local (group averaging: the merged value holds the replicas' steps already).
         AdamW moments are kept (DiLoCo keeps its inner optimiser); parameters are written in place.
         """
         with self.lock:
             for part, base, delta in (("block", self.base_block, block_delta), ("emb", self.base_emb, emb_delta)):
                 if delta is not None:
-                    if self.outer is not None:
+                    if self.outer is not None and not self.outer.local:
                         delta = self.outer.step(part, delta)
                     for k in base:
                         base[k] = base[k] + delta[k]
             self._base_to_live()
             self.round += 1
             self._rebase()
+
+    def local_outer_step(self, part: str, delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What a round's own `delta` of `part` ("block", "emb") becomes before it is sent: a local outer
+        optimizer's update (group averaging; its buffer advances), else the delta itself."""
+        if self.outer is None or not self.outer.local:
+            return delta
+        with self.lock:  # the buffers are read by snapshot_outer and the checkpoint
+            return self.outer.step(part, delta)
 
     def set_replicas(self, replicas: int) -> None:
         """The number of same-block deltas (own included) the last merge averaged: the K of the trainer's
@@ -222,6 +231,32 @@ class BlockState:
                     if new is not None:
                         self.outer.load_part(part, (momentum or {}).get(part))
             self._rebase()
+
+    @torch.no_grad()
+    def rebase(self, block: dict[str, torch.Tensor] | None, emb: dict[str, torch.Tensor] | None) -> None:
+        """Set the base of each part given to these weights exactly (a one-group round's bit-identical landing,
+        swarmd.averaging.merge.apply_merged) and move the live weights with it: live := new + (live - base), so
+        the steps taken since the round's snapshot (overlap) are kept; bit for bit `new` when none were. Round,
+        AdamW moments and outer buffers are left as they are (adopt resets the buffers)."""
+        with self.lock:
+            parts = [
+                (module, base, new, {k: v.detach().clone() for k, v in module.state_dict().items()})
+                for module, base, new in (
+                    (self.trainer.block, self.base_block, block),
+                    (self.trainer.emb, self.base_emb, emb),
+                )
+            ]
+            for module, base, new, _ in parts:  # live := the new base (a part not given: its base, unchanged)
+                params = module.state_dict()
+                for k, v in (new if new is not None else base).items():
+                    params[k].copy_(v.to(params[k].dtype))
+            self._rebase()  # base := those weights, hashes
+            for module, base, new, live in parts:  # live := new + (live - old base), or back as it was
+                params = module.state_dict()
+                for k in params:
+                    params[k].copy_(
+                        live[k] if new is None else (new[k].float() + (live[k].float() - base[k])).to(params[k].dtype)
+                    )
 
     def snapshot_outer(
         self,

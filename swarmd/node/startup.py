@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-from swarmd.averaging.outer import make_outer
+from swarmd.averaging.outer import outer_for
 from swarmd.averaging.state import BlockState
 from swarmd.core.train import BlockTrainer
 from swarmd.membership.addresses import AddressPlan, check_listen_ports, plan_addresses
@@ -78,8 +78,8 @@ async def open_state(
 def new_state(config: DaemonConfig, block: int, peer_seed: int) -> BlockState:
     """A fresh BlockState of `block`: its initial weights at round 0 (a joiner's; the first re-sync adopts the state
     the block's and the byte table's peers hold, if any)."""
-    outer = make_outer(config.gossip.outer, config.gossip.outer_lr, config.gossip.outer_momentum)
-    return BlockState(BlockTrainer(config.model, config.train, block, config.device, worker_seed=peer_seed), outer)
+    trainer = BlockTrainer(config.model, config.train, block, config.device, worker_seed=peer_seed)
+    return BlockState(trainer, outer_for(config.gossip))
 
 
 async def open_server(

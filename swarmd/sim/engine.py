@@ -63,7 +63,7 @@ from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
 from swarmd.averaging.groups import Anchor, offset_int8_levels
 from swarmd.averaging.merge import merge_deltas
-from swarmd.averaging.outer import make_outer
+from swarmd.averaging.outer import outer_for
 from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -72,6 +72,7 @@ from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim import grouping
+from swarmd.sim.grouping import BLOCK, EMB
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 
@@ -225,15 +226,11 @@ class Simulator:
         self.merge = merge or merge_fn(gossip)
         m, t = cfg.model, cfg.train
         g = self.gossip = gossip or GossipConfig()
-        if g.group_size and cfg.overlap:
-            raise ValueError("group averaging and overlap cannot be simulated together (the daemon refuses both)")
         self.workers = [
             _Worker(
                 f"b{b}w{k}",
                 b,
-                BlockState(
-                    BlockTrainer(m, t, b, "cpu", worker_seed=k), make_outer(g.outer, g.outer_lr, g.outer_momentum)
-                ),
+                BlockState(BlockTrainer(m, t, b, "cpu", worker_seed=k), outer_for(g)),
                 data.stream(seed_for("data", t.seed, b, k), t.batch_size),
                 {PayloadKind.BLOCK_DELTA: ErrorFeedback(), PayloadKind.EMBEDDING_DELTA: ErrorFeedback()},
             )
@@ -243,8 +240,9 @@ class Simulator:
         self.rng = np.random.default_rng(seed_for("sim-network", t.seed))
         self.clock = 0.0
         self.round = 0
-        # overlap: the merge in flight (per-block merged block deltas, merged table delta) and its exchange seconds
-        self.pending: tuple[dict[int, Tensors | None], Tensors | None] | None = None
+        # overlap: the merge in flight (per worker: grouping.merge_groups' steps and exact landings) and its
+        # exchange seconds
+        self.pending: tuple[list[dict[PayloadKind, Tensors | None]], list[dict[PayloadKind, Tensors]]] | None = None
         self.pending_comm_s = 0.0
         self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
 
@@ -267,21 +265,32 @@ class Simulator:
 
     def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
         """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
-        block_means, emb_mean = self.pending or ({}, None)
+        steps = self.pending[0] if self.pending is not None else [{} for _ in self.workers]
 
         def view(module: M, base: Tensors, delta: Tensors | None) -> M:
             out = copy.deepcopy(module)
             out.load_state_dict({k: base[k] + delta[k] if delta is not None else base[k] for k in base})
             return out
 
-        blocks = [view(w.state.trainer.block, w.state.base_block, block_means.get(w.block)) for w in heads]
-        return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, emb_mean)
+        own = [steps[self.workers.index(w)] for w in heads]
+        blocks = [view(w.state.trainer.block, w.state.base_block, s.get(BLOCK)) for w, s in zip(heads, own)]
+        return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, own[0].get(EMB))
 
     def _land(self, w: _Worker) -> None:
         """Overlap: the merge in flight lands on w (late, with the correction for w's own delta in it)."""
         if self.pending is not None and w.exact is not None:
-            block_means, emb_mean = self.pending
-            land_merge(w.state, block_means[w.block], emb_mean, *w.exact)
+            i = self.workers.index(w)
+            steps, exact = self.pending[0][i], self.pending[1][i]
+            land_merge(w.state, steps.get(BLOCK), steps.get(EMB), *w.exact)
+            self._land_exact(w, exact)
+
+    @staticmethod
+    def _land_exact(w: _Worker, exact: dict[PayloadKind, Tensors]) -> None:
+        """A part averaged as one group lands its exact bits and drops the anchor (merge.apply_merged's rule)."""
+        if exact:
+            w.state.rebase(exact.get(BLOCK), exact.get(EMB))
+            for kind in exact:
+                w.anchors[kind].clear()
 
     # -- one round ------------------------------------------------------------------------------------
     def _use_predecessors(self, w: _Worker) -> None:
@@ -332,6 +341,7 @@ class Simulator:
             (PayloadKind.BLOCK_DELTA, block_delta, w.state.base_block, w.state.block_hash),
             (PayloadKind.EMBEDDING_DELTA, emb_delta, w.state.base_emb, w.state.emb_hash),
         ):
+            delta = w.state.local_outer_step("block" if kind.is_block else "emb", delta)  # (group averaging)
             anchor = w.anchors[kind]
             offset = anchor.offset(base)  # group averaging: base - anchor + delta (the delta without an anchor)
             enc, decoded[kind] = w.ef[kind].compress(
@@ -352,7 +362,6 @@ class Simulator:
     def step(self) -> RoundRecord:
         """Run one round (see the module doc) and return its record (CE not yet measured)."""
         n, H = len(self.workers), self.cfg.steps_per_round
-        self.groups = grouping.plan(self.workers, self.cfg.model.blocks, self.round, self.gossip)
         draw = RoundDraw.sample(self.regime, self.rng, n, H)
         live = [i for i in range(n) if not draw.dropped[i]]
         ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
@@ -367,6 +376,12 @@ class Simulator:
                 continue
             trained.append(i)
         ces = self._train([self.workers[i] for i in trained])
+        if self.cfg.overlap:
+            for i in set(range(n)) - set(trained):  # the workers that did not train land the merge in flight too
+                self._land(self.workers[i])
+                self.workers[i].exact = self.workers[i].state.deltas()
+        # the round's groups, once the last merge landed (a daemon plans when its round's exchange starts)
+        self.groups = grouping.plan(self.workers, self.cfg.model.blocks, self.round, self.gossip)
         for i in trained:
             w = self.workers[i]
             w.upload_bytes, block_d, emb_d = self._encode(w)
@@ -381,9 +396,6 @@ class Simulator:
         accepted = sorted(i for i in outputs if arrivals[i] <= end)
         seconds = end
         if self.cfg.overlap:
-            for i in set(range(n)) - set(outputs):  # the workers that did not train land the merge in flight too
-                self._land(self.workers[i])
-                self.workers[i].exact = self.workers[i].state.deltas()
             seconds = max(float(ready), self.pending_comm_s)  # this round's steps hid the last round's exchange
             self.pending_comm_s = max(0.0, end - float(ready))
         self._merge(accepted, outputs)
@@ -408,19 +420,12 @@ class Simulator:
         """Each group of each part merges its accepted payloads (all-to-all: per block, its replicas' block
         deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets."""
         steps, exact = grouping.merge_groups(self.workers, self.groups, set(accepted), outputs, self.merge)
-        if self.cfg.overlap:  # lands after the next round's steps (_land); no groups with overlap
-            block_means = {
-                self.workers[g[0]].block: steps[g[0]][PayloadKind.BLOCK_DELTA]
-                for g in self.groups[PayloadKind.BLOCK_DELTA][0]
-            }
-            self.pending = (block_means, steps[0][PayloadKind.EMBEDDING_DELTA])
+        if self.cfg.overlap:  # lands during the next round's steps (_land)
+            self.pending = (steps, exact)
             return
         for i, w in enumerate(self.workers):
-            w.state.apply_merge(steps[i][PayloadKind.BLOCK_DELTA], steps[i][PayloadKind.EMBEDDING_DELTA])
-            if exact[i]:
-                w.state.adopt(exact[i].get(PayloadKind.BLOCK_DELTA), exact[i].get(PayloadKind.EMBEDDING_DELTA))
-                for kind in exact[i]:
-                    w.anchors[kind].clear()
+            w.state.apply_merge(steps[i].get(BLOCK), steps[i].get(EMB))
+            self._land_exact(w, exact[i])
 
     def drain(self) -> float:
         """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""

@@ -72,8 +72,8 @@ class LocalSwarm:
     :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
     :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
-    :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging; default: the config's, or 0
-        with overlap or an outer optimizer, which run all-to-all only); table_group_size: the byte table's
+    :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging); table_group_size: the
+        byte table's
     :param device: torch device of every peer (cpu, cuda)
     """
 
@@ -103,7 +103,7 @@ class LocalSwarm:
         outer_momentum: float = GossipConfig.outer_momentum,
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
-        group_size: int | None = None,
+        group_size: int = GossipConfig.group_size,
         table_group_size: int = GossipConfig.table_group_size,
         device: str = "cpu",
     ):
@@ -135,9 +135,7 @@ class LocalSwarm:
                 outer_momentum=outer_momentum,
                 overlap=overlap,
                 overlap_steps=overlap_steps,
-                group_size=(0 if overlap or outer != "none" else GossipConfig.group_size)
-                if group_size is None
-                else group_size,
+                group_size=group_size,
                 table_group_size=table_group_size,
             ),
             net=NetConfig(swarm_id=swarm_id),
