@@ -74,7 +74,8 @@ def test_the_daemon_uses_the_participation_target_by_default():
 def test_the_cap_follows_a_long_round_and_an_idle_round_waits_for_the_round_length_seen():
     """A later block's round is longer (trajectory training runs its predecessors): the cap is deadline_max_s or
     1.5 x the round's own training time, whichever is longer; an idle round waits up to that cap for the round
-    length measured so far."""
+    length measured so far, at least 2 x deadline_max_s, longer after it missed a trainer (the copy task's
+    sequential swarm: block 0's idle peer closed at 30 s while block 1 trained 35 s rounds)."""
     policy = DeadlinePolicy(CFG, target=0.8)
     assert policy.cap_s(4.0) == 30.0 and policy.cap_s(40.0) == pytest.approx(60.0)
     assert policy.deadline_s(ready_after_open_s=40.0) == pytest.approx(60.0)  # nothing measured: the cap
@@ -82,4 +83,13 @@ def test_the_cap_follows_a_long_round_and_an_idle_round_waits_for_the_round_leng
     assert policy.deadline_s(ready_after_open_s=40.0, expected=3) == pytest.approx(60.0)  # 1.5 x 70 - 40, capped
     assert policy.deadline_s(ready_after_open_s=4.0, expected=3) == 30.0  # a short round keeps deadline_max_s
     assert policy.idle_deadline_s() == pytest.approx(105.0)
-    assert DeadlinePolicy(CFG).idle_deadline_s() == 30.0
+    fresh = DeadlinePolicy(CFG)
+    assert fresh.idle_deadline_s() == 60.0  # at least 2 x deadline_max_s: waiting costs an idle peer nothing
+    for grown in (90.0, 135.0):  # an idle round that missed a trainer's delta: the next waits 1.5 x longer
+        fresh.observe_idle(missing=1)
+        assert fresh.idle_deadline_s() == pytest.approx(grown)
+    for _ in range(10):
+        fresh.observe_idle(missing=1)
+    assert fresh.idle_deadline_s() == pytest.approx(60.0 * 1.5**4)  # bounded
+    fresh.observe_idle(missing=0)  # every trainer came: back to the floor
+    assert fresh.idle_deadline_s() == 60.0

@@ -364,6 +364,8 @@ class Exchange:
             self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
         missing = expected_n - len(rs.arrivals) - len(rs.idle[BLOCK]) - len(rs.idle[EMB])
         self.deadline.observe_arrivals(rs.arrivals, max(0, missing), min(deadline, time.monotonic()) - rs.opened_at)
+        if self.idle:
+            self.deadline.observe_idle(missing)
         premerge = await self._premerge(rs)
         senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
         must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
