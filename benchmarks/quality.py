@@ -158,8 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--pipeline",
         action="store_true",
-        help="the swarm's peers run the pipelined schedule (TrainConfig.pipeline; the single-process analogue is "
-        "--trajectory-source live)",
+        help="the stack runs the pipelined schedule (TrainConfig.pipeline): the swarm's peers, and the single-process "
+        "stack too (each block trains --rounds rounds, in its turn)",
     )
     p.add_argument(
         "--pipeline-stagger",

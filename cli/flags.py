@@ -117,7 +117,7 @@ Pipeline = Annotated[
     bool | None,
     flag(
         "--pipeline/--no-pipeline",
-        "Swarm peers: block b starts training b rounds after block 0 (every peer runs B - 1 rounds more), so each "
+        "Block b starts training b rounds after block 0 (the swarm, or `train`, runs B - 1 rounds more), so each "
         "round of a later block runs against its predecessors' ended round.",
         T,
     ),

@@ -40,7 +40,8 @@ def run(
         dht = not (peer.static or peer.client_mode or (peers and not any(is_multiaddr(p) for p in peers)))
         check_listen_ports(peer.listen, peer.dht_host, peer.dht_port, server=not peer.client_mode, dht=dht)
         check_data(peer.data)  # a missing, empty or binary file fails before torch loads
-        peer.check(train, list(peers or []))  # so does a bad combination of flags (--overlap-steps above --steps-per-round)
+        # so does a bad combination of flags (--overlap-steps above --steps-per-round)
+        peer.check(train, list(peers or []))
         model_config = model.config()  # ... or of model flags (--d-model not divisible by --n-heads)
         train_path, eval_path = (
             resolve_train_eval(peer.data, peer.eval_data) if peer.eval_every else (resolve_data(peer.data), None)

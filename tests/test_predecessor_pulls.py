@@ -14,8 +14,8 @@ from swarm_utils import daemon_config, link_static, memory_swarm, running, tiny_
 from swarmd.averaging.state import merge_train_stats, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
-from swarmd.core.local_run import BlockStack
-from swarmd.core.train import average_embeddings, split_steps
+from swarmd.core.local_run import BlockStack, LocalRun
+from swarmd.core.train import average_embeddings, pipeline_trains, split_steps
 from swarmd.node.peers import pull_predecessors, refresh_predecessors, within_drift
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -86,6 +86,38 @@ def test_block_stack_refreshes_its_snapshots_pulls_times_a_round(tmp_path, pulls
         stack.trainers[2].others[1].out.weight, torch.zeros_like(stack.trainers[1].block.out.weight)
     )
     assert first_chunk_moved == (pulls > 1)
+
+
+@pytest.mark.parametrize("stagger", [1, 2])
+def test_a_pipelined_single_process_stack_trains_each_block_in_its_turn(tmp_path, stagger):
+    """TrainConfig.pipeline in one process (blocktrain train --pipeline): block b trains `rounds` rounds from
+    round b x stagger + 1 on, the run takes (B - 1) x stagger rounds more, and the table is the mean of the blocks
+    that trained (an idle block's untrained copy would dilute it)."""
+    corpus = tmp_path / "train.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 40)
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    tcfg = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, pipeline=True, pipeline_stagger=stagger)
+    data = ByteData.from_path(corpus, cfg.seq_len)
+    eval_xy = data.eval_windows(64)
+    steps_seen: list[list[int]] = []
+    stack, by_hand = BlockStack(cfg, tcfg, data), BlockStack(cfg, tcfg, data)
+    for _ in range(2):  # round 1 by hand: block 0 alone takes its steps
+        by_hand.trainers[0].step(*next(by_hand.streams[0]))
+    for r in range(1, 2 + tcfg.extra_rounds(cfg.blocks) + 1):
+        stack.train_round(2, round_no=r, rounds=2)
+        steps_seen.append([t.step_count for t in stack.trainers])
+        assert all(torch.equal(t.emb.table, stack.emb.table) for t in stack.trainers)
+        if r == 1:  # the table is block 0's, not diluted by the idle blocks' untrained copies
+            assert torch.equal(stack.emb.table, by_hand.trainers[0].emb.table)
+    expected = [
+        [2 * sum(pipeline_trains(q, b, 2, stagger=stagger) for q in range(1, r + 1)) for b in range(3)]
+        for r in range(1, len(steps_seen) + 1)
+    ]
+    assert steps_seen == expected and steps_seen[-1] == [4, 4, 4] and len(steps_seen) == 2 + 2 * stagger
+    reports = []
+    trained = LocalRun(cfg, tcfg, data, eval_xy, 2, 2, on_round=reports.append).blocktrain()
+    assert [t.step_count for t in trained.trainers] == [4, 4, 4] and len(reports) == 2 + 2 * stagger
+    assert reports[-1].steps_per_block == 4
 
 
 def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):

@@ -21,7 +21,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
-from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for, split_steps
+from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, pipeline_trains, seed_for, split_steps
 
 
 @dataclass
@@ -69,13 +69,26 @@ class BlockStack:
     def emb(self) -> ByteEmbedding:
         return self.trainers[0].emb
 
-    def train_round(self, steps: int, on_step: Callable[[int, dict], None] | None = None) -> float:
+    def train_round(
+        self,
+        steps: int,
+        on_step: Callable[[int, dict], None] | None = None,
+        round_no: int = 1,
+        rounds: int = 0,
+    ) -> float:
         """Every block takes `steps` local steps, then the byte table copies are averaged; the mean train CE.
 
         With snapshot predecessors the round runs in train_cfg.predecessor_pulls chunks, as concurrent swarm
         peers do: at each chunk's start every block is copied as it is then (the first copy is the round-start
-        state) and each block trains its share of the steps against the others' copies.
+        state) and each block trains its share of the steps against the others' copies. With
+        train_cfg.pipeline only the blocks whose turn round `round_no` (1-based) is train (pipeline_trains: each
+        for `rounds` rounds, block b from round b x pipeline_stagger + 1 on), and the table is their mean.
         """
+        cfg = self.train_cfg
+        turn = [
+            not cfg.pipeline or pipeline_trains(round_no, b, rounds, stagger=cfg.pipeline_stagger)
+            for b in range(len(self.trainers))
+        ]
         ces = []
         snapshots = self.train_cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
         chunks = split_steps(steps, self.train_cfg.predecessor_pulls if snapshots else 1)
@@ -84,6 +97,8 @@ class BlockStack:
             if snapshots:
                 snapshot = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(self.trainers)}
             for b, trainer in enumerate(self.trainers):
+                if not turn[b]:
+                    continue
                 if snapshots:
                     trainer.set_others({i: blk for i, blk in snapshot.items() if i != b}, table=table)
                 elif self.train_cfg.trajectory_prob > 0:
@@ -93,7 +108,7 @@ class BlockStack:
                     ces.append(metrics["ce"])
                     if on_step:
                         on_step(b, metrics)
-        average_embeddings([t.emb for t in self.trainers])
+        average_embeddings([t.emb for t, on in zip(self.trainers, turn) if on], into=[t.emb for t in self.trainers])
         return sum(ces) / max(1, len(ces))
 
 
@@ -116,25 +131,30 @@ class LocalRun:
     on_round: Callable[[RoundReport], None] | None = None
     on_step: Callable[[int, dict], None] | None = None
 
-    def _run_rounds(self, train_round: Callable[[], float], evaluate: Callable[[], dict]) -> None:
-        """The round loop both models share: train a round (its mean CE), evaluate, report."""
+    def _run_rounds(
+        self, train_round: Callable[[int], float], evaluate: Callable[[], dict], extra_rounds: int = 0
+    ) -> None:
+        """The round loop both models share: train round r (its mean CE), evaluate, report; extra_rounds: rounds
+        after `rounds` (a pipelined stack's later blocks), reported with the steps of the block that took most."""
         start = time.perf_counter()
-        for r in range(1, self.rounds + 1):
-            train_ce = train_round()
+        for r in range(1, self.rounds + extra_rounds + 1):
+            train_ce = train_round(r)
             ev = evaluate()
             if self.on_round:
-                steps = r * self.steps_per_round
+                steps = min(r, self.rounds) * self.steps_per_round
                 tokens = steps * self.train_cfg.batch_size * self.model_cfg.seq_len
                 self.on_round(RoundReport(r, steps, tokens, train_ce, ev, time.perf_counter() - start))
 
     def blocktrain(self, eval_steps: int | None = None, trajectory_source: str = "snapshot") -> BlockStack:
-        """The BlockTrain stack, one block at a time (see BlockStack), evaluated from noise."""
+        """The BlockTrain stack, one block at a time (see BlockStack), evaluated from noise; pipelined
+        (train_cfg.pipeline) it runs the swarm's extra rounds, each block training `rounds` of them."""
         stack = BlockStack(self.model_cfg, self.train_cfg, self.data, self.device, trajectory_source)
         self._run_rounds(
-            lambda: stack.train_round(self.steps_per_round, self.on_step),
+            lambda r: stack.train_round(self.steps_per_round, self.on_step, r, self.rounds),
             lambda: from_noise_ce(
                 stack.blocks, stack.emb, *self.eval_xy, self.model_cfg, steps=eval_steps, device=self.device
             ),
+            self.train_cfg.extra_rounds(self.model_cfg.blocks),
         )
         return stack
 
@@ -143,7 +163,7 @@ class LocalRun:
         trainer = E2ETrainer(self.model_cfg, self.train_cfg, self.device, layout)
         stream = self.data.stream(seed_for("data", self.train_cfg.seed, "e2e"), self.train_cfg.batch_size)
 
-        def train_round() -> float:
+        def train_round(_round: int) -> float:
             ces = []
             for _ in range(self.steps_per_round):
                 metrics = trainer.step(*next(stream))

@@ -335,8 +335,11 @@ class E2ETrainer:
 
 
 @torch.no_grad()
-def average_embeddings(embs: list[ByteEmbedding]) -> None:
-    """Set every copy of the byte table to the mean of all copies (single-process rounds)."""
+def average_embeddings(embs: list[ByteEmbedding], into: list[ByteEmbedding] | None = None) -> None:
+    """Set every copy of the byte table (or every one of `into`) to the mean of the copies in `embs`
+    (single-process rounds; a pipelined stack averages the tables of the blocks that trained)."""
+    if not embs:
+        return
     mean = torch.stack([e.table.detach().float() for e in embs]).mean(0)
-    for e in embs:
+    for e in embs if into is None else into:
         e.table.copy_(mean.to(e.table.dtype))
