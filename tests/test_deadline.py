@@ -93,3 +93,6 @@ def test_the_cap_follows_a_long_round_and_an_idle_round_waits_for_the_round_leng
     assert fresh.idle_deadline_s() == pytest.approx(60.0 * 1.5**4)  # bounded
     fresh.observe_idle(missing=0)  # every trainer came: back to the floor
     assert fresh.idle_deadline_s() == 60.0
+    for trained_s in (45.0, 30.0):  # a round it trained itself: another block's rounds run longer, up to ~2x at B=4
+        fresh.observe_training(trained_s)
+    assert fresh.idle_deadline_s() == pytest.approx(3 * 45.0)  # the longest own round of the window, x3

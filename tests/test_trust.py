@@ -397,3 +397,23 @@ def test_another_blocks_state_is_pulled_from_the_weights_most_records_share_firs
         rec("g", 1, 9, "majority", address=""),  # client mode: nobody can dial it
     ]
     assert [r.peer_id for r in pull_order(records, 1)] == ["e", "a", "b", "c", "d", "z-liar"]
+
+
+def test_a_delta_needs_its_senders_signed_record_of_about_its_round():
+    """A delta of round r is accepted with its sender's signed record of round r - 1, r or r + 1: a record lags its
+    owner by up to a merge, and a sender whose receivers were idle merges at once and announces round r + 1 before
+    a receiver still in round r looks it up (the copy task's sequential swarm refused every other round's table
+    step that way). Records further off, or of another block, are refused."""
+    (a, b), _, _ = memory_swarm([0, 0])
+    hdr = pb.PayloadHeader(peer_id=b.me.peer_id, round=5)
+    assert "no signed record" in a.sender_problem(hdr, BLOCK)
+    for rec_round, ok in ((3, False), (4, True), (5, True), (6, True), (7, False)):
+        a.known.clear()
+        a.remember([sign_record(replace(b.me, round=rec_round), b.identity, 30)])
+        problem = a.sender_problem(hdr, BLOCK)
+        assert (problem == "") == ok, (rec_round, problem)
+        if not ok:
+            assert f"is for round {rec_round}, its delta for round 5" in problem
+    a.known.clear()
+    a.remember([sign_record(replace(b.me, round=5, block_index=1), b.identity, 30)])
+    assert "is for block 1" in a.sender_problem(hdr, BLOCK)

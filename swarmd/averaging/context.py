@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 BLOCK, EMB = PayloadKind.BLOCK_DELTA, PayloadKind.EMBEDDING_DELTA  # the two kinds swapped each round
 RECORD_LAG_ROUNDS = 1  # a delta of round r needs its sender's signed record of round r or r - RECORD_LAG_ROUNDS
+# ... or of round r + RECORD_LEAD_ROUNDS: a sender that merged at once (its receivers were idle) and announced its next
+# round before a receiver still in round r looked it up (the copy task's sequential swarm lost every other round)
+RECORD_LEAD_ROUNDS = 1
 
 
 class Transport(Protocol):
@@ -230,7 +233,7 @@ class PeerContext:
             return f"the signed record of {h.peer_id[-6:]} is for another swarm or model config"
         if kind.is_block and rec.block_index != me.block_index:
             return f"the signed record of {h.peer_id[-6:]} is for block {rec.block_index}"
-        if not h.round - RECORD_LAG_ROUNDS <= rec.round <= h.round:  # a record lags its owner by up to a merge
+        if not h.round - RECORD_LAG_ROUNDS <= rec.round <= h.round + RECORD_LEAD_ROUNDS:
             return f"the signed record of {h.peer_id[-6:]} is for round {rec.round}, its delta for round {h.round}"
         return ""
 

@@ -16,8 +16,10 @@ round its peers outlasted block 0's 30 s cap, and the table exchanges of the las
 (benchmarks/quality.py --pipeline at 1,600 steps: participation 0.46). A peer waits at most half again as long
 as it computed; a dead peer still costs the others no more than that. A peer that trained nothing this round
 (a pipelined block before or after its turn) waits up to idle_deadline_s: the cap for the round length
-measured so far, at least IDLE_WAIT_FACTOR x deadline_max_s, and growth x longer after each idle round that
-closed with a trainer's delta missing (up to growth ** IDLE_GROWTH_STEPS). Waiting costs an idle peer nothing,
+measured so far, at least IDLE_WAIT_FACTOR x deadline_max_s and IDLE_TRAIN_FACTOR x the longest round this
+peer trained itself (another block's round runs its predecessors forward: longer than ours, by ~2x at B=4), and
+growth x longer after each idle round that closed with a trainer's delta missing (up to growth **
+IDLE_GROWTH_STEPS). Waiting costs an idle peer nothing,
 while closing before the trainers' deltas come splits the swarm's rounds: the copy task's sequential swarm
 (500 steps a round, a later block's rounds ~35 s against block 0's 30 s cap) lost its byte table that way.
 Pure bookkeeping over the times it is told (no clock, no I/O); swarmd.averaging.exchange feeds it each round.
@@ -33,6 +35,7 @@ from swarmd.averaging.config import GossipConfig
 PARTICIPATION_TARGET = 0.8  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
 IDLE_WAIT_FACTOR = 2.0  # an idle round waits at least this x deadline_max_s for the training peers' deltas
 IDLE_GROWTH_STEPS = 4  # ... and growth x longer after each idle round that missed one, at most this many times
+IDLE_TRAIN_FACTOR = 3.0  # ... and at least this x the longest round it trained itself (of the last `window`)
 
 
 class DeadlinePolicy:
@@ -71,6 +74,7 @@ class DeadlinePolicy:
         self.round_ema: float | None = None  # round start -> last accepted arrival, seconds
         self.rounds: deque[tuple[list[float], int, float]] = deque(maxlen=window)  # (arrivals, missing, close)
         self.idle_missed = 0  # idle rounds in a row that closed with an expected delta missing
+        self.trained: deque[float] = deque(maxlen=window)  # own training time of the last rounds it trained, s
 
     def target_after_open_s(self, expected: int | None = None) -> float | None:
         """The target rule's deadline after round open (None: the EMA rule applies).
@@ -96,9 +100,18 @@ class DeadlinePolicy:
     def idle_deadline_s(self) -> float:
         """The wait of a round this peer trained nothing in (its delta ready at once), so that the training peers'
         deltas still come in: the cap for the round length measured so far (open -> last arrival), at least
-        IDLE_WAIT_FACTOR x deadline_max_s, grown after idle rounds that missed a delta (module doc)."""
-        wait = max(self.cap_s(self.round_ema or 0.0), IDLE_WAIT_FACTOR * self.cfg.deadline_max_s)
+        IDLE_WAIT_FACTOR x deadline_max_s and IDLE_TRAIN_FACTOR x the longest own training round, grown after idle
+        rounds that missed a delta (module doc)."""
+        wait = max(
+            self.cap_s(self.round_ema or 0.0),
+            IDLE_WAIT_FACTOR * self.cfg.deadline_max_s,
+            IDLE_TRAIN_FACTOR * max(self.trained, default=0.0),
+        )
         return wait * self.growth ** min(self.idle_missed, IDLE_GROWTH_STEPS)
+
+    def observe_training(self, seconds: float) -> None:
+        """A round this peer trained took `seconds` from round open to its own delta ready."""
+        self.trained.append(seconds)
 
     def observe_idle(self, missing: int) -> None:
         """An idle round closed with `missing` expected deltas not in (0: the trainers' all came)."""

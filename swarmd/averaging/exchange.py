@@ -366,6 +366,8 @@ class Exchange:
         self.deadline.observe_arrivals(rs.arrivals, max(0, missing), min(deadline, time.monotonic()) - rs.opened_at)
         if self.idle:
             self.deadline.observe_idle(missing)
+        else:
+            self.deadline.observe_training(rs.ready_at - rs.opened_at)
         premerge = await self._premerge(rs)
         senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
         must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
