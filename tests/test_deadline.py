@@ -96,3 +96,6 @@ def test_the_cap_follows_a_long_round_and_an_idle_round_waits_for_the_round_leng
     for trained_s in (45.0, 30.0):  # a round it trained itself: another block's rounds run longer, up to ~2x at B=4
         fresh.observe_training(trained_s)
     assert fresh.idle_deadline_s() == pytest.approx(3 * 45.0)  # the longest own round of the window, x3
+    for _ in range(10):
+        fresh.observe_idle(missing=1)
+    assert fresh.idle_deadline_s() == pytest.approx(60.0 * 1.5**4)  # only the floor grows: never 5 x 135 s

@@ -17,9 +17,10 @@ round its peers outlasted block 0's 30 s cap, and the table exchanges of the las
 as it computed; a dead peer still costs the others no more than that. A peer that trained nothing this round
 (a pipelined block before or after its turn) waits up to idle_deadline_s: the cap for the round length
 measured so far, at least IDLE_WAIT_FACTOR x deadline_max_s and IDLE_TRAIN_FACTOR x the longest round this
-peer trained itself (another block's round runs its predecessors forward: longer than ours, by ~2x at B=4), and
-growth x longer after each idle round that closed with a trainer's delta missing (up to growth **
-IDLE_GROWTH_STEPS). Waiting costs an idle peer nothing,
+peer trained itself (another block's round runs its predecessors forward: longer than ours, by ~2x at B=4); the
+floor grows growth x after each idle round that closed with a trainer's delta missing (up to growth **
+IDLE_GROWTH_STEPS; the growth multiplied the whole wait once, and a B=3 swarm's idle peer, its own rounds 96 s
+long on a loaded machine, waited 1,462 s a round for peers that had ended). Waiting costs an idle peer nothing,
 while closing before the trainers' deltas come splits the swarm's rounds: the copy task's sequential swarm
 (500 steps a round, a later block's rounds ~35 s against block 0's 30 s cap) lost its byte table that way.
 Pure bookkeeping over the times it is told (no clock, no I/O); swarmd.averaging.exchange feeds it each round.
@@ -100,14 +101,10 @@ class DeadlinePolicy:
     def idle_deadline_s(self) -> float:
         """The wait of a round this peer trained nothing in (its delta ready at once), so that the training peers'
         deltas still come in: the cap for the round length measured so far (open -> last arrival), at least
-        IDLE_WAIT_FACTOR x deadline_max_s and IDLE_TRAIN_FACTOR x the longest own training round, grown after idle
-        rounds that missed a delta (module doc)."""
-        wait = max(
-            self.cap_s(self.round_ema or 0.0),
-            IDLE_WAIT_FACTOR * self.cfg.deadline_max_s,
-            IDLE_TRAIN_FACTOR * max(self.trained, default=0.0),
-        )
-        return wait * self.growth ** min(self.idle_missed, IDLE_GROWTH_STEPS)
+        IDLE_WAIT_FACTOR x deadline_max_s (grown after idle rounds that missed a delta) and IDLE_TRAIN_FACTOR x the
+        longest own training round (module doc)."""
+        floor = IDLE_WAIT_FACTOR * self.cfg.deadline_max_s * self.growth ** min(self.idle_missed, IDLE_GROWTH_STEPS)
+        return max(self.cap_s(self.round_ema or 0.0), floor, IDLE_TRAIN_FACTOR * max(self.trained, default=0.0))
 
     def observe_training(self, seconds: float) -> None:
         """A round this peer trained took `seconds` from round open to its own delta ready."""
