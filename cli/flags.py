@@ -118,7 +118,8 @@ Pipeline = Annotated[
     flag(
         "--pipeline/--no-pipeline",
         "Block b starts training b rounds after block 0 (the swarm, or `train`, runs B - 1 rounds more), so each "
-        "round of a later block runs against its predecessors' ended round.",
+        "round of a later block runs against its predecessors' ended round. `train` without --pipeline or "
+        "--no-pipeline trains one block after the other (--pipeline-stagger = --rounds).",
         T,
     ),
 ]

@@ -109,7 +109,9 @@ def test_train_then_eval_tiny(tmp_path):
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)  # stderr has the one-line note on the held-out tail
-    assert len(summary["history"]) == 2 and len(summary["history"][0]["trace"]) == 2
+    # one block after the other (train's default schedule): block 0's two rounds, then block 1's
+    assert len(summary["history"]) == 4 and len(summary["history"][0]["trace"]) == 2
+    assert [r["steps_per_block"] for r in summary["history"]] == [5, 10, 10, 10]
     result = runner.invoke(
         app, ["eval", "--checkpoint", str(out), "--data", str(text), "--eval-tokens", "256", "--trace", "--json"]
     )
