@@ -76,7 +76,8 @@ class BlockStack:
         round_no: int = 1,
         rounds: int = 0,
     ) -> float:
-        """Every block takes `steps` local steps, then the byte table copies are averaged; the mean train CE.
+        """Every block whose turn it is takes `steps` local steps, then the byte table copies are averaged; the mean
+        train CE.
 
         With snapshot predecessors the round runs in train_cfg.predecessor_pulls chunks, as concurrent swarm
         peers do: at each chunk's start every block is copied as it is then (the first copy is the round-start
@@ -90,18 +91,16 @@ class BlockStack:
             for b in range(len(self.trainers))
         ]
         ces = []
-        snapshots = self.train_cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
-        chunks = split_steps(steps, self.train_cfg.predecessor_pulls if snapshots else 1)
+        snapshots = cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
+        chunks = split_steps(steps, cfg.predecessor_pulls if snapshots else 1)
         table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging
         for chunk in chunks:
             if snapshots:
                 snapshot = {i: copy.deepcopy(t.block).eval().requires_grad_(False) for i, t in enumerate(self.trainers)}
-            for b, trainer in enumerate(self.trainers):
-                if not turn[b]:
-                    continue
+            for b, trainer in ((b, t) for b, t in enumerate(self.trainers) if turn[b]):
                 if snapshots:
                     trainer.set_others({i: blk for i, blk in snapshot.items() if i != b}, table=table)
-                elif self.train_cfg.trajectory_prob > 0:
+                elif cfg.trajectory_prob > 0:
                     trainer.set_others({i: t.block for i, t in enumerate(self.trainers) if i != b})
                 for _ in range(chunk):
                     metrics = trainer.step(*next(self.streams[b]))
