@@ -15,7 +15,8 @@ from swarmd.averaging.state import merge_train_stats, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.local_run import BlockStack, LocalRun
-from swarmd.core.train import average_embeddings, pipeline_trains, split_steps
+from swarmd.core.pipeline import pipeline_trains
+from swarmd.core.train import average_embeddings, split_steps
 from swarmd.node.peers import pull_predecessors, refresh_predecessors, within_drift
 from swarmd.transport import PeerClient
 from swarmd.v1 import swarm_pb2 as pb
@@ -190,7 +191,7 @@ def test_a_round_without_predecessors_refreshes_nothing(tmp_path):
     ],
 )
 def test_pipeline_trains(round_no, block, train_rounds, start, trains):
-    from swarmd.core.train import pipeline_trains
+    from swarmd.core.pipeline import pipeline_trains
 
     assert pipeline_trains(round_no, block, train_rounds, start) is trains
 
@@ -199,7 +200,7 @@ def test_pipeline_trains(round_no, block, train_rounds, start, trains):
     ("round_no", "block", "trains"), [(4, 1, False), (5, 1, True), (8, 1, True), (9, 1, False), (9, 2, True)]
 )
 def test_a_staggered_pipeline_starts_each_block_s_rounds_after_the_one_before(round_no, block, trains):
-    from swarmd.core.train import pipeline_trains
+    from swarmd.core.pipeline import pipeline_trains
 
     assert pipeline_trains(round_no, block, 4, 0, stagger=4) is trains  # sequential: 4 rounds each, in turn
 
@@ -235,6 +236,9 @@ def test_pipelined_daemons_start_late_run_b_minus_1_rounds_more_and_take_equal_s
     assert steps_after_round == steps
     # one byte table after every round (the idle peer lands the trainer's table step), moving while a block trains
     assert tables[0] == tables[1] and len(set(tables[0])) == 2 + stagger
+    # each record carries its block's window, so a peer sitting a round out waits for the one that trains it
+    windows = [(r.train_first, r.train_last) for r in (d.gossip.record() for d in (d0, d1))]
+    assert windows == [(1, 2), (1 + stagger, 2 + stagger)]
 
 
 def test_a_predecessor_nobody_serves_keeps_the_state_pulled_before():

@@ -131,3 +131,38 @@ def test_a_callee_still_training_is_dialled_again_until_the_deadline(error, merg
     report, calls = asyncio.run(scenario())
     assert len(calls) == (2 * 3 if merged else 2)
     assert report.participation == (1.0 if merged else 0.0)
+
+
+def test_a_peer_sitting_a_round_out_waits_for_the_trainers_only_not_for_another_idle_peer():
+    """Sequential schedule, B=3: block 0's peer trains round 1, blocks 1 and 2 sit it out (their records' training
+    windows, PeerRecord.train_first/train_last, start later). Block 1's idle round expects only block 0's deltas and
+    closes as soon as they came, while block 2's peer, a round out of step, never answers: an idle peer's delta
+    carries nothing (weight 0), so no idle peer waits for another (it waited up to its long idle deadline before)."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 1, 2], blocks=3, codec="fp32", deadline_max_s=8.0)
+        trainer, idle, out_of_step = peers
+        for g, window in zip(peers, ((1, 4), (5, 8), (9, 12)), strict=True):
+            g.me = replace(g.me, train_first=window[0], train_last=window[1])
+            board[g.me.peer_id] = g.record()
+        records = list(board.values())
+        for g in (trainer, idle):
+            await g.sync(records)
+            await g.open_round()
+        await asyncio.to_thread(trainer.state.train_steps, 2, batches(0))
+        idle.rounds.idle = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def timed(g):
+            return await g.average(records), loop.time() - started
+
+        reports = await asyncio.wait_for(asyncio.gather(trainer.average(records), timed(idle)), 90)
+        return reports, trainer, out_of_step
+
+    (for_trainer, (for_idle, seconds)), trainer, out_of_step = asyncio.run(scenario())
+    assert for_idle.expected_emb == [trainer.me.peer_id] and for_idle.accepted_emb == [trainer.me.peer_id]
+    assert for_idle.participation == 1.0
+    assert seconds < 6.0  # well before the idle deadline (2 x deadline_max_s = 16 s) and the trainer's (8 s)
+    # the trainer still expects both (an idle peer must fetch its delta); the one out of step is simply missing
+    assert out_of_step.me.peer_id in for_trainer.expected_emb

@@ -24,7 +24,7 @@ from swarmd.membership.discovery import MemoryDiscovery, StaticDiscovery
 from swarmd.membership.identity import Identity, peer_id_of, public_key_of, verify
 from swarmd.membership.quorum import agreeing, quorum
 from swarmd.membership.records import PeerRecord, block_key
-from swarmd.membership.trust import is_valid, record_problem, sign_payload, sign_record, verify_payload
+from swarmd.membership.trust import is_valid, record_bytes, record_problem, sign_payload, sign_record, verify_payload
 from swarmd.v1 import swarm_pb2 as pb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -417,3 +417,20 @@ def test_a_delta_needs_its_senders_signed_record_of_about_its_round():
     a.known.clear()
     a.remember([sign_record(replace(b.me, round=5, block_index=1), b.identity, 30)])
     assert "is for block 1" in a.sender_problem(hdr, BLOCK)
+
+
+def test_a_training_window_is_signed_read_back_and_absent_while_zero():
+    """PeerRecord.train_first/train_last (a pipelined peer's rounds): signed like every field, parsed back, left out of
+    the value and the signed bytes while 0 (a record of a peer before them verifies as it did); a window out of range
+    does not parse."""
+    me = Identity.generate()
+    plain = sign_record(_record(me), me, 30)
+    assert "train_first" not in plain.to_value() and b"train_first" not in record_bytes(plain)
+    assert plain.trains(1) and plain.trains(10_000)  # (0, 0): every round
+    windowed = sign_record(_record(me, train_first=5, train_last=8), me, 30)
+    parsed = PeerRecord.from_value(windowed.to_value())
+    assert parsed == windowed and is_valid(parsed)
+    assert [parsed.trains(r) for r in (4, 5, 8, 9)] == [False, True, True, False]
+    assert not is_valid(replace(windowed, train_last=9))  # tampered
+    assert PeerRecord.from_value({**windowed.to_value(), "train_first": -1}) is None
+    assert PeerRecord.from_value({**windowed.to_value(), "train_last": True}) is None

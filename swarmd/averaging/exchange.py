@@ -332,6 +332,8 @@ class Exchange:
         await (publish or self.publish)()
         # a peer whose signed record is two or more rounds ahead of ours sends no delta of our round: not waited for
         peers = [r for r in records if p.usable(r) and r.round <= rs.round + AHEAD_ROUNDS]
+        if self.idle:  # a round we sit out: only the peers whose records say they train it have a delta for us
+            peers = [r for r in peers if r.trains(rs.round + 1)]
         expected = {
             BLOCK: {r.peer_id for r in peers if r.block_index == p.me.block_index},
             EMB: {r.peer_id for r in peers},

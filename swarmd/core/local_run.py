@@ -21,7 +21,8 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
-from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, pipeline_trains, seed_for, split_steps
+from swarmd.core.pipeline import pipeline_trains
+from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for, split_steps
 
 
 @dataclass

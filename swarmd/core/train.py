@@ -75,15 +75,6 @@ def split_steps(steps: int, parts: int) -> list[int]:
     return [steps // parts + (i < steps % parts) for i in range(parts)]
 
 
-def pipeline_trains(round_no: int, block_index: int, train_rounds: int = 0, start: int = 0, stagger: int = 1) -> bool:
-    """TrainConfig.pipeline: whether block `block_index` takes its local steps in swarm round `round_no` (1-based)
-    of a run that started after round `start`: from round start + block_index x stagger + 1 on, for `train_rounds`
-    rounds (0 = without end). Block 0 starts at once; block b, b x stagger rounds later (TrainConfig.
-    pipeline_stagger), once its predecessors have ended that many rounds."""
-    first = start + block_index * stagger + 1
-    return round_no >= first and (train_rounds == 0 or round_no < first + train_rounds)
-
-
 def seed_for(*parts: int | str) -> int:
     """Stable 31-bit seed from parts (crc32 of their text)."""
     return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF

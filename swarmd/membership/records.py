@@ -15,6 +15,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from swarmd.core.pipeline import in_window
+
 logger = logging.getLogger(__name__)
 
 KEY_DELIMITER = "."
@@ -61,6 +63,16 @@ class PeerRecord:
     # difficulty. Left out of the value and of the signed bytes while 0, so records of peers that predate it
     # still verify, and theirs still read ours
     pow_nonce: int = 0
+    # issue 19: the swarm rounds this peer takes local steps in (TrainConfig.pipeline's window, swarmd.core.train.
+    # pipeline_rounds; 0, 0 = every round). A peer that sits a round out waits only for the peers that train it;
+    # a false window costs its writer its own place in others' waits, nothing more. Absent while 0 (pow_nonce's rule)
+    train_first: int = 0
+    train_last: int = 0
+
+    def trains(self, round_no: int) -> bool:
+        """Whether this peer takes local steps in swarm round `round_no` (1-based: the round after `round_no` - 1
+        merged rounds), as its record says."""
+        return in_window(round_no, self.train_first, self.train_last)
 
     def to_value(self) -> dict:
         value = asdict(self)
@@ -86,6 +98,8 @@ class PeerRecord:
                 raise ValueError("negative samples_per_s")
             if not 0 <= rec.pow_nonce < 2**64:
                 raise ValueError("pow_nonce out of range")
+            if not (0 <= rec.train_first < 2**63 and 0 <= rec.train_last < 2**63):
+                raise ValueError("training window out of range")
             rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
             if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not all(
                 isinstance(getattr(rec, k), bool) for k in _BOOLS
@@ -97,8 +111,9 @@ class PeerRecord:
             return None
 
 
-OMITTED_WHEN_ZERO = ("pow_nonce",)  # newer fields an older reader would call malformed: absent while zero
-_INTS = ("block_index", "round", "pow_nonce")
+# newer fields an older reader would call malformed: absent while zero
+OMITTED_WHEN_ZERO = ("pow_nonce", "train_first", "train_last")
+_INTS = ("block_index", "round", "pow_nonce", "train_first", "train_last")
 _BOOLS = ("client_mode", "pinned")
 _STRS = ("peer_id", "address", "config_hash", "base_hash", "swarm_id", "emb_hash", "tls_fingerprint", "signature")
 _REQUIRED = (

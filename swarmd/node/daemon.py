@@ -29,6 +29,7 @@ worker thread at a time for torch, grpc's own threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -43,7 +44,8 @@ from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.averaging.validation import HeldOutCheck
 from swarmd.core import checkpoint as ck
 from swarmd.core.data import ByteData
-from swarmd.core.train import pipeline_trains, seed_for, split_steps
+from swarmd.core.pipeline import pipeline_rounds
+from swarmd.core.train import seed_for, split_steps
 from swarmd.errors import NothingMerges, SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
@@ -173,7 +175,7 @@ class Daemon:
         """Train `state` from now on: its Gossip (our record for its block), the announce loop's gossip, a BlockServing
         of its block, and its batch stream (resume: a resumed peer's round, so it does not replay its batches)."""
         c, block = self.config, state.block_index
-        self.state, self.me = state, replace(self.me, block_index=block)
+        self.state, self.me = state, self.windowed(block)
         check = HeldOutCheck.from_data(self.data, self.cfg, block, c.train.seed)  # judges adoptions and merges
         self.gossip = Gossip(
             state,
@@ -195,6 +197,15 @@ class Daemon:
         self.update_serving()
         seed = seed_for("data", c.train.seed, block, self.peer_seed, *resume)
         self.batches = self.data.stream(seed, c.train.batch_size)
+
+    def windowed(self, block: int) -> PeerRecord:
+        """Our record's template for block `block`, with the swarm rounds it takes local steps in (train_first,
+        train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline)."""
+        train = self.config.train
+        first, last = (0, 0)
+        if train.pipeline:
+            first, last = pipeline_rounds(block, *self.pipeline_window, train.pipeline_stagger)
+        return replace(self.me, block_index=block, train_first=first, train_last=last)
 
     async def rebalance(self, max_age_s: float | None = None) -> bool:
         """Move to the block swarmd.node.rebalance names for this --block auto server-mode peer, if any; whether
@@ -229,8 +240,7 @@ class Daemon:
         """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step after stop()),
         in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
         train = self.config.train
-        window = (*self.pipeline_window, train.pipeline_stagger)
-        if train.pipeline and not pipeline_trains(self.state.round + 1, self.state.block_index, *window):
+        if not self.me.trains(self.state.round + 1):
             return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
         parts = []
         for i, chunk in enumerate(split_steps(steps, train.predecessor_pulls)):
@@ -305,6 +315,9 @@ class Daemon:
         if self.config.train.pipeline:  # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S more
             start = self.state.round if todo else 0
             self.pipeline_window = (last - start if last else 0, start)
+            self.me = self.gossip.me = self.windowed(self.state.block_index)
+            with contextlib.suppress(SwarmdError):  # the peers sitting a round out wait only for its trainers
+                await self.announce()
             last = last and last + self.config.train.extra_rounds(self.cfg.blocks)
         try:
             while not self.stopping.is_set() and not (last and self.rounds.rounds_started() >= last):
