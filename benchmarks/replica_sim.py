@@ -60,30 +60,39 @@ from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
-VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
+VARIANT_KEYS = {
+    **{"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int},
+    **{"codec": str, "merge": str},
+}
+CODECS, MERGES = ("int8", "fp16", "bf16", "fp32"), ("robust", "mean")
 
 
 def parse_variant(text: str) -> dict:
     """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict (lr: inner-lr multiplier; H: local steps per
-    round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW); defaults filled in."""
+    round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW; codec=fp32 and
+    merge=mean: the deltas' codec and the merge rule, default the swarm's int8 and robust); defaults filled in."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key not in VARIANT_KEYS:
             raise SystemExit(f"unknown variant key {key!r} in {text!r} (known: {', '.join(VARIANT_KEYS)})")
         v[key] = VARIANT_KEYS[key](value)
+    if v.get("codec", "int8") not in CODECS or v.get("merge", "robust") not in MERGES:
+        raise SystemExit(f"codec must be one of {', '.join(CODECS)} and merge one of {', '.join(MERGES)} in {text!r}")
     return v
 
 
 def label(v: dict) -> str:
     outer = f"nesterov(lr {v['olr']:g}, m {v['mom']:g})" if v["outer"] == "nesterov" else "none"
     extra = (f" H={v['H']}" if v.get("H") else "") + (" ReplicaAdamW" if v.get("ra") else "")
+    extra += "".join(f" {k} {v[k]}" for k in ("codec", "merge") if k in v)
     return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}{extra}"
 
 
 def swarm_label(v: dict, steps: int) -> str:
     """A sync-DP row's swarm variant in words: H, and ReplicaAdamW or AdamW."""
-    return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}"
+    extra = "".join(f", {v[k]}" for k in ("codec", "merge") if k in v)
+    return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}{extra}"
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -153,9 +162,16 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
     train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")))
     sim_cfg = SimConfig(
-        common.model_of(a), train, workers=v["K"], rounds=rounds, steps_per_round=h, eval_every=eval_every
+        common.model_of(a),
+        train,
+        workers=v["K"],
+        rounds=rounds,
+        steps_per_round=h,
+        eval_every=eval_every,
+        codec=v.get("codec", "int8"),
     )
-    gossip = GossipConfig(steps_per_round=h, outer=v["outer"], outer_lr=v["olr"], outer_momentum=v["mom"], group_size=0)
+    outer = {"outer": v["outer"], "outer_lr": v["olr"], "outer_momentum": v["mom"]}
+    gossip = GossipConfig(steps_per_round=h, **outer, group_size=0, merge=v.get("merge", "robust"))
     regime = regime_named("lockstep")
     start = time.perf_counter()
     sim = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, gossip=gossip)
