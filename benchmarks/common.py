@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.config import HANDOFF_LOSSES, ModelConfig, TrainConfig
 
 SHARED_DATA = "/work/shared/data/wikitext-2"
 RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
@@ -149,7 +149,7 @@ def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
     p.add_argument("--pred-input", choices=("none", "feature"), default=model.pred_input)
     p.add_argument("--noise-embedding", choices=("default", "zero_init", "off"), default=model.noise_embedding)
     p.add_argument("--pred-output", choices=("none", "add"), default=model.pred_output)
-    p.add_argument("--handoff-loss", choices=("none", "prev_byte"), default=model.handoff_loss)
+    p.add_argument("--handoff-loss", choices=HANDOFF_LOSSES, default=model.handoff_loss)
 
 
 def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:

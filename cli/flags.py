@@ -82,7 +82,8 @@ HandoffLoss = Annotated[
     str | None,
     flag(
         "--handoff-loss",
-        "prev_byte: each block's final feature also predicts the previous byte (training only); none.",
+        "prev_byte: each block's final feature also predicts the previous byte (training only); prev_skip: and the "
+        "byte after the next; none.",
         M,
     ),
 ]

@@ -1,5 +1,6 @@
 """The hand-off reconstruction term (ModelConfig.handoff_loss=prev_byte, issue 19): a training-only head on each
-block's final feature predicting the previous context byte; inference, gradients and checkpoints stay as they were."""
+block's final feature predicting the previous context byte (prev_skip: and a second one predicting the byte after the
+next); inference, gradients and checkpoints stay as they were."""
 
 from __future__ import annotations
 
@@ -52,7 +53,31 @@ def test_handoff_ce_predicts_the_previous_byte_from_the_feature_at_t():
     feature = torch.randn(2, 5, 16)
     x = torch.randint(0, 256, (2, 5))
     by_hand = sum(F.cross_entropy(head(feature[i, t])[None], x[i, t - 1][None]) for i in range(2) for t in range(1, 5))
-    assert torch.allclose(handoff_ce(head, feature, x), by_hand / 8)
+    owner = torch.nn.Module()
+    owner.handoff_head = head
+    assert torch.allclose(handoff_ce(owner, feature, x, x), by_hand / 8)
+
+
+def test_prev_skip_adds_a_head_predicting_the_byte_after_the_next():
+    """handoff_loss=prev_skip: the prev-byte term plus the CE of y_{t+1} (the byte after the next) from the feature at
+    t, positions 0..t-2; blocks and the E2E reference get the second head, its config hash is its own."""
+    torch.manual_seed(0)
+    skip_cfg = replace(CFG, handoff_loss="prev_skip")
+    block = DenoisingBlock(skip_cfg)
+    assert (block.skip_head.in_features, block.skip_head.out_features) == (16, 256)
+    assert hasattr(E2EModel(skip_cfg), "skip_head") and not hasattr(E2EModel(HANDOFF), "skip_head")
+    assert len({c.config_hash() for c in (CFG, HANDOFF, skip_cfg)}) == 3
+    feature = torch.randn(2, 5, 16)
+    x, y = torch.randint(0, 256, (2, 5)), torch.randint(0, 256, (2, 5))
+    prev = sum(
+        F.cross_entropy(block.handoff_head(feature[i, t])[None], x[i, t - 1][None])
+        for i in range(2)
+        for t in range(1, 5)
+    )
+    skip = sum(
+        F.cross_entropy(block.skip_head(feature[i, t])[None], y[i, t + 1][None]) for i in range(2) for t in range(4)
+    )
+    assert torch.allclose(handoff_ce(block, feature, x, y), prev / 8 + skip / 8)
 
 
 def test_block_loss_adds_the_weighted_term_and_nothing_else():
@@ -66,7 +91,7 @@ def test_block_loss_adds_the_weighted_term_and_nothing_else():
     _, _, feature = denoise(block, emb.normalized(), x, z, sigma)
     assert torch.equal(ce, ce2)
     w = (2.0**2 + 0.25) / (2.0 * 0.5) ** 2  # EDM's w(sigma) at sigma 2: the term is weighted as the CE is
-    assert torch.allclose(with_term, plain + 2.5 * w * handoff_ce(block.handoff_head, feature, x))
+    assert torch.allclose(with_term, plain + 2.5 * w * handoff_ce(block, feature, x, y))
 
 
 def test_the_head_never_runs_at_inference():

@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
+HANDOFF_LOSSES = ("none", "prev_byte", "prev_skip")  # ModelConfig.handoff_loss (swarmd.core.model.handoff_ce)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -48,7 +50,8 @@ class ModelConfig:
     pred_output: str = "add"
     # issue 19. none (documented) | prev_byte: each block's final feature g_t also predicts the previous context
     # byte x_{t-1} through a block-owned linear head (trained with TrainConfig.handoff_weight, never run at
-    # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read
+    # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read.
+    # prev_skip: that term plus a second head predicting the byte after the next (y_{t+1}) from g_t
     handoff_loss: str = "prev_byte"
 
     # the documented block's values of the fields added after the first release. A field at this value
@@ -87,8 +90,8 @@ class ModelConfig:
             raise ValueError(f"noise_embedding must be default, zero_init or off, got {self.noise_embedding!r}")
         if self.pred_output not in ("none", "add"):
             raise ValueError(f"pred_output must be none or add, got {self.pred_output!r}")
-        if self.handoff_loss not in ("none", "prev_byte"):
-            raise ValueError(f"handoff_loss must be none or prev_byte, got {self.handoff_loss!r}")
+        if self.handoff_loss not in HANDOFF_LOSSES:
+            raise ValueError(f"handoff_loss must be one of {', '.join(HANDOFF_LOSSES)}, got {self.handoff_loss!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 

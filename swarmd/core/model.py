@@ -233,8 +233,10 @@ class DenoisingBlock(nn.Module):
             self.pred_in = nn.Linear(d, d)
             nn.init.zeros_(self.pred_in.weight)
             nn.init.zeros_(self.pred_in.bias)
-        if cfg.handoff_loss == "prev_byte":  # training only: g_t -> logits of x_{t-1} (handoff_logits)
+        if cfg.handoff_loss != "none":  # training only: g_t -> logits of x_{t-1} (handoff_ce)
             self.handoff_head = nn.Linear(d, cfg.vocab)
+        if cfg.handoff_loss == "prev_skip":  # ... and g_t -> logits of y_{t+1}, the byte after the next
+            self.skip_head = nn.Linear(d, cfg.vocab)
 
     def context(self, x: torch.Tensor, table_hat: torch.Tensor) -> torch.Tensor:
         """Context input of bytes x (n, t): sqrt(d) e_hat[x] (documented) or the block's own table rows."""
@@ -324,11 +326,17 @@ def denoise(
     return logits, (torch.cat(parts, dim=-1) if parts else None), feature
 
 
-def handoff_ce(head: nn.Module, feature: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """ModelConfig.handoff_loss=prev_byte: mean CE of predicting x_{t-1} from the feature at t (positions 1..t-1 of
-    each window; the first has no previous byte in the window)."""
-    logits = head(feature[:, 1:].float())
-    return F.cross_entropy(logits.flatten(0, 1), x[:, :-1].flatten())
+def handoff_ce(owner: nn.Module, feature: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """ModelConfig.handoff_loss of a block or reference model `owner` (its handoff_head, and skip_head for
+    prev_skip): mean CE of predicting x_{t-1} from the feature at t (positions 1..t-1 of each window; the first has
+    no previous byte in the window); prev_skip adds the mean CE of predicting y_{t+1}, the byte after the next, from
+    the feature at t (positions 0..t-2)."""
+    logits = owner.handoff_head(feature[:, 1:].float())
+    ce = F.cross_entropy(logits.flatten(0, 1), x[:, :-1].flatten())
+    if hasattr(owner, "skip_head"):
+        skip = owner.skip_head(feature[:, :-1].float())
+        ce = ce + F.cross_entropy(skip.flatten(0, 1), y[:, 1:].flatten())
+    return ce
 
 
 def noisy_targets(
@@ -357,8 +365,9 @@ def block_loss(
     z defaults to the documented noisy target e_hat[y] + sigma * eps; a caller may pass another
     input at the same sigmas (for example a point on the sampler's own trajectory). pred: the
     predecessor's feature for pred_input=feature (computed without gradient by the caller). With
-    handoff_loss=prev_byte the loss adds handoff_weight x mean w(sigma) x handoff_ce of the block's final feature
-    (the term weighted as the CE is, so handoff_weight means what it means for the E2E reference's unweighted CE).
+    handoff_loss=prev_byte (or prev_skip) the loss adds handoff_weight x mean w(sigma) x handoff_ce of the block's
+    final feature (the term weighted as the CE is, so handoff_weight means what it means for the E2E reference's
+    unweighted CE).
     """
     table_hat = emb.normalized()
     if z is None:
@@ -367,8 +376,8 @@ def block_loss(
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight
     loss = (w[:, None] * ce).mean()
-    if block.cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:  # weighted as the CE is (w(sigma) ~ 4-5 here)
-        loss = loss + handoff_weight * w.mean() * handoff_ce(block.handoff_head, feature, x)
+    if block.cfg.handoff_loss != "none" and x.shape[1] > 1:  # weighted as the CE is (w(sigma) ~ 4-5 here)
+        loss = loss + handoff_weight * w.mean() * handoff_ce(block, feature, x, y)
     return loss, ce.mean().detach()
 
 

@@ -42,8 +42,10 @@ class E2EModel(nn.Module):
         if layout == "block":  # created after the tied modules, so the tied layout draws the same init
             self.out = nn.Linear(d, d)
             self.table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
-        if cfg.handoff_loss == "prev_byte":  # the blocks' training-only head, for a reference trained alike
+        if cfg.handoff_loss != "none":  # the blocks' training-only heads, for a reference trained alike
             self.handoff_head = nn.Linear(d, cfg.vocab)
+        if cfg.handoff_loss == "prev_skip":
+            self.skip_head = nn.Linear(d, cfg.vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits_and_feature(x)[0]

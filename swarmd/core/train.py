@@ -315,8 +315,8 @@ class E2ETrainer:
             logits, feature = self.model.logits_and_feature(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         ce = loss.detach()
-        if self.model_cfg.handoff_loss == "prev_byte" and x.shape[1] > 1:  # the blocks' term, for a fair reference
-            loss = loss + self.train_cfg.handoff_weight * handoff_ce(self.model.handoff_head, feature, x)
+        if self.model_cfg.handoff_loss != "none" and x.shape[1] > 1:  # the blocks' term, for a fair reference
+            loss = loss + self.train_cfg.handoff_weight * handoff_ce(self.model, feature, x, y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.grad_clip)
