@@ -63,9 +63,10 @@ class PeerRecord:
     # difficulty. Left out of the value and of the signed bytes while 0, so records of peers that predate it
     # still verify, and theirs still read ours
     pow_nonce: int = 0
-    # issue 19: the swarm rounds this peer takes local steps in (TrainConfig.pipeline's window, swarmd.core.train.
-    # pipeline_rounds; 0, 0 = every round). A peer that sits a round out waits only for the peers that train it;
-    # a false window costs its writer its own place in others' waits, nothing more. Absent while 0 (pow_nonce's rule)
+    # issue 19: the swarm rounds this peer takes local steps in (TrainConfig.pipeline's window,
+    # swarmd.core.pipeline.pipeline_rounds; 0, 0 = every round). A peer that sits a round out waits only for the
+    # peers that train it; a false window costs its writer its own place in others' waits, nothing more. Absent
+    # while 0 (pow_nonce's rule)
     train_first: int = 0
     train_last: int = 0
 
