@@ -331,10 +331,10 @@ def handoff_ce(owner: nn.Module, feature: torch.Tensor, x: torch.Tensor, y: torc
     prev_skip): mean CE of predicting x_{t-1} from the feature at t (positions 1..t-1 of each window; the first has
     no previous byte in the window); prev_skip adds the mean CE of predicting y_{t+1}, the byte after the next, from
     the feature at t (positions 0..t-2)."""
-    logits = owner.handoff_head(feature[:, 1:].float())
+    logits = cast(nn.Module, owner.handoff_head)(feature[:, 1:].float())
     ce = F.cross_entropy(logits.flatten(0, 1), x[:, :-1].flatten())
     if hasattr(owner, "skip_head"):
-        skip = owner.skip_head(feature[:, :-1].float())
+        skip = cast(nn.Module, owner.skip_head)(feature[:, :-1].float())
         ce = ce + F.cross_entropy(skip.flatten(0, 1), y[:, 1:].flatten())
     return ce
 
