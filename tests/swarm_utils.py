@@ -108,6 +108,7 @@ def memory_swarm(
     codec: str = "fp32",
     blocks: int = 2,
     deadline_max_s: float = 5.0,
+    deadline_min_s: float = 0.2,
     client_mode: set[int] = frozenset(),
     checks: bool = False,
     public: bool = False,
@@ -122,7 +123,9 @@ def memory_swarm(
     :param gossip: more GossipConfig fields (merge="mean", clip_factor, ...)
     """
     cfg = tiny_model(blocks)
-    gcfg = GossipConfig(steps_per_round=2, codec=codec, deadline_min_s=0.2, deadline_max_s=deadline_max_s, **gossip)
+    gcfg = GossipConfig(
+        steps_per_round=2, codec=codec, deadline_min_s=deadline_min_s, deadline_max_s=deadline_max_s, **gossip
+    )
     board: dict[str, PeerRecord] = {}
     peers: dict[str, Gossip] = {}
     transport = MemoryTransport(peers)
