@@ -56,15 +56,14 @@ from benchmarks import common
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.data import ByteData
 from swarmd.node.config import peer_train_config
+from swarmd.protocol import Codec
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
-VARIANT_KEYS = {
-    **{"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int},
-    **{"codec": str, "merge": str},
-}
-CODECS, MERGES = ("int8", "fp16", "bf16", "fp32"), ("robust", "mean")
+VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
+VARIANT_KEYS |= {"codec": str, "merge": str}
+CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 
 
 def parse_variant(text: str) -> dict:
