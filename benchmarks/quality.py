@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common
 from swarmd.averaging.config import GossipConfig
-from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.config import BLOCK_INITS, ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import depth_recovery, depth_trace, e2e_ce
 from swarmd.core.local_run import RoundReport, train_blocktrain, train_e2e
@@ -168,6 +168,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --pipeline: rounds between two blocks' starts (rounds = sequential training, block by block)",
     )
     p.add_argument(
+        "--block-init",
+        choices=BLOCK_INITS,
+        default=TrainConfig.block_init,
+        help="how a later block starts at its first turn (TrainConfig.block_init; predecessor: its trunk copied from "
+        "block b - 1, the one-process stack only)",
+    )
+    p.add_argument(
         "--predecessor-pulls",
         type=int,
         default=TrainConfig.predecessor_pulls,
@@ -186,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rounds = args.rounds or 8
     args.steps_per_round = args.steps_per_round or (250 if args.long else 200)
     args.lrs = args.lr_sweep or [args.lr]
+    if args.block_init != "fresh" and (args.swarm or args.only == "swarm"):
+        p.error("--block-init predecessor is for the one-process stack; the swarm's daemons start blocks fresh")
     if args.merge or args.task == "copy":
         return args
     return common.check_data(p, args, "train.txt and eval.txt")
@@ -215,6 +224,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         "handoff_weight",
         "pipeline",
         "pipeline_stagger",
+        "block_init",
     )
     tcfg = TrainConfig(
         total_steps=total,

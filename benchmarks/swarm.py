@@ -14,13 +14,17 @@ daemons for each K in --replicas and each outer optimizer in --outers (none = pl
 nesterov = swarmd.averaging.outer with --outer-lr / --outer-momentum), next to single-replica LocalSwarms
 (B daemons, one per block, plain averaging) at 1x, 2x and 4x the rounds, each its own run. The
 efficiency of a swarm run is (single-replica steps to reach its CE, interpolated in log-steps between
-those three runs) / (K x steps per replica). `--only codecs|replicas` runs one of the two parts and keeps
-the other's last results in --out.
+those three runs) / (K x steps per replica). With --sync-lrs (issue 20) each K > 1 also gets the synchronous
+data-parallel reference: B daemons, one replica per block at K x the batch and the same steps, at each lr
+multiple, and the row its best CE and the swarm's excess over it (replica_sim.sync_dp_summary's keys).
+`--only codecs|replicas` runs one of the two parts and keeps the other's last results in --out.
 
 Writes --out (JSON) and --md (markdown fragments with tables and commands).
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 1 2 4
+    python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 2 --outers none \
+        --single-mults --sync-lrs 1 1.41
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common, daemons
-from benchmarks.replica_sim import steps_to_reach
+from benchmarks.replica_sim import steps_to_reach, sync_dp_summary
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
@@ -79,6 +83,14 @@ def parse_args(argv=None):
         help="replica efficiency in pieces: reuse the single-replica runs in --out (same schedule) and keep its other "
         "rows (a row of the same replicas and outer is replaced)",
     )
+    p.add_argument(
+        "--sync-lrs",
+        type=float,
+        nargs="*",
+        default=[],
+        help="synchronous data-parallel reference (issue 20) for every K > 1: B daemons, one replica per block at K x "
+        "the batch, at each of these multiples of --lr (best reported); none: no reference",
+    )
     p.add_argument("--replica-md", type=Path, default=common.RESULTS / "ISSUE12_replicas.md")
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
@@ -104,7 +116,8 @@ def run_swarm(
     rounds: int | None = None,
     **kw,
 ) -> dict:
-    """One LocalSwarm run (a.peers daemons, a.rounds rounds unless given; kw: more LocalSwarm options, e.g. outer)."""
+    """One LocalSwarm run (a.peers daemons, a.rounds rounds unless given; kw: more LocalSwarm options, e.g. outer,
+    or batch_size / lr in place of a's)."""
     peers, rounds = peers or a.peers, rounds or a.rounds
     with daemons.temporary_swarm(
         f"swarm-bench-{codec}-",
@@ -114,12 +127,10 @@ def run_swarm(
         rounds=rounds,
         steps_per_round=a.steps,
         codec=codec,
-        batch_size=a.batch_size,
-        lr=a.lr,
         seed=0,
         trajectory_prob=a.trajectory_prob,
         freeze_z_in=a.freeze_z_in,
-        **kw,
+        **({"batch_size": a.batch_size, "lr": a.lr} | kw),
     ) as swarm:
         start = time.monotonic()
         try:
@@ -276,6 +287,7 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
         yield section
     section["single"].sort(key=lambda s: s["mult"])
     points = [(s["steps"], s["ce"]) for s in section["single"]]
+    sync_runs: dict[tuple[int, float], float] = {}  # (K, lr multiple) -> CE: one run per pair, whatever the outers
     runs = [(K, o) for K in a.replicas for o in a.outers if (K, o) != (1, "none")]  # (1, none): the single runs
     for K, outer in runs:
         extra = {"outer_lr": a.outer_lr, "outer_momentum": a.outer_momentum} if outer != "none" else {}
@@ -283,6 +295,9 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
         row = {"replicas": K, "daemons": B * K, "outer": outer, "steps_per_replica": steps, **summary(r)}
         if outer != "none":
             row.update(outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+        if K > 1 and a.sync_lrs:
+            sweep = sync_dp(a, cfg, train_path, eval_xy, K, sync_runs)
+            row.update(sync_dp_summary(K, row, sweep, points))
         section["rows"] = [x for x in section["rows"] if (x["replicas"], x["outer"]) != (K, outer)] + [row]
         for x in section["rows"]:  # against every single-replica run there is now
             if len(points) >= 2:
@@ -290,12 +305,27 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
                 x.update(
                     single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (x["replicas"] * steps)
                 )
+        eff = row.get("efficiency")
+        excess = f" excess over sync DP {row['excess_pct']:+.2f}%" if "excess_pct" in row else ""
         print(
-            f"{K} replicas, outer {outer}: ce {r['swarm_ce']:.4f} efficiency {row.get('efficiency', float('nan')):.3f}"
-            f"{' (extrapolated)' if row.get('extrapolated') else ''} in {r['wall_s']:.0f}s",
+            f"{K} replicas, outer {outer}: ce {r['swarm_ce']:.4f} efficiency {eff if eff is None else f'{eff:.3f}'}"
+            f"{' (extrapolated)' if row.get('extrapolated') else ''}{excess} in {r['wall_s']:.0f}s",
             flush=True,
         )
         yield section
+
+
+def sync_dp(a, cfg: ModelConfig, train_path: Path, eval_xy, K: int, done: dict) -> list[dict]:
+    """Synchronous data parallel for K replicas: B daemons (one replica per block) at K x the batch, the same
+    steps, at each multiple of --lr in a.sync_lrs; replica_sim's sweep rows (runs already in `done` are reused)."""
+    for mult in a.sync_lrs:
+        if (K, mult) not in done:
+            r = run_swarm(
+                a, cfg, "int8", train_path, eval_xy, peers=cfg.blocks, batch_size=K * a.batch_size, lr=a.lr * mult
+            )
+            done[(K, mult)] = r["swarm_ce"]
+            print(f"sync DP K={K} (batch {K * a.batch_size}, lr x{mult:g}): ce {r['swarm_ce']:.4f}", flush=True)
+    return [{"lr_mult": m, "lr_abs": a.lr * m, "ce": done[(K, m)]} for m in a.sync_lrs]
 
 
 def write_replica_md(a, sec: dict) -> None:
@@ -312,24 +342,26 @@ def write_replica_md(a, sec: dict) -> None:
         "",
         f"Single replica per block ({sec['blocks']} daemons, plain averaging, separate runs): {single} nats/byte.",
         "",
-        "| replicas per block | daemons | outer | CE | single-replica steps to that CE | efficiency | participation "
-        "| median round s | wall s |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| replicas per block | daemons | outer | CE | sync DP at K x the batch (lr x) | excess "
+        "| single-replica steps to that CE | efficiency | participation | median round s | wall s |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sec["rows"]:
-        equiv = (
-            f"{r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''}" if "efficiency" in r else "-"
-        )
-        eff = f"{r['efficiency']:.3f}" if "efficiency" in r else "-"
+        measured = r.get("efficiency") is not None
+        equiv = f"{r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''}" if measured else "-"
+        eff = f"{r['efficiency']:.3f}" if measured else "-"
+        sync = f"{r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g})" if "sync_dp_ce" in r else "-"
+        excess = f"{r['excess_pct']:+.2f}%" if "excess_pct" in r else "-"
         lines.append(
-            f"| {r['replicas']} | {r['daemons']} | {r['outer']} | {r['ce']:.4f} | {equiv} | {eff} "
+            f"| {r['replicas']} | {r['daemons']} | {r['outer']} | {r['ce']:.4f} | {sync} | {excess} | {equiv} | {eff} "
             f"| {r['participation']:.3f} | {r['round_seconds_median'] or 0:.2f} | {r['wall_s']:.0f} |"
         )
     lines += [
         "",
         "Efficiency = (single-replica steps needed to reach the run's CE, interpolated in log-steps between the "
         "single-replica runs, extrapolated on the nearest segment outside them) / (replicas x steps per replica): "
-        "1.0 means K replicas buy K times the steps.",
+        "1.0 means K replicas buy K times the steps. Sync DP: B daemons, one replica per block at K x the batch and "
+        "the same steps, best of the lr multiples run; excess = CE / sync DP - 1.",
         "",
     ]
     common.replace_section(a.replica_md, "swarm.py replicas", lines)

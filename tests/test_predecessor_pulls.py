@@ -121,6 +121,32 @@ def test_a_pipelined_single_process_stack_trains_each_block_in_its_turn(tmp_path
     assert reports[-1].steps_per_block == 4
 
 
+def test_a_warm_started_block_begins_as_its_trained_predecessor_with_a_zero_output(tmp_path):
+    """TrainConfig.block_init "predecessor": at its first turn block 1 takes block 0's trunk as block 0 then stands
+    (not its seeded init), its output layer and message input at 0, so it starts as the identity on block 0's
+    estimate; block 2 waits for its own turn; anything else but fresh/predecessor is refused."""
+    corpus = tmp_path / "train.txt"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 40)
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    tcfg = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, pipeline=True, pipeline_stagger=1)
+    stack = BlockStack(cfg, replace(tcfg, block_init="predecessor"), ByteData.from_path(corpus, cfg.seq_len))
+    fresh = copy.deepcopy(stack.trainers[2].block.state_dict())
+    stack.train_round(2, round_no=1, rounds=2)  # block 0 alone
+    block0 = copy.deepcopy(stack.trainers[0].block.state_dict())
+    stack.train_round(0, round_no=2, rounds=2)  # block 1's turn begins (no steps taken yet)
+    block1 = stack.trainers[1].block.state_dict()
+    for name, value in block1.items():
+        if name.split(".")[0] in ("out", "pred_in"):
+            assert not value.any(), name
+        else:
+            assert torch.equal(value, block0[name]), name
+    assert all(torch.equal(v, fresh[k]) for k, v in stack.trainers[2].block.state_dict().items())
+    stack.train_round(1, round_no=2, rounds=2)
+    assert stack.trainers[1].block.out.weight.any()  # the output layer trains from 0
+    with pytest.raises(ValueError, match="block_init"):
+        TrainConfig(block_init="copy")
+
+
 def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
     async def scenario():
         async with running(*(trajectory_config(tmp_path, b, predecessor_pulls=2) for b in range(3))) as daemons:

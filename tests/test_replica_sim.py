@@ -130,3 +130,35 @@ def test_report_merges_the_rows_of_other_runs(rs, tmp_path, data):
     assert {r["command"] for r in rows} <= set(md.read_text().split("`"))  # each row's own command is listed
     with pytest.raises(SystemExit):
         rs.parse_args(["--data-dir", str(data), "--merge", str(b)])
+
+
+def test_real_daemon_replica_rows_carry_sync_dp_at_k_times_the_batch(tmp_path, data, monkeypatch):
+    """benchmarks/swarm.py --sync-lrs: for each K > 1 the reference is B daemons (one replica per block) at K x the
+    batch and each lr multiple, run once per (K, multiple) whatever the outers, and the row carries the issue-20
+    keys. The daemons are swapped for a recorder here (the LocalSwarm runs themselves are the benchmark's)."""
+    spec = importlib.util.spec_from_file_location("swarm_bench", ROOT / "benchmarks" / "swarm.py")
+    sb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sb)
+    calls = []
+
+    def fake_run_swarm(a, cfg, codec, train_path, eval_xy, peers=None, rounds=None, **kw):
+        calls.append({"peers": peers, "batch_size": kw.get("batch_size", a.batch_size), "lr": kw.get("lr", a.lr)})
+        ce = 2.0 + 0.1 * (peers or 0) - kw.get("batch_size", a.batch_size) / 1000 - kw.get("lr", a.lr)
+        keys = ("participation", "wall_s", "round_seconds_median", "wire_bytes_per_round_per_peer", "rejected")
+        return {"swarm_ce": ce, **dict.fromkeys(keys, 1.0)}
+
+    monkeypatch.setattr(sb, "run_swarm", fake_run_swarm)
+    argv = ["--data-dir", str(data), "--only", "replicas", "--replicas", "2", "--outers", "none", "nesterov"]
+    a = sb.parse_args([*argv, "--single-mults", "--sync-lrs", "1", "2", "--batch-size", "8", "--lr", "0.001"])
+    cfg = sb.common.model_of(a)
+    *_, section = sb.run_replicas(a, cfg, data / "train.txt", None, [], {})
+    sync = [c for c in calls if c["batch_size"] == 16]
+    assert [(c["peers"], c["lr"]) for c in sync] == [(cfg.blocks, 0.001), (cfg.blocks, 0.002)]  # once for both
+    assert [c["peers"] for c in calls if c["batch_size"] == 8] == [2 * cfg.blocks] * 2  # the two swarms
+    for row in section["rows"]:
+        assert set(row) >= KEYS and row["K"] == 2
+        assert row["sync_dp_lr_mult"] == 2 and row["sync_dp_ce"] == pytest.approx(2.0 + 0.3 - 0.016 - 0.002)
+        assert row["excess_pct"] == pytest.approx(100 * (row["ce"] / row["sync_dp_ce"] - 1))
+    a.replica_md = tmp_path / "replicas.md"
+    sb.write_replica_md(a, section)
+    assert "sync DP at K x the batch" in a.replica_md.read_text() and "+" in a.replica_md.read_text()

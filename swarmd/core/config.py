@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 HANDOFF_LOSSES = ("none", "prev_byte", "prev_skip")  # ModelConfig.handoff_loss (swarmd.core.model.handoff_ce)
+BLOCK_INITS = ("fresh", "predecessor")  # TrainConfig.block_init (swarmd.core.train.warm_start)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ class TrainConfig:
     # ... rounds between two consecutive blocks' starts (1: block b starts b rounds late; steps_per_block / H:
     # sequential, each block trains only once the one before it ended); every peer runs (B - 1) x this more rounds
     pipeline_stagger: int = 1
+    # how a later block starts when its turn comes: fresh (its seeded init) | predecessor: its trunk (every weight
+    # but the output layer, which stays 0, and the message input, which stays 0) copied from block b - 1 as that
+    # block stands then, so it starts as block b - 1's features and as the identity on its estimate (pipelined
+    # one-process runs; issue 19)
+    block_init: str = "fresh"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -182,6 +188,8 @@ class TrainConfig:
             raise ValueError(f"handoff_weight must be >= 0, got {self.handoff_weight}")
         if self.predecessor_pulls < 1 or self.pipeline_stagger < 1:
             raise ValueError("predecessor_pulls and pipeline_stagger must be >= 1")
+        if self.block_init not in BLOCK_INITS:
+            raise ValueError(f"block_init must be one of {', '.join(BLOCK_INITS)}, got {self.block_init!r}")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
 

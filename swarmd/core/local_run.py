@@ -22,7 +22,7 @@ from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce, from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
 from swarmd.core.pipeline import pipeline_trains
-from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for, split_steps
+from swarmd.core.train import BlockTrainer, E2ETrainer, average_embeddings, seed_for, split_steps, warm_start
 
 
 @dataclass
@@ -61,6 +61,7 @@ class BlockStack:
         self.streams = [
             data.stream(seed_for("data", train_cfg.seed, b), train_cfg.batch_size) for b in range(model_cfg.blocks)
         ]
+        self.started: set[int] = set()  # blocks that have had a turn (train_cfg.block_init acts at the first)
 
     @property
     def blocks(self) -> list[DenoisingBlock]:
@@ -94,6 +95,10 @@ class BlockStack:
         ces = []
         snapshots = cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
         chunks = split_steps(steps, cfg.predecessor_pulls if snapshots else 1)
+        for b in (b for b, on in enumerate(turn) if on and b not in self.started):
+            if cfg.block_init == "predecessor" and b > 0:
+                warm_start(self.trainers[b].block, self.trainers[b - 1].block)
+            self.started.add(b)
         table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging
         for chunk in chunks:
             if snapshots:

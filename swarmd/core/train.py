@@ -92,6 +92,21 @@ def init_block(cfg: ModelConfig, block_index: int, seed: int = 0) -> DenoisingBl
     return block
 
 
+def warm_start(block: DenoisingBlock, predecessor: DenoisingBlock) -> None:
+    """TrainConfig.block_init "predecessor": copy `predecessor`'s weights into `block` in place, all but the output
+    layer and the message input (pred_in), which start at 0: the block starts with its predecessor's features and,
+    its F being 0, as the identity on the predecessor's estimate (pred_output=add)."""
+    own = block.state_dict()
+    with torch.no_grad():
+        for name, value in predecessor.state_dict().items():
+            if name.split(".")[0] in ("out", "pred_in") or name not in own:
+                continue
+            own[name].copy_(value)
+        for name in ("out", "pred_in"):
+            for p in getattr(block, name, nn.Identity()).parameters():
+                p.zero_()
+
+
 def init_embedding(cfg: ModelConfig, seed: int = 0) -> ByteEmbedding:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_for("embedding", seed))
