@@ -156,6 +156,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
     p.add_argument("--handoff-weight", type=float, default=TrainConfig.handoff_weight)
     p.add_argument(
+        "--later-lr-scale",
+        type=float,
+        default=TrainConfig.later_lr_scale,
+        help="lr multiplier of blocks 1.. (TrainConfig.later_lr_scale; the one-process stack only)",
+    )
+    p.add_argument(
         "--pipeline",
         action="store_true",
         help="the stack runs the pipelined schedule (TrainConfig.pipeline): the swarm's peers, and the single-process "
@@ -193,8 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rounds = args.rounds or 8
     args.steps_per_round = args.steps_per_round or (250 if args.long else 200)
     args.lrs = args.lr_sweep or [args.lr]
-    if args.block_init != "fresh" and (args.swarm or args.only == "swarm"):
-        p.error("--block-init predecessor is for the one-process stack; the swarm's daemons start blocks fresh")
+    if (args.block_init != "fresh" or args.later_lr_scale != 1.0) and (args.swarm or args.only == "swarm"):
+        p.error("--block-init and --later-lr-scale are for the one-process stack; the swarm's daemons run the defaults")
     if args.merge or args.task == "copy":
         return args
     return common.check_data(p, args, "train.txt and eval.txt")
@@ -225,6 +231,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         "pipeline",
         "pipeline_stagger",
         "block_init",
+        "later_lr_scale",
     )
     tcfg = TrainConfig(
         total_steps=total,

@@ -69,3 +69,24 @@ def test_monotone_rise_in_warmup_and_monotone_decay_after():
     assert all(a > b for a, b in pairwise(decay))  # strictly down from the peak to total_steps
     assert all(a == b for a, b in pairwise(after))  # then held at the floor
     assert max(values) == pytest.approx(cfg.lr, rel=1e-12) and min(values) >= cfg.lr * cfg.min_lr_ratio * (1 - 1e-12)
+
+
+def test_later_blocks_run_their_schedule_at_later_lr_scale(tmp_path):
+    """TrainConfig.later_lr_scale: every block but block 0 steps at that multiple of the schedule's lr, its table
+    copy too (the table's own lr_scale on top); block 0 keeps the schedule; 0 or less is refused."""
+    import torch
+
+    from swarmd.core.config import ModelConfig
+    from swarmd.core.train import BlockTrainer
+
+    cfg = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=8)
+    tcfg = TrainConfig(batch_size=2, lr=1e-3, warmup_steps=4, total_steps=20, later_lr_scale=0.5, table_lr_scale=2.0)
+    x = torch.randint(0, 256, (2, 8))
+    first, later = BlockTrainer(cfg, tcfg, 0), BlockTrainer(cfg, tcfg, 1)
+    for _ in range(6):
+        lr0, lr1 = first.step(x, x)["lr"], later.step(x, x)["lr"]
+    assert lr0 == pytest.approx(lr_at(5, tcfg)) and lr1 == pytest.approx(0.5 * lr0)
+    groups = {g.get("lr_scale", 1.0): g["lr"] for g in later.opt.param_groups}
+    assert groups[2.0] == pytest.approx(2 * lr1) and groups[1.0] == pytest.approx(lr1)
+    with pytest.raises(ValueError, match="later_lr_scale"):
+        TrainConfig(later_lr_scale=0)

@@ -168,6 +168,9 @@ class TrainConfig:
     # block stands then, so it starts as block b - 1's features and as the identity on its estimate (pipelined
     # one-process runs; issue 19)
     block_init: str = "fresh"
+    # learning-rate multiplier of every block but block 0 (its schedule and its table copy's too; issue 19: a later
+    # block refines a converged predecessor's estimate, and the table it trains is the one block 0 reads)
+    later_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -190,8 +193,8 @@ class TrainConfig:
             raise ValueError("predecessor_pulls and pipeline_stagger must be >= 1")
         if self.block_init not in BLOCK_INITS:
             raise ValueError(f"block_init must be one of {', '.join(BLOCK_INITS)}, got {self.block_init!r}")
-        if self.sigma_jitter < 0 or self.table_lr_scale <= 0:
-            raise ValueError("sigma_jitter must be >= 0 and table_lr_scale > 0")
+        if self.sigma_jitter < 0 or self.table_lr_scale <= 0 or self.later_lr_scale <= 0:
+            raise ValueError("sigma_jitter must be >= 0, table_lr_scale and later_lr_scale > 0")
 
     def extra_rounds(self, blocks: int) -> int:
         """Rounds a swarm of `blocks` runs beyond the rounds each block trains: (B - 1) x pipeline_stagger when

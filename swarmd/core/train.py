@@ -281,7 +281,7 @@ class BlockTrainer:
         sigma, k = self._sigma(x.shape[0])
         sigma = sigma.to(self.device)
         z, pred = self._inputs(x, y, sigma, k)
-        lr = lr_at(self.step_count, self.train_cfg)
+        lr = lr_at(self.step_count, self.train_cfg) * (self.train_cfg.later_lr_scale if self.block_index else 1.0)
         for group in self.opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.block.train()
