@@ -13,6 +13,7 @@ relative distance between two same-block replicas' bases, or two workers' tables
     python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
     python benchmarks/group_sim.py --ks 4 8 --group-size 2 4 --layouts grid balanced
     python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --outer nesterov --overlap
+    python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --rounds 40 --steps 5 --replica-adam
 
 --outer and --overlap apply to every row, the all-to-all one included (with groups, the outer optimizer is
 the local one of swarmd.averaging.outer: each worker steps on its own delta before sending).
@@ -62,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--outer-lr", type=float, default=GossipConfig.outer_lr)
     p.add_argument("--outer-momentum", type=float, default=GossipConfig.outer_momentum)
     p.add_argument("--overlap", action="store_true", help="merges land a round late (SimConfig.overlap, every row)")
+    p.add_argument(
+        "--replica-adam", action="store_true", help="TrainConfig.replica_adam (ReplicaAdamW, K = the merge's members)"
+    )
     p.add_argument("--seed", type=int, default=0)
     common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
     common.add_section(p, "group_sim.py")
@@ -84,7 +88,7 @@ def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
 
 def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, regime_name: str, data, eval_xy) -> dict:
     cfg = common.model_of(a)
-    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, replica_adam=a.replica_adam)
     sim_cfg = SimConfig(
         cfg,
         train,
@@ -129,6 +133,7 @@ def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, reg
         "merge": a.merge,
         "outer": a.outer if a.outer == "none" else f"{a.outer} lr {a.outer_lr} momentum {a.outer_momentum}",
         "overlap": a.overlap,
+        "replica_adam": a.replica_adam,
         "steps_per_replica": a.rounds * a.steps,
         "ce_mean": statistics.mean(ces),
         "ce_min": min(ces),
@@ -158,7 +163,7 @@ def write_md(a, out: dict) -> None:
         "",
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
-        f"{a.merge} merge, "
+        f"{a.merge} merge, {'ReplicaAdamW' if a.replica_adam else 'AdamW'}, "
         + (
             f"outer Nesterov (lr {a.outer_lr:g}, momentum {a.outer_momentum:g}; local in group rows), "
             if a.outer != "none"
