@@ -340,8 +340,10 @@ def write_replica_md(a, sec: dict) -> None:
         f"constant after a {sec['train']['warmup_steps']}-step warmup), int8 deltas, robust merge. Outer optimizer "
         f"nesterov: lr {sec['outer_lr']:g}, momentum {sec['outer_momentum']:g}. Machine: {sec['machine']} (shared).",
         "",
-        f"Single replica per block ({sec['blocks']} daemons, plain averaging, separate runs): {single} nats/byte.",
-        "",
+        *(
+            [f"Single replica per block ({sec['blocks']} daemons, separate runs): {single} nats/byte.", ""]
+            * bool(single)
+        ),
         "| replicas per block | daemons | outer | CE | sync DP at K x the batch (lr x) | excess "
         "| single-replica steps to that CE | efficiency | participation | median round s | wall s |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -350,7 +352,8 @@ def write_replica_md(a, sec: dict) -> None:
         measured = r.get("efficiency") is not None
         equiv = f"{r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''}" if measured else "-"
         eff = f"{r['efficiency']:.3f}" if measured else "-"
-        sync = f"{r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g})" if "sync_dp_ce" in r else "-"
+        edge = ", sweep edge" if r.get("sync_dp_lr_at_edge") else ""
+        sync = f"{r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge})" if "sync_dp_ce" in r else "-"
         excess = f"{r['excess_pct']:+.2f}%" if "excess_pct" in r else "-"
         lines.append(
             f"| {r['replicas']} | {r['daemons']} | {r['outer']} | {r['ce']:.4f} | {sync} | {excess} | {equiv} | {eff} "
