@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 HANDOFF_LOSSES = ("none", "prev_byte", "prev_skip")  # ModelConfig.handoff_loss (swarmd.core.model.handoff_ce)
 BLOCK_INITS = ("fresh", "predecessor")  # TrainConfig.block_init (swarmd.core.train.warm_start)
+OUT_HEADS = ("linear", "mlp")  # ModelConfig.out_head (swarmd.core.model.output_head)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class ModelConfig:
     # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read.
     # prev_skip: that term plus a second head predicting the byte after the next (y_{t+1}) from g_t
     handoff_loss: str = "prev_byte"
+    # linear (documented): F = W_o LN_f(h) | mlp: F = W_2 GELU(W_1 LN_f(h)), W_1 d x hidden, a deeper head that
+    # spares the trunk's features from being shaped for a linear readout alone (Belilovsky et al. 2019: greedy
+    # stages with deeper auxiliary heads reach end-to-end accuracy); E2E references get the same head (issue 19)
+    out_head: str = "linear"
 
     # the documented block's values of the fields added after the first release. A field at this value
     # is left out of config_hash (so a documented config keeps the hash it always had), and a config
@@ -65,6 +70,7 @@ class ModelConfig:
         "pred_input": "none",
         "pred_output": "none",
         "handoff_loss": "none",
+        "out_head": "linear",
     }
 
     def __post_init__(self) -> None:
@@ -93,6 +99,8 @@ class ModelConfig:
             raise ValueError(f"pred_output must be none or add, got {self.pred_output!r}")
         if self.handoff_loss not in HANDOFF_LOSSES:
             raise ValueError(f"handoff_loss must be one of {', '.join(HANDOFF_LOSSES)}, got {self.handoff_loss!r}")
+        if self.out_head not in OUT_HEADS:
+            raise ValueError(f"out_head must be one of {', '.join(OUT_HEADS)}, got {self.out_head!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 

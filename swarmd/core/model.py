@@ -197,6 +197,19 @@ class NoiseEmbedding(nn.Module):
         return self.mlp(torch.cat([arg.cos(), arg.sin()], dim=-1))
 
 
+def output_head(cfg: ModelConfig) -> nn.Module:
+    """ModelConfig.out_head: d -> d, nn.Linear (linear) or Linear(d, hidden), GELU, Linear(hidden, d) (mlp)."""
+    d = cfg.d_model
+    if cfg.out_head == "mlp":
+        return nn.Sequential(nn.Linear(d, cfg.hidden), nn.GELU(), nn.Linear(cfg.hidden, d))
+    return nn.Linear(d, d)
+
+
+def last_linear(head: nn.Module) -> nn.Linear:
+    """The final nn.Linear of an output_head (the one a later block starts at 0)."""
+    return cast(nn.Linear, head[-1] if isinstance(head, nn.Sequential) else head)
+
+
 class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
@@ -218,7 +231,7 @@ class DenoisingBlock(nn.Module):
         self.pos = nn.Parameter(torch.randn(cfg.seq_len, d) * 0.02)
         self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.hidden) for _ in range(cfg.layers_per_block))
         self.ln_f = nn.LayerNorm(d)
-        self.out = nn.Linear(d, d)  # unbounded, so c_out * F can reach the norm sharp logits need
+        self.out = output_head(cfg)  # unbounded, so c_out * F can reach the norm sharp logits need
         # issue 8 options (created after the documented modules, so a default config draws the same init)
         if cfg.z_in_init == "zero":
             nn.init.zeros_(self.z_in.weight)

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from swarmd.core.config import ModelConfig
-from swarmd.core.model import Layer
+from swarmd.core.model import Layer, output_head
 
 E2E_LAYOUTS = ("tied", "block")  # the reference's byte tables: one tied table, or a block's untied pair
 
@@ -40,8 +40,10 @@ class E2EModel(nn.Module):
         self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.hidden) for _ in range(cfg.blocks * cfg.layers_per_block))
         self.ln_f = nn.LayerNorm(d)
         if layout == "block":  # created after the tied modules, so the tied layout draws the same init
-            self.out = nn.Linear(d, d)
+            self.out = output_head(cfg)
             self.table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
+        elif cfg.out_head != "linear":  # the tied layout's readout is the table itself; a deeper head goes before it
+            self.out = output_head(cfg)
         if cfg.handoff_loss != "none":  # the blocks' training-only heads, for a reference trained alike
             self.handoff_head = nn.Linear(d, cfg.vocab)
         if cfg.handoff_loss == "prev_skip":
@@ -57,6 +59,7 @@ class E2EModel(nn.Module):
             h = layer(h)
         feature = self.ln_f(h)
         if self.layout == "tied":
-            return feature.float() @ self.tok.weight.float().T, feature
+            read = self.out(feature) if self.cfg.out_head != "linear" else feature
+            return read.float() @ self.tok.weight.float().T, feature
         logits = self.out(feature).float() @ F.normalize(self.table.float(), dim=-1).T
         return (logits if self.cfg.logit_scale == 1.0 else self.cfg.logit_scale * logits), feature

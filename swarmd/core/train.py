@@ -25,6 +25,7 @@ from swarmd.core.model import (
     denoise,
     euler_update,
     handoff_ce,
+    last_linear,
     sample_sigma,
     sampler_plan,
     start_noise,
@@ -87,24 +88,22 @@ def init_block(cfg: ModelConfig, block_index: int, seed: int = 0) -> DenoisingBl
         block = DenoisingBlock(cfg)
     if cfg.pred_output == "add" and block_index > 0:  # F starts at 0: z_hat starts at the predecessor's estimate
         with torch.no_grad():
-            block.out.weight.zero_()
-            block.out.bias.zero_()
+            last_linear(block.out).weight.zero_()
+            last_linear(block.out).bias.zero_()
     return block
 
 
 def warm_start(block: DenoisingBlock, predecessor: DenoisingBlock) -> None:
     """TrainConfig.block_init "predecessor": copy `predecessor`'s weights into `block` in place, all but the output
-    layer and the message input (pred_in), which start at 0: the block starts with its predecessor's features and,
-    its F being 0, as the identity on the predecessor's estimate (pred_output=add)."""
+    head (its last linear starts at 0, as init_block's) and the message input (pred_in, 0): the block starts with
+    its predecessor's features and, its F being 0, as the identity on the predecessor's estimate (pred_output=add)."""
     own = block.state_dict()
     with torch.no_grad():
         for name, value in predecessor.state_dict().items():
-            if name.split(".")[0] in ("out", "pred_in") or name not in own:
-                continue
-            own[name].copy_(value)
-        for name in ("out", "pred_in"):
-            for p in getattr(block, name, nn.Identity()).parameters():
-                p.zero_()
+            if name.split(".")[0] not in ("out", "pred_in") and name in own:
+                own[name].copy_(value)
+        for p in [*last_linear(block.out).parameters(), *getattr(block, "pred_in", nn.Identity()).parameters()]:
+            p.zero_()
 
 
 def init_embedding(cfg: ModelConfig, seed: int = 0) -> ByteEmbedding:
