@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common, daemons
+from swarmd.averaging.config import GROUP_LAYOUTS, GossipConfig
 from swarmd.errors import SwarmdError
 
 
@@ -37,6 +38,7 @@ def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="*", default=[3, 6, 12, 24], help="none: the quality runs only")
     p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
+    p.add_argument("--group-layout", choices=GROUP_LAYOUTS, default=GossipConfig.group_layout)
     common.add_schedule(p, rounds=3, steps=5)
     p.add_argument(
         "--trajectory-prob",
@@ -68,7 +70,16 @@ def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int, w
     """daemons.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
     trajectory = {} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}
     return daemons.tiny_swarm(
-        prefix, n, a.data_dir, rounds, steps, 30.0, group_size=group_size, wait_all=wait_all, **trajectory
+        prefix,
+        n,
+        a.data_dir,
+        rounds,
+        steps,
+        30.0,
+        group_size=group_size,
+        group_layout=a.group_layout,
+        wait_all=wait_all,
+        **trajectory,
     )
 
 
@@ -163,6 +174,7 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
     return {
         "daemons": n,
         "group_size": group_size,
+        "group_layout": a.group_layout if group_size else None,
         "rounds": rounds,
         "steps_per_round": steps,
         "ce_mean": statistics.mean(ces),
@@ -294,7 +306,8 @@ def main(argv=None) -> None:
             "|---|---:|---:|---:|---:|---:|",
         ]
         for q in quality:
-            name = f"groups of at most {q['group_size']}" if q["group_size"] else "all-to-all"
+            layout = f", {q['group_layout']} layout" if q.get("group_layout") else ""
+            name = f"groups of at most {q['group_size']}{layout}" if q["group_size"] else "all-to-all"
             lines.append(
                 f"| {name} | {q['ce_mean']:.4f} | {q['ce_min']:.4f} / {q['ce_max']:.4f} "
                 f"| {q['replica_distance_max']:.1e} / {q.get('table_distance_max', float('nan')):.1e} "

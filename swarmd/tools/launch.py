@@ -73,7 +73,7 @@ class LocalSwarm:
     :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging); table_group_size: the
-        byte table's
+        byte table's; group_layout: how the groups are drawn (GossipConfig.group_layout)
     :param device: torch device of every peer (cpu, cuda)
     """
 
@@ -105,6 +105,7 @@ class LocalSwarm:
         overlap_steps: int = GossipConfig.overlap_steps,
         group_size: int = GossipConfig.group_size,
         table_group_size: int = GossipConfig.table_group_size,
+        group_layout: str = GossipConfig.group_layout,
         device: str = "cpu",
     ):
         if peers < 1:
@@ -137,6 +138,7 @@ class LocalSwarm:
                 overlap_steps=overlap_steps,
                 group_size=group_size,
                 table_group_size=table_group_size,
+                group_layout=group_layout,
             ),
             net=NetConfig(swarm_id=swarm_id),
             data_path=str(self.data),
