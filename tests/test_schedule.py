@@ -11,9 +11,10 @@ import math
 from itertools import pairwise
 
 import pytest
+import torch
 
-from swarmd.core.config import TrainConfig
-from swarmd.core.train import lr_at
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.train import BlockTrainer, lr_at
 
 # lr 1e-3, 4 warmup steps, cosine over steps 4..14 (10 steps) down to 1e-3 * 0.1 = 1e-4.
 CFG = TrainConfig(lr=1e-3, warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
@@ -71,14 +72,9 @@ def test_monotone_rise_in_warmup_and_monotone_decay_after():
     assert max(values) == pytest.approx(cfg.lr, rel=1e-12) and min(values) >= cfg.lr * cfg.min_lr_ratio * (1 - 1e-12)
 
 
-def test_later_blocks_run_their_schedule_at_later_lr_scale(tmp_path):
+def test_later_blocks_run_their_schedule_at_later_lr_scale():
     """TrainConfig.later_lr_scale: every block but block 0 steps at that multiple of the schedule's lr, its table
     copy too (the table's own lr_scale on top); block 0 keeps the schedule; 0 or less is refused."""
-    import torch
-
-    from swarmd.core.config import ModelConfig
-    from swarmd.core.train import BlockTrainer
-
     cfg = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=8)
     tcfg = TrainConfig(batch_size=2, lr=1e-3, warmup_steps=4, total_steps=20, later_lr_scale=0.5, table_lr_scale=2.0)
     x = torch.randint(0, 256, (2, 8))
