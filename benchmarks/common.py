@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from swarmd.core.config import HANDOFF_LOSSES, OUT_HEADS, ModelConfig, TrainConfig
+from swarmd.core.config import HANDOFF_LOSSES, OUT_HEADS, PRED_IN_INITS, ModelConfig, TrainConfig
 
 SHARED_DATA = "/work/shared/data/wikitext-2"
 RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
@@ -136,6 +136,7 @@ BLOCK_OPTIONS = (
     "pred_output",
     "handoff_loss",
     "out_head",
+    "pred_in_init",
 )
 TRAJECTORY_OPTIONS = ("freeze_z_in", "trajectory_prob", "sigma_sampling")  # add_trajectory_options' TrainConfig fields
 
@@ -152,6 +153,7 @@ def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
     p.add_argument("--pred-output", choices=("none", "add"), default=model.pred_output)
     p.add_argument("--handoff-loss", choices=HANDOFF_LOSSES, default=model.handoff_loss)
     p.add_argument("--out-head", choices=OUT_HEADS, default=model.out_head)
+    p.add_argument("--pred-in-init", choices=PRED_IN_INITS, default=model.pred_in_init)
 
 
 def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:

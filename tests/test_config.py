@@ -196,6 +196,7 @@ def test_config_hash_changes_with_every_field():
         "pred_output": "add",
         "handoff_loss": "prev_byte",
         "out_head": "mlp",
+        "pred_in_init": "identity",
     }
     fixed = {"vocab"}  # the only value it accepts is the default
     assert set(changed) | fixed == {f.name for f in dataclasses.fields(ModelConfig)}, "a new field needs a case here"

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 HANDOFF_LOSSES = ("none", "prev_byte", "prev_skip")  # ModelConfig.handoff_loss (swarmd.core.model.handoff_ce)
 BLOCK_INITS = ("fresh", "predecessor")  # TrainConfig.block_init (swarmd.core.train.warm_start)
 OUT_HEADS = ("linear", "mlp")  # ModelConfig.out_head (swarmd.core.model.output_head)
+PRED_IN_INITS = ("zero", "identity")  # ModelConfig.pred_in_init (swarmd.core.model.init_message_input)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class ModelConfig:
     # spares the trunk's features from being shaped for a linear readout alone (Belilovsky et al. 2019: greedy
     # stages with deeper auxiliary heads reach end-to-end accuracy); E2E references get the same head (issue 19)
     out_head: str = "linear"
+    # zero: the message input W_p (pred_input=feature) starts at 0, so a later block first ignores its predecessor's
+    # state | identity: W_p starts at the identity, so a later block's layers start on the predecessor's (normalised)
+    # residual stream, as layers L_b+1.. of one deep residual network would (issue 19)
+    pred_in_init: str = "zero"
 
     # the documented block's values of the fields added after the first release. A field at this value
     # is left out of config_hash (so a documented config keeps the hash it always had), and a config
@@ -71,6 +76,7 @@ class ModelConfig:
         "pred_output": "none",
         "handoff_loss": "none",
         "out_head": "linear",
+        "pred_in_init": "zero",
     }
 
     def __post_init__(self) -> None:
@@ -101,6 +107,8 @@ class ModelConfig:
             raise ValueError(f"handoff_loss must be one of {', '.join(HANDOFF_LOSSES)}, got {self.handoff_loss!r}")
         if self.out_head not in OUT_HEADS:
             raise ValueError(f"out_head must be one of {', '.join(OUT_HEADS)}, got {self.out_head!r}")
+        if self.pred_in_init not in PRED_IN_INITS:
+            raise ValueError(f"pred_in_init must be one of {', '.join(PRED_IN_INITS)}, got {self.pred_in_init!r}")
         if self.pred_input not in ("none", "feature"):
             raise ValueError(f"pred_input must be none or feature, got {self.pred_input!r}")
 

@@ -210,6 +210,16 @@ def last_linear(head: nn.Module) -> nn.Linear:
     return cast(nn.Linear, head[-1] if isinstance(head, nn.Sequential) else head)
 
 
+def init_message_input(pred_in: nn.Linear, cfg: ModelConfig) -> None:
+    """ModelConfig.pred_in_init: the message input W_p (bias 0) at 0 (zero) or at the identity (identity), in place."""
+    with torch.no_grad():
+        pred_in.bias.zero_()
+        if cfg.pred_in_init == "identity":
+            pred_in.weight.copy_(torch.eye(cfg.d_model))
+        else:
+            pred_in.weight.zero_()
+
+
 class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
@@ -242,10 +252,9 @@ class DenoisingBlock(nn.Module):
             nn.init.zeros_(last.bias)
         if cfg.context_input == "own_table":  # the block's own context table, at the plain model's scale
             self.ctx_table = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
-        if cfg.pred_input == "feature":  # the previous sampler step's final hidden state, zero-initialised path
+        if cfg.pred_input == "feature":  # the previous sampler step's final hidden state (ModelConfig.pred_in_init)
             self.pred_in = nn.Linear(d, d)
-            nn.init.zeros_(self.pred_in.weight)
-            nn.init.zeros_(self.pred_in.bias)
+            init_message_input(self.pred_in, cfg)
         if cfg.handoff_loss != "none":  # training only: g_t -> logits of x_{t-1} (handoff_ce)
             self.handoff_head = nn.Linear(d, cfg.vocab)
         if cfg.handoff_loss == "prev_skip":  # ... and g_t -> logits of y_{t+1}, the byte after the next

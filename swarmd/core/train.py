@@ -25,6 +25,7 @@ from swarmd.core.model import (
     denoise,
     euler_update,
     handoff_ce,
+    init_message_input,
     last_linear,
     sample_sigma,
     sampler_plan,
@@ -95,15 +96,18 @@ def init_block(cfg: ModelConfig, block_index: int, seed: int = 0) -> DenoisingBl
 
 def warm_start(block: DenoisingBlock, predecessor: DenoisingBlock) -> None:
     """TrainConfig.block_init "predecessor": copy `predecessor`'s weights into `block` in place, all but the output
-    head (its last linear starts at 0, as init_block's) and the message input (pred_in, 0): the block starts with
-    its predecessor's features and, its F being 0, as the identity on the predecessor's estimate (pred_output=add)."""
+    head (its last linear starts at 0, as init_block's) and the message input (pred_in, at its init: ModelConfig.
+    pred_in_init): the block starts with its predecessor's features and, its F being 0, as the identity on the
+    predecessor's estimate (pred_output=add)."""
     own = block.state_dict()
     with torch.no_grad():
         for name, value in predecessor.state_dict().items():
             if name.split(".")[0] not in ("out", "pred_in") and name in own:
                 own[name].copy_(value)
-        for p in [*last_linear(block.out).parameters(), *getattr(block, "pred_in", nn.Identity()).parameters()]:
+        for p in last_linear(block.out).parameters():
             p.zero_()
+        if hasattr(block, "pred_in"):
+            init_message_input(block.pred_in, block.cfg)
 
 
 def init_embedding(cfg: ModelConfig, seed: int = 0) -> ByteEmbedding:
