@@ -87,6 +87,14 @@ HandoffLoss = Annotated[
         M,
     ),
 ]
+PredInInit = Annotated[
+    str | None,
+    flag(
+        "--pred-in-init",
+        "Start of a block's message input: identity (its layers start on the predecessor's state) or zero.",
+        M,
+    ),
+]
 
 # -- optimiser (TrainOptions) ------------------------------------------------------------------------
 BatchSize = Annotated[int | None, flag("--batch-size", "Sequences per optimiser step.", T, bounds=AT_LEAST_1)]

@@ -44,6 +44,7 @@ class ModelOptions(OptionGroup):
     pred_input: f.PredInput
     pred_output: f.PredOutput
     handoff_loss: f.HandoffLoss
+    pred_in_init: f.PredInInit
 
     def config(self, base: ModelConfig = MODEL) -> ModelConfig:
         """`base` with the options given (None = keep); --hidden defaults to 4 x --d-model."""

@@ -56,6 +56,13 @@ def test_model_info_json_paper_config():
     assert info["block_params"] > 0
 
 
+@pytest.mark.parametrize("start", ["zero", "identity"])
+def test_the_message_input_s_start_is_a_model_flag(start):
+    result = runner.invoke(app, ["model-info", "--pred-in-init", start, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["config"]["pred_in_init"] == start
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -66,6 +73,7 @@ def test_model_info_json_paper_config():
         (["train", "--out", "OUT", "--data", "TEXT", "--rounds", "0"], "must be >= 1"),
         (["eval", "--checkpoint", "MISSING", "--data", "TEXT"], "does not exist"),
         (["model-info", "--n-heads", "3"], "divisible"),
+        (["model-info", "--pred-in-init", "random"], "pred_in_init must be one of zero, identity"),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, args, needle):
