@@ -56,6 +56,10 @@ prev_byte`) and a later block's peer refreshes its predecessors four times a rou
 The quality.py commands of the sections before issue 19 carry `--handoff-loss none --predecessor-pulls 1`, which
 reproduces their figures; the daemon benchmarks (swarm.py, scale, fault, adversary, serving, ...) run the new
 default when re-run, except where a section says it was re-measured.
+
+And once more at issue 19's stop 32: a later block's message input starts at the identity (`--pred-in-init
+identity`), not at 0. Block 0 is unchanged (it reads no message). The quality.py commands measured before carry
+`--pred-in-init zero`, which reproduces their figures; the daemon benchmarks run the new default when re-run.
 """
 
 

@@ -14,7 +14,7 @@ from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, denoise, init_message_input
 from swarmd.core.train import BlockTrainer, init_block, init_embedding, warm_start
 
-CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12)
+CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, pred_in_init="zero")
 IDENTITY = replace(CFG, pred_in_init="identity")
 
 

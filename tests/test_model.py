@@ -196,9 +196,10 @@ def test_new_fields_keep_default_hash_and_init():
         pred_input="feature",
         pred_output="add",
         handoff_loss="prev_byte",
+        pred_in_init="identity",
     )
-    # the issue-8 block keeps its identity; the default since issue 19 adds the hand-off term
-    assert replace(ModelConfig(), handoff_loss="none").config_hash() == "b8752cc70e007cc1"
+    # the issue-8 block keeps its identity; the default since issue 19 adds the hand-off term and the identity start
+    assert replace(ModelConfig(), handoff_loss="none", pred_in_init="zero").config_hash() == "b8752cc70e007cc1"
     assert ModelConfig().config_hash() != "b8752cc70e007cc1"
     assert ModelConfig.documented(blocks=3, **dict(TINY, n_heads=2)).config_hash() == "03a9d1aa4757074b"
     assert ModelConfig.documented(pred_input="feature").config_hash() != ModelConfig.documented().config_hash()

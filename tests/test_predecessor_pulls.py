@@ -127,7 +127,7 @@ def test_a_warm_started_block_begins_as_its_trained_predecessor_with_a_zero_outp
     estimate; block 2 waits for its own turn; anything else but fresh/predecessor is refused."""
     corpus = tmp_path / "train.txt"
     corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 40)
-    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16, pred_in_init="zero")
     tcfg = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, pipeline=True, pipeline_stagger=1)
     stack = BlockStack(cfg, replace(tcfg, block_init="predecessor"), ByteData.from_path(corpus, cfg.seq_len))
     fresh = copy.deepcopy(stack.trainers[2].block.state_dict())

@@ -61,9 +61,10 @@ class ModelConfig:
     # stages with deeper auxiliary heads reach end-to-end accuracy); E2E references get the same head (issue 19)
     out_head: str = "linear"
     # zero: the message input W_p (pred_input=feature) starts at 0, so a later block first ignores its predecessor's
-    # state | identity: W_p starts at the identity, so a later block's layers start on the predecessor's (normalised)
-    # residual stream, as layers L_b+1.. of one deep residual network would (issue 19)
-    pred_in_init: str = "zero"
+    # state | identity (the default since issue 19, stop 32: B=3 x 2 stack 0.012 better on two seeds and two
+    # slices): W_p starts at the identity, so a later block's layers start on the predecessor's (normalised)
+    # residual stream, as layers L_b+1.. of one deep residual network would
+    pred_in_init: str = "identity"
 
     # the documented block's values of the fields added after the first release. A field at this value
     # is left out of config_hash (so a documented config keeps the hash it always had), and a config
