@@ -199,8 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rounds = args.rounds or 8
     args.steps_per_round = args.steps_per_round or (250 if args.long else 200)
     args.lrs = args.lr_sweep or [args.lr]
-    if (args.block_init != "fresh" or args.later_lr_scale != 1.0) and "swarm" in selected(args):
-        p.error("--block-init and --later-lr-scale are for the one-process stack; the swarm's daemons run the defaults")
+    if args.later_lr_scale != 1.0 and "swarm" in selected(args):
+        p.error("--later-lr-scale is for the one-process stack; the swarm's daemons run the schedule's lr")
     if args.merge or args.task == "copy":
         return args
     return common.check_data(p, args, "train.txt and eval.txt")

@@ -142,6 +142,15 @@ PipelineStagger = Annotated[
         bounds=AT_LEAST_1,
     ),
 ]
+BlockInit = Annotated[
+    str | None,
+    flag(
+        "--block-init",
+        "How a later block starts its turn: fresh (its seeded init) or predecessor (block b - 1's weights as they "
+        "stand then, output layer at 0).",
+        T,
+    ),
+]
 HandoffWeight = Annotated[
     float | None,
     flag("--handoff-weight", "Weight of --handoff-loss's term beside the block's CE.", T, bounds=AT_LEAST_0),

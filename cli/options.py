@@ -72,6 +72,7 @@ class TrainOptions(OptionGroup):
     handoff_weight: f.HandoffWeight
     pipeline: f.Pipeline
     pipeline_stagger: f.PipelineStagger
+    block_init: f.BlockInit
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
         """`base` with the options given (None = keep) and `fields` (e.g. total_steps)."""

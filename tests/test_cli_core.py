@@ -74,6 +74,7 @@ def test_the_message_input_s_start_is_a_model_flag(start):
         (["eval", "--checkpoint", "MISSING", "--data", "TEXT"], "does not exist"),
         (["model-info", "--n-heads", "3"], "divisible"),
         (["model-info", "--pred-in-init", "random"], "pred_in_init must be one of zero, identity"),
+        (["train", "--out", "OUT", "--data", "TEXT", "--block-init", "copy"], "block_init must be"),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, args, needle):

@@ -277,3 +277,49 @@ def test_a_predecessor_nobody_serves_keeps_the_state_pulled_before():
     assert kept is not None and sorted(kept) == [0, 1] and all(kept[b] is held[b] for b in (0, 1))
     assert asyncio.run(pull_predecessors(peers[0], [], cfg, 2, {0: held[0]})) is None
     assert asyncio.run(pull_predecessors(peers[0], [], cfg, 2)) is None
+
+
+def test_a_sequential_swarm_warm_starts_block_1_from_block_0_s_merged_state_once(tmp_path):
+    """TrainConfig.block_init "predecessor" in daemons: at the first round of its turn block 1's peer makes its base
+    and live block its predecessor's round-start merged state (output layer at 0, message input at its init), once;
+    block 0 never does; the swarm trains on and ends with both blocks on one table."""
+
+    def config(block):
+        cfg = trajectory_config(tmp_path, block, blocks=2, max_rounds=2, pipeline=True, predecessor_pulls=1)
+        return replace(cfg, train=replace(cfg.train, pipeline_stagger=2, block_init="predecessor"))
+
+    starts: list[tuple[int, int, bool, dict, dict]] = []
+
+    def spy(d):
+        original = d.state.warm_start
+
+        def warm_start():
+            done = original()
+            _, block, _ = d.state.snapshot()
+            starts.append((d.state.block_index, d.state.round, done, block, dict(d.state.predecessors or {})))
+            return done
+
+        d.state.warm_start = warm_start
+
+    async def scenario():
+        async with running(config(0), config(1)) as daemons:
+            link_static(daemons)
+            for d in daemons:
+                spy(d)
+            await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+            return daemons
+
+    d0, d1 = asyncio.run(scenario())
+    assert d0.state.round == d1.state.round == 4 and d1.state.local_steps == d0.state.local_steps
+    assert [(b, r) for b, r, done, _, _ in starts if done] == [(1, 2)]  # round 3's start, block 1 only
+    assert all(not done for b, _, done, _, _ in starts if b == 0)  # block 0 has no predecessor to start from
+    _, _, _, block, predecessors = next(s for s in starts if s[2])
+    for name, value in block.items():
+        if name.startswith("out."):
+            assert not value.any(), name
+        elif name.startswith("pred_in."):
+            expected = torch.eye(value.shape[0]) if name.endswith("weight") else torch.zeros_like(value)
+            assert torch.equal(value, expected), name
+        else:
+            assert torch.equal(value, predecessors[0][name]), name
+    assert d0.state.emb_hash == d1.state.emb_hash

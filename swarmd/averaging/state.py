@@ -12,6 +12,7 @@ Follows hivemind's averager.get_tensors(): every reader takes a copy under the l
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import threading
@@ -28,7 +29,7 @@ from swarmd.averaging.outer import OuterOptimizer
 from swarmd.averaging.sketch import count_sketch, flatten
 from swarmd.core import checkpoint as ck
 from swarmd.core.model import DenoisingBlock
-from swarmd.core.train import BlockTrainer
+from swarmd.core.train import BlockTrainer, warm_start
 from swarmd.errors import CheckpointError, ConfigMismatch
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,23 @@ class BlockState:
         others = self._frozen({**self.predecessors, **{b: fresh[b] for b in fresh if b in self.predecessors}})
         with self.lock:
             self.trainer.set_others(others, table=self.base_table_hat())
+
+    @torch.no_grad()
+    def warm_start(self) -> bool:
+        """TrainConfig.block_init "predecessor" at a later block's first training round: base and live block become
+        its predecessor's merged round-start state (self.predecessors, use_predecessors) as swarmd.core.train.
+        warm_start copies it (output layer at 0, message input at its init). Replicas that pulled the same
+        predecessor state start from the same base. False (nothing changed) for block 0 or without that state."""
+        state = (self.predecessors or {}).get(self.block_index - 1)
+        if self.block_index == 0 or state is None:
+            return False
+        predecessor = DenoisingBlock(self.cfg)
+        predecessor.load_state_dict(state)
+        with self.lock:
+            block = copy.deepcopy(self.trainer.block).cpu()
+        warm_start(block, predecessor)
+        self.adopt(block.state_dict(), None)
+        return True
 
     def base_table_hat(self) -> torch.Tensor:
         """The normalised rows of the round's merged byte table: what frozen predecessors run with."""
