@@ -60,6 +60,8 @@ default when re-run, except where a section says it was re-measured.
 And once more at issue 19's stop 32: a later block's message input starts at the identity (`--pred-in-init
 identity`), not at 0. Block 0 is unchanged (it reads no message). The quality.py commands measured before carry
 `--pred-in-init zero`, which reproduces their figures; the daemon benchmarks run the new default when re-run.
+In the same stop a later block of a pipelined schedule starts its turn from its predecessor's weights
+(`--block-init predecessor`); the pipelined quality.py commands measured before carry `--block-init fresh`.
 """
 
 

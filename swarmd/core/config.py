@@ -180,11 +180,13 @@ class TrainConfig:
     # ... rounds between two consecutive blocks' starts (1: block b starts b rounds late; steps_per_block / H:
     # sequential, each block trains only once the one before it ended); every peer runs (B - 1) x this more rounds
     pipeline_stagger: int = 1
-    # how a later block starts when its turn comes: fresh (its seeded init) | predecessor: its trunk (every weight
-    # but the output layer, which stays 0, and the message input, which stays 0) copied from block b - 1 as that
-    # block stands then, so it starts as block b - 1's features and as the identity on its estimate (pipelined
-    # one-process runs; issue 19)
-    block_init: str = "fresh"
+    # how a later block starts when its turn comes under the pipelined schedule (pipeline; without it every block
+    # trains from round 1, when there is nothing to copy): fresh (its seeded init) | predecessor (the default since
+    # issue 19, stop 32): every weight but the output layer (0) and the message input (ModelConfig.pred_in_init)
+    # copied from block b - 1 as that block stands then (a daemon: its round-start merged state). With the identity
+    # message input the block starts as block b - 1's layers run once more on block b - 1's own stream
+    # (progressive stacking) and, its output being 0, as the identity on block b - 1's estimate
+    block_init: str = "predecessor"
     # learning-rate multiplier of every block but block 0 (its schedule and its table copy's too; issue 19: a later
     # block refines a converged predecessor's estimate, and the table it trains is the one block 0 reads)
     later_lr_scale: float = 1.0

@@ -96,7 +96,7 @@ class BlockStack:
         snapshots = cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
         chunks = split_steps(steps, cfg.predecessor_pulls if snapshots else 1)
         for b in (b for b, on in enumerate(turn) if on and b not in self.started):
-            if cfg.block_init == "predecessor" and b > 0:
+            if cfg.pipeline and cfg.block_init == "predecessor" and b > 0:
                 warm_start(self.trainers[b].block, self.trainers[b - 1].block)
             self.started.add(b)
         table = self.trainers[0].emb.normalized().detach().clone()  # tables are equal after averaging

@@ -242,7 +242,7 @@ class Daemon:
         train = self.config.train
         if not self.me.trains(self.state.round + 1):
             return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
-        first = train.block_init == "predecessor" and self.state.round + 1 == max(self.me.train_first, 1)
+        first = train.pipeline and train.block_init == "predecessor" and self.state.round + 1 == self.me.train_first
         if first and await asyncio.to_thread(self.state.warm_start):  # our turn's first round: start as block b - 1
             b = self.state.block_index
             logger.info("%s warm start: block %d from block %d", self.gossip.tag, b, b - 1)
