@@ -46,7 +46,7 @@ class ModelConfig:
     # default (documented DiT-style MLP) | zero_init: its last linear starts at 0 | off: no tau(c_noise) term
     noise_embedding: str = "off"
     # none (documented) | feature: block reads the previous sampler step's final hidden state through a
-    # zero-initialised d x d projection
+    # d x d projection (its start: pred_in_init)
     pred_input: str = "feature"
     # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate,
     # not c_skip z; init_block starts F's last linear at 0 in blocks > 0)

@@ -226,8 +226,8 @@ class DenoisingBlock(nn.Module):
     Issue 8 options (ModelConfig; pred_output=add is applied in denoise): context_input=own_table
     replaces sqrt(d) e_hat[x_t] by the block's own table row C[x_t]; z_in_init=zero starts W_z at 0;
     noise_embedding=zero_init starts tau's last linear at 0, =off drops tau (its weights stay, unused);
-    pred_input=feature adds W_p g_t, where g_t is the previous sampler step's LN_f(h_t) (W_p
-    zero-initialised, g = 0 at the first step).
+    pred_input=feature adds W_p g_t, where g_t is the previous sampler step's LN_f(h_t) (W_p at 0 or at the
+    identity: pred_in_init, issue 19; g = 0 at the first step).
 
     Everything in here is owned (trained, averaged) by one block; only the byte table is shared.
     """
