@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.gossip import Gossip
@@ -55,6 +56,13 @@ def batches(seed: int, seq_len: int = 16, batch_size: int = 4):
     from swarmd.core.data import ByteData
 
     return ByteData(np.frombuffer(TEXT, dtype=np.uint8), seq_len).stream(seed, batch_size)
+
+
+def random_windows(seq_len: int, n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """n uniformly random byte windows (context x, next bytes y), each (n, seq_len): a batch for one step."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.randint(0, 256, (n, seq_len + 1), generator=g)
+    return xy[:, :-1], xy[:, 1:]
 
 
 class MemoryTransport:

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from swarm_utils import random_windows
 
 from swarmd.core.checkpoint import load_model, save_model
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -26,12 +27,6 @@ from swarmd.core.train import BlockTrainer, E2ETrainer, init_block
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, handoff_loss="none")
 HANDOFF = replace(CFG, handoff_loss="prev_byte")
-
-
-def _bytes(n: int = 3, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    xy = torch.randint(0, 256, (n, CFG.seq_len + 1), generator=g)
-    return xy[:, :-1], xy[:, 1:]
 
 
 def test_only_the_option_adds_the_head_and_the_documented_hash_is_unchanged():
@@ -83,7 +78,7 @@ def test_prev_skip_adds_a_head_predicting_the_byte_after_the_next():
 def test_block_loss_adds_the_weighted_term_and_nothing_else():
     torch.manual_seed(0)
     block, emb = init_block(HANDOFF, 1), ByteEmbedding(HANDOFF)
-    x, y = _bytes()
+    x, y = random_windows(CFG.seq_len, 3)
     sigma = torch.full((3,), 2.0)
     z = torch.randn(3, CFG.seq_len, 16)
     plain, ce = block_loss(block, emb, x, y, sigma, z=z, handoff_weight=0.0)
@@ -101,7 +96,7 @@ def test_the_head_never_runs_at_inference():
     plain = [init_block(CFG, b) for b in range(2)]
     for a, b in zip(plain, blocks):
         a.load_state_dict({k: v for k, v in b.state_dict().items() if not k.startswith("handoff_head")})
-    x, _ = _bytes()
+    x, _ = random_windows(CFG.seq_len, 3)
     z0 = torch.randn(3, CFG.seq_len, 16)
     got, _ = sample_from_noise(blocks, emb.normalized(), x, HANDOFF, z0=z0)
     want, _ = sample_from_noise(plain, emb.normalized(), x, CFG, z0=z0)
@@ -115,7 +110,7 @@ def test_a_trainer_steps_only_its_own_block_and_head():
     trainer.set_others({0: other})
     before = {k: v.clone() for k, v in other.state_dict().items()}
     head = trainer.block.handoff_head.weight.detach().clone()
-    trainer.step(*_bytes())
+    trainer.step(*random_windows(CFG.seq_len, 3))
     assert not torch.equal(trainer.block.handoff_head.weight, head)
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
     assert all(p.grad is None for p in other.parameters())
@@ -136,7 +131,7 @@ def test_checkpoint_round_trip_and_old_configs_read_as_none(tmp_path):
 
 def test_the_e2e_reference_trains_with_the_same_term_and_logs_its_plain_ce():
     trainer = E2ETrainer(HANDOFF, TrainConfig(batch_size=3, warmup_steps=0, handoff_weight=1.0))
-    x, y = _bytes()
+    x, y = random_windows(CFG.seq_len, 3)
     metrics = trainer.step(x, y)
     assert metrics["loss"] > metrics["ce"] > 0  # the term is in the loss, not in the logged CE
     assert hasattr(E2EModel(HANDOFF), "handoff_head") and not hasattr(E2EModel(CFG), "handoff_head")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from swarm_utils import random_windows
 
 from swarmd.core.checkpoint import load_model, save_model
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -16,12 +17,6 @@ from swarmd.core.train import BlockTrainer, init_block, init_embedding, warm_sta
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12, pred_in_init="zero")
 IDENTITY = replace(CFG, pred_in_init="identity")
-
-
-def _bytes(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    xy = torch.randint(0, 256, (n, CFG.seq_len + 1), generator=g)
-    return xy[:, :-1], xy[:, 1:]
 
 
 def test_the_option_sets_the_start_and_the_hash():
@@ -42,7 +37,7 @@ def test_identity_hands_the_predecessor_s_feature_to_the_first_layer():
     seen: list[torch.Tensor] = []
     block.layers[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
     table = ByteEmbedding(IDENTITY).normalized()
-    x, _ = _bytes(2)
+    x, _ = random_windows(CFG.seq_len, 2)
     z = torch.randn(2, CFG.seq_len, 16)
     sigma = torch.full((2,), 2.0)
     g = torch.randn(2, CFG.seq_len, 16)
@@ -59,7 +54,7 @@ def test_it_trains_and_warm_start_keeps_the_configured_start(tmp_path):
     trainer = BlockTrainer(IDENTITY, TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, trajectory_prob=1.0), 1)
     trainer.set_others({0: init_block(IDENTITY, 0)}, table=init_embedding(IDENTITY))  # its predecessor sends g
     for _ in range(3):
-        trainer.step(*_bytes())
+        trainer.step(*random_windows(CFG.seq_len, 4))
     assert not torch.equal(trainer.block.pred_in.weight, torch.eye(16))  # it learns, from the identity
     fresh = init_block(IDENTITY, 1)
     warm_start(fresh, trainer.block)

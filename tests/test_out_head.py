@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn as nn
+from swarm_utils import random_windows
 
 from swarmd.core.checkpoint import load_model, save_model
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -18,12 +19,6 @@ from swarmd.core.train import BlockTrainer, E2ETrainer, init_block, warm_start
 
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=12)
 MLP = replace(CFG, out_head="mlp")
-
-
-def _bytes(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    xy = torch.randint(0, 256, (n, CFG.seq_len + 1), generator=g)
-    return xy[:, :-1], xy[:, 1:]
 
 
 def test_the_option_swaps_the_head_and_keeps_the_linear_hash():
@@ -47,7 +42,7 @@ def test_a_later_block_starts_at_f_zero_and_its_head_trains():
     trainer = BlockTrainer(MLP, TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0, trajectory_prob=0.0), 1)
     first = trainer.block.out[0].weight.detach().clone()
     for _ in range(2):
-        trainer.step(*_bytes())
+        trainer.step(*random_windows(CFG.seq_len, 4))
     assert last_linear(trainer.block.out).weight.any() and not torch.equal(trainer.block.out[0].weight, first)
     fresh = init_block(MLP, 1)
     warm_start(fresh, trainer.block)
@@ -59,15 +54,15 @@ def test_e2e_references_carry_the_head_and_the_stack_runs_end_to_end(tmp_path):
     for layout in ("tied", "block"):
         model = E2EModel(MLP, layout)
         assert isinstance(model.out, nn.Sequential)
-        assert model(_bytes()[0]).shape == (4, 12, 256)
+        assert model(random_windows(CFG.seq_len, 4)[0]).shape == (4, 12, 256)
     assert not hasattr(E2EModel(CFG, "tied"), "out")
     trainer = E2ETrainer(MLP, TrainConfig(batch_size=4, lr=3e-3, warmup_steps=0))
     before = trainer.model.out[0].weight.detach().clone()
-    trainer.step(*_bytes())
+    trainer.step(*random_windows(CFG.seq_len, 4))
     assert not torch.equal(trainer.model.out[0].weight, before)
     blocks = {b: init_block(MLP, b) for b in range(2)}
     emb = ByteEmbedding(MLP)
-    ce = from_noise_ce(list(blocks.values()), emb, *_bytes(), MLP)["ce"]
+    ce = from_noise_ce(list(blocks.values()), emb, *random_windows(CFG.seq_len, 4), MLP)["ce"]
     assert 0 < ce < 20
     save_model(tmp_path / "ck", MLP, blocks, emb)
     cfg, loaded, _, _ = load_model(tmp_path / "ck")
