@@ -31,7 +31,7 @@ ce_delta, data_lost) and the markdown fragment benchmarks/results/ISSUE9_adversa
 `--only NAME[,NAME]` runs a subset (the rows whose name starts with one of them). Needs root for the
 partition and tmpfs rows (reported as not run otherwise). This file owns the attacks (ByzantineGossip, the
 stranger, the forger, the floods), the rows and their table; the swarms and what is read off them come
-from benchmarks/daemons.py.
+from benchmarks/harness/daemons.py.
 """
 
 from __future__ import annotations
@@ -56,47 +56,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
+from benchmarks.harness.faults import CFG, Row, signed_delta
+from benchmarks.harness.faults import fmt as _f
 from swarmd.tools.launch import process_group, wait_group_gone
 
 ROOT = Path(__file__).resolve().parent.parent
-# one block: every peer is a replica of every other; no sampler-step messages (a Forward step is one request)
-CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
 CE_TOLERANCE = 0.02  # nats: the issue's bound on a Byzantine peer's effect on the final CE
 BYZANTINE_MODES = ("x1000", "sign_flip", "noise", "x1e36", "replay")
-
-
-@dataclass
-class Row:
-    name: str
-    survived: bool
-    evidence: str
-    ce: float | None = None
-    ce_clean: float | None = None
-    data_lost: str = "none"
-    command: str = ""  # the command line that produced this row (set by main)
-
-    @property
-    def ce_delta(self) -> float | None:
-        return None if self.ce is None or self.ce_clean is None else self.ce - self.ce_clean
 
 
 # ----------------------------------------------------------------------------------------------
 # The Byzantine daemon: a real `python -m swarmd` whose Gossip misbehaves (this file only)
 # ----------------------------------------------------------------------------------------------
-def signed_delta(gossip: Any, kind: Any, bad: dict) -> Any:
-    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now, as its honest delta would be
-    (a misbehaving daemon's Gossip sends it instead: here and in benchmarks/insiders.py)."""
-    from swarmd.averaging.delta import encode
-    from swarmd.membership.trust import sign_payload
-
-    rs = gossip.current
-    assert rs is not None
-    hdr = gossip.hdr(kind, rs.round)
-    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=float(gossip.cfg.steps_per_round), **hdr)
-    return sign_payload(enc, gossip.identity)
-
-
 def run_byzantine(mode: str, config: str) -> int:
     """Run one daemon whose outgoing deltas are corrupted by `mode` (a child process of a benchmark)."""
     import torch
@@ -148,8 +120,8 @@ def byzantine_program(mode: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 def swarm(a, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> daemons.Swarm:
     """The rows' swarm: tiny daemons on CFG, no trajectory training, every round waiting for every delta."""
-    options = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, **kw)
-    return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **options)
+    swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, **kw)
+    return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **swarm_kw)
 
 
 def rss_mib(pid: int) -> float:
@@ -837,7 +809,7 @@ def process_rows(a) -> list[Row]:
                 )
             sw.kill(1, signal.SIGKILL)
             # kill -9 during checkpoint writes, N times
-            rng, results = random.Random(0), []
+            rng, kills = random.Random(0), []
             for _ in range(a.kills):
                 sw.restart(1, 300)
                 resumed_at = int(p.info.get("round", -1))
@@ -853,7 +825,7 @@ def process_rows(a) -> list[Row]:
                     block_meta = ck.load_tensors(ck.block_file(d, 0))[1]
                     optim_meta = ck.load_tensors(ck.optim_file(d, 0))[1]
                     consistent = block_meta.get("step") == optim_meta.get("step")
-                    results.append(
+                    kills.append(
                         {
                             "resumed_at": resumed_at,
                             "round": body.get("round"),
@@ -864,25 +836,25 @@ def process_rows(a) -> list[Row]:
                         }
                     )
                 except Exception as exc:
-                    results.append({"resumed_at": resumed_at, "error": str(exc), "tmp_left": tmp, "verified": False})
+                    kills.append({"resumed_at": resumed_at, "error": str(exc), "tmp_left": tmp, "verified": False})
             sw.restart(1, 300)
             final_resume = int(p.info.get("round", -1))
             stale_after_start = (
                 len(list(p.checkpoint_dir.glob(".*.tmp"))) + len(list(p.checkpoint_dir.glob("gen-*"))) - 1
             )
-    ok = all(r["verified"] and r.get("consistent") for r in results) and final_resume >= 0
-    resumes = sum(r["resumed_at"] >= 0 for r in results)
+    ok = all(r["verified"] and r.get("consistent") for r in kills) and final_resume >= 0
+    resumes = sum(r["resumed_at"] >= 0 for r in kills)
     rows.append(
         Row(
             f"kill -9 during checkpoint writes ({a.kills} times, each followed by a restart)",
             ok,
             f"{resumes}/{a.kills} restarts resumed from the checkpoint; after each kill: generation verified "
-            f"{sum(r['verified'] for r in results)}/{a.kills}, optimizer step == weights step "
-            f"{sum(bool(r.get('consistent')) for r in results)}/{a.kills}, temp files left by the kill "
-            f"{sum(r['tmp_left'] for r in results)} in all, generation folders at most "
-            f"{max((r.get('generations', 0) for r in results), default=0)}; after the final restart: "
+            f"{sum(r['verified'] for r in kills)}/{a.kills}, optimizer step == weights step "
+            f"{sum(bool(r.get('consistent')) for r in kills)}/{a.kills}, temp files left by the kill "
+            f"{sum(r['tmp_left'] for r in kills)} in all, generation folders at most "
+            f"{max((r.get('generations', 0) for r in kills), default=0)}; after the final restart: "
             f"{max(stale_after_start, 0)} stale temp files / extra generations",
-            data_lost="none" if ok else f"{[r for r in results if not r['verified']]}",
+            data_lost="none" if ok else f"{[r for r in kills if not r['verified']]}",
         )
     )
     return rows
@@ -953,8 +925,8 @@ def partition_row(a) -> Row:
         return Row("partition 30 s then heal", False, f"not run: {unavailable()}")
 
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="adv-part-") as wd:
-        options = dict(model=CFG, swarm_id="part", trajectory_prob=0.0)
-        sw = daemons.netns_swarm(lab, a.data_dir, Path(wd), 0, a.steps, a.deadline_max, **options)
+        swarm_kw = dict(model=CFG, swarm_id="part", trajectory_prob=0.0)
+        sw = daemons.netns_swarm(lab, a.data_dir, Path(wd), 0, a.steps, a.deadline_max, **swarm_kw)
         with sw:
             sw.start(300)
             sw.wait_rounds(3, 300)
@@ -992,8 +964,8 @@ def partition_row(a) -> Row:
 
 # ----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_schedule(p, rounds=12, steps=4)
+    p = options.parser(__doc__)
+    options.add_schedule(p, rounds=12, steps=4)
     daemons.add_run_options(p, timeout_s=300.0)
     p.add_argument("--kills", type=int, default=5, help="kill -9 during checkpoint writes: how many times")
     p.add_argument("--partition-s", type=float, default=30.0, help="seconds the partition row cuts one host off")
@@ -1012,7 +984,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
-    common.add_from_log(
+    options.add_from_log(
         p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early"
     )
     p.add_argument(
@@ -1020,7 +992,7 @@ def parse_args(argv=None):
         action="store_true",
         help="keep the rows of --out that this run does not produce (each row names the command that made it)",
     )
-    common.add_outputs(p, "adversary.json", "ISSUE9_adversary.md")
+    options.add_outputs(p, "adversary.json", "ISSUE9_adversary.md")
     return p.parse_args(argv)
 
 
@@ -1072,7 +1044,7 @@ def main(argv=None) -> None:
 
         ai = argparse.Namespace(**{**vars(a), "rounds": a.insider_rounds, "steps": a.insider_steps})
         add(insiders.insider_rows(ai, tuple(a.insiders.split(",")) if a.insiders else insiders.ROWS))
-    command = common.command_line("adversary.py", argv)
+    command = results.command_line("adversary.py", argv)
     for r in rows:
         r.command = command
     kept, byz = [], {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
@@ -1086,7 +1058,7 @@ def main(argv=None) -> None:
         if "insider" not in groups:
             ins = before.get("insider", ins)
     out = {
-        "command": common.command_line("adversary.py", argv),
+        "command": results.command_line("adversary.py", argv),
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
@@ -1095,9 +1067,9 @@ def main(argv=None) -> None:
         "ce_tolerance": CE_TOLERANCE,
         "seconds": round(time.monotonic() - started, 1),
         "rows": sorted(kept + [asdict(r) | {"ce_delta": r.ce_delta} for r in rows], key=lambda r: _order(r["name"])),
-        "machine": common.machine(),
+        "machine": results.machine(),
     }
-    common.write_json(a.out, out)
+    results.write_json(a.out, out)
     write_md(a.md, out)
 
 
@@ -1135,10 +1107,6 @@ def _byz_row(row: dict) -> bool:
 
 def _order(name: str) -> int:
     return next((i for i, start in enumerate(ROW_ORDER) if name.startswith(start)), len(ROW_ORDER))
-
-
-def _f(x: float | None, fmt: str = "{:.4f}") -> str:
-    return "-" if x is None else fmt.format(x)
 
 
 def write_md(path: Path, out: dict) -> None:

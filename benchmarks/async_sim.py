@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig
 from swarmd.core.data import ByteData, load_bytes
@@ -40,11 +40,11 @@ TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall
 
 
 def parse(argv: list[str] | None):
-    p = common.parser(__doc__)
-    common.add_schedule(p, 12, 20, steps_help="H: local steps per round", rounds_help="rounds of every regime row")
+    p = options.parser(__doc__)
+    options.add_schedule(p, 12, 20, steps_help="H: local steps per round", rounds_help="rounds of every regime row")
     p.add_argument("--workers", type=int, default=3, help="K: virtual workers per block")
-    common.add_shape(p, blocks=ModelConfig.blocks, layers_per_block=1)
-    common.add_training(p, lr=None, eval_tokens=4096, train_bytes=4_000_000)
+    options.add_shape(p, blocks=ModelConfig.blocks, layers_per_block=1)
+    options.add_training(p, lr=None, eval_tokens=4096, train_bytes=4_000_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--targets",
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None):
         "(its other runs are reused: a seed reproduces them bit for bit)",
     )
     p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
-    common.add_outputs(p, "async.json", "ISSUE11_async.md")
+    options.add_outputs(p, "async.json", "ISSUE11_async.md")
     return p.parse_args(argv)
 
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(1)
     data_dir = Path(args.data_dir)
-    model = common.model_of(args)
+    model = options.model_of(args)
     cfg = SimConfig(
         model,
         peer_train_config(args.steps, batch_size=args.batch_size, seed=args.seed),
@@ -248,31 +248,31 @@ def main(argv: list[str] | None = None) -> dict:
     held_out = ByteData(load_bytes(data_dir / "eval.txt"), model.seq_len)
     global GOSSIP
     start = time.perf_counter()
-    results: dict[tuple[str, str], SimResult] = {}
+    sims: dict[tuple[str, str], SimResult] = {}
     real: dict[tuple[str, str], float] = {}
     wan = WAN_REGIMES[1]
     policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
-    command, earlier_s = common.command_line("async_sim.py", argv), 0.0
+    command, earlier_s = results.command_line("async_sim.py", argv), 0.0
     parts: list = []
     if args.add_targets or args.report_only:  # reuse the stored runs (add quantile targets)
         prev = json.loads(args.out.read_text())
         if args.trim_fraction is None and "trim_fraction" in prev:
             args.trim_fraction = prev["trim_fraction"]
         for key, history in prev["history"].items():
-            results[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
+            sims[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
         real = {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}  # type: ignore[misc]
         real.update({(r["name"], r["policy"]): r["real_s"] for r in prev["regimes"]})
         quantiles = [p for p in dict.fromkeys(r["policy"] for r in prev["policies"]) if p.startswith("quantile-")]
         parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]])
         command = prev["command"] if args.report_only else f"{prev['command']} && {command}"
         earlier_s = prev["real_s"]
-        lock = results[wan, "lockstep"]
+        lock = sims[wan, "lockstep"]
         if args.trim_fraction is not None:
             GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
         for t in filter(None, args.add_targets.split(",")):
             policy = f"quantile-{float(t):g}"
-            results[wan, policy], real[wan, policy] = run_one(
+            sims[wan, policy], real[wan, policy] = run_one(
                 policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
             )
             quantiles.append(policy)
@@ -281,12 +281,12 @@ def main(argv: list[str] | None = None) -> dict:
             GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
         for name, regime in PRESETS.items():
             policy = regime_policy(regime)
-            results[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
+            sims[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
         # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
         lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
-        results[wan, "lockstep"] = lock
+        sims[wan, "lockstep"] = lock
         for policy in ("adaptive", *quantiles):
-            results[wan, policy], real[wan, policy] = run_one(
+            sims[wan, policy], real[wan, policy] = run_one(
                 policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
             )
     target_ce = lock.ce + CE_TOLERANCE
@@ -300,13 +300,13 @@ def main(argv: list[str] | None = None) -> dict:
             "wire_bytes": r.wire_bytes,
             "real_s": real.get((name, policy)),
         }
-        for (name, policy), r in sorted(results.items(), key=lambda kv: list(PRESETS).index(kv[0][0]))
+        for (name, policy), r in sorted(sims.items(), key=lambda kv: list(PRESETS).index(kv[0][0]))
         if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
     ]
     policies, curves = [], []
     for regime in WAN_REGIMES:
         for policy in ("lockstep", "fixed", "adaptive", *quantiles):
-            r = results[regime, policy] if policy == "fixed" else results[wan, policy]
+            r = sims[regime, policy] if policy == "fixed" else sims[wan, policy]
             reach = time_to(r, target_ce)
             policies.append(
                 {
@@ -332,11 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
     fastest = min(reached, key=lambda p: p["time_to_target_s"], default=None)
     out = {
         "command": command,
-        "machine": common.machine(),
+        "machine": results.machine(),
         "real_s": earlier_s + (0.0 if args.report_only else time.perf_counter() - start),
         "real_s_parts": parts
         if args.report_only
-        else [*parts, [common.command_line("async_sim.py", argv), time.perf_counter() - start]],
+        else [*parts, [results.command_line("async_sim.py", argv), time.perf_counter() - start]],
         "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
         "rounds": args.rounds,
@@ -368,13 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
             if fastest is None
             else {"policy": label(fastest), "time_to_target_s": fastest["time_to_target_s"]},
         },
-        "history": {f"{name}/{policy}": r.to_dict()["history"] for (name, policy), r in results.items()},
+        "history": {f"{name}/{policy}": r.to_dict()["history"] for (name, policy), r in sims.items()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    common.write_json(args.out, out)  # before the plots: a plotting failure keeps the measurements
+    results.write_json(args.out, out)  # before the plots: a plotting failure keeps the measurements
     out["plots"] = plots(out, args.out.with_name("async_regimes.png"), args.out.with_name("async_policies.png"))
-    common.write_json(args.out, out)
-    common.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
+    results.write_json(args.out, out)
+    results.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
     print(
         f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {', '.join(winners) or 'none'}"
     )

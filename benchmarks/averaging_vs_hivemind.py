@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=0)
 SYSTEMS = ("hivemind", "butterfly", "butterfly-fp16", "all-to-all")
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--numel", type=int, default=2_000_000, help="fp32 values per tensor (default 2,000,000: 8 MB)")
     p.add_argument("--repeats", type=int, default=2, help="timed rounds per system and size (default 2)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    common.add_outputs(p, "averaging_vs_hivemind.json", "ISSUE12_averaging.md")
+    options.add_outputs(p, "averaging_vs_hivemind.json", "ISSUE12_averaging.md")
     return p.parse_args(argv)
 
 
@@ -329,7 +329,7 @@ def markdown(result: dict) -> str:
         "peer). Every peer is a process with its own servers on a 2-core machine shared with other jobs: at 6 "
         "and 12 peers every system is CPU-bound, so the times measure CPU cost per average as much as "
         "the protocol; quote the ratios.",
-        *common.machine_footer(result["machine"]),
+        *results.machine_footer(result["machine"]),
     ]
     return "\n".join(lines)
 
@@ -353,14 +353,14 @@ def main(argv: list[str] | None = None) -> dict:
                 row[f"{key}_over_hivemind"] = row[f"{key}_s"] / row["hivemind_s"]
         rows.append(row)
         result = {  # written after every group size: a later failure leaves the sizes measured so far
-            "command": common.command_line("averaging_vs_hivemind.py", argv),
+            "command": results.command_line("averaging_vs_hivemind.py", argv),
             "numel": args.numel,
             "repeats": args.repeats,
             "rows": rows,
             "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "machine": common.machine(),
+            "machine": results.machine(),
         }
-        common.write_json(args.out, result)
+        results.write_json(args.out, result)
         args.md.write_text(markdown(result))
     print(markdown(result))
     return result

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from swarmd.core.data import ByteData, load_bytes
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
@@ -49,14 +49,14 @@ SIM_SETTINGS = ("blocks", "workers", "d_model", "seq_len", "batch_size", "lr", "
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = common.parser(__doc__)
+    p = options.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulator seeds (quality)")
     p.add_argument("--sim-rounds", type=int, default=10)
     p.add_argument("--late-steps", type=int, nargs="+", default=[4, 0], help=LATE_HELP)
     p.add_argument("--steps", type=int, default=20, help="H of the simulator runs")
     p.add_argument("--workers", type=int, default=2, help="K: simulated replicas per block")
-    common.add_shape(p)
-    common.add_training(p, eval_tokens=4096, train_bytes=4_000_000)
+    options.add_shape(p)
+    options.add_training(p, eval_tokens=4096, train_bytes=4_000_000)
     p.add_argument("--wan-regime", default="", help="the regime of the simulated-time row ('' = none)")
     p.add_argument("--daemons", type=int, nargs="+", default=[2], help="real daemons (replicas of one block)")
     p.add_argument("--daemon-rounds", type=int, default=12)
@@ -65,8 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode with real daemons (alternated)")
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--skip-daemons", action="store_true")
-    common.add_outputs(p, "delayed.json", "ISSUE12_delayed.md")
-    p.add_argument("--png", type=Path, default=common.RESULTS / "delayed.png")
+    options.add_outputs(p, "delayed.json", "ISSUE12_delayed.md")
+    p.add_argument("--png", type=Path, default=results.RESULTS / "delayed.png")
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
     p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")
     p.add_argument("--quality-from", type=Path, help="take the simulator part from this saved result JSON")
@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def sim_config(a, late: int | None, seed: int) -> SimConfig:
     """The simulator's config; late = None: merges at once, else overlap with the merge landing after `late`
     of the next round's steps (0 = all H: a full round late)."""
-    model, train = common.model_of(a), peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
+    model, train = options.model_of(a), peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     return SimConfig(
         model, train, workers=a.workers, rounds=a.sim_rounds, steps_per_round=a.steps, eval_tokens=a.eval_tokens,
         overlap=late is not None, overlap_steps=late or 0,
@@ -129,7 +129,7 @@ def quality(a) -> dict:
     for seed in a.seeds:
         for late in modes:
             rows.append(run_sim(a, data, held_out, late, seed))
-            common.write_json(a.out.with_suffix(".partial.json"), {"lockstep": rows})  # a stopped run keeps these
+            results.write_json(a.out.with_suffix(".partial.json"), {"lockstep": rows})  # a stopped run keeps these
     gaps: dict[str, dict[str, float]] = {}  # mode -> seed -> CE late - CE at once
     for late in a.late_steps:
         name = mode(late, a.steps)
@@ -368,22 +368,22 @@ def timing_lines(out: dict) -> list[str]:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    out = common.rendered_or(a, lambda: run(a, argv))
+    out = results.rendered_or(a, lambda: run(a, argv))
     if out.get("quality"):
         plot(out, a.png)
-    common.write_text(a.md, "\n".join(markdown(out)) + "\n")
+    results.write_text(a.md, "\n".join(markdown(out)) + "\n")
     print("\n".join(markdown(out)))
 
 
 def run(a, argv) -> dict:
     """The result JSON: both parts, each run here or taken from a saved result."""
-    out = {"command": common.command_line("delayed.py", argv), "machine": common.machine()}
+    out = {"command": results.command_line("delayed.py", argv), "machine": results.machine()}
     if a.quality_from is not None:
         saved = json.loads(a.quality_from.read_text())
         out["quality"], out["command"] = saved["quality"], saved["command"]
     elif not a.skip_sim:
         q = quality(a)
-        q["settings"] = common.picked(a, SIM_SETTINGS) | {"rounds": a.sim_rounds, "merge": merge_label()}
+        q["settings"] = options.picked(a, SIM_SETTINGS) | {"rounds": a.sim_rounds, "merge": merge_label()}
         out["quality"] = q
     if a.timing_from is not None:
         saved = json.loads(a.timing_from.read_text())

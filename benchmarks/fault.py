@@ -25,18 +25,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from swarmd.core import checkpoint as ck
 from swarmd.protocol import PeerState
 from swarmd.tools.launch import LocalSwarm
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_schedule(p, rounds=30, steps=10)
+    p = options.parser(__doc__)
+    options.add_schedule(p, rounds=30, steps=10)
     p.add_argument("--kill-after", type=int, default=3, help="kill the victim once it has merged this many rounds")
     p.add_argument("--deadline-max", type=float, default=10.0)
-    common.add_outputs(p, "fault.json", "ISSUE3_swarm.md")
+    options.add_outputs(p, "fault.json", "ISSUE3_swarm.md")
     return p.parse_args(argv)
 
 
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
         )
     vhist = sorted(sums[VICTIM]["history"], key=lambda h: h["round"])
     out = {
-        "command": common.command_line("fault.py", argv),
+        "command": results.command_line("fault.py", argv),
         "config": CFG.to_dict(),
         "rounds": a.rounds,
         "steps_per_round": a.steps,
@@ -148,9 +148,9 @@ def main(argv=None) -> None:
         "victim_resynced": "adopted the block" in victim_log,
         "victim_final_round": sums[VICTIM]["round"],
         "victim_block_identical_to_replica": identical,
-        "machine": common.machine(),
+        "machine": results.machine(),
     }
-    common.write_json(a.out, out)
+    results.write_json(a.out, out)
     print(json.dumps(out, indent=2))
     lines = [
         "### Fault tolerance: kill -9 one of 6 daemons mid-exchange",
@@ -187,7 +187,7 @@ def main(argv=None) -> None:
         PARTICIPATION_NOTE,
         "",
     ]
-    common.replace_section(a.md, "fault.py", lines)
+    results.replace_section(a.md, "fault.py", lines)
 
 
 if __name__ == "__main__":

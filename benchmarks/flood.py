@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 
 # one block: every peer is a replica of every other (benchmarks/adversary.py's CFG)
 CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
@@ -101,8 +101,8 @@ def run_flooder(
                 calls += [client.exchange(address, delta, FLOOD_TIMEOUT_S) for _ in range(deltas)]
                 calls += [client.pull_state(address, pull, FLOOD_TIMEOUT_S) for _ in range(pulls)]
                 calls += [client.status(address, FLOOD_TIMEOUT_S) for _ in range(statuses)]
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            for r in results:
+            replies = await asyncio.gather(*calls, return_exceptions=True)
+            for r in replies:
                 counts["sent"] += 1
                 key = (
                     "ok" if not isinstance(r, BaseException) else "busy" if "resource_exhausted" in str(r) else "other"
@@ -177,8 +177,8 @@ def _flood_counts(log: str) -> dict:
 
 def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
     with tempfile.TemporaryDirectory(prefix=f"flood-{name.replace('/', '-')}-") as wd:
-        options = dict(model=CFG, trajectory_prob=0.0, seed=a.seed, wait_all=True, programs=programs)
-        sw = daemons.tiny(4, a.data_dir, Path(wd), a.rounds, a.steps, a.deadline_max, **options)
+        swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=a.seed, wait_all=True, programs=programs)
+        sw = daemons.tiny(4, a.data_dir, Path(wd), a.rounds, a.steps, a.deadline_max, **swarm_kw)
         with sw:
             sw.start(300)
             done = daemons.finish(sw, honest, a.timeout)
@@ -196,13 +196,13 @@ def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_schedule(p, rounds=25, steps=10)
+    p = options.parser(__doc__)
+    options.add_schedule(p, rounds=25, steps=10)
     daemons.add_run_options(p, timeout_s=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default="clean,flood/host,flood/id,ahead/host,ahead/id", help="comma-separated rows")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "flood.json")
-    return common.parse_checked(p, argv, "train.txt and eval.txt")
+    return options.parse_checked(p, argv, "train.txt and eval.txt")
 
 
 def main(argv=None) -> None:
@@ -227,11 +227,11 @@ def main(argv=None) -> None:
     for r in rows:
         r.ce_clean = clean.ce if clean else None
     out = {
-        "command": common.command_line("flood.py", argv),
+        "command": results.command_line("flood.py", argv),
         "seconds": round(time.time() - started),
         "rows": [_as_dict(r) for r in rows],
     }
-    common.write_json(a.out, out)
+    results.write_json(a.out, out)
     print(markdown(rows))
 
 

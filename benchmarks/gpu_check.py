@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.core.config import ModelConfig, TrainConfig
 
 GIB = 1024**3
@@ -93,7 +93,7 @@ RESERVE_S = 10.0  # kept back from the budget for the stages' own teardown and w
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    common.add_data_dir(p, help="folder with train.txt [and eval.txt] (default $BLOCKTRAIN_DATA, else generated)")
+    options.add_data_dir(p, help="folder with train.txt [and eval.txt] (default $BLOCKTRAIN_DATA, else generated)")
     p.add_argument("--device", default="cuda", help="torch device of the trained block and of swarm peer 0")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="autocast of the train stage")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of train,swarm,serving")
@@ -526,7 +526,7 @@ def device_info(device: str) -> dict:
         "cuda_build": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
         "cpu": platform.processor() or platform.machine(),
-        "machine": common.machine(),
+        "machine": results.machine(),
     }
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["name"] = torch.cuda.get_device_name(device)
@@ -601,10 +601,10 @@ def main(argv: list[str] | None = None) -> dict:
         "ok": all(s["ok"] for s in stages.values()),
         "budget_s": a.budget_s,
         "seconds": time.monotonic() - t_start,
-        "command": common.command_line("gpu_check.py", argv),
+        "command": results.command_line("gpu_check.py", argv),
         "threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
-    common.write_json(a.out, result)
+    results.write_json(a.out, result)
     print("\n".join(summary_lines(result)), flush=True)
     print(f"wrote {a.out} in {result['seconds']:.1f}s", flush=True)
     return result

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GROUP_LAYOUTS, GossipConfig
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.node.config import peer_train_config
@@ -41,8 +41,8 @@ from swarmd.sim.regimes import regime_named
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_swarm_config(p)
+    p = options.parser(__doc__)
+    options.add_swarm_config(p)
     p.add_argument("--ks", type=int, nargs="+", default=[4, 8], help="replicas per block")
     p.add_argument("--group-size", type=int, nargs="+", default=[4], help="k of the group rows (0 = all-to-all)")
     p.add_argument("--full-every", type=int, nargs="+", default=[0], help="group_full_every of the group rows")
@@ -67,8 +67,8 @@ def parse_args(argv=None):
         "--replica-adam", action="store_true", help="TrainConfig.replica_adam (ReplicaAdamW, K = the merge's members)"
     )
     p.add_argument("--seed", type=int, default=0)
-    common.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
-    common.add_section(p, "group_sim.py")
+    options.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
+    options.add_section(p, "group_sim.py")
     a = p.parse_args(argv)
     a.argv = argv
     return a
@@ -87,7 +87,7 @@ def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
 
 
 def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, regime_name: str, data, eval_xy) -> dict:
-    cfg = common.model_of(a)
+    cfg = options.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, replica_adam=a.replica_adam)
     sim_cfg = SimConfig(
         cfg,
@@ -193,16 +193,16 @@ def write_md(a, out: dict) -> None:
             f"| {r['K']} | {r['regime']} | {label(r)} | {r['ce_mean']:.4f} ({r['ce_min']:.4f} / {r['ce_max']:.4f}) "
             f"| {diff} | {cons} | {r['participation']:.2f} | {r['upload_bytes_per_worker_round']:,.0f} |"
         )
-    lines += common.machine_footer(out["machine"])
-    common.replace_section(a.md, a.section, lines)
+    lines += results.machine_footer(out["machine"])
+    results.replace_section(a.md, a.section, lines)
 
 
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = common.model_of(a)
-    data, eval_xy = common.swarm_text(a, cfg)
-    out = {"command": common.command_line("group_sim.py", argv), "rows": [], "machine": common.machine()}
+    cfg = options.model_of(a)
+    data, eval_xy = options.swarm_text(a, cfg)
+    out = {"command": results.command_line("group_sim.py", argv), "rows": [], "machine": results.machine()}
     for regime in a.regimes:
         for k in a.ks:
             combos = [(0, 0, 0, "grid")] + [
@@ -216,7 +216,7 @@ def main(argv=None) -> None:
             for group, full, table, layout in combos:
                 r = run_row(a, k, group, full, table, layout, regime, data, eval_xy)
                 out["rows"].append(r)
-                common.write_json(a.out, out)
+                results.write_json(a.out, out)
                 cons = " ".join(f"{x:.1e}" for x in r["consensus"])
                 print(
                     f"K={k} {regime} {label(r)}: ce {r['ce_mean']:.4f} ({r['ce_min']:.4f}-{r['ce_max']:.4f}) "

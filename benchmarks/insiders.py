@@ -1,6 +1,6 @@
 """Insider rows of the fault matrix (issue 21): signed peers that run the project's own daemon with one line changed.
 
-Every insider is a real `python -m swarmd` (spawned by benchmarks.daemons.Swarm with this file's `insider MODE
+Every insider is a real `python -m swarmd` (spawned by benchmarks.harness.daemons.Swarm with this file's `insider MODE
 CONFIG` as its program), holding a valid Ed25519 identity and a signed record, speaking the real protocol with the
 real codec; only its Gossip (or its BlockServing) is subclassed here, never in the shipped daemon:
   drift      1 of 4: its own delta + a fixed unit direction v (opposite to its first round's own delta) scaled to
@@ -44,8 +44,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import daemons
-from benchmarks.adversary import CFG, Row, _f, signed_delta
+from benchmarks.harness import daemons
+from benchmarks.harness.faults import CFG, Row, signed_delta
+from benchmarks.harness.faults import fmt as _f
 from swarmd.errors import SwarmdError
 from swarmd.tools.launch import PeerProc
 
@@ -317,8 +318,8 @@ class Outcome:
 def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], seed: int = 0, **kw: Any) -> daemons.Swarm:
     """The fault matrix's tiny swarm (adversary.swarm's options): peers 0..honest-1 honest, then the insiders."""
     programs = {i: insider_program(mode) for i, mode in insiders.items()}
-    options = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, programs=programs, **kw)
-    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **options)
+    swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, programs=programs, **kw)
+    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **swarm_kw)
 
 
 def flooder() -> list[str] | None:

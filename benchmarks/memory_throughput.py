@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.memory import GIB, model_info
@@ -45,13 +45,13 @@ PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(__doc__, holds="train.txt")
-    common.add_outputs(p, "memory_throughput.json")
+    p = options.parser(__doc__, holds="train.txt")
+    options.add_outputs(p, "memory_throughput.json")
     p.add_argument("--mem-steps", type=int, default=5, help="optimiser steps per memory case")
     p.add_argument("--tput-steps", type=int, default=12, help="timed steps per model (after 2 warm-up steps)")
-    common.add_torch(p)
+    options.add_torch(p)
     p.add_argument("--case", choices=("block", "block_trajectory", "e2e"), help=argparse.SUPPRESS)  # subprocess mode
-    return common.parse_checked(p, argv, holds="train.txt")
+    return options.parse_checked(p, argv, holds="train.txt")
 
 
 def maxrss_bytes() -> int:

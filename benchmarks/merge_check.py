@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.context import BLOCK, EMB
 from swarmd.averaging.merge import Landing, check_merge, merge_deltas
@@ -39,18 +39,18 @@ SWARM_MEDIAN_ROUND_S = 1.31  # benchmarks/results/ISSUE3_swarm.md: fp32 median r
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, holds="train.txt")
-    common.add_swarm_config(p, layers_per_block=1)
+    p = options.parser(__doc__, holds="train.txt")
+    options.add_swarm_config(p, layers_per_block=1)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--sequences", type=int, nargs="+", default=[4, 8, 16, 32])
-    p.add_argument("--out", type=Path, default=common.RESULTS / "merge_check.json")
-    return common.parse_checked(p, argv, "train.txt")
+    p.add_argument("--out", type=Path, default=results.RESULTS / "merge_check.json")
+    return options.parse_checked(p, argv, "train.txt")
 
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
     torch.manual_seed(0)
-    cfg = common.model_of(a)
+    cfg = options.model_of(a)
     data = ByteData.from_path(Path(a.data_dir) / "train.txt", cfg.seq_len)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=0)
     gcfg = GossipConfig(steps_per_round=a.steps, codec="fp32")

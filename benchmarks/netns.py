@@ -9,7 +9,7 @@ announce the relay. Run once per delay in --delays (0 = the same relays, no dela
 fresh set of namespaces. Per run: the mean wall time of a round (between two merges of a peer,
 from the peers' round history, the first round left out: it includes the wait for all peers) and
 the mean exchange time (own delta ready -> merge). The DHT traffic (record lookups) goes direct.
-Needs root and iproute2. The swarm is benchmarks/daemons.py's netns_swarm; this file owns the runs,
+Needs root and iproute2. The swarm is benchmarks/harness/daemons.py's netns_swarm; this file owns the runs,
 their timings and the fragment.
 
     python benchmarks/netns.py
@@ -27,31 +27,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from tests.netns_utils import NetnsLab, unavailable
 
 CFG = replace(daemons.TINY_CFG, blocks=1)  # one block, three replicas: every round moves block and table deltas
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_schedule(p, rounds=12, steps=5)
+    p = options.parser(__doc__)
+    options.add_schedule(p, rounds=12, steps=5)
     p.add_argument("--delays", default="0,50", help="comma-separated one-way delays per hop, milliseconds")
-    common.add_outputs(p, "netns.json", "ISSUE10_netns.md")
+    options.add_outputs(p, "netns.json", "ISSUE10_netns.md")
     p.add_argument("--render", type=Path, help="only rewrite --md from this saved result JSON")
     a = p.parse_args(argv)
     try:
         a.delays = [float(d) for d in a.delays.split(",")]
     except ValueError:
         p.error(f"--delays must be comma-separated numbers, got {a.delays!r}")
-    return a if a.render is not None else common.check_data(p, a, "train.txt")
+    return a if a.render is not None else options.check_data(p, a, "train.txt")
 
 
 def run_once(a, delay_ms: float) -> dict:
     """One swarm of 3 namespaced daemons behind relays of delay_ms; its round and exchange times."""
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="netns-") as workdir:
-        options = dict(model=CFG, swarm_id="netns", delay_ms=delay_ms)
-        swarm = daemons.netns_swarm(lab, a.data_dir, Path(workdir), a.rounds, a.steps, 20.0, **options)
+        swarm_kw = dict(model=CFG, swarm_id="netns", delay_ms=delay_ms)
+        swarm = daemons.netns_swarm(lab, a.data_dir, Path(workdir), a.rounds, a.steps, 20.0, **swarm_kw)
         started = time.monotonic()
         with swarm:
             swarm.start(timeout_s=300)
@@ -121,8 +121,8 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     if a.render is None and (reason := unavailable()):
         raise SystemExit(f"error: {reason}")
-    out = common.rendered_or(a, lambda: run(a, argv))
-    common.write_text(a.md, "\n".join(markdown(out)))
+    out = results.rendered_or(a, lambda: run(a, argv))
+    results.write_text(a.md, "\n".join(markdown(out)))
 
 
 def run(a, argv) -> dict:
@@ -133,13 +133,13 @@ def run(a, argv) -> dict:
         runs.append(run_once(a, delay))
         print(runs[-1], flush=True)
     return {
-        "command": common.command_line("netns.py", argv),
+        "command": results.command_line("netns.py", argv),
         "config": CFG.to_dict(),
         "hosts": 3,
         "rounds": a.rounds,
         "steps_per_round": a.steps,
         "runs": runs,
-        "machine": common.machine(),
+        "machine": results.machine(),
     }
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from swarmd.averaging.config import GROUP_LAYOUTS
 from swarmd.sim.protocol import DHT_OPS_PER_ROUND, ProtocolConfig, simulate
 
@@ -38,9 +38,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout (default: the grid)"
     )
-    common.add_outputs(p, "protocol_scale.json", "ISSUE12_groups.md")
-    common.add_section(p, "protocol_scale.py")
-    common.add_from_log(p, "the table from the rows a stopped run printed")
+    options.add_outputs(p, "protocol_scale.json", "ISSUE12_groups.md")
+    options.add_section(p, "protocol_scale.py")
+    options.add_from_log(p, "the table from the rows a stopped run printed")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
     p.add_argument(
         "--levels-sweep",
@@ -78,8 +78,8 @@ def levels_sweep(a) -> None:
             print(json.dumps(rows[-1]), flush=True)
     finally:
         groups.OFFSET_INT8_RMS_LEVELS = chosen
-    command = common.command_line("protocol_scale.py", None)
-    common.write_json(a.out.with_name("protocol_levels.json"), {"command": command, "rows": rows, "chosen": chosen})
+    command = results.command_line("protocol_scale.py", None)
+    results.write_json(a.out.with_name("protocol_levels.json"), {"command": command, "rows": rows, "chosen": chosen})
     base = rows[0]["bytes_per_peer_round"]
     lines = [
         f"### The anchored payload's int8 step: bytes against agreement ({a.levels_sweep} virtual peers)",
@@ -103,7 +103,7 @@ def levels_sweep(a) -> None:
             f"| {r['rounds_to_1e-4']} |"
         )
     lines.append("")
-    common.replace_section(a.md, "protocol_scale.py-levels", lines)
+    results.replace_section(a.md, "protocol_scale.py-levels", lines)
 
 
 def _max(a: int | None, b: int | None) -> int | None:
@@ -162,13 +162,13 @@ def main(argv=None) -> None:
         rows.append(row_of(out))
         print(json.dumps(rows[-1]), flush=True)
     if not a.render:
-        command = common.command_line("protocol_scale.py", argv)
+        command = results.command_line("protocol_scale.py", argv)
     if a.from_log is not None:
         command = (
             f"python benchmarks/protocol_scale.py --sizes 1000 10000 --rounds {a.rounds} (stopped after "
             f"{', '.join(map(str, a.sizes))} peers; table from its printed rows)"
         )
-    common.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": common.machine()})
+    results.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": results.machine()})
     lines = [
         f"### Protocol at scale, simulated: group averaging among {', '.join(f'{n:,}' for n in a.sizes)} virtual peers",
         "",
@@ -208,7 +208,7 @@ def main(argv=None) -> None:
         "peers: the one cost here that is not flat.",
         "",
     ]
-    common.replace_section(a.md, a.section, lines)
+    results.replace_section(a.md, a.section, lines)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import BLOCK_INITS, ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -81,7 +81,7 @@ def lr_list(text: str) -> list[float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(__doc__, holds="train.txt and eval.txt")
+    p = options.parser(__doc__, holds="train.txt and eval.txt")
     p.add_argument(
         "--out",
         type=Path,
@@ -133,11 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="byte tables of the E2E and plain references: tied (one table in and out) or block (a block's "
         "untied context table and row-normalised output table, without the noise path)",
     )
-    common.add_torch(p)
+    options.add_torch(p)
     # model
-    common.add_shape(p, blocks=3, d_model=128, seq_len=128, layers_per_block=2)
+    options.add_shape(p, blocks=3, d_model=128, seq_len=128, layers_per_block=2)
     p.add_argument("--n-heads", type=int, default=4)
-    common.add_block_options(p, ModelConfig())
+    options.add_block_options(p, ModelConfig())
     p.add_argument("--noise-feature-scale", type=float, default=ModelConfig.noise_feature_scale)
     p.add_argument("--logit-scale", type=float, default=ModelConfig.logit_scale)
     # training
@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated learning rates (e.g. 1e-3,3e-3): every model trains at each and is reported at its "
         "best by held-out CE; default: --lr only",
     )
-    common.add_trajectory_options(p, TrainConfig())
+    options.add_trajectory_options(p, TrainConfig())
     p.add_argument("--trajectory-steps", type=int, default=TrainConfig.trajectory_steps)
     p.add_argument("--sigma-jitter", type=float, default=TrainConfig.sigma_jitter)
     p.add_argument("--table-lr-scale", type=float, default=TrainConfig.table_lr_scale)
@@ -203,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--later-lr-scale is for the one-process stack; the swarm's daemons run the schedule's lr")
     if args.merge or args.task == "copy":
         return args
-    return common.check_data(p, args, "train.txt and eval.txt")
+    return options.check_data(p, args, "train.txt and eval.txt")
 
 
 def selected(args: argparse.Namespace) -> list[str]:
@@ -217,7 +217,7 @@ def selected(args: argparse.Namespace) -> list[str]:
 
 def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     model = ("blocks", "layers_per_block", "d_model", "n_heads", "seq_len", "noise_feature_scale", "logit_scale")
-    mcfg = ModelConfig(hidden=4 * args.d_model, **common.picked(args, (*model, *common.BLOCK_OPTIONS)))
+    mcfg = ModelConfig(hidden=4 * args.d_model, **options.picked(args, (*model, *options.BLOCK_OPTIONS)))
     total = args.steps_per_round * args.rounds
     train = (
         "batch_size",
@@ -236,7 +236,7 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     tcfg = TrainConfig(
         total_steps=total,
         warmup_steps=min(50, total // 10),
-        **common.picked(args, (*train, *common.TRAJECTORY_OPTIONS)),
+        **options.picked(args, (*train, *options.TRAJECTORY_OPTIONS)),
     )
     return mcfg, tcfg
 
@@ -543,7 +543,7 @@ def depth_row(d: dict) -> dict:
 def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, train_path: Path) -> tuple:
     """The stack trained by a LocalSwarm of one daemon per block, with tcfg as every peer's TrainConfig (the
     single-process stack's schedule); (blocks, embedding, facts about the run)."""
-    from benchmarks import daemons  # the daemon stack (grpc, hivemind) only when a swarm runs
+    from benchmarks.harness import daemons  # the daemon stack (grpc, hivemind) only when a swarm runs
 
     class DepthSwarm(daemons.Swarm):
         def peer_config(self, p):

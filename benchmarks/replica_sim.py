@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.data import ByteData
 from swarmd.node.config import peer_train_config
@@ -106,8 +106,8 @@ def parse_lrs(text: str) -> list[float]:
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_swarm_config(p)
+    p = options.parser(__doc__)
+    options.add_swarm_config(p)
     p.add_argument("--variants", nargs="+", default=["K=2", "K=2,outer=nesterov", "K=4", "K=4,outer=nesterov"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--eval-every", type=int, default=2)
@@ -139,13 +139,13 @@ def parse_args(argv=None):
         default=[1.0, 1.41, 2.0],
         help="inner-lr multipliers of the sync-DP reference's sweep (comma-separated); best CE wins",
     )
-    common.add_outputs(p, "replica_sim.json")
+    options.add_outputs(p, "replica_sim.json")
     p.add_argument(
         "--md", type=Path, default=None, help="default results/ISSUE12_replicas.md (--sync-dp: ISSUE20_sync_dp.md)"
     )
     a = p.parse_args(argv)
     if a.md is None:
-        a.md = common.RESULTS / ("ISSUE20_sync_dp.md" if a.sync_dp else "ISSUE12_replicas.md")
+        a.md = results.RESULTS / ("ISSUE20_sync_dp.md" if a.sync_dp else "ISSUE12_replicas.md")
     if a.merge and not (a.report and a.sync_dp):
         raise SystemExit("--merge goes with --sync-dp --report")
     if any(k < 1 for k in a.ks):
@@ -161,7 +161,7 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
     train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")))
     sim_cfg = SimConfig(
-        common.model_of(a),
+        options.model_of(a),
         train,
         workers=v["K"],
         rounds=rounds,
@@ -178,7 +178,7 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     curve = [(0, result.ce_start)] + [(r.round * h, r.ce) for r in result.rounds if r.ce is not None]
     return {
         **v,
-        "command": common.command_line("replica_sim.py", a.argv),
+        "command": results.command_line("replica_sim.py", a.argv),
         "label": label(v),
         "seed": seed,
         "rounds": rounds,
@@ -215,10 +215,10 @@ def efficiency(row: dict, single: list[tuple[int, float]]) -> dict:
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = common.model_of(a)
-    data, eval_xy = common.swarm_text(a, cfg)
+    cfg = options.model_of(a)
+    data, eval_xy = options.swarm_text(a, cfg)
     variants = [] if a.report or a.sync_dp else [parse_variant(t) for t in a.variants]
-    out: dict = {"command": common.command_line("replica_sim.py", argv), "single": {}, "rows": []}
+    out: dict = {"command": results.command_line("replica_sim.py", argv), "single": {}, "rows": []}
     if a.out.exists():  # keep earlier rows of other commands (the sweep is run in pieces)
         out["single"] = json.loads(a.out.read_text()).get("single", {})
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
@@ -239,25 +239,25 @@ def main(argv=None) -> None:
                 print(f"single x{mult} seed {seed}: ce {r['ce']:.4f} ({r['wall_s']:.0f}s)", flush=True)
                 runs.append(r)
             store[key] = runs
-            common.write_json(a.out, out)
+            results.write_json(a.out, out)
         single = [(r["steps_per_replica"], r["ce"]) for r in store.get(key, [])]
         if a.sync_dp:
             for k in a.ks:
                 for row in sync_dp_rows(a, k, seed, data, eval_xy, single, key):
                     out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
-                common.write_json(a.out, out)
+                results.write_json(a.out, out)
             continue
         for v in variants:
             r = run_one(a, v, a.rounds, seed, data, eval_xy)
             if single:
                 r.update(efficiency(r, single))
             out["rows"].append(r)
-            common.write_json(a.out, out)
+            results.write_json(a.out, out)
             eff = f"efficiency {r['efficiency']:.3f}{' (extrap.)' if r['extrapolated'] else ''}" if single else ""
             curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
             print(f"{r['label']} seed {seed}: ce {r['ce']:.4f} {eff} ({r['wall_s']:.0f}s) curve {curve}", flush=True)
-    out["machine"] = f"{common.machine()}, torch {torch.__version__}"
-    common.write_json(a.out, out)
+    out["machine"] = f"{results.machine()}, torch {torch.__version__}"
+    results.write_json(a.out, out)
     if a.sync_dp:
         write_sync_md(a, out)
     else:
@@ -386,7 +386,7 @@ def sync_dp_row(
         "single_key": key if single else None,
         "single": single,
         "wall_s": wall + sum(r["wall_s"] for r in sweep),
-        "command": common.command_line("replica_sim.py", a.argv),
+        "command": results.command_line("replica_sim.py", a.argv),
     }
     eff = f"efficiency {row['efficiency']:.3f}" if row["efficiency"] is not None else "no single reference"
     print(
@@ -451,8 +451,8 @@ def write_sync_md(a, out: dict) -> None:
         ]
     commands = sorted({r["command"] for r in rows})
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
-    lines += common.machine_footer(out.get("machine", ""))
-    common.replace_section(a.md, "replica_sim.py sync-dp", lines)
+    lines += results.machine_footer(out.get("machine", ""))
+    results.replace_section(a.md, "replica_sim.py sync-dp", lines)
 
 
 def write_md(a, out: dict) -> None:
@@ -483,7 +483,7 @@ def write_md(a, out: dict) -> None:
             lines.append(f"{head} | {r['ce']:.4f} | {curve} | - | - |")
     commands = sorted({r.get("command", out["command"]) for r in out["rows"]})
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
-    common.replace_section(a.md, "replica_sim.py", [*lines, ""])
+    results.replace_section(a.md, "replica_sim.py", [*lines, ""])
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.merge import merge_mean
 from swarmd.averaging.robust import robust_merge
@@ -46,8 +46,8 @@ MERGES = {
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
-    common.add_swarm_config(p)
+    p = options.parser(__doc__)
+    options.add_swarm_config(p)
     p.add_argument("--replicas", type=int, nargs="+", default=[2, 4], help="K: replicas per block")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--trim-fraction", type=float, default=GossipConfig.trim_fraction)
@@ -58,13 +58,13 @@ def parse_args(argv=None):
         help="also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest",
     )
     p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
-    common.add_outputs(p, "robust_merge.json", "ISSUE9_robust_merge.md")
+    options.add_outputs(p, "robust_merge.json", "ISSUE9_robust_merge.md")
     return p.parse_args(argv)
 
 
 def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy, flip: bool = False) -> dict:
     """One simulator run; with flip, the last replica of each block (sorted worker ids) sends -delta."""
-    cfg = common.model_of(a)
+    cfg = options.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=seed)
     sim_cfg = SimConfig(cfg, train, workers=workers, rounds=a.rounds, steps_per_round=a.steps, eval_every=a.rounds)
     regime = regime_named("lockstep")
@@ -200,7 +200,7 @@ def main(argv=None) -> None:
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "rows": rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2))
-    cmd = common.command_line("robust_merge.py", argv)
+    cmd = results.command_line("robust_merge.py", argv)
     md = [
         "## Robust merge with honest peers (issue 9)",
         "",

@@ -29,17 +29,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from swarmd.averaging.config import GROUP_LAYOUTS, GossipConfig
 from swarmd.errors import SwarmdError
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
+    p = options.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="*", default=[3, 6, 12, 24], help="none: the quality runs only")
     p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
     p.add_argument("--group-layout", choices=GROUP_LAYOUTS, default=GossipConfig.group_layout)
-    common.add_schedule(p, rounds=3, steps=5)
+    options.add_schedule(p, rounds=3, steps=5)
     p.add_argument(
         "--trajectory-prob",
         type=float,
@@ -57,9 +57,9 @@ def parse_args(argv=None):
         help="quality runs: every round waits for all expected deltas (up to the 30 s deadline), so the loaded "
         "machine's late peers do not set the result",
     )
-    common.add_outputs(p, "scale.json", "ISSUE12_groups.md")
-    common.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
-    common.add_section(p, "scale.py")
+    options.add_outputs(p, "scale.json", "ISSUE12_groups.md")
+    options.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
+    options.add_section(p, "scale.py")
     return p.parse_args(argv)
 
 
@@ -205,7 +205,7 @@ COLUMNS_NOTE = (
 
 
 def main(argv=None) -> None:
-    print("command: " + common.command_line("scale.py", argv), flush=True)
+    print("command: " + results.command_line("scale.py", argv), flush=True)
     a = parse_args(argv)
     rows: list[dict] = []
     logged: list[dict] = []
@@ -229,7 +229,7 @@ def main(argv=None) -> None:
             q = retried(f"quality k={k}", lambda k=k: run_quality(a, a.quality_daemons, k, eval_xy))
             quality.append(q)
             print(json.dumps(q), flush=True)
-    command = common.command_line("scale.py", argv)
+    command = results.command_line("scale.py", argv)
     if a.from_log is not None:
         first = next((line for line in a.from_log.read_text().splitlines() if line.startswith("command: ")), "")
         command = first.removeprefix("command: ") or command.replace(f" --from-log {a.from_log}", "")
@@ -241,7 +241,7 @@ def main(argv=None) -> None:
         "group_size": a.group_size,
         "rows": rows,
         "quality": quality,
-        "machine": common.machine(),
+        "machine": results.machine(),
     }
     if len(quality) == 2:
         out["quality_ce_groups_minus_all_to_all"] = quality[0]["ce_mean"] - quality[1]["ce_mean"]
@@ -249,7 +249,7 @@ def main(argv=None) -> None:
     base = done[0]["bytes_per_peer_round"] if done else 0
     for r in done:
         r["bytes_vs_first"] = r["bytes_per_peer_round"] / base if base else None
-    common.write_json(a.out, out)
+    results.write_json(a.out, out)
     sizes = [
         f"### Scale: bytes, round time and discovery with {', '.join(map(str, a.sizes))} daemons (one machine), "
         f"groups of at most {a.group_size}",
@@ -316,7 +316,7 @@ def main(argv=None) -> None:
         if "quality_ce_groups_minus_all_to_all" in out:
             lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]
         lines.append("")
-    common.replace_section(a.md, a.section, lines)
+    results.replace_section(a.md, a.section, lines)
 
 
 if __name__ == "__main__":

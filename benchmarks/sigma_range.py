@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import denoising_ce, from_noise_ce
@@ -34,14 +34,14 @@ from swarmd.core.local_run import train_blocktrain
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(__doc__, holds="train.txt and eval.txt")
-    common.add_outputs(p, "sigma_range.json")
+    p = options.parser(__doc__, holds="train.txt and eval.txt")
+    options.add_outputs(p, "sigma_range.json")
     p.add_argument("--ranges", default="0.1:2,1:10", help="comma-separated lo:hi noise ranges")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps-per-round", type=int, default=50)
     p.add_argument("--eval-tokens", type=int, default=8192)
-    common.add_torch(p)
-    return common.parse_checked(p, argv, holds="train.txt and eval.txt")
+    options.add_torch(p)
+    return options.parse_checked(p, argv, holds="train.txt and eval.txt")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, daemons
+from benchmarks.harness import daemons, options, results
 from benchmarks.replica_sim import steps_to_reach, sync_dp_summary
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -50,9 +50,9 @@ from swarmd.node.config import peer_train_config
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__)
+    p = options.parser(__doc__)
     p.add_argument("--peers", type=int, default=6)
-    common.add_swarm_config(p, layers_per_block=1)
+    options.add_swarm_config(p, layers_per_block=1)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
     p.add_argument(
         "--trajectory-prob",
@@ -66,7 +66,7 @@ def parse_args(argv=None):
         help="the documented DiffusionBlocks block and noisy targets (ModelConfig.documented(), trajectory 0, "
         "block 0's noise path trained) instead of the default block",
     )
-    common.add_outputs(p, "swarm.json", "ISSUE3_swarm.md")
+    options.add_outputs(p, "swarm.json", "ISSUE3_swarm.md")
     p.add_argument(
         "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
     )
@@ -91,7 +91,7 @@ def parse_args(argv=None):
         help="synchronous data-parallel reference (issue 20) for every K > 1: B daemons, one replica per block at K x "
         "the batch, at each of these multiples of --lr (best reported); none: no reference",
     )
-    p.add_argument("--replica-md", type=Path, default=common.RESULTS / "ISSUE12_replicas.md")
+    p.add_argument("--replica-md", type=Path, default=results.RESULTS / "ISSUE12_replicas.md")
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
         a.trajectory_prob = 0.0 if a.documented else TrainConfig.trajectory_prob
@@ -169,14 +169,14 @@ def run_swarm(
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = common.model_of(a, documented=a.documented)
+    cfg = options.model_of(a, documented=a.documented)
     train_path, eval_path = a.data_dir / "train.txt", a.data_dir / "eval.txt"
     eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(a.eval_tokens)
     out = json.loads(a.out.read_text()) if a.only and a.out.exists() else {}  # --only: keep the other part
     if a.only != "replicas":
         out.pop("int8_ce_loss_vs_fp32", None)  # a codecs run without fp32 has no such figure
         out.update(run_codecs(a, cfg, train_path, eval_xy, argv))
-        common.write_json(a.out, out)
+        results.write_json(a.out, out)
         write_md(a, out)
         print(
             json.dumps(
@@ -189,7 +189,7 @@ def main(argv=None) -> None:
         out["replica_efficiency"] = {}
         for partial in run_replicas(a, cfg, train_path, eval_xy, argv, previous):
             out["replica_efficiency"] = partial
-            common.write_json(a.out, out)  # after every run: a long sweep keeps what it measured
+            results.write_json(a.out, out)  # after every run: a long sweep keeps what it measured
         write_replica_md(a, out["replica_efficiency"])
         print(json.dumps(out["replica_efficiency"]["rows"], indent=2))
 
@@ -207,20 +207,20 @@ def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
     single_s = time.monotonic() - start
     print(f"single-process: ce {single_ce:.4f} in {single_s:.0f}s", flush=True)
 
-    results = {}
+    by_codec = {}
     for codec in a.codecs:
         r = run_swarm(a, cfg, codec, train_path, eval_xy, outer="none")
         r["ratio"] = r["swarm_ce"] / single_ce
-        results[codec] = r
+        by_codec[codec] = r
         print(
             f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} "
             f"wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s",
             flush=True,
         )
 
-    main_codec = "int8" if "int8" in results else a.codecs[0]
+    main_codec = "int8" if "int8" in by_codec else a.codecs[0]
     out = {
-        "command": common.command_line("swarm.py", argv),
+        "command": results.command_line("swarm.py", argv),
         "config": cfg.to_dict(),
         "train": tcfg.to_dict(),
         "peers": a.peers,
@@ -232,16 +232,16 @@ def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
         "single_ce": single_ce,
         "single_s": single_s,
         "codec": main_codec,
-        "swarm_ce": results[main_codec]["swarm_ce"],
-        "ratio": results[main_codec]["ratio"],
-        "participation": results[main_codec]["participation"],
-        "wire_bytes": results[main_codec]["wire_bytes"],
-        "raw_bytes": results[main_codec]["raw_bytes"],
-        "codecs": results,
-        "machine": f"{common.machine()}, torch {torch.__version__}",
+        "swarm_ce": by_codec[main_codec]["swarm_ce"],
+        "ratio": by_codec[main_codec]["ratio"],
+        "participation": by_codec[main_codec]["participation"],
+        "wire_bytes": by_codec[main_codec]["wire_bytes"],
+        "raw_bytes": by_codec[main_codec]["raw_bytes"],
+        "codecs": by_codec,
+        "machine": f"{results.machine()}, torch {torch.__version__}",
     }
-    if "fp32" in results and "int8" in results:
-        out["int8_ce_loss_vs_fp32"] = results["int8"]["swarm_ce"] - results["fp32"]["swarm_ce"]
+    if "fp32" in by_codec and "int8" in by_codec:
+        out["int8_ce_loss_vs_fp32"] = by_codec["int8"]["swarm_ce"] - by_codec["fp32"]["swarm_ce"]
     return out
 
 
@@ -251,7 +251,7 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
     at 1 replica). Yields the section after every run (the last one is complete)."""
     B, steps = cfg.blocks, a.rounds * a.steps
     section: dict = {
-        "command": common.command_line("swarm.py", argv),
+        "command": results.command_line("swarm.py", argv),
         "codec": "int8",
         "blocks": B,
         "rounds": a.rounds,
@@ -260,7 +260,7 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
         "outer_lr": a.outer_lr,
         "outer_momentum": a.outer_momentum,
         "train": train_config(a).to_dict(),
-        "machine": f"{common.machine()}, torch {torch.__version__}",
+        "machine": f"{results.machine()}, torch {torch.__version__}",
         "single": [],
         "rows": [],
     }
@@ -367,7 +367,7 @@ def write_replica_md(a, sec: dict) -> None:
         "the same steps, best of the lr multiples run; excess = CE / sync DP - 1.",
         "",
     ]
-    common.replace_section(a.replica_md, "swarm.py replicas", lines)
+    results.replace_section(a.replica_md, "swarm.py replicas", lines)
 
 
 TRAJECTORY_NOTE = (
@@ -429,7 +429,7 @@ def write_md(a, out: dict) -> None:
     ]
     if a.trajectory_prob:
         lines += [TRAJECTORY_NOTE, ""]
-    common.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
+    results.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fast swarm commands (issue 22): seconds of `status --swarm`, `score`/`generate --swarm` and the dashboard.
 
-Starts a small local swarm (benchmarks.daemons.tiny: 3 daemons, one per block of TINY_CFG, on the real
+Starts a small local swarm (benchmarks.harness.daemons.tiny: 3 daemons, one per block of TINY_CFG, on the real
 hivemind DHT on loopback, training until stopped), then times each command end to end as a fresh
 `blocktrain` process (the console script beside this interpreter), --reps times each:
   status    `blocktrain status --swarm MULTIADDR --swarm-id demo --json` (checked: every peer listed);
@@ -382,7 +382,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
     """{label: run} for each tree: this checkout (--label), and with --before-tree also that one (--before-label), the
     two run command by command, side by side (which goes first alternates by repetition) under the same load."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks import daemons
+    from benchmarks.harness import daemons
 
     trees = [(args.label, ROOT)] + ([(args.before_label, args.before_tree.resolve())] if args.before_tree else [])
     base = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
@@ -497,7 +497,7 @@ def markdown(record: dict) -> str:
     lines = [
         "## Fast swarm commands (issue 22)",
         "",
-        f"A swarm of 3 daemons (benchmarks.daemons.tiny, one per block of a tiny model; {first['machine']}, "
+        f"A swarm of 3 daemons (benchmarks.harness.daemons.tiny, one per block of a tiny model; {first['machine']}, "
         "shared with other work: wall times scale with the load average) on the real hivemind DHT on "
         "loopback. *idle swarm*: the daemons wait for a 4th peer that never comes (announced, serving, "
         "answering, not training: the machine as quiet as others leave it); otherwise they train all along "

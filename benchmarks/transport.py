@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.delta import decode, encode, shapes_of
 from swarmd.protocol import Codec
 from swarmd.transport import PeerClient, start_server
@@ -69,11 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload (default both)"
     )
     p.add_argument("--repeats", type=int, default=3, help="timed exchanges per variant (default 3)")
-    common.add_data_dir(p, help="folder with train.txt for the trained block delta")
+    options.add_data_dir(p, help="folder with train.txt for the trained block delta")
     p.add_argument(
         "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
     )
-    common.add_outputs(p, "transport.json", "ISSUE3_transport.md")
+    options.add_outputs(p, "transport.json", "ISSUE3_transport.md")
     return p.parse_args(argv)
 
 
@@ -387,7 +387,7 @@ def markdown(result: dict) -> str:
             f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
             f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
         )
-    lines += ["", NOTES, *common.machine_footer(result["machine"])]
+    lines += ["", NOTES, *results.machine_footer(result["machine"])]
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common
+from benchmarks.harness import options, results
 from swarmd.averaging.delta import ErrorFeedback, encode
 from swarmd.averaging.state import BlockState, weights_hash
 from swarmd.core.config import ModelConfig, TrainConfig
@@ -56,9 +56,9 @@ def timed(fn, n: int) -> float:
 
 
 def main(argv=None) -> None:
-    p = common.parser(__doc__)
+    p = options.parser(__doc__)
     p.add_argument("--repeats", type=int, default=200)
-    common.add_outputs(p, "trust_cost.json", "ISSUE9_trust_cost.md")
+    options.add_outputs(p, "trust_cost.json", "ISSUE9_trust_cost.md")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = ModelConfig(blocks=BLOCKS, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)
@@ -135,8 +135,8 @@ def main(argv=None) -> None:
     )
     wire_bytes = same_block * blk["payload_bytes"] + others * emb["payload_bytes"]
     out = {
-        "command": common.command_line("trust_cost.py", argv),
-        "machine": common.machine(),
+        "command": results.command_line("trust_cost.py", argv),
+        "machine": results.machine(),
         "config": {
             "peers": PEERS,
             "blocks": BLOCKS,
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
             "fraction_of_delta_bytes": per_round_bytes / wire_bytes,
         },
     }
-    common.write_json(a.out, out)
+    results.write_json(a.out, out)
     md = [
         "## Cost of peer identity, signatures and the swarm key (issue 9)",
         "",
@@ -187,7 +187,7 @@ def main(argv=None) -> None:
         f" {100 * out['per_round_per_peer']['fraction_of_delta_bytes']:.2f} % of the {wire_bytes} delta bytes it sends",
         "",
     ]
-    common.write_text(a.md, "\n".join(md))
+    results.write_text(a.md, "\n".join(md))
     print("\n".join(md))
 
 

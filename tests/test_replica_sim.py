@@ -150,7 +150,7 @@ def test_real_daemon_replica_rows_carry_sync_dp_at_k_times_the_batch(tmp_path, d
     monkeypatch.setattr(sb, "run_swarm", fake_run_swarm)
     argv = ["--data-dir", str(data), "--only", "replicas", "--replicas", "2", "--outers", "none", "nesterov"]
     a = sb.parse_args([*argv, "--single-mults", "--sync-lrs", "1", "2", "--batch-size", "8", "--lr", "0.001"])
-    cfg = sb.common.model_of(a)
+    cfg = sb.options.model_of(a)
     *_, section = sb.run_replicas(a, cfg, data / "train.txt", None, [], {})
     sync = [c for c in calls if c["batch_size"] == 16]
     assert [(c["peers"], c["lr"]) for c in sync] == [(cfg.blocks, 0.001), (cfg.blocks, 0.002)]  # once for both

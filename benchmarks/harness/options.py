@@ -1,31 +1,22 @@
-"""What the benchmark scripts share on their command lines and in the records they write.
+"""The benchmark scripts' command lines: the parser every script starts from and the option groups they repeat.
 
-Owns: the parser every script starts from (description from its docstring, --data-dir first:
-$BLOCKTRAIN_DATA, for the LocalSwarm scripts falling back to the shared wikitext-2) and the check
-that the folder holds the text; the option blocks several scripts repeat (--out/--md, the schedule,
-the model's shape and training options, the issue-8 block and trajectory options, --threads/--seed,
---from-log, --section), model_of (the ModelConfig of the shape options) and picked (options as config
-fields); the command line, machine line and JSON file of a result, --render's saved result, the
-fragment's closing lines, and replace_section, which rewrites one script's fragment of a markdown file.
-The daemon swarms live in benchmarks/daemons.py.
-Scripts import it as benchmarks.common (each puts the repository root on sys.path first).
+Owns: parser (description from the script's docstring, --data-dir first: $BLOCKTRAIN_DATA, for the LocalSwarm
+scripts falling back to the shared wikitext-2) and the check that the folder holds the text; the option groups
+(--out/--md, the schedule, the model's shape and training options, the block and trajectory options,
+--threads/--seed, --from-log, --section, --render); model_of (the ModelConfig of the shape options), picked
+(options as config fields) and swarm_text (a simulator benchmark's text).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.harness.results import RESULTS
 from swarmd.core.config import HANDOFF_LOSSES, OUT_HEADS, PRED_IN_INITS, ModelConfig, TrainConfig
 
 SHARED_DATA = "/work/shared/data/wikitext-2"
-RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
 
 
 def parser(doc: str, holds: str | None = None) -> argparse.ArgumentParser:
@@ -202,52 +193,3 @@ def add_from_log(p: argparse.ArgumentParser, help: str) -> None:
 def add_section(p: argparse.ArgumentParser, default: str) -> None:
     """--section: the name of this script's fragment in a markdown file that several scripts share."""
     p.add_argument("--section", default=default, help="name of the fragment's section (a second variant's own)")
-
-
-def command_line(script: str, argv: list[str] | None) -> str:
-    """'python benchmarks/<script> <args>': the command a result records."""
-    return (f"python benchmarks/{script} " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
-
-
-def write_json(path: Path, out: dict) -> None:
-    """out as indented JSON with sorted keys at path (its folder made if needed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, sort_keys=True))
-
-
-def write_text(path: Path, text: str) -> None:
-    """text at path (its folder made if needed): a markdown fragment."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def rendered_or(a: argparse.Namespace, run: Callable[[], dict]) -> dict:
-    """The saved result JSON that --render names (nothing runs), else run()'s result, written to --out."""
-    if a.render is not None:
-        return json.loads(a.render.read_text())
-    out = run()
-    write_json(a.out, out)
-    return out
-
-
-def machine() -> str:
-    """'x86_64, 16 CPUs, Python 3.11.7': the machine line of a result."""
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-
-
-def machine_footer(line: str) -> list[str]:
-    """The closing lines of a fragment: a blank line, 'Machine: <line>', a blank line."""
-    return ["", f"Machine: {line}", ""]
-
-
-def replace_section(path: Path, name: str, lines: list[str]) -> None:
-    """Write lines between <!-- name --> and <!-- /name --> in path (appended the first time)."""
-    existing = path.read_text() if path.exists() else ""
-    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    block = start + "\n" + "\n".join(lines) + "\n" + end
-    if start in existing:
-        pre, rest = existing.split(start, 1)
-        existing = pre + block + rest.split(end, 1)[1]
-    else:
-        existing = (existing + "\n" if existing else "") + block + "\n"
-    write_text(path, existing)

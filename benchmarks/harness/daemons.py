@@ -6,8 +6,7 @@ with the hooks the fault matrix needs (a peer that runs another program on its c
 that wait for every expected delta); tiny, tiny_swarm and temporary_swarm (such swarms, the last two in a
 temporary folder); netns_swarm (the same daemons on the hosts of a tests/netns_utils.py NetnsLab);
 start_staggered (joiners a few at a time); and the readings: check_exit, finish, wait_rounds, log_count,
-outlier_drops, history, replicas_identical, replica_ce. Every wait has a deadline. Scripts import it as
-benchmarks.daemons (each puts the repository root on sys.path first).
+outlier_drops, history, replicas_identical, replica_ce. Every wait has a deadline.
 """
 
 from __future__ import annotations

@@ -1,0 +1,8 @@
+"""What the benchmark scripts share; nothing here imports a script (benchmarks.harness is the bottom layer).
+
+- options.py: the parser every script starts from and the option groups they repeat (data, shape, schedule,
+  training, outputs), model_of and picked (options as config fields).
+- results.py: the result JSON, its command and machine lines, markdown tables and fragments, publish.
+- daemons.py: the daemon swarms (LocalSwarm with hooks, tiny swarms, netns swarms) and what is read off them.
+- faults.py: the fault matrix's model, row type and signed bad deltas (adversary.py and insiders.py).
+"""

@@ -1,0 +1,81 @@
+"""What a benchmark writes: its result JSON, the command line and machine it records, its markdown fragment.
+
+Owns: command_line, machine, write_json / write_text, rendered_or (--render's saved result, else a fresh run
+written to --out), table (a markdown table's header lines), machine_footer, replace_section (one script's
+fragment of a markdown file several scripts share) and publish (all of a result's writing in one call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """'python benchmarks/<script> <args>': the command a result records."""
+    return (f"python benchmarks/{script} " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
+
+
+def write_json(path: Path, out: dict) -> None:
+    """out as indented JSON with sorted keys at path (its folder made if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True))
+
+
+def write_text(path: Path, text: str) -> None:
+    """text at path (its folder made if needed): a markdown fragment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def rendered_or(a: argparse.Namespace, run: Callable[[], dict]) -> dict:
+    """The saved result JSON that --render names (nothing runs), else run()'s result, written to --out."""
+    if a.render is not None:
+        return json.loads(a.render.read_text())
+    out = run()
+    write_json(a.out, out)
+    return out
+
+
+def machine() -> str:
+    """'x86_64, 16 CPUs, Python 3.11.7': the machine line of a result."""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def machine_footer(line: str) -> list[str]:
+    """The closing lines of a fragment: a blank line, 'Machine: <line>', a blank line."""
+    return ["", f"Machine: {line}", ""]
+
+
+def table(*headers: str, align: str = "---:") -> list[str]:
+    """A markdown table's two header lines: `| a | b |` and one alignment cell per column (first left-aligned)."""
+    return ["| " + " | ".join(headers) + " |", "|---|" + f"{align}|" * (len(headers) - 1)]
+
+
+def publish(a: argparse.Namespace, out: dict, lines: list[str], section: str, show: bool = False) -> None:
+    """out as JSON at a.out (printed too if show) and lines as the `section` fragment of a.md."""
+    write_json(a.out, out)
+    if show:
+        print(json.dumps(out, indent=2))
+    replace_section(a.md, section, lines)
+
+
+def replace_section(path: Path, name: str, lines: list[str]) -> None:
+    """Write lines between <!-- name --> and <!-- /name --> in path (appended the first time)."""
+    existing = path.read_text() if path.exists() else ""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    block = start + "\n" + "\n".join(lines) + "\n" + end
+    if start in existing:
+        pre, rest = existing.split(start, 1)
+        existing = pre + block + rest.split(end, 1)[1]
+    else:
+        existing = (existing + "\n" if existing else "") + block + "\n"
+    write_text(path, existing)
