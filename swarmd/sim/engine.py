@@ -359,10 +359,14 @@ class Simulator:
             )  # to the other members of its group
         return sent, decoded[PayloadKind.BLOCK_DELTA], decoded[PayloadKind.EMBEDDING_DELTA]
 
+    def _draw(self, n: int, steps: int) -> RoundDraw:
+        """This round's sampled clock and network for the n workers (a subclass may reprice a worker's compute)."""
+        return RoundDraw.sample(self.regime, self.rng, n, steps)
+
     def step(self) -> RoundRecord:
         """Run one round (see the module doc) and return its record (CE not yet measured)."""
         n, H = len(self.workers), self.cfg.steps_per_round
-        draw = RoundDraw.sample(self.regime, self.rng, n, H)
+        draw = self._draw(n, H)
         live = [i for i in range(n) if not draw.dropped[i]]
         ready = statistics.median(draw.compute_s[i] for i in live) if live else float(np.median(draw.compute_s))
         deadline = self.policy.deadline(float(ready), n)

@@ -43,6 +43,8 @@ def plan(workers: Sequence[Worker], blocks: int, round: int, gossip: GossipConfi
     parts.append((EMB, "table", [w.id for w in workers]))
     out: Groups = {}
     for kind, salt, ids in parts:
+        if not ids:  # a block no worker holds this round (a schedule's closed or finished block)
+            continue
         table = not kind.is_block
         grouped = round_members(ids[0], ids, round, gossip, salt, table=table) is not None
         k = gossip.table_group_size if table else gossip.group_size

@@ -1,0 +1,175 @@
+"""A simulated swarm of P peers under a schedule, on the cost model's clock: time to quality, peer by peer.
+
+Owns SchedulePlan (a schedule of swarmd.core.schedule with its turn rounds, the peers and whether they are pinned
+to a block) and ScheduledSimulator, the engine's Simulator with three things added:
+  - staffing: every round the schedule says which blocks train and how many peers each gets (allocate); a block's
+    first worker is its keeper, which holds the block's merged state while no peer trains it; a peer that comes
+    to a block adopts the block's merged state and the swarm's merged table, and pays the download on its clock;
+  - growth: a block's first round warm-starts it from its predecessor's merged state (TrainConfig.block_init
+    "predecessor", BlockState.warm_start, as a daemon does);
+  - the clock: a worker's compute is H x its block's measured step cost (StepCosts.block_s) times the regime's
+    jitter, stretched to the time its predecessor pulls take on its link; the rest (latency, upload of the real
+    codec's bytes, deadline, merge) is the engine's.
+Each RoundRecord is followed by a ScheduleRecord: the staffing, the peer-seconds spent training (busy_share) and
+the bytes pulled. Training, codec and merge are the real ones; only the clock and the network are simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.delta import ErrorFeedback
+from swarmd.averaging.outer import outer_for
+from swarmd.averaging.state import BlockState
+from swarmd.core.data import ByteData
+from swarmd.core.schedule import allocate, training_blocks
+from swarmd.core.train import BlockTrainer, seed_for
+from swarmd.protocol import PayloadKind
+from swarmd.sim.costs import StepCosts
+from swarmd.sim.engine import RoundRecord, SimConfig, Simulator, _Worker
+from swarmd.sim.policies import Policy
+from swarmd.sim.regimes import Regime, RoundDraw
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """A schedule (swarmd.core.schedule.SCHEDULES) over `peers` peers; `turn`: its turn or growth rounds."""
+
+    schedule: str
+    peers: int
+    turn: int
+    pinned: bool = False
+
+    def staffing(self, round_no: int, blocks: int) -> list[int]:
+        return allocate(self.peers, training_blocks(self.schedule, round_no, blocks, self.turn), blocks, self.pinned)
+
+
+@dataclass
+class ScheduleRecord:
+    round: int
+    staffing: list[int]  # peers per block this round
+    busy_share: float  # peer-seconds spent on training steps / (peers x round seconds)
+    pull_bytes: int  # predecessor pulls and joiners' downloads this round
+
+
+class ScheduledSimulator(Simulator):
+    """SchedulePlan's peers on `data` under a regime and policy, priced by `costs` (see the module doc)."""
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        regime: Regime,
+        policy: Policy,
+        data: ByteData,
+        eval_xy: tuple[torch.Tensor, torch.Tensor],
+        plan: SchedulePlan,
+        costs: StepCosts,
+        gossip: GossipConfig | None = None,
+    ):
+        if cfg.overlap:
+            raise ValueError("a scheduled simulation runs without overlap")
+        if costs.blocks != cfg.model.blocks:
+            raise ValueError(f"costs for {costs.blocks} blocks, model of {cfg.model.blocks}")
+        super().__init__(replace(cfg, workers=1), regime, policy, data, eval_xy, gossip=gossip)
+        self.plan, self.costs, self.data = plan, costs, data
+        self.keepers = {w.block: w for w in self.workers}
+        self.opened: set[int] = set()
+        self.arrived: set[str] = set()  # workers that came to their block this round (they download it)
+        self.slots = 0
+        self.table = {k: v.clone() for k, v in self.keepers[0].state.base_emb.items()}
+        self.records: list[ScheduleRecord] = []
+        self._compute: dict[str, float] = {}  # this round's priced training seconds per worker
+        self._pulls: list[int] = []
+
+    # -- staffing -------------------------------------------------------------------------------------
+    def heads(self) -> list[_Worker]:
+        """Every block's keeper (a staffed block's keeper is its first worker: it trains and merges)."""
+        return [self.keepers[b] for b in range(self.cfg.model.blocks)]
+
+    def _new_worker(self, block: int) -> _Worker:
+        m, t = self.cfg.model, self.cfg.train
+        self.slots += 1
+        state = BlockState(BlockTrainer(m, t, block, "cpu", worker_seed=self.slots), outer_for(self.gossip))
+        return _Worker(
+            f"b{block}s{self.slots}",
+            block,
+            state,
+            self.data.stream(seed_for("data", t.seed, block, "slot", self.slots), t.batch_size),
+            {PayloadKind.BLOCK_DELTA: ErrorFeedback(), PayloadKind.EMBEDDING_DELTA: ErrorFeedback()},
+        )
+
+    def _open(self, block: int) -> None:
+        """A block's first round: its keeper warm-starts from the predecessor's merged state (block_init)."""
+        self.opened.add(block)
+        keeper = self.keepers[block]
+        if block > 0 and self.cfg.train.block_init == "predecessor":
+            keeper.state.use_predecessors({block - 1: self.keepers[block - 1].state.base_block})
+            keeper.state.warm_start()
+
+    def _staff(self, staffing: list[int]) -> None:
+        """This round's workers: per block its keeper and staffing - 1 more; newcomers adopt the merged state."""
+        current: dict[int, list[_Worker]] = {}
+        for w in self.workers:
+            current.setdefault(w.block, []).append(w)
+        workers, self.arrived = [], set()
+        for b, n in enumerate(staffing):
+            if n <= 0:
+                continue
+            if b not in self.opened:
+                self._open(b)
+            keeper = self.keepers[b]
+            mine = [w for w in current.get(b, []) if w is not keeper][: n - 1]
+            while len(mine) < n - 1:
+                mine.append(self._new_worker(b))
+            for w in [keeper, *mine]:
+                if w not in current.get(b, []):
+                    if self.round:  # at round 1 every peer builds the seeded initial state itself
+                        self.arrived.add(w.id)
+                    w.state.adopt(keeper.state.base_block if w is not keeper else None, self.table)
+                    w.anchors[PayloadKind.BLOCK_DELTA].clear()
+                    w.anchors[PayloadKind.EMBEDDING_DELTA].clear()
+            workers.extend([keeper, *mine])
+        self.workers = workers
+
+    # -- the clock ------------------------------------------------------------------------------------
+    def _draw(self, n: int, steps: int) -> RoundDraw:
+        """The engine's draw with each worker's compute priced by its block's step cost, and stretched to the time
+        its predecessor pulls (and a newcomer's download of its block and table) take on its link."""
+        draw = super()._draw(n, steps)
+        median = self.regime.compute_s.median or 1.0
+        c = self.costs
+        self._pulls = []
+        for i, w in enumerate(self.workers):
+            draw.compute_s[i] *= c.block_s[w.block] / median
+            self._compute[w.id] = float(draw.compute_s[i])
+            pulled = self.cfg.train.predecessor_pulls * w.block * c.block_bytes if self.cfg.train.trajectory_prob else 0
+            if w.id in self.arrived:
+                pulled += c.block_bytes + c.table_bytes
+            self._pulls.append(pulled)
+            draw.compute_s[i] = max(float(draw.compute_s[i]), pulled / float(draw.bandwidth_Bps[i]))
+        return draw
+
+    # -- one round ------------------------------------------------------------------------------------
+    def step(self) -> RoundRecord:
+        """Staff the round from the plan, run the engine's round, then keep the merged table."""
+        r = self.round + 1
+        staffing = self.plan.staffing(r, self.cfg.model.blocks)
+        self._staff(staffing)
+        if not self.workers:  # nothing trains this round (a sequential run past its last turn)
+            self.round += 1
+            record = RoundRecord(r, self.clock, 0.0, None, 0, 0, 0, 0, 0, float("nan"), None)
+            self.records.append(ScheduleRecord(r, staffing, 0.0, 0))
+            return record
+        before = {w.id: w.state.trainer.step_count for w in self.workers}
+        record = super().step()
+        busy = sum(self._compute[w.id] for w in self.workers if w.state.trainer.step_count > before[w.id])
+        self.table = {k: v.clone() for k, v in self.workers[0].state.base_emb.items()}
+        for keeper in self.keepers.values():
+            if keeper not in self.workers:
+                keeper.state.adopt(None, self.table)
+        share = min(1.0, busy / max(1e-12, self.plan.peers * record.seconds))
+        self.records.append(ScheduleRecord(r, staffing, share, int(sum(self._pulls))))
+        return record

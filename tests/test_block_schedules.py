@@ -1,0 +1,142 @@
+"""The swarm's schedules as pure rules (swarmd.core.schedule): which block trains in which round, when a block
+opens, how peers spread over the training blocks, and the open-ended rule; and the simulated swarm that runs them
+(swarmd.sim.scheduled): its staffing, warm starts and clock on pinned step costs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.schedule import allocate, first_round, open_after, open_blocks, total_rounds, training_blocks
+from swarmd.sim.costs import StepCosts
+from swarmd.sim.engine import SimConfig
+from swarmd.sim.policies import make_policy
+from swarmd.sim.regimes import Dist, Regime
+from swarmd.sim.scheduled import ScheduledSimulator, SchedulePlan
+
+
+def test_concurrent_trains_every_block_every_round():
+    assert [training_blocks("concurrent", r, 3, 5) for r in (1, 7, 100)] == [[0, 1, 2]] * 3
+    assert first_round("concurrent", 2, 3, 5) == 1
+
+
+def test_sequential_trains_one_block_per_turn_then_nothing():
+    got = [training_blocks("sequential", r, 3, 2) for r in range(1, 9)]
+    assert got == [[0], [0], [1], [1], [2], [2], [], []]
+    assert total_rounds("sequential", 3, 2, 2) == 6
+
+
+def test_grow_opens_a_block_every_growth_phase_and_keeps_the_open_ones_training():
+    got = [training_blocks("grow", r, 3, 2) for r in range(1, 8)]
+    assert got == [[0], [0], [0, 1], [0, 1], [0, 1, 2], [0, 1, 2], [0, 1, 2]]
+    assert [first_round("grow", b, 3, 2) for b in range(3)] == [1, 3, 5]
+    assert [open_blocks("grow", r, 3, 2) for r in (1, 2, 3, 5, 50)] == [1, 1, 2, 3, 3]
+    assert total_rounds("grow", 3, 2, 10) == 14  # the last block opens at round 5 and trains 10 rounds
+
+
+def test_allocate_puts_every_peer_on_a_training_block_newest_first():
+    assert allocate(4, [0], 4) == [4, 0, 0, 0]
+    assert allocate(4, [0, 1], 4) == [2, 2, 0, 0]
+    assert allocate(4, [0, 1, 2], 4) == [1, 1, 2, 0]  # the uneven share goes to the newest block
+    assert allocate(2, [0, 1, 2], 3) == [0, 1, 1]  # too few peers: the earliest block goes without
+    assert allocate(8, [0, 1, 2, 3], 4) == [2, 2, 2, 2]
+    assert sum(allocate(7, [0, 1, 2], 3)) == 7
+
+
+def test_pinned_peers_sit_out_when_their_block_does_not_train():
+    assert allocate(8, [1], 4, pinned=True) == [0, 2, 0, 0]
+    assert allocate(6, [0, 1, 2, 3], 4, pinned=True) == [2, 2, 1, 1]
+
+
+def test_unknown_schedule_and_bad_turns_are_refused():
+    with pytest.raises(ValueError, match="unknown schedule"):
+        training_blocks("zigzag", 1, 3, 2)
+    with pytest.raises(ValueError, match=">= 1"):
+        open_blocks("grow", 1, 3, 0)
+
+
+def test_open_after_waits_for_patience_rounds_below_the_threshold():
+    assert not open_after([], 0.01)
+    assert not open_after([0.5, 0.005], 0.01, patience=2)
+    assert open_after([0.5, 0.005, 0.002], 0.01, patience=2)
+    assert not open_after([0.005, 0.002, 0.02], 0.01, patience=2)  # a late gain resets it
+    assert open_after([0.001], 0.01, patience=1)
+
+
+# -- the simulated swarm on pinned costs -------------------------------------------------------------------------
+CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+TRAIN = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=2)
+COSTS = StepCosts((0.01, 0.02), 0.05, block_bytes=1_000, table_bytes=2_000, activation_bytes=500)
+STEADY = Regime("steady", Dist(0.1), Dist(0.0), Dist(1e6))  # no jitter, 1 MB/s, no latency: a hand-checked clock
+
+
+def _data(seed: int) -> ByteData:
+    return ByteData(np.random.default_rng(seed).integers(0, 256, 20_000, dtype=np.uint8), CFG.seq_len)
+
+
+def _sim(plan: SchedulePlan, rounds: int = 4, steps: int = 3) -> ScheduledSimulator:
+    cfg = SimConfig(CFG, TRAIN, workers=1, rounds=rounds, steps_per_round=steps, eval_tokens=64)
+    return ScheduledSimulator(
+        cfg, STEADY, make_policy("lockstep", STEADY, steps), _data(0), _data(1).eval_windows(64), plan, COSTS
+    )
+
+
+def test_pinned_costs_give_the_pinned_clock_and_busy_share():
+    torch.manual_seed(0)
+    sim = _sim(SchedulePlan("concurrent", peers=2, turn=1), rounds=2)
+    result = sim.run()
+    # every round: the slower block's 3 steps x 0.02 s, stretched to nothing by pulls (4 x 1,000 B at 1 MB/s =
+    # 4 ms < 60 ms), then its uploads (a few hundred bytes at 1 MB/s)
+    for rec, sched in zip(result.rounds, sim.records):
+        assert 0.06 <= rec.seconds < 0.07
+        assert sched.staffing == [1, 1]
+        assert sched.busy_share == pytest.approx((0.03 + 0.06) / (2 * rec.seconds))
+        assert sched.pull_bytes == 4 * 1_000  # block 1's four predecessor pulls of block 0
+
+
+def test_grow_staffs_block_0_with_every_peer_then_splits_and_warm_starts_block_1():
+    torch.manual_seed(0)
+    sim = _sim(SchedulePlan("grow", peers=2, turn=2), rounds=4)
+    block1_init = {k: v.clone() for k, v in sim.keepers[1].state.base_block.items()}
+    result = sim.run()
+    assert [s.staffing for s in sim.records] == [[2, 0], [2, 0], [1, 1], [1, 1]]
+    # the peer that comes to block 1 downloads its block and the table (and pulls block 0)
+    assert sim.records[2].pull_bytes == 4 * 1_000 + 1_000 + 2_000
+    # both peers train block 0: all they wait for is the upload
+    assert sim.records[0].busy_share == pytest.approx(2 * 0.03 / (2 * result.rounds[0].seconds))
+    moved = sum(float((sim.keepers[1].state.base_block[k] - block1_init[k]).abs().sum()) for k in block1_init)
+    assert moved > 0  # block 1 trained, from block 0's warm start
+    kept = sim.keepers[0].state.base_block
+    assert all(w.block in (0, 1) for w in sim.workers) and len(sim.workers) == 2
+    assert torch.equal(sim.workers[0].state.base_block["pos"], kept["pos"])
+
+
+def test_sequential_with_pinned_peers_leaves_half_of_them_idle():
+    torch.manual_seed(0)
+    sim = _sim(SchedulePlan("sequential", peers=2, turn=1, pinned=True), rounds=2)
+    sim.run()
+    assert [s.staffing for s in sim.records] == [[1, 0], [0, 1]]
+    assert all(s.busy_share <= 0.5 + 1e-9 for s in sim.records)
+
+
+def test_a_worker_holds_gradients_and_optimizer_state_for_its_own_block_only():
+    torch.manual_seed(0)
+    sim = _sim(SchedulePlan("grow", peers=2, turn=1), rounds=3)
+    sim.run()
+    for w in sim.workers:
+        trainer = w.state.trainer
+        owned = {id(p) for p in (*trainer.block.parameters(), *trainer.emb.parameters())}
+        in_optimizer = {id(p) for g in trainer.opt.param_groups for p in g["params"]}
+        assert in_optimizer <= owned
+        for other in trainer.others.values():
+            assert all(p.grad is None and not p.requires_grad for p in other.parameters())
+
+
+def test_step_costs_round_trip_and_refuse_nonsense():
+    assert StepCosts.from_dict(COSTS.to_dict()) == COSTS
+    assert COSTS.later_over_first() == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        StepCosts((0.0,), 0.1, 1, 1, 1)
