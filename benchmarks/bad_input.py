@@ -105,58 +105,65 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def refused(name: str, args: list[str], words: str) -> Case:
+GROUPS = {"TINY": TINY, "LIVE": LIVE, "KEYED_JOIN": KEYED_JOIN, "QUICK_JOIN": QUICK_JOIN}
+
+
+def argv(args: str) -> list[str]:
+    """blocktrain ARGS from a line: split on spaces, `*NAME` expanded to one of GROUPS."""
+    return [x for w in args.split() for x in (GROUPS[w[1:]] if w.startswith("*") else [w])]
+
+
+def case(name: str, args: str, expect_exit: int | tuple[int, ...], words: str, **more: Any) -> Case:
+    return Case(name, argv(args), expect_exit, words, **more)
+
+
+def refused(name: str, args: str, words: str) -> Case:
     """An issue 22 numeric flag refused while parsing: exit code 2, one `--flag must be ..., got ...` line."""
-    return Case(name, args, 2, words, issue=22)
+    return case(name, args, 2, words, issue=22)
 
 
-def live(name: str, args: list[str], words: str, **more: Any) -> Case:
+def live(name: str, args: str, words: str, **more: Any) -> Case:
     """An issue 22 success against the live swarm (args with LIVE): exit code 0 and a quiet stderr."""
-    return Case(f"{name} (a success: no [ERROR] line, no traceback)", args, 0, words, issue=22, quiet=True, **more)
+    return case(f"{name} (a success: no [ERROR] line, no traceback)", args, 0, words, issue=22, quiet=True, **more)
 
 
 def cases() -> list[Case]:
+    d, o = "--data {TRAIN}", "--out {OUT}"
     return [
         # issue 10's list (found item 5)
-        Case(
+        case(
             "demo: fewer peers than blocks",
-            ["demo", "--peers", "2", "--blocks", "3", "--data", "{TRAIN}", "--out", "{OUT}"],
+            f"demo --peers 2 --blocks 3 {d} {o}",
             2,
             r"--peers 2 cannot train --blocks 3",
             issue=10,
         ),
-        Case(
+        case(
             "demo: --trajectory-prob 5",
-            ["demo", "--trajectory-prob", "5", "--data", "{TRAIN}", "--out", "{OUT}"],
+            f"demo --trajectory-prob 5 {d} {o}",
             2,
             r"--trajectory-prob must be in \[0, 1\], got 5",
             issue=10,
         ),
-        Case(
+        case(
             "status of a closed port",
-            ["status", "127.0.0.1:{CLOSED}"],
+            "status 127.0.0.1:{CLOSED}",
             1,
             r"(?i)refused|not listening|unreachable|closed",
             issue=10,
         ),
-        Case("join not-a-multiaddr", ["join", "not-a-multiaddr", "--data", "{TRAIN}"], 2, r"(?i)multiaddr", issue=10),
-        Case(
+        case("join not-a-multiaddr", f"join not-a-multiaddr {d}", 2, r"(?i)multiaddr", issue=10),
+        case(
             "run: --listen port already taken",
-            ["run", "--data", "{TRAIN}", "--listen", "127.0.0.1:{TAKEN}", *TINY],
+            f"run {d} --listen 127.0.0.1:{{TAKEN}} *TINY",
             (1, 2),
             r"(?i)in use|taken|cannot listen|bind",
             issue=10,
         ),
-        Case(
-            "train: binary file as training text",
-            ["train", "--data", "{BINARY}", "--out", "{OUT}", *TINY],
-            2,
-            r"(?i)binary",
-            issue=10,
-        ),
-        Case(
+        case("train: binary file as training text", f"train --data {{BINARY}} {o} *TINY", 2, r"(?i)binary", issue=10),
+        case(
             "train: data without eval.txt beside it (not an error: announced)",
-            ["train", "--data", "{LONE}", "--out", "{OUT}", "--rounds", "1", "--steps-per-round", "1", *TINY],
+            f"train --data {{LONE}} {o} --rounds 1 --steps-per-round 1 *TINY",
             0,
             r"(?i)held out",
             issue=10,
@@ -164,136 +171,104 @@ def cases() -> list[Case]:
         # issue 22's list: every numeric flag range-checked at parse time (a representative few, every command)
         refused(
             "run --steps-per-round -5 (was a 49-line traceback after 18 s)",
-            ["run", "--steps-per-round", "-5"],
+            "run --steps-per-round -5",
             r"^error: bad value: --steps-per-round must be >= 1, got -5$",
         ),
-        refused("demo --rounds -1", ["demo", "--rounds", "-1"], r"--rounds must be >= 1, got -1"),
-        refused("train --lr nan", ["train", "--lr", "nan"], r"--lr must be > 0, got nan"),
+        refused("demo --rounds -1", "demo --rounds -1", r"--rounds must be >= 1, got -1"),
+        refused("train --lr nan", "train --lr nan", r"--lr must be > 0, got nan"),
         refused(
-            "join --steps-per-round 0",
-            ["join", "{MULTIADDR}", "--steps-per-round", "0"],
-            r"--steps-per-round must be >= 1, got 0",
+            "join --steps-per-round 0", "join {MULTIADDR} --steps-per-round 0", r"--steps-per-round must be >= 1, got 0"
         ),
         refused(
             "score --max-bytes -1 (score's budget flag)",
-            ["score", "--max-bytes", "-1", "{TRAIN}"],
+            "score --max-bytes -1 {TRAIN}",
             r"--max-bytes must be >= 1, got -1",
         ),
-        refused("eval --eval-tokens -1", ["eval", "--eval-tokens", "-1"], r"--eval-tokens must be >= 1, got -1"),
-        refused(
-            "generate --temperature -1",
-            ["generate", "--temperature", "-1", "hello"],
-            r"--temperature must be >= 0, got -1",
-        ),
-        refused(
-            "status --timeout-s 0",
-            ["status", "--timeout-s", "0", "127.0.0.1:{CLOSED}"],
-            r"--timeout-s must be > 0, got 0",
-        ),
+        refused("eval --eval-tokens -1", "eval --eval-tokens -1", r"--eval-tokens must be >= 1, got -1"),
+        refused("generate --temperature -1", "generate --temperature -1 hello", r"--temperature must be >= 0, got -1"),
+        refused("status --timeout-s 0", "status --timeout-s 0 127.0.0.1:{CLOSED}", r"--timeout-s must be > 0, got 0"),
         refused(
             "dashboard --port 70000",
-            ["dashboard", "--swarm", "{MULTIADDR}", "--port", "70000"],
+            "dashboard --swarm {MULTIADDR} --port 70000",
             r"--port must be in \[0, 65535\], got 70000",
         ),
         # issue 22's list: DHT client commands against the live swarm, no hivemind noise on stderr
-        live("status --swarm of the live swarm", ["status", *LIVE], r"{PEER_SHORT}", dht=True),
-        live(
-            "score --swarm, a tiny budget",
-            ["score", *LIVE, "--max-bytes", "32", "{TRAIN}"],
-            r"^ce \d+\.\d+ nats/byte",
-            dht=True,
-        ),
-        live("generate --swarm, a tiny budget", ["generate", *LIVE, "--max-bytes", "4", "hello"], r"^hello", dht=True),
+        live("status --swarm of the live swarm", "status *LIVE", r"{PEER_SHORT}", dht=True),
+        live("score --swarm, a tiny budget", "score *LIVE --max-bytes 32 {TRAIN}", r"^ce \d+\.\d+ nats/byte", dht=True),
+        live("generate --swarm, a tiny budget", "generate *LIVE --max-bytes 4 hello", r"^hello", dht=True),
         live(
             "dashboard --swarm started and stopped with Ctrl-C",
-            ["dashboard", *LIVE, "--port", "0"],
+            "dashboard *LIVE --port 0",
             r"^dashboard: http://",
             probe="dashboard",
         ),
-        Case(
+        case(
             "join with a model flag that differs from the swarm's config",
-            ["join", "{MULTIADDR}", "--swarm-id", "badinput", "--data", "{TRAIN}", "--d-model", "64"],
+            f"join {{MULTIADDR}} --swarm-id badinput {d} --d-model 64",
             2,
             r"do not match the swarm's config: --d-model 64 \(swarm: 32\)",
             issue=22,
             dht=True,
         ),
-        Case(
+        # GetConfig refused: `no peer answered` (PeerUnavailable, 1) naming the key
+        case(
             "join a private swarm without its key",
-            ["join", "{KEYED_MULTIADDR}", "--swarm-id", "badkey", "--data", "{TRAIN}"],
-            (1, 2),  # GetConfig refused: `no peer answered` (PeerUnavailable, 1) naming the key
+            f"join {{KEYED_MULTIADDR}} --swarm-id badkey {d}",
+            (1, 2),
             r"(?i)no proof of the swarm key.*--swarm-key",
             issue=22,
             dht=True,
         ),
-        Case(
+        case(
             "join a private swarm with another swarm key",
-            ["join", "{KEYED_MULTIADDR}", "--swarm-id", "badkey", "--data", "{TRAIN}", "--swarm-key", "{OTHER_KEY}"],
+            f"join {{KEYED_MULTIADDR}} --swarm-id badkey {d} --swarm-key {{OTHER_KEY}}",
             (1, 2),
             r"(?i)another swarm key.*--swarm-key",
             issue=22,
             dht=True,
         ),
         # the usual bad inputs
-        Case(
-            "train: missing data file", ["train", "--data", "{MISSING}", "--out", "{OUT}", *TINY], 2, r"does not exist"
-        ),
-        Case(
-            "train: empty data file", ["train", "--data", "{EMPTY}", "--out", "{OUT}", *TINY], 2, r"(?i)no bytes|empty"
-        ),
-        Case("demo: missing data file", ["demo", "--data", "{MISSING}", "--out", "{OUT}"], 2, r"does not exist"),
-        Case(
-            "train: --d-model 30 --n-heads 4",
-            ["train", "--data", "{TRAIN}", "--out", "{OUT}", "--d-model", "30", "--n-heads", "4"],
-            2,
-            r"divisible by n_heads",
-        ),
-        Case("model-info --d-model 0", ["model-info", "--d-model", "0"], 2, r"--d-model must be >= 1, got 0"),
-        Case(
+        case("train: missing data file", f"train --data {{MISSING}} {o} *TINY", 2, r"does not exist"),
+        case("train: empty data file", f"train --data {{EMPTY}} {o} *TINY", 2, r"(?i)no bytes|empty"),
+        case("demo: missing data file", f"demo --data {{MISSING}} {o}", 2, r"does not exist"),
+        case("train: --d-model 30 --n-heads 4", f"train {d} {o} --d-model 30 --n-heads 4", 2, r"divisible by n_heads"),
+        case("model-info --d-model 0", "model-info --d-model 0", 2, r"--d-model must be >= 1, got 0"),
+        case(
             "status --swarm of an unknown swarm id (not an error: an empty table and a note naming the swarm id)",
-            ["status", "--swarm", "{MULTIADDR}", "--swarm-id", "no-such-swarm"],
+            "status --swarm {MULTIADDR} --swarm-id no-such-swarm",
             0,
             r"no peer of swarm 'no-such-swarm'",
             dht=True,
         ),
-        Case(
-            "score --checkpoint a missing dir",
-            ["score", "--checkpoint", "{MISSING}", "{TRAIN}"],
-            2,
-            r"(?i)does not exist",
-        ),
-        Case(
+        case("score --checkpoint a missing dir", "score --checkpoint {MISSING} {TRAIN}", 2, r"(?i)does not exist"),
+        case(
             "generate --checkpoint a dir without config.json",
-            ["generate", "--checkpoint", "{NOT_CHECKPOINT}", "hello"],
+            "generate --checkpoint {NOT_CHECKPOINT} hello",
             2,
             r"(?i)not a checkpoint",
         ),
-        Case(
+        case(
             "eval --checkpoint a corrupt config.json",
-            ["eval", "--checkpoint", "{CORRUPT}", "--data", "{TRAIN}"],
+            f"eval --checkpoint {{CORRUPT}} {d}",
             2,
             r"(?i)not valid JSON|unknown checkpoint",
         ),
-        Case(
-            "train --device cuda without CUDA",
-            ["train", "--data", "{TRAIN}", "--out", "{OUT}", "--device", "cuda", *TINY],
-            2,
-            r"(?i)cuda",
-        ),
-        Case(
+        case("train --device cuda without CUDA", f"train {d} {o} --device cuda *TINY", 2, r"(?i)cuda"),
+        case(
             "status of a port that accepts but never answers (a network timeout)",
-            ["status", "127.0.0.1:{SILENT}", "--timeout-s", "3"],
+            "status 127.0.0.1:{SILENT} --timeout-s 3",
             1,
             r"(?i)timed out|deadline|did not answer|no answer",
             network_timeout_s=10.0,
         ),
-        # last: after it the idle daemon has a second peer and trains
-        Case(
+        # last: after it the idle daemon has a second peer and trains; its bound: 3 rounds of the daemon's
+        # (20 steps, its deadline), its DHT start and stop
+        case(
             "join the public swarm with a swarm key (every exchange refused: stops after 3 rounds)",
-            [*KEYED_JOIN, "--identity", "{HIGH_ID}", *QUICK_JOIN],
+            "*KEYED_JOIN --identity {HIGH_ID} *QUICK_JOIN",
             3,
             r"^error: every exchange (was refused|failed) for 3 rounds: .*swarm key",
-            network_timeout_s=120.0,  # 3 rounds of the daemon's (20 steps, its deadline), its DHT start and stop
+            network_timeout_s=120.0,
             logs_ok=True,
             issue=22,
             timeout_s=240.0,
