@@ -16,7 +16,8 @@ context.py    PeerContext: one peer's identity, replica, known records, bans, tr
 deadline.py   DeadlinePolicy: when a round stops waiting (participation target, adaptive EMA rule)
 merge.py      the round's merge rule over the accepted deltas, and landing it (anchors, overlap)
 round.py      Round (one open round's payloads, inbox and collection wait) and MergeReport
-exchange.py   Exchange: the round protocol (publish, dial/answer, judge each delta, collect, merge)
+exchange.py   Exchange: the round protocol (publish, dial/answer, collect, merge); the round's groups
+intake.py     a delta's way in: judge it (round, sender, group, base, decode, norm), stash or reject it
 pulls.py      StatePulls: signed states pulled from peers (validated, not adopted) and the states served
 agreement.py  Agreement: state agreement (re-sync to a quorum's reference, rejoin, verified adoption)
 gossip.py     Gossip: one peer's averaging, the exchange and the agreement over one PeerContext

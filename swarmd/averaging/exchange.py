@@ -9,15 +9,15 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     the other (dials(): the lower peer id dials, client-mode peers always dial), the callee stashes the
     caller's delta and answers with its own delta of the same round (handle_exchange);
   - block deltas go to same-block peers, embedding deltas to peers of every block;
-  - a delta's way is one pass down: its signature is verified (swarmd.membership.trust.verify_payload,
-    before anything beyond the header is looked at), its sender must hold a signed record for our block
-    and its round (or the one before), its round, group and base hash must be ours, then it is decoded
-    (swarmd.averaging.delta.decode) and its norm checked against the bound (PeerContext.check_norm), and
-    stashed; a delta that fails is rejected (counted, logged) and costs the round only that peer's
-    contribution; a peer gets one delta per round and kind judged;
+  - a delta's way is one pass down: its signature is verified here (swarmd.membership.trust.verify_payload,
+    before anything beyond the header is looked at), then swarmd.averaging.intake judges it: its sender must
+    hold a signed record for our block and its round (or the one before), its round, group and base hash
+    must be ours, then it is decoded (swarmd.averaging.delta.decode) and its norm checked against the bound
+    (PeerContext.check_norm), and stashed; a delta that fails is rejected (counted, logged) and costs the
+    round only that peer's contribution; a peer gets one delta per round and kind judged;
   - the collection ends when every expected peer answered, or at the deadline of swarmd.averaging.deadline;
   - group averaging (cfg.group_size = k, swarmd.averaging.groups): a part with more than k peers averages in
-    the round's group of at most k (every peer computes it from the signed records and the round),
+    the round's group of at most k (plan_groups: every peer computes it from the signed records and the round),
     as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
     records announce; with at most k peers the round is the all-to-all one, bit for bit;
   - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
@@ -41,6 +41,7 @@ from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
 from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.groups import offset_int8_levels, with_offset
 from swarmd.averaging.groups import round_members as group_members
+from swarmd.averaging.intake import accept, reject
 from swarmd.averaging.merge import apply_merged, finite, merge_parts
 from swarmd.averaging.round import MergeReport, Round
 from swarmd.averaging.state import relative_distance
@@ -76,8 +77,30 @@ def dials(me: PeerRecord, other: PeerRecord) -> bool:
     return me.peer_id < other.peer_id
 
 
-class _Repeat(StaleRound):
-    """A second delta of the same peer, kind and round (a peer that re-syncs and retries within our round)."""
+def plan_groups(p: PeerContext, rs: Round, records: list[PeerRecord]) -> None:
+    """This round's group of each part (swarmd.averaging.groups) from the signed records; an anchor is taken when a
+    part first averages in groups (the base every replica shares then)."""
+    ours = [r for r in records if r.config_hash == p.me.config_hash and r.swarm_id == p.me.swarm_id]
+    for kind in (BLOCK, EMB):
+        pool = [r.peer_id for r in ours if kind == EMB or r.block_index == p.me.block_index]
+        salt = f"{p.me.swarm_id}/{'block' + str(p.me.block_index) if kind == BLOCK else 'table'}"
+        rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt, table=kind == EMB)
+        anchor = p.anchors[kind]
+        if rs.members[kind] is not None and not anchor.active:
+            anchor.set(*p.base(kind), p.state.round)
+
+
+async def premerge_distance(p: PeerContext, rs: Round) -> float:
+    """The largest relative distance between our live block and an accepted replica's, before the merge."""
+    if p.cfg.overlap:  # training went on since the snapshot: compare the weights we sent
+        live_block = {n: p.state.base_block[n] + d for n, d in rs.exact[BLOCK].items()}
+    else:
+        live_block, _ = await asyncio.to_thread(p.state.current)
+    ref_block, _ = p.anchors[BLOCK].reference(p.state.base_block, "")
+    return max(
+        (relative_distance(live_block, {n: ref_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()),
+        default=0.0,
+    )
 
 
 class Exchange:
@@ -142,49 +165,7 @@ class Exchange:
         rs.ready_at = time.monotonic()
         rs.ready.set()
 
-    # -- a delta's way in --------------------------------------------------------------------------
-    def _reject(self, rs: Round, h: pb.PayloadHeader, kind: PayloadKind, exc: SwarmdError) -> None:
-        """Count and log a rejected delta; a judged sender is not waited for any longer."""
-        rs.rejected += 1
-        self.peer.metrics.reject(reject_reason(exc))
-        logger.warning("%s rejected a %s from %s: %s", self.peer.tag, kind, (h.peer_id or "?")[-6:], exc)
-        if h.peer_id in rs.senders[kind]:
-            rs.judged(kind, h.peer_id)
-
-    def _accept(self, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
-        """Judge a delta (its signature already verified by the caller) against round, sender, group, base, schema
-        and norm bound, and stash it; returns the sender id."""
-        p, h = self.peer, enc.header
-        try:
-            if rs.closed:
-                raise StaleRound(f"round {rs.round} is already closed")
-            if h.peer_id == p.me.peer_id or not h.peer_id:
-                raise ValidationError("delta without a (foreign) peer id")
-            if h.peer_id in rs.senders[kind]:  # a peer gets one delta per round and kind judged (decoded) at most
-                p.metrics.reject("stale_round")
-                logger.debug("%s refused another %s of round %d from %s", p.tag, kind, rs.round, h.peer_id[-6:])
-                raise _Repeat(f"a {kind} of round {rs.round} from {h.peer_id[-6:]} was already judged")
-            rs.senders[kind].add(h.peer_id)
-            if problem := p.sender_problem(h, kind):
-                raise ValidationError(problem)
-            if h.round != rs.round:
-                raise StaleRound(f"delta of round {h.round}, ours is {rs.round}")
-            if (group := rs.members[kind]) is not None and h.peer_id not in group:
-                raise ValidationError(f"{h.peer_id[-6:]} is not in our {kind} group of round {rs.round}")
-            if h.base_hash != rs.hashes[kind]:
-                rs.mismatched[kind].add(h.peer_id)
-                raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
-            tensors = p.decode(enc, kind, p.me.block_index if kind == BLOCK else -1)
-            p.check_norm(tensors, kind)
-        except _Repeat:
-            raise
-        except SwarmdError as exc:
-            self._reject(rs, h, kind, exc)
-            raise
-        # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
-        rs.stash(kind, h.peer_id, tensors, idle=h.weight == 0)
-        return h.peer_id
-
+    # -- a delta's way in (judged by swarmd.averaging.intake) ----------------------------------------
     async def _round_for(self, h: pb.PayloadHeader, kind: PayloadKind) -> Round:
         """The open round a caller's delta of round h.round is for, waiting (bounded) for it to open."""
         async with self._opened:
@@ -238,7 +219,7 @@ class Exchange:
             raise NotReady(f"own delta of round {rs.round} not ready in time") from None
         await p.refresh_known(h, kind)
         try:
-            self._accept(rs, incoming, kind)
+            accept(p, rs, incoming, kind)
         except BaseMismatch:
             pass  # still answer: the caller sees the mismatch too and both apply the re-sync rule
         reply = rs.outgoing[kind]
@@ -284,39 +265,13 @@ class Exchange:
             try:
                 verify_payload(reply)  # before anything beyond the header is looked at
             except SwarmdError as exc:
-                self._reject(rs, h, kind, exc)
+                reject(p, rs, h, kind, exc)
                 raise
-            self._accept(rs, reply, kind)
+            accept(p, rs, reply, kind)
         except SwarmdError:
             rs.judged(kind, peer.peer_id)
 
     # -- the round -------------------------------------------------------------------------------
-    def _plan_groups(self, rs: Round, records: list[PeerRecord]) -> None:
-        """This round's group of each part (swarmd.averaging.groups) from the signed records; an anchor is taken
-        when a part first averages in groups (the base every replica shares then)."""
-        p = self.peer
-        ours = [r for r in records if r.config_hash == p.me.config_hash and r.swarm_id == p.me.swarm_id]
-        for kind in (BLOCK, EMB):
-            pool = [r.peer_id for r in ours if kind == EMB or r.block_index == p.me.block_index]
-            salt = f"{p.me.swarm_id}/{'block' + str(p.me.block_index) if kind == BLOCK else 'table'}"
-            rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt, table=kind == EMB)
-            anchor = p.anchors[kind]
-            if rs.members[kind] is not None and not anchor.active:
-                anchor.set(*p.base(kind), p.state.round)
-
-    async def _premerge(self, rs: Round) -> float:
-        """The largest relative distance between our live block and an accepted replica's, before the merge."""
-        p = self.peer
-        if p.cfg.overlap:  # training went on since the snapshot: compare the weights we sent
-            live_block = {n: p.state.base_block[n] + d for n, d in rs.exact[BLOCK].items()}
-        else:
-            live_block, _ = await asyncio.to_thread(p.state.current)
-        ref_block, _ = p.anchors[BLOCK].reference(p.state.base_block, "")
-        return max(
-            (relative_distance(live_block, {n: ref_block[n] + d[n] for n in d}) for d in rs.inbox[BLOCK].values()),
-            default=0.0,
-        )
-
     async def average(
         self, records: list[PeerRecord], publish: Callable[[], Awaitable[None]] | None = None
     ) -> MergeReport:
@@ -328,7 +283,7 @@ class Exchange:
         if rs is None or rs.closed:
             raise RuntimeError("average() needs an open round (call open_round first)")
         records = p.remember(records)  # signed records only; known before any delta is accepted
-        self._plan_groups(rs, records)
+        plan_groups(p, rs, records)
         await (publish or self.publish)()
         # a peer whose signed record is two or more rounds ahead of ours sends no delta of our round: not waited for
         peers = [r for r in records if p.usable(r) and r.round <= rs.round + AHEAD_ROUNDS]
@@ -370,7 +325,7 @@ class Exchange:
             self.deadline.observe_idle(missing)
         else:
             self.deadline.observe_training(rs.ready_at - rs.opened_at)
-        premerge = await self._premerge(rs)
+        premerge = await premerge_distance(p, rs)
         senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
         must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
         active = rs.active()
