@@ -190,6 +190,11 @@ class TrainConfig:
     # learning-rate multiplier of every block but block 0 (its schedule and its table copy's too; issue 19: a later
     # block refines a converged predecessor's estimate, and the table it trains is the one block 0 reads)
     later_lr_scale: float = 1.0
+    # trajectory replay: a later block's predecessor forwards serve this many steps. 1: every step runs them on its
+    # whole batch (block b pays b forwards a step); R > 1: each step runs them on 1/R of its batch (fresh windows)
+    # and takes the rest from a buffer of the last steps' trajectory states, each given a fresh sigma (the final
+    # Euler step is recomputed); 0: R = the block's index, so every later block pays about one forward a step
+    trajectory_reuse: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -208,6 +213,8 @@ class TrainConfig:
             raise ValueError(f"freeze_z_in must be none, block0 or all, got {self.freeze_z_in!r}")
         if self.handoff_weight < 0:
             raise ValueError(f"handoff_weight must be >= 0, got {self.handoff_weight}")
+        if self.trajectory_reuse < 0:
+            raise ValueError(f"trajectory_reuse must be >= 0, got {self.trajectory_reuse}")
         if self.predecessor_pulls < 1 or self.pipeline_stagger < 1:
             raise ValueError("predecessor_pulls and pipeline_stagger must be >= 1")
         if self.block_init not in BLOCK_INITS:

@@ -128,6 +128,37 @@ def trajectory_predecessors(cfg: ModelConfig, block_index: int, steps: int | Non
 
 
 @torch.no_grad()
+def trajectory_prefix(
+    blocks: dict[int, DenoisingBlock],
+    table_hat: torch.Tensor,
+    x: torch.Tensor,
+    cfg: ModelConfig,
+    generator: torch.Generator,
+    steps: list[tuple[int, float]],
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
+    """The sampler's given steps from fresh noise (blocks frozen, no grad), all but the last Euler update:
+    (z the last step read, its denoised mean D = softmax(logits) @ table_hat, that step's sigma, its message).
+    euler_to(...) of them at a sequence's own sigma is trajectory_inputs' z."""
+    z = start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
+    targets = [s for _, s in steps[1:]]
+    message = None
+    for (b, s), s_next in zip(steps, [*targets, None]):
+        s_t = torch.full((x.shape[0],), s, device=x.device)
+        logits, message, _ = denoise(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=message)
+        if s_next is None:
+            return z, torch.softmax(logits, dim=-1) @ table_hat, s, message
+        z = euler_update(z, logits, table_hat, s, s_next)
+    raise ValueError("a trajectory prefix needs at least one step")
+
+
+def euler_to(z: torch.Tensor, mean: torch.Tensor, sigma_from: float, sigma: torch.Tensor) -> torch.Tensor:
+    """The Euler step from sigma_from to each sequence's sigma (n,) given the denoised mean (euler_update's rule)."""
+    r = (sigma / sigma_from)[:, None, None]
+    return r * z + (1.0 - r) * mean
+
+
+@torch.no_grad()
 def trajectory_inputs(
     blocks: dict[int, DenoisingBlock],
     table_hat: torch.Tensor,
@@ -152,14 +183,8 @@ def trajectory_inputs(
         eps = torch.randn((*x.shape, cfg.d_model), generator=generator).to(x.device)
         z = (1 + sigma**2).sqrt()[:, None, None] * eps
         return z, None
-    z = start_noise(cfg, (*x.shape, cfg.d_model), generator, x.device)
-    targets = [s for _, s in steps[1:]]
-    message = None
-    for (b, s), s_next in zip(steps, [*targets, None]):
-        s_t = torch.full((x.shape[0],), s, device=x.device)
-        logits, message, _ = denoise(blocks[b], table_hat, x, z, s_t, autocast_dtype=autocast_dtype, pred=message)
-        z = euler_update(z, logits, table_hat, s, s_next if s_next is not None else sigma)
-    return z, message
+    z, mean, s_last, message = trajectory_prefix(blocks, table_hat, x, cfg, generator, steps, autocast_dtype)
+    return euler_to(z, mean, s_last, sigma), message
 
 
 class BlockTrainer:
@@ -201,6 +226,7 @@ class BlockTrainer:
         steps = train_cfg.trajectory_steps or None
         self.plan = sampler_plan(model_cfg, steps)
         self.own_steps = [k for k, (b, _, _) in enumerate(self.plan) if b == block_index]
+        self.replay: list[torch.Tensor] | None = None  # trajectory replay's buffer (TrainConfig.trajectory_reuse)
 
     def set_replicas(self, replicas: int) -> None:
         """How many replicas' deltas the last merge averaged (own included): the K of a ReplicaAdamW
@@ -248,14 +274,15 @@ class BlockTrainer:
 
     def _inputs(
         self, x: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, k: int | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(z, predecessor feature): trajectory inputs, or (None, None) for the documented noisy targets."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(x, y, z, predecessor feature): trajectory inputs, or z and feature None for the documented noisy
+        targets. With trajectory replay (reuse() > 1) x and y are the replay buffer's windows."""
         p = self.train_cfg.trajectory_prob
         if p <= 0 or float(torch.rand(1, generator=self.gen)) >= p:
-            return None, None
+            return x, y, None, None
         steps = self._trajectory_steps(k)
         if not self.others and any(b != self.block_index for b, _ in steps):
-            return None, None  # no predecessors given (yet): the documented noisy targets
+            return x, y, None, None  # no predecessors given (yet): the documented noisy targets
         missing = sorted({b for b, _ in steps} - set(self.others) - {self.block_index})
         if missing:
             raise ValueError(f"trajectory training of block {self.block_index} needs blocks {missing}")
@@ -264,26 +291,50 @@ class BlockTrainer:
         was_training = self.block.training
         self.block.eval()
         try:
-            return trajectory_inputs(
-                blocks,
-                table_hat,
-                x,
-                sigma,
-                self.model_cfg,
-                self.block_index,
-                self.gen,
-                self.autocast,
-                steps=steps,
+            if self.reuse() > 1 and steps and k is None:
+                return self._replayed(blocks, table_hat, x, y, sigma, steps)
+            z, pred = trajectory_inputs(
+                blocks, table_hat, x, sigma, self.model_cfg, self.block_index, self.gen, self.autocast, steps=steps
             )
+            return x, y, z, pred
         finally:
             self.block.train(was_training)
+
+    def reuse(self) -> int:
+        """TrainConfig.trajectory_reuse resolved for this block (0: the block's index; block 0 runs no forwards)."""
+        r = self.train_cfg.trajectory_reuse
+        return max(1, self.block_index if r == 0 else r)
+
+    def _replayed(
+        self,
+        blocks: dict[int, DenoisingBlock],
+        table_hat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        sigma: torch.Tensor,
+        steps: list[tuple[int, float]],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Trajectory replay: the predecessors run on ceil(n / R) fresh windows of this batch (on all n at the first
+        step), which push out the buffer's oldest; the step trains on the buffer's n windows, each taking the final
+        Euler step to its own fresh sigma. A window serves about R steps, against predecessors at most R steps old."""
+        n = x.shape[0]
+        fresh = n if self.replay is None else max(1, math.ceil(n / self.reuse()))
+        z, mean, s_last, message = trajectory_prefix(
+            blocks, table_hat, x[:fresh], self.model_cfg, self.gen, steps, self.autocast
+        )
+        sigma_from = torch.full((fresh,), s_last, device=z.device)
+        new = [x[:fresh], y[:fresh], z, mean, sigma_from, *([message] if message is not None else [])]
+        self.replay = [t if self.replay is None else torch.cat([o[fresh:], t]) for o, t in zip(self.replay or new, new)]
+        bx, by, bz, bmean, bfrom = self.replay[:5]
+        r = (sigma / bfrom)[:, None, None]
+        return bx, by, r * bz + (1.0 - r) * bmean, self.replay[5] if len(self.replay) > 5 else None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One AdamW step on a batch; returns the weighted loss, unweighted CE and lr."""
         x, y = x.to(self.device), y.to(self.device)
         sigma, k = self._sigma(x.shape[0])
         sigma = sigma.to(self.device)
-        z, pred = self._inputs(x, y, sigma, k)
+        x, y, z, pred = self._inputs(x, y, sigma, k)
         lr = lr_at(self.step_count, self.train_cfg) * (self.train_cfg.later_lr_scale if self.block_index else 1.0)
         for group in self.opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)

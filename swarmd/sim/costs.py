@@ -6,7 +6,8 @@ measure_step_costs (times real BlockTrainer and E2ETrainer steps on a device, on
 (where a block's step goes: predecessor forwards, the hand-off head, the rest) and the clocks of the references
 that need no simulation: one peer training end to end, P-way synchronous data parallel with free communication
 (the ideal), and the end-to-end model pipelined over P peers as SWARM parallelism trains it (8-bit activations
-and their gradients across every stage boundary for every micro-batch).
+and their gradients across every stage boundary for every micro-batch); priced_regime puts a network regime on
+that clock.
 
 Costs are plain numbers: a run of the simulator or of the references is a function of them, so pinned costs give
 a pinned clock. Measuring them is the only thing here that depends on the machine.
@@ -23,6 +24,7 @@ import torch
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import count_params
 from swarmd.core.train import BlockTrainer, E2ETrainer, init_block, init_embedding
+from swarmd.sim.regimes import Dist, Regime
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,18 @@ class StepCosts:
         return cls(**{**data, "block_s": tuple(data["block_s"])})
 
 
-def _seconds_per_call(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+def _seconds_per_call(fn: Callable[[], object], repeats: int, warmup: int = 3, groups: int = 3) -> float:
+    """The fastest of `groups` timings of `repeats` calls, per call: the cost on a quiet core (another process's
+    load only ever adds time)."""
     for _ in range(warmup):
         fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats
+    best = float("inf")
+    for _ in range(groups):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
 
 
 def _batch(model_cfg: ModelConfig, train_cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,3 +152,16 @@ def pipelined_e2e_s(costs: StepCosts, steps: int, stages: int, bandwidth_Bps: fl
     compute = costs.e2e_s / stages
     transfer = 0.0 if stages == 1 else 2 * costs.activation_bytes / bandwidth_Bps
     return steps * max(compute, transfer) + (stages - 1) * 2 * latency_s
+
+
+def priced_regime(regime: Regime, seconds_per_step: float) -> Regime:
+    """The regime on the cost model's clock: its per-step compute median becomes `seconds_per_step` (block 0's
+    measured step) and its latency and transfer times scale with it, so compute and network compare as the regime
+    sets them (its presets are sized for a d=64 block) while the clock reads in measured seconds."""
+    f = seconds_per_step / regime.compute_s.median
+    return replace(
+        regime,
+        compute_s=Dist(seconds_per_step, regime.compute_s.sigma),
+        latency_s=Dist(regime.latency_s.median * f, regime.latency_s.sigma),
+        bandwidth_Bps=Dist(regime.bandwidth_Bps.median / f, regime.bandwidth_Bps.sigma),
+    )

@@ -25,7 +25,7 @@ from swarmd.averaging.delta import ErrorFeedback
 from swarmd.averaging.outer import outer_for
 from swarmd.averaging.state import BlockState
 from swarmd.core.data import ByteData
-from swarmd.core.schedule import allocate, training_blocks
+from swarmd.core.schedule import allocate, first_round, training_blocks
 from swarmd.core.train import BlockTrainer, seed_for
 from swarmd.protocol import PayloadKind
 from swarmd.sim.costs import StepCosts
@@ -46,12 +46,19 @@ class SchedulePlan:
     def staffing(self, round_no: int, blocks: int) -> list[int]:
         return allocate(self.peers, training_blocks(self.schedule, round_no, blocks, self.turn), blocks, self.pinned)
 
+    def life(self, block: int, blocks: int, rounds: int) -> tuple[int, int]:
+        """The first and last round `block` trains in a run of `rounds` rounds: its learning-rate schedule (warmup,
+        then the cosine to its floor) spans exactly these rounds, so every block ends fully decayed."""
+        first = first_round(self.schedule, block, blocks, self.turn)
+        return first, min(rounds, first + self.turn - 1) if self.schedule == "sequential" else rounds
+
 
 @dataclass
 class ScheduleRecord:
     round: int
     staffing: list[int]  # peers per block this round
     busy_share: float  # peer-seconds spent on training steps / (peers x round seconds)
+    trained_s: float  # those peer-seconds
     pull_bytes: int  # predecessor pulls and joiners' downloads this round
 
 
@@ -134,6 +141,19 @@ class ScheduledSimulator(Simulator):
             workers.extend([keeper, *mine])
         self.workers = workers
 
+    def _schedule_lr(self, round_no: int) -> None:
+        """Each worker's place in its block's learning-rate schedule (TrainConfig.total_steps > 0): the steps since
+        the block's first round, over a cosine as long as the block's life (SchedulePlan.life); a peer that comes
+        to a block takes up the block's place in it."""
+        t, H = self.cfg.train, self.cfg.steps_per_round
+        if t.total_steps <= 0:
+            return
+        for w in self.workers:
+            first, last = self.plan.life(w.block, self.cfg.model.blocks, self.cfg.rounds)
+            w.state.train_cfg = replace(t, total_steps=(last - first + 1) * H)
+            w.state.trainer.train_cfg = replace(w.state.trainer.train_cfg, total_steps=(last - first + 1) * H)
+            w.state.trainer.step_count = (round_no - first) * H
+
     # -- the clock ------------------------------------------------------------------------------------
     def _draw(self, n: int, steps: int) -> RoundDraw:
         """The engine's draw with each worker's compute priced by its block's step cost, and stretched to the time
@@ -161,8 +181,9 @@ class ScheduledSimulator(Simulator):
         if not self.workers:  # nothing trains this round (a sequential run past its last turn)
             self.round += 1
             record = RoundRecord(r, self.clock, 0.0, None, 0, 0, 0, 0, 0, float("nan"), None)
-            self.records.append(ScheduleRecord(r, staffing, 0.0, 0))
+            self.records.append(ScheduleRecord(r, staffing, 0.0, 0.0, 0))
             return record
+        self._schedule_lr(r)
         before = {w.id: w.state.trainer.step_count for w in self.workers}
         record = super().step()
         busy = sum(self._compute[w.id] for w in self.workers if w.state.trainer.step_count > before[w.id])
@@ -171,5 +192,5 @@ class ScheduledSimulator(Simulator):
             if keeper not in self.workers:
                 keeper.state.adopt(None, self.table)
         share = min(1.0, busy / max(1e-12, self.plan.peers * record.seconds))
-        self.records.append(ScheduleRecord(r, staffing, share, int(sum(self._pulls))))
+        self.records.append(ScheduleRecord(r, staffing, share, busy, int(sum(self._pulls))))
         return record

@@ -1,0 +1,237 @@
+"""Time to quality: the assembled model's held-out CE against wall time on dedicated hardware, per schedule and P.
+
+Every peer its own device. The clock is a cost model measured on the real trainer (swarmd.sim.costs: per-step time
+of each block with its predecessor work and of the end-to-end step, one thread here, --device cuda on a GPU) plus
+the simulator's network regimes with the real codec, merge and deadline (swarmd.sim.scheduled). For P = K x B peers
+(K per block for each K of --ks) and every schedule of --schedules, it runs the swarm; beside it, the references:
+  e2e one peer     the end-to-end model of the same depth on one peer (its CE at --steps sets the target);
+  sync DP ideal    the end-to-end model with P-way synchronous data parallelism (a P-fold batch; free all-reduce);
+  pipelined e2e    the end-to-end model pipelined over the P peers as SWARM parallelism trains it (B stages of K
+                   replicas: the K-fold batch; 8-bit activations and gradients across every boundary each step);
+  one block        one diffusion block holding the whole depth, its P peers as replicas.
+Every model at the best of --lrs (the end-to-end one-peer run at each; the others at each too, unless --lr-for
+pins them), warmup then cosine to --min-lr-ratio over its own steps. Rows carry P, B, K, schedule, regime,
+wall_s, ce, e2e_one_peer_ce_at_wall, sync_dp_ideal_ce_at_wall, busy_share, time_to_target_s,
+e2e_one_peer_time_to_target_s, wire bytes per peer and round against raw fp32 bytes, and the curve.
+
+    python benchmarks/time_to_quality.py --data-dir ../shared/data/wikitext-2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
+from benchmarks.harness.results import command_line, machine, write_json
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.core.data import ByteData
+from swarmd.core.evaluate import e2e_ce
+from swarmd.core.schedule import SCHEDULES, total_rounds
+from swarmd.core.train import E2ETrainer, seed_for
+from swarmd.sim.costs import StepCosts, breakdown, measure_step_costs, pipelined_e2e_s, priced_regime
+from swarmd.sim.curves import ce_at, time_to
+from swarmd.sim.engine import SimConfig, SimResult
+from swarmd.sim.policies import make_policy, regime_policy
+from swarmd.sim.regimes import regime_named
+from swarmd.sim.scheduled import ScheduledSimulator, SchedulePlan
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    p = parser(__doc__, holds="train.txt and eval.txt")
+    add_shape(p, blocks=4, d_model=64, seq_len=64, layers_per_block=1)
+    add_outputs(p, "time_to_quality.json")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=1600, help="steps per peer of every run (the target: E2E at these)")
+    p.add_argument("--steps-per-round", type=int, default=25, help="H")
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], help="peers per block: P = K x B")
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=[*SCHEDULES, "sequential-pinned"])
+    p.add_argument("--growth", type=float, default=0.05, help="grow: each block's growth phase, share of the rounds")
+    p.add_argument("--regimes", nargs="+", default=["lockstep", "wan-mid"])
+    p.add_argument("--lrs", type=float, nargs="+", default=[3e-3], help="the end-to-end models' lr sweep")
+    p.add_argument("--swarm-lrs", type=float, nargs="+", help="the swarms' lr sweep (default: the E2E's best)")
+    p.add_argument("--min-lr-ratio", type=float, default=0.0)
+    p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
+    p.add_argument("--references", nargs="+", default=["sync_dp", "pipelined", "one_block"])
+    p.add_argument("--stop-at-target", action="store_true", help="end each swarm once it reaches the target CE")
+    p.add_argument("--eval-every", type=int, default=2, help="rounds between CE measurements")
+    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--train-bytes", type=int, default=0, help="first bytes of train.txt used (0 = all)")
+    p.add_argument("--costs", type=Path, help="a saved StepCosts JSON instead of measuring (a pinned clock)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    return parse_checked(p, argv, "train.txt")
+
+
+def texts(a: argparse.Namespace, cfg: ModelConfig) -> tuple[ByteData, tuple[torch.Tensor, torch.Tensor]]:
+    train = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
+    if a.train_bytes:
+        train = ByteData(train.data[: a.train_bytes].numpy(), cfg.seq_len)
+    return train, ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+
+
+def e2e_curve(
+    cfg: ModelConfig, train: TrainConfig, data: ByteData, eval_xy: tuple, steps: int, every: int, stop: float | None
+) -> list[tuple[int, float]]:
+    """(steps, held-out CE) of the end-to-end model, measured every `every` steps; stops once CE <= stop."""
+    trainer = E2ETrainer(cfg, replace(train, total_steps=steps))
+    stream = data.stream(seed_for("data", train.seed, "e2e", train.batch_size), train.batch_size)
+    curve = [(0, float(e2e_ce(trainer.model, *eval_xy)["ce"]))]
+    for s in range(1, steps + 1):
+        trainer.step(*next(stream))
+        if s % every == 0 or s == steps:
+            curve.append((s, float(e2e_ce(trainer.model, *eval_xy)["ce"])))
+            if stop is not None and curve[-1][1] <= stop:
+                break
+    return curve
+
+
+def best(curves: dict[float, list[tuple[int, float]]]) -> tuple[float, list[tuple[int, float]]]:
+    """The lr whose curve ends lowest (a curve stopped at the target ends at it: the earliest stop wins)."""
+    return min(curves.items(), key=lambda kv: (kv[1][-1][1], kv[1][-1][0]))
+
+
+def timed(curve: list[tuple[int, float]], seconds_per_step: float) -> list[tuple[float, float]]:
+    return [(s * seconds_per_step, ce) for s, ce in curve]
+
+
+def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, stop=None) -> dict:
+    """One simulated swarm of K x B peers under a schedule and regime, on the cost model's clock (regime priced by
+    costs.priced_regime); with `stop`, it ends at the first measurement at or below that CE."""
+    B, H = cfg.blocks, a.steps_per_round
+    rounds_per_block = max(1, a.steps // H)
+    pinned = schedule == "sequential-pinned"
+    name = "sequential" if pinned else schedule
+    turn = rounds_per_block if name == "sequential" else max(1, round(a.growth * rounds_per_block))
+    rounds = total_rounds(name, B, turn, rounds_per_block) if name == "sequential" else rounds_per_block
+    regime = priced_regime(regime_named(regime_name), costs.block_s[0])
+    sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every)
+    policy = make_policy(regime_policy(regime), regime, H)
+    sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, SchedulePlan(name, k * B, turn, pinned), costs)
+    result = SimResult(regime.name, policy.name, train.seed, sim.measure())
+    for r in range(1, rounds + 1):  # the engine's run loop, ended once the target is reached
+        record = sim.step()
+        if r % a.eval_every == 0 or r == rounds:
+            record.ce = sim.measure()
+        result.rounds.append(record)
+        if record.ce is not None and stop is not None and record.ce <= stop:
+            break
+    rounds = len(result.rounds)
+    peers = k * B
+    trained = sum(r.trained_s for r in sim.records)
+    held = peers * sum(r.seconds for r in result.rounds)
+    return {
+        "schedule": schedule,
+        "turn_rounds": turn,
+        "rounds": rounds,
+        "curve": result.curve(),
+        "wall_s": result.sim_wall_s,
+        "ce": result.ce,
+        "busy_share": trained / held if held else 0.0,
+        "participation": result.participation,
+        "wire_bytes_per_peer_round": (result.wire_bytes + sum(r.pull_bytes for r in sim.records)) / (peers * rounds),
+        "raw_fp32_bytes_per_peer_round": raw_bytes_per_round(sim, peers, rounds, costs),
+        "staffing": [r.staffing for r in sim.records],
+    }
+
+
+def raw_bytes_per_round(sim: ScheduledSimulator, peers: int, rounds: int, costs: StepCosts) -> float:
+    """What the same rounds would move in fp32, uncompressed: every accepted delta's raw bytes to its group and
+    every pull and download at fp32."""
+    raw = 0.0
+    for rec in sim.records:
+        for n in rec.staffing:
+            raw += n * ((n - 1) * costs.block_bytes + (sum(rec.staffing) - 1) * costs.table_bytes)
+        raw += rec.pull_bytes
+    return raw / (peers * rounds)
+
+
+def run(a: argparse.Namespace) -> dict:
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    cfg = model_of(a)
+    data, eval_xy = texts(a, cfg)
+    base = TrainConfig(
+        batch_size=a.batch_size, seed=a.seed, min_lr_ratio=a.min_lr_ratio, trajectory_reuse=a.trajectory_reuse
+    )
+    costs = StepCosts.from_dict(json.loads(a.costs.read_text())) if a.costs else measure_step_costs(cfg, base, a.device)
+    H, B = a.steps_per_round, cfg.blocks
+    every = H * a.eval_every
+    one = {lr: e2e_curve(cfg, replace(base, lr=lr), data, eval_xy, a.steps, every, None) for lr in a.lrs}
+    e2e_lr, e2e = best(one)
+    target = e2e[-1][1]
+    e2e_t = timed(e2e, costs.e2e_s)
+    out: dict = {
+        "command": command_line("time_to_quality.py", a.argv),
+        "machine": machine(),
+        "model": cfg.to_dict(),
+        "costs": costs.to_dict(),
+        "cost_breakdown_last_block": breakdown(cfg, base, B - 1, a.device) if not a.costs else None,
+        "target_ce": target,
+        "e2e_one_peer": {"lr": e2e_lr, "curve": e2e_t, "time_to_target_s": time_to(e2e_t, target)},
+        "references": {},
+        "rows": [],
+    }
+    for k in a.ks:
+        P = k * B
+        refs: dict = {}
+        if "sync_dp" in a.references:
+            dp = {
+                lr: e2e_curve(
+                    cfg, replace(base, lr=lr, batch_size=P * a.batch_size), data, eval_xy, a.steps, every, target
+                )
+                for lr in a.lrs
+            }
+            lr, curve = best(dp)
+            refs["sync_dp_ideal"] = {"lr": lr, "curve": timed(curve, costs.e2e_s)}
+        if "pipelined" in a.references:
+            stage = {1: e2e}.get(k) or e2e_curve(
+                cfg, replace(base, lr=e2e_lr, batch_size=k * a.batch_size), data, eval_xy, a.steps, every, target
+            )
+            for regime_name in a.regimes:
+                r = priced_regime(regime_named(regime_name), costs.block_s[0])
+                per_step = pipelined_e2e_s(costs, 1, B, r.bandwidth_Bps.median, r.latency_s.median)
+                refs[f"pipelined_e2e/{regime_name}"] = {"curve": timed(stage, per_step)}
+        out["references"][str(P)] = refs
+        for regime_name in a.regimes:
+            for schedule in a.schedules:
+                row = swarm_run(
+                    a, cfg, replace(base, lr=e2e_lr, total_steps=1), data, eval_xy, costs, k, schedule, regime_name
+                )
+                dp_curve = refs.get("sync_dp_ideal", {}).get("curve")
+                out["rows"].append(
+                    {
+                        "P": P,
+                        "B": B,
+                        "K": k,
+                        "regime": regime_name,
+                        "lr": lr,
+                        **row,
+                        "e2e_one_peer_ce_at_wall": ce_at(e2e_t, row["wall_s"]),
+                        "sync_dp_ideal_ce_at_wall": ce_at(dp_curve, row["wall_s"]) if dp_curve else None,
+                        "time_to_target_s": time_to(row["curve"], target),
+                        "e2e_one_peer_time_to_target_s": out["e2e_one_peer"]["time_to_target_s"],
+                    }
+                )
+                print(json.dumps({k2: v for k2, v in out["rows"][-1].items() if k2 not in ("curve", "staffing")}))
+                write_json(a.out, out)
+    write_json(a.out, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = options(argv)
+    a.argv = argv
+    run(a)
+
+
+if __name__ == "__main__":
+    main()
