@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import options
+from benchmarks.harness import options, results
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.memory import GIB, model_info
@@ -212,11 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
         "active_adamw_vs_paper": paper_info["active_adamw_gib"] / 0.198,
         "trajectory_cost_paper_config": trajectory_cost(ModelConfig(**PAPER_CFG)),
         "trajectory_cost_cpu_config": trajectory_cost(ModelConfig(**CPU_CFG)),
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": results.command_line("memory_throughput.py", argv),
         "torch": torch.__version__,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    results.write_json(args.out, result, sort_keys=False)
     return result
 
 

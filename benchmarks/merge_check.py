@@ -16,7 +16,6 @@ round's progress an honest merge gave up beyond the tolerance (what PROGRESS_SLA
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -153,8 +152,7 @@ def main(argv=None) -> dict:
             f"honest fallbacks {row['fallbacks']}/{row['checks']} (slack 0: {row['strict']}), honest deltas refused "
             f"{row['refused']}, most progress given up beyond the tolerance {max(row['give_up']):.2f}"
         )
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2))
+    results.write_json(a.out, result, sort_keys=False)
     return result
 
 

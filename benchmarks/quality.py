@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import options
+from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import BLOCK_INITS, ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -764,7 +764,7 @@ def main(argv: list[str] | None = None) -> dict:
         "eval_tokens": int(eval_xy[1].numel()),
         "seconds": {**seconds, "total": round(sum(r["seconds"] for rs in runs.values() for r in rs), 1)},
         "history": history,
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": results.command_line("quality.py", argv),
         "torch": torch.__version__,
     }
     if "swarm" in best:

@@ -198,8 +198,7 @@ def main(argv=None) -> None:
                 rows.append(run_one(a, merge, workers + 1, seed, data, eval_xy, flip=True))
                 print(json.dumps(rows[-1]), flush=True)
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "rows": rows}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2))
+    results.write_json(a.out, result, sort_keys=False)
     cmd = results.command_line("robust_merge.py", argv)
     md = [
         "## Robust merge with honest peers (issue 9)",

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import options
+from benchmarks.harness import options, results
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import denoising_ce, from_noise_ce
@@ -81,10 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
             "lr": TrainConfig.lr,
         },
         "eval_tokens": int(y.numel()),
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": results.command_line("sigma_range.py", argv),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    results.write_json(args.out, result, sort_keys=False)
     return result
 
 

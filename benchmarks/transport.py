@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -408,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "headline": {"path": first, "grpc_over_tcp": throughput[first]["ratio_to_tcp_median"]},
         "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": results.command_line("transport.py", argv),
         "payload_mib": args.mb,
         "repeats": args.repeats,
         "throughput": throughput,
@@ -422,8 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"Python {platform.python_version()}, grpcio {grpc.__version__}, torch {torch.__version__}"
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    results.write_json(args.out, result, sort_keys=False)
     args.md.write_text(markdown(result))
     print(markdown(result))
     return result

@@ -24,10 +24,10 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return (f"python benchmarks/{script} " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
 
 
-def write_json(path: Path, out: dict) -> None:
-    """out as indented JSON with sorted keys at path (its folder made if needed)."""
+def write_json(path: Path, out: dict, sort_keys: bool = True) -> None:
+    """out as indented JSON at path (its folder made if needed), its keys sorted unless sort_keys is False."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, sort_keys=True))
+    path.write_text(json.dumps(out, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def write_text(path: Path, text: str) -> None:
