@@ -24,7 +24,7 @@ DHT on loopback; the partition row: three network namespaces, tests/netns_utils.
                         Forward, flood): benchmarks/insiders.py's rows and table (`--only insider --merge`;
                         `--insiders drift,poison,state,forward,flood` picks some)
 Writes benchmarks/results/adversary.json (one row per fault: name, survived, evidence, ce, ce_clean,
-ce_delta, data_lost) and the markdown fragment benchmarks/results/ISSUE9_adversary.md:
+ce_delta, data_lost) and the markdown fragment benchmarks/results/adversary.md:
 
     python benchmarks/adversary.py
 
@@ -992,7 +992,7 @@ def parse_args(argv=None):
         action="store_true",
         help="keep the rows of --out that this run does not produce (each row names the command that made it)",
     )
-    options.add_outputs(p, "adversary.json", "ISSUE9_adversary.md")
+    options.add_outputs(p, "adversary.json", "adversary.md")
     return p.parse_args(argv)
 
 

@@ -4,8 +4,8 @@ Runs swarmd.sim (real BlockTrainer steps, real int8 codec + error feedback, the 
 merge; only the network and the clock simulated) on every regime preset with its own policy (its fixed
 deadline, or lockstep), then the deadline policies on the WAN network (lockstep, adaptive, quantile; the
 fixed ones are the wan-tight/mid/loose rows), each policy run until lockstep's simulated wall time. Writes
-benchmarks/results/async.json (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png
-and async_policies.png, and its section of benchmarks/results/ISSUE11_async.md. Model: the project's default
+benchmarks/results/async_sim.json (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png
+and async_policies.png, and its section of BENCHMARKS.md (#async_sim). Model: the project's default
 ModelConfig/TrainConfig (architecture and objective options untouched) shrunk to d=64, L_b=1, seq 64,
 batch 16 for the 30-minute budget on 2 shared cores; one torch thread.
 
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None):
         "(its other runs are reused: a seed reproduces them bit for bit)",
     )
     p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
-    options.add_outputs(p, "async.json", "ISSUE11_async.md")
+    options.add_outputs(p, "async_sim.json", results.BENCHMARKS)
     return p.parse_args(argv)
 
 

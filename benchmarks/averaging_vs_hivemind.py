@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--numel", type=int, default=2_000_000, help="fp32 values per tensor (default 2,000,000: 8 MB)")
     p.add_argument("--repeats", type=int, default=2, help="timed rounds per system and size (default 2)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    options.add_outputs(p, "averaging_vs_hivemind.json", "ISSUE12_averaging.md")
+    options.add_outputs(p, "averaging_vs_hivemind.json", "averaging_vs_hivemind.md")
     return p.parse_args(argv)
 
 

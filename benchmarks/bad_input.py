@@ -25,8 +25,8 @@ line on stderr, and stdout shows the result; the exit-3 joiner may log before it
 be its last), there is no traceback, and the message came
 within 3 s on the quiet estimate (10 s for a command that starts a DHT client; network timeouts and the
 exit-3 case: within their stated bound).
-Writes benchmarks/results/bad_input.json and the markdown fragment benchmarks/results/ISSUE10_bad_input.md
-(BENCHMARKS.md via benchmarks/compose.py):
+Writes benchmarks/results/bad_input.json and the markdown fragment benchmarks/results/bad_input.md
+(BENCHMARKS.md#bad_input):
     python benchmarks/bad_input.py
 """
 
@@ -692,7 +692,7 @@ def markdown(out: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--out", type=Path, default=RESULTS / "bad_input.json")
-    p.add_argument("--md", type=Path, default=RESULTS / "ISSUE10_bad_input.md")
+    p.add_argument("--md", type=Path, default=RESULTS / "bad_input.md")
     p.add_argument("--timeout-s", type=float, default=60.0, help="Give up on one case after this many seconds.")
     p.add_argument("--only", default="", help="Run only the cases whose name contains this.")
     p.add_argument("--render", type=Path, help="Only rewrite --md from this JSON result (no run).")

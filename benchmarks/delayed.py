@@ -13,7 +13,7 @@ Two parts, each side by side in one run (overlap off and on, the same steps):
    first merge to the last of each peer (median over peers), and the from-noise CE of the trained model.
    Ratios overlap / plain are quoted; absolute seconds depend on the machine's load.
 
-Writes benchmarks/results/delayed.json, delayed.png (CE curves) and benchmarks/results/ISSUE12_delayed.md.
+Writes benchmarks/results/delayed.json, delayed.png (CE curves) and benchmarks/results/delayed.md.
 
     python benchmarks/delayed.py --data-dir /work/shared/data/wikitext-2
     python benchmarks/delayed.py --seeds 0 --sim-rounds 2 --steps 2 --daemon-rounds 3 --repeats 1   # smoke
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode with real daemons (alternated)")
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--skip-daemons", action="store_true")
-    options.add_outputs(p, "delayed.json", "ISSUE12_delayed.md")
+    options.add_outputs(p, "delayed.json", "delayed.md")
     p.add_argument("--png", type=Path, default=results.RESULTS / "delayed.png")
     p.add_argument("--render", type=Path, help="only rewrite --md (and --png) from this saved result JSON")
     p.add_argument("--timing-from", type=Path, help="take the real-daemon part from this saved result JSON")

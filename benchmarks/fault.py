@@ -36,7 +36,7 @@ def parse_args(argv=None):
     options.add_schedule(p, rounds=30, steps=10)
     p.add_argument("--kill-after", type=int, default=3, help="kill the victim once it has merged this many rounds")
     p.add_argument("--deadline-max", type=float, default=10.0)
-    options.add_outputs(p, "fault.json", "ISSUE3_swarm.md")
+    options.add_outputs(p, "fault.json", results.BENCHMARKS)
     return p.parse_args(argv)
 
 

@@ -67,7 +67,7 @@ def parse_args(argv=None):
         "--replica-adam", action="store_true", help="TrainConfig.replica_adam (ReplicaAdamW, K = the merge's members)"
     )
     p.add_argument("--seed", type=int, default=0)
-    options.add_outputs(p, "group_sim.json", "ISSUE20_groups.md")
+    options.add_outputs(p, "group_sim.json", results.BENCHMARKS)
     options.add_section(p, "group_sim.py")
     a = p.parse_args(argv)
     a.argv = argv

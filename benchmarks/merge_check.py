@@ -7,7 +7,7 @@ each round runs every peer's check_merge (own + the same-block replica's block d
 swarm's next base is the unchecked merge (what the swarm lands when nobody falls back). Reported per sample
 size: the check's seconds per peer and round (check_merge minus the plain merge) against the round's local
 steps (measured here, without trajectory predecessors: a lower bound of a daemon's round) and against the
-median round of benchmarks/swarm.py (ISSUE3_swarm.md), how often an honest round fell back (false
+median round of benchmarks/swarm.py (BENCHMARKS.md#swarm), how often an honest round fell back (false
 alarms; also without merge.PROGRESS_SLACK) or refused an honest delta, and the largest share of its own
 round's progress an honest merge gave up beyond the tolerance (what PROGRESS_SLACK must exceed).
 
@@ -34,7 +34,7 @@ from swarmd.core.data import ByteData
 from swarmd.core.train import BlockTrainer, seed_for
 from swarmd.node.config import peer_train_config
 
-SWARM_MEDIAN_ROUND_S = 1.31  # benchmarks/results/ISSUE3_swarm.md: fp32 median round of the 6-daemon run
+SWARM_MEDIAN_ROUND_S = 1.31  # BENCHMARKS.md#swarm: fp32 median round of the 6-daemon run
 
 
 def parse_args(argv=None):

@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p = options.parser(__doc__)
     options.add_schedule(p, rounds=12, steps=5)
     p.add_argument("--delays", default="0,50", help="comma-separated one-way delays per hop, milliseconds")
-    options.add_outputs(p, "netns.json", "ISSUE10_netns.md")
+    options.add_outputs(p, "netns.json", "netns.md")
     p.add_argument("--render", type=Path, help="only rewrite --md from this saved result JSON")
     a = p.parse_args(argv)
     try:

@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout (default: the grid)"
     )
-    options.add_outputs(p, "protocol_scale.json", "ISSUE12_groups.md")
+    options.add_outputs(p, "protocol_scale.json", results.BENCHMARKS)
     options.add_section(p, "protocol_scale.py")
     options.add_from_log(p, "the table from the rows a stopped run printed")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
@@ -48,7 +48,7 @@ def parse_args(argv=None):
         default=0,
         metavar="PEERS",
         help="instead: the anchored payload's int8 step (rms / 4, 16, 64, absmax / 127) at PEERS peers: bytes "
-        "against the consensus distance (writes protocol_levels.json)",
+        "against the consensus distance (writes protocol_scale_levels.json)",
     )
     return p.parse_args(argv)
 
@@ -79,7 +79,9 @@ def levels_sweep(a) -> None:
     finally:
         groups.OFFSET_INT8_RMS_LEVELS = chosen
     command = results.command_line("protocol_scale.py", None)
-    results.write_json(a.out.with_name("protocol_levels.json"), {"command": command, "rows": rows, "chosen": chosen})
+    results.write_json(
+        a.out.with_name("protocol_scale_levels.json"), {"command": command, "rows": rows, "chosen": chosen}
+    )
     base = rows[0]["bytes_per_peer_round"]
     lines = [
         f"### The anchored payload's int8 step: bytes against agreement ({a.levels_sweep} virtual peers)",

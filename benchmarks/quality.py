@@ -19,7 +19,7 @@ runs one model (blocktrain, e2e, e2e1 = one block's depth); --merge a.json b.jso
 separately run models into one result and plot without training. BlockTrain trains with
 trajectory inputs by default here (--trajectory-prob 1); --trajectory-prob 0 gives the documented
 noisy-target mechanics. Issue 8 mechanics: --context-input, --z-in-init, --freeze-z-in,
---pred-input (see swarmd/core/config.py and benchmarks/results/ISSUE8.md).
+--pred-input (see swarmd/core/config.py and BENCHMARKS.md#quality).
 
 Depth instrument (issue 19; swarmd.core.evaluate.depth_trace, depth_recovery): at the end the stack is
 scored once more in one sampler sweep that also gives, per block b, KL(p_b || p_{b-1}) between block b's

@@ -23,7 +23,7 @@ sends its delta through the int8 codec + error feedback and the merge of one del
 reference does). Each K is a row of the JSON's "sync_dp" list with K, steps_per_replica, ce (the swarm's),
 sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency (the swarm's, as above;
 sync_dp_efficiency: the same for the reference), the lr chosen and the sweep; its section of --md (default
-results/ISSUE20_sync_dp.md) has the table and the commands. Its single-replica runs (1x / 2x / 4x the rounds at
+BENCHMARKS.md, #replica_sim) has the table and the commands. Its single-replica runs (1x / 2x / 4x the rounds at
 --batch-size) are its own, in the JSON's "sync_dp_single" (run when missing, unless --no-single): the issue-12
 ones in "single" were measured before later merge changes and no longer reproduce to the last digit.
 
@@ -141,11 +141,14 @@ def parse_args(argv=None):
     )
     options.add_outputs(p, "replica_sim.json")
     p.add_argument(
-        "--md", type=Path, default=None, help="default results/ISSUE12_replicas.md (--sync-dp: ISSUE20_sync_dp.md)"
+        "--md",
+        type=Path,
+        default=None,
+        help="default BENCHMARKS.md (its replica_sim.py or, --sync-dp, replica_sim.py sync-dp section)",
     )
     a = p.parse_args(argv)
     if a.md is None:
-        a.md = results.RESULTS / ("ISSUE20_sync_dp.md" if a.sync_dp else "ISSUE12_replicas.md")
+        a.md = results.BENCHMARKS
     if a.merge and not (a.report and a.sync_dp):
         raise SystemExit("--merge goes with --sync-dp --report")
     if any(k < 1 for k in a.ks):

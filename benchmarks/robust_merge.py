@@ -58,7 +58,7 @@ def parse_args(argv=None):
         help="also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest",
     )
     p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
-    options.add_outputs(p, "robust_merge.json", "ISSUE9_robust_merge.md")
+    options.add_outputs(p, "robust_merge.json", "robust_merge.md")
     return p.parse_args(argv)
 
 

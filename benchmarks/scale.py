@@ -57,7 +57,7 @@ def parse_args(argv=None):
         help="quality runs: every round waits for all expected deltas (up to the 30 s deadline), so the loaded "
         "machine's late peers do not set the result",
     )
-    options.add_outputs(p, "scale.json", "ISSUE12_groups.md")
+    options.add_outputs(p, "scale.json", results.BENCHMARKS)
     options.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
     options.add_section(p, "scale.py")
     return p.parse_args(argv)

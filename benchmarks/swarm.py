@@ -66,7 +66,7 @@ def parse_args(argv=None):
         help="the documented DiffusionBlocks block and noisy targets (ModelConfig.documented(), trajectory 0, "
         "block 0's noise path trained) instead of the default block",
     )
-    options.add_outputs(p, "swarm.json", "ISSUE3_swarm.md")
+    options.add_outputs(p, "swarm.json", results.BENCHMARKS)
     p.add_argument(
         "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
     )
@@ -91,7 +91,7 @@ def parse_args(argv=None):
         help="synchronous data-parallel reference (issue 20) for every K > 1: B daemons, one replica per block at K x "
         "the batch, at each of these multiples of --lr (best reported); none: no reference",
     )
-    p.add_argument("--replica-md", type=Path, default=results.RESULTS / "ISSUE12_replicas.md")
+    p.add_argument("--replica-md", type=Path, default=results.BENCHMARKS)
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
         a.trajectory_prob = 0.0 if a.documented else TrainConfig.trajectory_prob

@@ -25,7 +25,7 @@ around every command, and medians are reported.
 this tree with the change taken out): both trees then run each command back to back, under the same load.
 
 Writes benchmarks/results/swarm_commands.json (one entry per --label, kept across runs, so a before and
-an after run sit side by side) and the fragment benchmarks/results/ISSUE22_swarm_commands.md.
+an after run sit side by side) and the fragment benchmarks/results/swarm_commands.md.
 """
 
 from __future__ import annotations
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         "leaves quiet",
     )
     p.add_argument("--out", type=Path, default=RESULTS / "swarm_commands.json")
-    p.add_argument("--md", type=Path, default=RESULTS / "ISSUE22_swarm_commands.md")
+    p.add_argument("--md", type=Path, default=RESULTS / "swarm_commands.md")
     p.add_argument("--render", action="store_true", help="only rewrite --md from --out (nothing runs)")
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "benchmarks/swarm_commands.py", *argv])

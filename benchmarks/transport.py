@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
     )
-    options.add_outputs(p, "transport.json", "ISSUE3_transport.md")
+    options.add_outputs(p, "transport.json", "transport.md")
     return p.parse_args(argv)
 
 

@@ -12,7 +12,7 @@ proof in each call's metadata. Per round and peer it counts what one peer of the
 2 payloads signed (block and byte-table delta), 1 + 5 payloads verified (the other replica's block delta,
 5 byte-table deltas), 1 + round_s / announce_period records signed, 5 x 2 lookups' records verified
 (uncached: records change every round), ~6 RPCs proved and checked (3 exchanges dialled, 3 answered,
-on average). Writes benchmarks/results/trust_cost.json and the ISSUE9_trust_cost.md fragment.
+on average). Writes benchmarks/results/trust_cost.json and the trust_cost.md fragment.
 
     python benchmarks/trust_cost.py
 """
@@ -58,7 +58,7 @@ def timed(fn, n: int) -> float:
 def main(argv=None) -> None:
     p = options.parser(__doc__)
     p.add_argument("--repeats", type=int, default=200)
-    options.add_outputs(p, "trust_cost.json", "ISSUE9_trust_cost.md")
+    options.add_outputs(p, "trust_cost.json", "trust_cost.md")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = ModelConfig(blocks=BLOCKS, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)

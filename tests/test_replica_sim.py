@@ -73,9 +73,9 @@ def test_parse_lrs(rs):
 
 def test_defaults_keep_the_issue_12_outputs(rs, tmp_path):
     a = rs.parse_args(["--data-dir", str(tmp_path)])
-    assert a.md.name == "ISSUE12_replicas.md" and not a.sync_dp
+    assert a.md.name == "BENCHMARKS.md" and not a.sync_dp
     a = rs.parse_args(["--data-dir", str(tmp_path), "--sync-dp"])
-    assert a.md.name == "ISSUE20_sync_dp.md" and a.ks == [2, 4, 8] and a.sync_lrs == [1.0, 1.41, 2.0]
+    assert a.md.name == "BENCHMARKS.md" and a.ks == [2, 4, 8] and a.sync_lrs == [1.0, 1.41, 2.0]
 
 
 def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path, data):

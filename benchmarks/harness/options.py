@@ -51,11 +51,12 @@ def parse_checked(p: argparse.ArgumentParser, argv: list[str] | None, holds: str
     return check_data(p, p.parse_args(argv), holds)
 
 
-def add_outputs(p: argparse.ArgumentParser, out: str, md: str | None = None, results: Path = RESULTS) -> None:
-    """--out (results/<out>: the result JSON) and, given md, --md (results/<md>: its markdown fragment)."""
+def add_outputs(p: argparse.ArgumentParser, out: str, md: str | Path | None = None, results: Path = RESULTS) -> None:
+    """--out (results/<out>: the result JSON) and, given md, --md (results/<md>, or md itself given a Path such as
+    BENCHMARKS: its markdown fragment)."""
     p.add_argument("--out", type=Path, default=results / out)
     if md is not None:
-        p.add_argument("--md", type=Path, default=results / md)
+        p.add_argument("--md", type=Path, default=md if isinstance(md, Path) else results / md)
 
 
 def add_schedule(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
+BENCHMARKS = Path("BENCHMARKS.md")  # the page whose <!-- name --> sections replace_section rewrites
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
