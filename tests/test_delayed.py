@@ -19,7 +19,7 @@ from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.delayed import corrected, land_merge
 from swarmd.averaging.state import BlockState, relative_distance, weights_hash
 from swarmd.core.train import BlockTrainer
-from swarmd.node.daemon import STOP_GRACE_S
+from swarmd.node.rounds import STOP_GRACE_S
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import Lockstep
 from swarmd.sim.regimes import custom_regime

@@ -8,8 +8,10 @@ startup.py        a starting peer's decisions: address plan, which discovery it 
 presence.py       Presence: the running peer in discovery (announce, lookups, the announce loop, min_peers wait)
 peers.py          pulls from the other peers: their merged blocks, trajectory training's predecessors
 measure.py        the round's measurements: consensus distance to replicas, the assembled model's CE
-checkpoints.py    CheckpointWriter: checkpoint writes with the progress counters, failures -> gRPC health
-rounds.py         RoundPeer (what a round driver drives of the daemon) and PlainRounds: one round after the other
+checkpoints.py    CheckpointWriter: the block a checkpoint dir resumes, writes with the progress counters, failures
+                  -> gRPC health
+training.py       a round's local steps (the block's turn, warm start, predecessor refreshes), the pipeline window
+rounds.py         RoundPeer (what a round driver drives of the daemon), PlainRounds, and the round loop of a run
 overlap.py        delayed averaging's round loop (training goes on while a round is collected), over a RoundPeer
 http_endpoint.py  the thread-served HTTP endpoint the metrics server and the dashboard share
 prometheus.py     the Prometheus endpoint (--metrics-port) over swarmd.metrics.Metrics

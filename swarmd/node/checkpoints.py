@@ -5,6 +5,8 @@ non-finite state) is one warning line and keeps the previous generation (the fil
 BlockState.save's, atomic per generation); CHECKPOINT_FAILURES_UNHEALTHY in a row turn the gRPC
 server's health NOT_SERVING, the next good write turns it SERVING again. SAVED_METRICS names the
 Metrics every generation's config.json carries (benchmarks read them). Writes in the worker thread.
+resume_block names the block a starting peer's checkpoint dir resumes, once the stale files a crash
+left behind (temp files, generations config.json does not name) are removed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import logging
 
 from swarmd.averaging.state import BlockState
+from swarmd.core import checkpoint as ck
 from swarmd.errors import SwarmdError
 from swarmd.metrics import Metrics
 from swarmd.transport import SwarmServer
@@ -33,6 +36,16 @@ class CheckpointWriter:
     def __init__(self, directory: str, metrics: Metrics):
         self.directory, self.metrics = directory, metrics
         self.failures = 0
+
+    def resume_block(self, block: int) -> int | None:
+        """The block the checkpoint dir resumes (None: nothing to resume, or no dir), once the temp files and
+        generations a crash left behind are removed; ConfigMismatch if it trains another block than `block` (-1: any).
+        """
+        if not self.directory:
+            return None
+        for path in ck.clean_stale(self.directory):  # temp files and generations a crash left behind
+            logger.info("removed stale %s", path)
+        return ck.peer_block(self.directory, block)
 
     async def save(self, state: BlockState, server: SwarmServer | None, tag: str, **progress: str) -> bool:
         """Atomically checkpoint `state` (in the worker thread); returns whether it was written.

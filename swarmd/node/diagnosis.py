@@ -12,10 +12,11 @@ each side sees, per cause (tests/test_diagnosis.py runs the key cases with real 
     filtered by config hash): the rounds expect nobody;
   - a peer of another swarm id is never found through the DHT (its keys are scoped by the swarm id); static
     discovery sees its status and drops it (StaticDiscovery.foreign).
-Each round the daemon hands a RoundOutcome (round_outcome) to a Watch; diagnose() names the cause shared by the
-last `rounds` rounds in which nothing merged although there were peers to talk to (a round that merged anything
-ends the streak, a round with nobody at all neither counts nor ends it), or for a peer given peers to join through
-that has found nobody at all for `rounds` rounds and alone_s seconds, the swarm id. Failures without a known
+Each round the daemon hands its MergeReport to a Watch (observe_report makes it a RoundOutcome, round_outcome);
+diagnose() names the cause shared by the last `rounds` rounds in which nothing merged although there were peers
+to talk to (a round that merged anything ends the streak, a round with nobody at all neither counts nor ends it),
+or for a peer given peers to join through that has found nobody at all for `rounds` rounds and alone_s seconds,
+the swarm id. Failures without a known
 cause (timeouts, stale rounds while catching up, peers gone) name nothing: "" is fine.
 The Watch says what the daemon does with a line: stop (swarmd.errors.NothingMerges, exit code 3; a clean
 shutdown) when the peer joined through peers and has merged nothing in this run, unless keep_trying; else a
@@ -28,9 +29,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
+from swarmd.metrics import Metrics, failure_reason
+from swarmd.node.config import DaemonConfig
+
+if TYPE_CHECKING:  # (at run time this module loads no torch)
+    from swarmd.averaging.round import MergeReport
 
 ROUNDS = 3  # failed rounds in a row (with peers to talk to) before a cause is named
 ALONE_S = 30.0  # ... and, for a joiner that found nobody at all, this long since its first round
@@ -201,6 +208,14 @@ class Watch:
         self._warned: tuple[int, float] | None = None  # (rounds observed, at_s) of the last warning of this streak
         self._totals: tuple[dict[str, int], dict[str, int]] = ({}, {})  # failure totals at the last observe_totals
 
+    @classmethod
+    def of_peer(cls, config: DaemonConfig, has_key: bool) -> Watch:
+        """The Watch of a daemon's run: its swarm id, model config, whether it joined through peers; keep_trying from
+        the config, alone_s twice the record TTL. :param has_key: the peer runs with a swarm key"""
+        net = config.net
+        facts = PeerFacts(net.swarm_id, config.model.config_hash(), has_key, bool(net.initial_peers))
+        return cls(facts, keep_trying=config.keep_trying, alone_s=2 * net.record_ttl_s)
+
     def observe(self, outcome: RoundOutcome) -> Verdict | None:
         """Add a round; what to do now (None: nothing to say this round)."""
         self.observed += 1
@@ -242,3 +257,17 @@ class Watch:
         refusals = counts_since(refused_calls, self._totals[1])
         self._totals = (dict(dial_failures), dict(refused_calls))
         return self.observe(round_outcome(expected, accepted, records, me, failures, refusals, at_s, foreign))
+
+    def observe_report(
+        self, report: MergeReport, records: Iterable[PeerRecord], me: PeerRecord, metrics: Metrics, discovery: object
+    ) -> Verdict | None:
+        """observe_totals() the round `report` merged, from the peer's running `metrics` and, with a StaticDiscovery,
+        the peers its last lookup skipped (and why) and the foreign ones it dropped."""
+        foreign: Sequence[PeerRecord] = []
+        skipped: list[str] = []
+        if isinstance(discovery, StaticDiscovery):  # the peers its last lookup skipped, and why
+            foreign, skipped = discovery.foreign, [failure_reason(e) for e in discovery.failures.values()]
+        expected = len(report.expected_block) + len(report.expected_emb)
+        accepted = len(report.accepted_block) + len(report.accepted_emb)
+        totals = (metrics.dial_failures, metrics.refused_calls, metrics.uptime_s)
+        return self.observe_totals(expected, accepted, records, me, totals, skipped, foreign)

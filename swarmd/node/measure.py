@@ -6,6 +6,7 @@ Owns two measurements and the reads they need:
   assembled CE the from-noise CE (nats/byte) of the model built from our block and byte table and the
                other blocks' merged states pulled from peers (swarmd.node.peers; NaN when a block has no
                reachable peer); the model is built and evaluated in the worker thread.
+measure_round takes both after a daemon's merge (the CE every eval_every rounds, with an eval_path).
 Best effort: a peer that fails is skipped. No policy, no state of its own.
 """
 
@@ -95,3 +96,19 @@ async def measure_assembled_ce(
     args = (cfg, {**others, own: own_block}, own_emb, config.eval_path, config.eval_tokens)
     metrics.last_ce = await asyncio.to_thread(assembled_ce, *args)
     return metrics.last_ce
+
+
+async def measure_round(
+    client: StatusClient,
+    gossip: Gossip,
+    state: BlockState,
+    records: list[PeerRecord],
+    lookup: Callable[[], Awaitable[list[PeerRecord]]],
+    config: DaemonConfig,
+    metrics: Metrics,
+) -> None:
+    """A round's measurements (the daemon's, after its merge): the consensus distance, and every config.eval_every
+    rounds (with an eval_path) the assembled model's CE over the round's `records`."""
+    await measure_consensus(client, state, records, gossip.me.peer_id, metrics)
+    if config.eval_every and config.eval_path and state.round % config.eval_every == 0:
+        await measure_assembled_ce(gossip, state, records, lookup, config, metrics)

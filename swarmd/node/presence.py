@@ -2,7 +2,7 @@
 
 Owns what the daemon does with its Discovery once it has started:
   announce()        the record Gossip signs, stored for record_ttl_s (a warning when it took longer than
-                    the announce period);
+                    the announce period); try_announce(), the same with a warning when the DHT is unreachable;
   records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
                     per block in the metrics, their certificates pinned for TLS (swarmd.membership.trust);
   recent()          the last lookup's records while they are fresh enough, else a new lookup (the
@@ -23,6 +23,7 @@ import random
 import time
 
 from swarmd.averaging.gossip import Gossip
+from swarmd.errors import SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
@@ -56,6 +57,13 @@ class Presence:
         await self.discovery.announce(self.gossip.record(ttl), ttl)
         if (took := time.monotonic() - started) > self.net.announce_period_s:
             logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, took)
+
+    async def try_announce(self) -> None:
+        """announce(), with a warning when the DHT is unreachable (a timeout): the announce loop tries again."""
+        try:
+            await self.announce()
+        except SwarmdError as exc:
+            logger.warning("%s announce failed: %s", self.gossip.tag, exc)
 
     async def records(self) -> list[PeerRecord]:
         """Every peer discovery knows of now ([] with a warning if the lookup failed)."""

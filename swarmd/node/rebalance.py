@@ -2,19 +2,23 @@
 
 swarmd.membership.balance says who moves where over one view of the records. A trained peer moves only
 when two lookups in a row, the second newer than the first, name the same target: one DHT traversal
-that missed a record must not make a trained peer drop its block (Rebalancer.decide). The state it
-then trains (moved_state) is a fresh state of the new block, its initial weights, the next re-sync
-pulling what the block's peers hold, that keeps the peer's round and merged byte table: the swarm
-shares those whatever the block, so a moved peer stays in step instead of lagging like a joiner. The
-trained block it leaves is dropped (its replicas keep it) and is never checkpointed as the new one.
+that missed a record must not make a trained peer drop its block (Rebalancer.decide; Rebalancer.check
+asks it over the verified records of a recent lookup). The state it then trains (moved_state) is a fresh
+state of the new block, its initial weights, the next re-sync pulling what the block's peers hold, that
+keeps the peer's round and merged byte table: the swarm shares those whatever the block, so a moved peer
+stays in step instead of lagging like a joiner. The trained block it leaves is dropped (its replicas
+keep it) and is never checkpointed as the new one.
 """
 
 from __future__ import annotations
 
+from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.state import BlockState
 from swarmd.membership.balance import Move, next_move
 from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import verified
 from swarmd.node.config import DaemonConfig
+from swarmd.node.presence import Presence
 from swarmd.node.startup import new_state
 
 
@@ -41,6 +45,21 @@ class Rebalancer:
             self._unconfirmed = (move.target, looked_up)  # the next check, over a newer lookup, confirms it
             return None
         return move
+
+    async def check(
+        self, presence: Presence, gossip: Gossip, state: BlockState, config: DaemonConfig, max_age_s: float | None
+    ) -> Move | None:
+        """decide() for the peer of `gossip` training `state` (trained: it took local steps), over the verified records
+        of our swarm and model config in a recent lookup.
+
+        :param max_age_s: how old the lookup may be (None: one announce period; 0: look up now)
+        """
+        net, trained = config.net, state.local_steps > 0
+        me, blocks = gossip.record(net.record_ttl_s), config.model.blocks
+        found = await presence.recent(net.announce_period_s if max_age_s is None else max_age_s)
+        records = [r for r in verified(found) if r.config_hash == me.config_hash and r.swarm_id == net.swarm_id]
+        looked_up = presence.last[0] if presence.last is not None else 0.0
+        return self.decide(records, me, blocks, trained=trained, looked_up=looked_up)
 
 
 def moved_state(current: BlockState, config: DaemonConfig, block: int, peer_seed: int) -> BlockState:

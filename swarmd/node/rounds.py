@@ -1,4 +1,4 @@
-"""The daemon's round, one after the other: what a round driver needs of its peer, and the plain driver.
+"""The daemon's rounds, one after the other: what a round driver needs of its peer, the plain driver, the loop.
 
 RoundPeer is what a round driver drives of its peer (swarmd.node.daemon.Daemon): its state, the round's
 steps around the exchange, the end-of-round work. PlainRounds runs a round in order: re-sync if our base
@@ -6,7 +6,10 @@ differs (joiners too; an adopted state is announced before this round's deltas),
 trajectory training's predecessors, H local steps in the worker thread, lookup, Gossip.average, then the
 peer's end-of-round work (serving, announce, round time, checkpoint, measurements, on_round). With
 gossip.overlap the daemon drives swarmd.node.overlap.OverlapRounds instead: the same interface
-(run_round, rounds_started, drain, cancel), the next round's steps running while a round's exchange does.
+(RoundDriver: run_round, rounds_started, drain, cancel), the next round's steps running while a round's
+exchange does. round_loop runs the rounds of one run, the peer's rebalance before each, until its stop or
+the run's last round (swarmd.node.training.run_plan), then lands what is in flight; cancel_on_stop
+abandons a round still running STOP_GRACE_S after the stop.
 No grpc here; the training thread is the peer's (train).
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Protocol
 
@@ -24,7 +28,13 @@ from swarmd.averaging.state import BlockState
 from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
+from swarmd.node.config import DaemonConfig
+from swarmd.node.training import run_plan, windowed
 from swarmd.protocol import PeerState
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 2.0  # a stopping daemon lets the round in progress finish this long, then abandons it
 
 
 class RoundPeer(Protocol):
@@ -104,3 +114,60 @@ class PlainRounds:
 
     async def cancel(self) -> None:
         """Nothing to abandon (see drain)."""
+
+
+class RoundDriver(Protocol):
+    """What the round loop drives: PlainRounds, or swarmd.node.overlap.OverlapRounds."""
+
+    def rounds_started(self) -> int: ...
+
+    async def run_round(self) -> MergeReport | None: ...
+
+    async def drain(self) -> MergeReport | None: ...
+
+    async def cancel(self) -> None: ...
+
+
+class LoopPeer(RoundPeer, Protocol):
+    """What the round loop drives of its peer besides its rounds: the run's config and record, rebalance, stop."""
+
+    config: DaemonConfig
+    me: PeerRecord
+    pipeline_window: tuple[int, int]
+
+    async def rebalance(self) -> bool: ...
+
+    async def run_round(self) -> MergeReport | None: ...
+
+    def stop(self) -> None: ...
+
+
+async def round_loop(peer: LoopPeer, rounds: RoundDriver) -> None:
+    """The rounds of one run: rebalance, then a round (peer.run_round, driven by `rounds`), until the peer stops or
+    the run's last round (run_plan) was started; then the last round's merge lands and the peer stops. With
+    TrainConfig.pipeline the peer's record first names the rounds its block trains in, and is announced."""
+    last, window = run_plan(peer.config, peer.state.round)
+    if window is not None:  # TrainConfig.pipeline: the rounds each block trains in
+        peer.pipeline_window = window
+        peer.me = peer.gossip.me = windowed(peer.me, peer.state.block_index, peer.config.train, window)
+        with contextlib.suppress(SwarmdError):  # the peers sitting a round out wait only for its trainers
+            await peer.announce()
+    try:
+        while not peer.stopping.is_set() and not (last and rounds.rounds_started() >= last):
+            await peer.rebalance()
+            await peer.run_round()
+        # with overlap, the last round's merge lands (within the stop grace when stopping)
+        await rounds.drain()
+    finally:
+        await rounds.cancel()
+    peer.stop()
+
+
+async def cancel_on_stop(peer: RoundPeer, rounds: asyncio.Task) -> None:
+    """After the peer's stop, give its round loop STOP_GRACE_S to finish, then cancel it (an exchange or pull waiting
+    on a slow peer must not keep a stopping daemon alive); the final checkpoint still holds a consistent state."""
+    await peer.stopping.wait()
+    done, _ = await asyncio.wait({rounds}, timeout=STOP_GRACE_S)
+    if not done:
+        logger.info("%s stopping: the round in progress is abandoned", peer.gossip.tag)
+        rounds.cancel()

@@ -1,0 +1,97 @@
+"""A peer's local training: which swarm rounds its block takes local steps in, and one round's steps.
+
+Owns the daemon's side of TrainConfig's schedule (the steps themselves are BlockState.train_steps'):
+  run_plan     where this run's round loop ends (max_rounds from the round it starts at, stop_at_round the
+               swarm's counter) and, with TrainConfig.pipeline, the window each block trains in;
+  windowed     our record's template for a block, with the rounds it trains in (train_first, train_last;
+               swarmd.core.pipeline), so that a peer sitting a round out waits only for the trainers;
+  train_round  a round's local AdamW steps in the worker thread: none when it is not this block's turn, the
+               warm start of a pipelined turn's first round (block_init=predecessor), TrainConfig.predecessor_pulls
+               chunks with trajectory training's predecessors refreshed between them (swarmd.node.peers).
+No grpc here; one worker thread at a time (asyncio.to_thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+
+from swarmd.averaging.gossip import Gossip
+from swarmd.averaging.state import BlockState, merge_train_stats
+from swarmd.core.config import TrainConfig
+from swarmd.core.pipeline import pipeline_rounds
+from swarmd.core.train import split_steps
+from swarmd.membership.records import PeerRecord
+from swarmd.node.config import DaemonConfig
+from swarmd.node.peers import refresh_predecessors
+from swarmd.node.presence import Presence
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingPeer(Protocol):
+    """What a round's training reads of its peer (swarmd.node.daemon.Daemon, once started)."""
+
+    config: DaemonConfig
+    state: BlockState
+    me: PeerRecord
+    gossip: Gossip
+    presence: Presence
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    stopping: asyncio.Event
+
+
+def run_plan(config: DaemonConfig, round: int) -> tuple[int, tuple[int, int] | None]:
+    """(the round the loop ends at, 0 = never; with TrainConfig.pipeline the pipeline window: the rounds each block
+    trains, 0 = no end, and the round they count from; else None) of a run starting at `round`."""
+    # max_rounds counts from the round this run starts at (a resumed checkpoint's, else 0: a fresh joiner stops
+    # with the swarm's counter); stop_at_round is the swarm's counter itself (LocalSwarm: a restarted peer
+    # stops with the rest)
+    todo, stop_at = config.max_rounds, config.stop_at_round
+    ends = [n for n in (todo and round + todo, stop_at) if n]
+    last = min(ends, default=0)
+    if not config.train.pipeline:
+        return last, None
+    # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S more
+    start = round if todo else 0
+    window = (last - start if last else 0, start)
+    return last and last + config.train.extra_rounds(config.model.blocks), window
+
+
+def windowed(me: PeerRecord, block: int, train: TrainConfig, window: tuple[int, int]) -> PeerRecord:
+    """Our record's template for block `block`, with the swarm rounds it takes local steps in (train_first,
+    train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline).
+
+    :param window: (rounds each block trains, 0 = no end; the round they count from), run_plan's
+    """
+    first, last = (0, 0)
+    if train.pipeline:
+        first, last = pipeline_rounds(block, *window, train.pipeline_stagger)
+    return replace(me, block_index=block, train_first=first, train_last=last)
+
+
+async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> dict:
+    """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step once `stop` is set),
+    in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
+    train, state = peer.config.train, peer.state
+    if not peer.me.trains(state.round + 1):
+        return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
+    first = train.pipeline and train.block_init == "predecessor" and state.round + 1 == peer.me.train_first
+    if first and await asyncio.to_thread(state.warm_start):  # our turn's first round: start as block b - 1
+        b = state.block_index
+        logger.info("%s warm start: block %d from block %d", peer.gossip.tag, b, b - 1)
+    parts = []
+    for i, chunk in enumerate(split_steps(steps, train.predecessor_pulls)):
+        if i and state.predecessors:  # the peers of the last lookup within an announce period
+            records = await peer.presence.recent(peer.config.net.announce_period_s)
+            await refresh_predecessors(peer.gossip, state, records)
+        parts.append(await asyncio.to_thread(state.train_steps, chunk, peer.batches, stop))
+        if peer.stopping.is_set():
+            break
+    return merge_train_stats(parts)
