@@ -1,8 +1,8 @@
 """What a benchmark writes: its result JSON, the command line and machine it records, its markdown fragment.
 
 Owns: command_line, machine, write_json / write_text, rendered_or (--render's saved result, else a fresh run
-written to --out), table (a markdown table's header lines), machine_footer, replace_section (one script's
-fragment of a markdown file several scripts share) and publish (all of a result's writing in one call).
+written to --out), machine_footer and replace_section (one script's section of a markdown file several scripts
+share, such as BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -54,19 +54,6 @@ def machine() -> str:
 def machine_footer(line: str) -> list[str]:
     """The closing lines of a fragment: a blank line, 'Machine: <line>', a blank line."""
     return ["", f"Machine: {line}", ""]
-
-
-def table(*headers: str, align: str = "---:") -> list[str]:
-    """A markdown table's two header lines: `| a | b |` and one alignment cell per column (first left-aligned)."""
-    return ["| " + " | ".join(headers) + " |", "|---|" + f"{align}|" * (len(headers) - 1)]
-
-
-def publish(a: argparse.Namespace, out: dict, lines: list[str], section: str, show: bool = False) -> None:
-    """out as JSON at a.out (printed too if show) and lines as the `section` fragment of a.md."""
-    write_json(a.out, out)
-    if show:
-        print(json.dumps(out, indent=2))
-    replace_section(a.md, section, lines)
 
 
 def replace_section(path: Path, name: str, lines: list[str]) -> None:
