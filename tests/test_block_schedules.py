@@ -140,3 +140,33 @@ def test_step_costs_round_trip_and_refuse_nonsense():
     assert COSTS.later_over_first() == pytest.approx(2.0)
     with pytest.raises(ValueError):
         StepCosts((0.0,), 0.1, 1, 1, 1)
+
+
+# -- TrainConfig.grow in one process and in a daemon's plan ------------------------------------------------------
+def test_grow_trains_block_b_from_its_opening_to_the_end_with_no_extra_rounds():
+    from swarmd.core.local_run import BlockStack
+
+    train = TrainConfig(batch_size=2, pipeline=True, grow=True, pipeline_stagger=2, trajectory_prob=0.0)
+    assert train.extra_rounds(3) == 0 and TrainConfig(pipeline=True, pipeline_stagger=2).extra_rounds(3) == 4
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    stack = BlockStack(cfg, train, ByteData(np.random.default_rng(0).integers(0, 256, 5_000, dtype=np.uint8), 16))
+    steps = []
+    for r in range(1, 7):
+        stack.train_round(1, round_no=r, rounds=6)
+        steps.append([t.step_count for t in stack.trainers])
+    assert steps == [[1, 0, 0], [2, 0, 0], [3, 1, 0], [4, 2, 0], [5, 3, 1], [6, 4, 2]]
+
+
+def test_a_growing_daemon_plans_every_block_to_the_run_s_end():
+    from swarmd.node.config import DaemonConfig
+    from swarmd.node.training import run_plan
+
+    grow = TrainConfig(pipeline=True, grow=True, pipeline_stagger=3)
+    config = DaemonConfig(model=ModelConfig(blocks=3), train=grow, max_rounds=20)
+    last, window = run_plan(config, 0)
+    assert last == 20 and window == (0, 0)  # no extra rounds; every block trains without end until the run stops
+    from swarmd.core.pipeline import pipeline_rounds
+
+    assert [pipeline_rounds(b, *window, grow.pipeline_stagger) for b in range(3)] == [(1, 0), (4, 0), (7, 0)]
+    open_ended = DaemonConfig(model=ModelConfig(blocks=3), train=grow)  # `run` / `join` without --max-rounds
+    assert run_plan(open_ended, 0) == (0, (0, 0))

@@ -180,6 +180,10 @@ class TrainConfig:
     # ... rounds between two consecutive blocks' starts (1: block b starts b rounds late; steps_per_block / H:
     # sequential, each block trains only once the one before it ended); every peer runs (B - 1) x this more rounds
     pipeline_stagger: int = 1
+    # with pipeline: progressive growth, then joint training: block b opens at round b x pipeline_stagger + 1 (its
+    # growth phase) and trains from then on to the run's end, so no peer runs extra rounds (swarmd.core.schedule's
+    # "grow"); without: each block trains as many rounds as block 0, the last ending (B - 1) x stagger rounds late
+    grow: bool = False
     # how a later block starts when its turn comes under the pipelined schedule (pipeline; without it every block
     # trains from round 1, when there is nothing to copy): fresh (its seeded init) | predecessor (the default since
     # issue 19, stop 32): every weight but the output layer (0) and the message input (ModelConfig.pred_in_init)
@@ -224,8 +228,9 @@ class TrainConfig:
 
     def extra_rounds(self, blocks: int) -> int:
         """Rounds a swarm of `blocks` runs beyond the rounds each block trains: (B - 1) x pipeline_stagger when
-        pipelined (the last block starts that late), else none."""
-        return (blocks - 1) * self.pipeline_stagger if self.pipeline else 0
+        pipelined (the last block starts that late), else none (and none when it grows: every block ends with the
+        run)."""
+        return (blocks - 1) * self.pipeline_stagger if self.pipeline and not self.grow else 0
 
     def to_dict(self) -> dict:
         return asdict(self)

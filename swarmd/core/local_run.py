@@ -85,11 +85,12 @@ class BlockStack:
         peers do: at each chunk's start every block is copied as it is then (the first copy is the round-start
         state) and each block trains its share of the steps against the others' copies. With
         train_cfg.pipeline only the blocks whose turn round `round_no` (1-based) is train (pipeline_trains: each
-        for `rounds` rounds, block b from round b x pipeline_stagger + 1 on), and the table is their mean.
+        for `rounds` rounds, block b from round b x pipeline_stagger + 1 on; with train_cfg.grow to the end), and the
+        table is their mean.
         """
         cfg = self.train_cfg
         turn = [
-            not cfg.pipeline or pipeline_trains(round_no, b, rounds, stagger=cfg.pipeline_stagger)
+            not cfg.pipeline or pipeline_trains(round_no, b, 0 if cfg.grow else rounds, stagger=cfg.pipeline_stagger)
             for b in range(len(self.trainers))
         ]
         ces = []

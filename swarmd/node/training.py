@@ -60,7 +60,7 @@ def run_plan(config: DaemonConfig, round: int) -> tuple[int, tuple[int, int] | N
         return last, None
     # block b trains rounds b S + 1 .. b S + R: everyone runs (B - 1) S more
     start = round if todo else 0
-    window = (last - start if last else 0, start)
+    window = (last - start if last and not config.train.grow else 0, start)  # grow: every block trains to the end
     return last and last + config.train.extra_rounds(config.model.blocks), window
 
 
