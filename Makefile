@@ -37,7 +37,7 @@ STAMP := $(VENV)/.blocktrain
 help:
 	@echo "make demo       run a whole 6-peer swarm on this machine (blocktrain demo); the model goes under runs/"
 	@echo "make test       run the test suite (python -m pytest: the fast default suite)"
-	@echo "make check      lint-imports, ruff check, ruff format --check, mypy swarmd, hadolint Dockerfile"
+	@echo "make check      lint-imports, ruff check, ruff format --check, mypy swarmd cli, hadolint Dockerfile"
 	@echo "make clean      remove caches and build outputs (and the set-up stamps; .venv stays)"
 	@echo "make distclean  clean, and remove .venv"
 	@echo "each target sets up what it needs first: .venv, torch (CUDA build with a GPU, else CPU), the project"
@@ -58,8 +58,8 @@ check: $(STAMP)-dev
 	$(VENV)/bin/ruff check .
 	@echo "== ruff format --check"
 	$(VENV)/bin/ruff format --check .
-	@echo "== mypy swarmd"
-	$(VENV)/bin/mypy swarmd
+	@echo "== mypy swarmd cli"
+	$(VENV)/bin/mypy swarmd cli
 	@echo "== hadolint Dockerfile"
 	$(VENV)/bin/hadolint Dockerfile
 

@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 

@@ -6,7 +6,7 @@ from enum import Enum
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 
 from cli.common import cli_errors
 
@@ -26,7 +26,7 @@ def fetch(
     from swarmd.core.corpus import ensure_wikitext2
 
     with cli_errors(), Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn()) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def on_progress(split: str, got: int, total: int) -> None:
             if split not in tasks:

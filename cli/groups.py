@@ -32,6 +32,7 @@ class OptionGroup:
     """
 
     DEFAULTS: ClassVar[Mapping[str, Any]] = {}
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # set by each subclass's @dataclass
 
     @classmethod
     def with_defaults(cls, **defaults: Any) -> Group:
@@ -62,7 +63,7 @@ class Group:
     omit: frozenset[str] = frozenset()
 
     def _names(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self.cls)]  # type: ignore[arg-type]
+        return [f.name for f in dataclasses.fields(self.cls)]
 
     def with_defaults(self, **defaults: Any) -> Group:
         unknown = set(defaults) - set(self._names())
@@ -88,13 +89,13 @@ class Group:
         hints = typing.get_type_hints(self.cls, include_extras=True)
         return [
             inspect.Parameter(f.name, KEYWORD_ONLY, default=self._default(f), annotation=hints[f.name])
-            for f in dataclasses.fields(self.cls)  # type: ignore[arg-type]
+            for f in dataclasses.fields(self.cls)
             if f.name not in self.omit
         ]
 
     def pack(self, kwargs: dict[str, Any]) -> OptionGroup:
         """The group instance from the parsed values (popped from kwargs) and the left-out defaults."""
-        fields = dataclasses.fields(self.cls)  # type: ignore[arg-type]
+        fields = dataclasses.fields(self.cls)
         return self.cls(**{f.name: self._default(f) if f.name in self.omit else kwargs.pop(f.name) for f in fields})
 
 

@@ -174,7 +174,7 @@ class PeerOptions(OptionGroup):
             raise ConfigError(str(exc)) from None
         gossip = GossipConfig(
             steps_per_round=steps,
-            codec=self.codec.value,
+            codec=self.codec,
             deadline_max_s=self.deadline_max,
             outer=self.outer,
             outer_lr=self.outer_lr,

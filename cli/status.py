@@ -19,7 +19,7 @@ def _num(v: float, fmt: str = "{:.2f}") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -108,7 +108,8 @@ def status(
         from swarmd.tools.survey import survey_peer, survey_swarm
 
         wait_s = f.timeout_s(timeout_s, timeout)
-        summary = asyncio.run(survey_peer(address, wait_s) if address else survey_swarm(list(swarm), swarm_id, wait_s))
+        survey = survey_peer(address, wait_s) if address else survey_swarm(list(swarm or ()), swarm_id, wait_s)
+        summary = asyncio.run(survey)
         if swarm and not summary["peers"]:  # not an error (scripts get an empty list), but say why it is empty
             typer.echo(f"note: no peer of swarm {swarm_id!r} found through {swarm[0]} (check --swarm-id)", err=True)
         if json_out:
