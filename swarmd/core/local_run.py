@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -97,6 +97,9 @@ class BlockStack:
         snapshots = cfg.trajectory_prob > 0 and self.trajectory_source == "snapshot"
         chunks = split_steps(steps, cfg.predecessor_pulls if snapshots else 1)
         for b in (b for b, on in enumerate(turn) if on and b not in self.started):
+            if cfg.pipeline and cfg.grow and cfg.total_steps and rounds:  # its cosine spans its rounds to the end
+                life = rounds - round_no + 1
+                self.trainers[b].train_cfg = replace(cfg, total_steps=max(1, cfg.total_steps * life // rounds))
             if cfg.pipeline and cfg.block_init == "predecessor" and b > 0:
                 warm_start(self.trainers[b].block, self.trainers[b - 1].block)
             self.started.add(b)
