@@ -34,7 +34,7 @@ from benchmarks.harness.results import command_line, machine, write_json
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce
-from swarmd.core.schedule import SCHEDULES, total_rounds
+from swarmd.core.schedule import SCHEDULES
 from swarmd.core.train import E2ETrainer, seed_for
 from swarmd.sim.costs import StepCosts, breakdown, measure_step_costs, pipelined_e2e_s, priced_regime
 from swarmd.sim.curves import ce_at, time_to
@@ -52,10 +52,13 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1600, help="steps per peer of every run (the target: E2E at these)")
     p.add_argument("--steps-per-round", type=int, default=25, help="H")
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], help="peers per block: P = K x B")
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=[*SCHEDULES, "sequential-pinned"])
+    p.add_argument(
+        "--schedules", nargs="+", default=list(SCHEDULES), choices=[*SCHEDULES, *(f"{s}-pinned" for s in SCHEDULES)]
+    )
     p.add_argument("--growth", type=float, default=0.05, help="grow: each block's growth phase, share of the rounds")
+    p.add_argument("--turn", type=float, default=1.0, help="sequential: each block's turn, share of --steps")
     p.add_argument("--regimes", nargs="+", default=["lockstep", "wan-mid"])
-    p.add_argument("--lrs", type=float, nargs="+", default=[3e-3], help="the end-to-end models' lr sweep")
+    p.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 5e-3, 8e-3], help="the end-to-end models' lr sweep")
     p.add_argument("--swarm-lrs", type=float, nargs="+", help="the swarms' lr sweep (default: the E2E's best)")
     p.add_argument("--min-lr-ratio", type=float, default=0.0)
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
@@ -64,7 +67,10 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=2, help="rounds between CE measurements")
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--train-bytes", type=int, default=0, help="first bytes of train.txt used (0 = all)")
-    p.add_argument("--costs", type=Path, help="a saved StepCosts JSON instead of measuring (a pinned clock)")
+    p.add_argument("--costs", type=Path, help="a saved result (or StepCosts JSON) whose costs pin the clock")
+    p.add_argument("--e2e-from", type=Path, help="a saved result whose one-peer E2E curve and target to reuse")
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these saved runs of one config (nothing runs)")
+    p.add_argument("--plot", type=Path, default=Path("benchmarks/results/time_to_quality.png"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -108,10 +114,11 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
     costs.priced_regime); with `stop`, it ends at the first measurement at or below that CE."""
     B, H = cfg.blocks, a.steps_per_round
     rounds_per_block = max(1, a.steps // H)
-    pinned = schedule == "sequential-pinned"
-    name = "sequential" if pinned else schedule
-    turn = rounds_per_block if name == "sequential" else max(1, round(a.growth * rounds_per_block))
-    rounds = total_rounds(name, B, turn, rounds_per_block) if name == "sequential" else rounds_per_block
+    pinned = schedule.endswith("-pinned")
+    name = schedule.removesuffix("-pinned")
+    share = a.turn if name == "sequential" else a.growth
+    turn = max(1, round(share * rounds_per_block))
+    rounds = B * turn if name == "sequential" else rounds_per_block
     regime = priced_regime(regime_named(regime_name), costs.block_s[0])
     sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every)
     policy = make_policy(regime_policy(regime), regime, H)
@@ -162,13 +169,25 @@ def run(a: argparse.Namespace) -> dict:
     base = TrainConfig(
         batch_size=a.batch_size, seed=a.seed, min_lr_ratio=a.min_lr_ratio, trajectory_reuse=a.trajectory_reuse
     )
-    costs = StepCosts.from_dict(json.loads(a.costs.read_text())) if a.costs else measure_step_costs(cfg, base, a.device)
+    saved = json.loads(a.costs.read_text()) if a.costs else None
+    costs = StepCosts.from_dict(saved.get("costs", saved)) if saved else measure_step_costs(cfg, base, a.device)
     H, B = a.steps_per_round, cfg.blocks
     every = H * a.eval_every
-    one = {lr: e2e_curve(cfg, replace(base, lr=lr), data, eval_xy, a.steps, every, None) for lr in a.lrs}
-    e2e_lr, e2e = best(one)
-    target = e2e[-1][1]
-    e2e_t = timed(e2e, costs.e2e_s)
+    if a.e2e_from:  # the same one-peer reference as an earlier run (same config, same costs)
+        earlier = json.loads(a.e2e_from.read_text())
+        e2e_lr, e2e_t, target = earlier["e2e_one_peer"]["lr"], earlier["e2e_one_peer"]["curve"], earlier["target_ce"]
+        e2e = [(round(t / costs.e2e_s), ce) for t, ce in e2e_t]
+    else:
+        one = {lr: e2e_curve(cfg, replace(base, lr=lr), data, eval_xy, a.steps, every, None) for lr in a.lrs}
+        e2e_lr, e2e = best(one)
+        target = e2e[-1][1]
+        e2e_t = timed(e2e, costs.e2e_s)
+    stop = target if a.stop_at_target else None
+    swarm_lrs = a.swarm_lrs or [e2e_lr]
+
+    def decayed(lr: float) -> TrainConfig:  # each block's cosine spans its own rounds (SchedulePlan.life)
+        return replace(base, lr=lr, total_steps=a.steps)
+
     out: dict = {
         "command": command_line("time_to_quality.py", a.argv),
         "machine": machine(),
@@ -200,37 +219,127 @@ def run(a: argparse.Namespace) -> dict:
                 r = priced_regime(regime_named(regime_name), costs.block_s[0])
                 per_step = pipelined_e2e_s(costs, 1, B, r.bandwidth_Bps.median, r.latency_s.median)
                 refs[f"pipelined_e2e/{regime_name}"] = {"curve": timed(stage, per_step)}
+        if "one_block" in a.references:  # one diffusion block of the whole depth, the P peers its replicas
+            one_cfg = replace(cfg, blocks=1, layers_per_block=B * cfg.layers_per_block)
+            one_costs = replace(costs, block_s=(costs.e2e_s,))  # its step is the E2E step (no predecessors)
+            one = swarm_run(a, one_cfg, decayed(e2e_lr), data, eval_xy, one_costs, P, "concurrent", "lockstep", stop)
+            refs["one_block/lockstep"] = {"curve": one["curve"], "busy_share": one["busy_share"]}
+        for ref in refs.values():
+            ref["time_to_target_s"] = time_to(ref["curve"], target)
         out["references"][str(P)] = refs
-        for regime_name in a.regimes:
-            for schedule in a.schedules:
-                row = swarm_run(
-                    a, cfg, replace(base, lr=e2e_lr, total_steps=1), data, eval_xy, costs, k, schedule, regime_name
-                )
-                dp_curve = refs.get("sync_dp_ideal", {}).get("curve")
-                out["rows"].append(
-                    {
-                        "P": P,
-                        "B": B,
-                        "K": k,
-                        "regime": regime_name,
-                        "lr": lr,
-                        **row,
-                        "e2e_one_peer_ce_at_wall": ce_at(e2e_t, row["wall_s"]),
-                        "sync_dp_ideal_ce_at_wall": ce_at(dp_curve, row["wall_s"]) if dp_curve else None,
-                        "time_to_target_s": time_to(row["curve"], target),
-                        "e2e_one_peer_time_to_target_s": out["e2e_one_peer"]["time_to_target_s"],
-                    }
-                )
-                print(json.dumps({k2: v for k2, v in out["rows"][-1].items() if k2 not in ("curve", "staffing")}))
-                write_json(a.out, out)
+        dp_curve = refs.get("sync_dp_ideal", {}).get("curve")
+        for regime_name, schedule, lr in ((r, s, x) for r in a.regimes for s in a.schedules for x in swarm_lrs):
+            row = swarm_run(a, cfg, decayed(lr), data, eval_xy, costs, k, schedule, regime_name, stop)
+            out["rows"].append(
+                {
+                    "P": P,
+                    "B": B,
+                    "K": k,
+                    "regime": regime_name,
+                    "lr": lr,
+                    **row,
+                    "e2e_one_peer_ce_at_wall": ce_at(e2e_t, row["wall_s"]),
+                    "sync_dp_ideal_ce_at_wall": ce_at(dp_curve, row["wall_s"]) if dp_curve else None,
+                    "time_to_target_s": time_to(row["curve"], target),
+                    "e2e_one_peer_time_to_target_s": out["e2e_one_peer"]["time_to_target_s"],
+                }
+            )
+            print(json.dumps({k2: v for k2, v in out["rows"][-1].items() if k2 not in ("curve", "staffing")}))
+            write_json(a.out, out)
     write_json(a.out, out)
     return out
+
+
+def merged(paths: list[Path]) -> dict:
+    """Several runs of one config as one result: the first run's one-peer E2E curve and target, every run's
+    references and rows, the derived figures recomputed against that target."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    out = {**runs[0], "merged_from": [r["command"] for r in runs], "rows": [], "references": {}}
+    target, e2e_t = out["target_ce"], out["e2e_one_peer"]["curve"]
+    for r in runs:
+        for P, refs in r["references"].items():
+            for name, ref in refs.items():
+                out["references"].setdefault(P, {})[name] = {**ref, "time_to_target_s": time_to(ref["curve"], target)}
+        for row in r["rows"]:
+            out["rows"].append({**row, "time_to_target_s": time_to(row["curve"], target)})
+    for row in out["rows"]:
+        dp = out["references"].get(str(row["P"]), {}).get("sync_dp_ideal", {}).get("curve")
+        row["e2e_one_peer_ce_at_wall"] = ce_at(e2e_t, row["wall_s"])
+        row["sync_dp_ideal_ce_at_wall"] = ce_at(dp, row["wall_s"]) if dp else None
+        row["e2e_one_peer_time_to_target_s"] = out["e2e_one_peer"]["time_to_target_s"]
+    return out
+
+
+def summary(out: dict) -> list[str]:
+    """A markdown table: each run's time to the target over the one-peer E2E's, its CE and busy share."""
+    e2e = out["e2e_one_peer"]["time_to_target_s"]
+    lines = [
+        f"target: the one-peer E2E CE at its last step, {out['target_ce']:.4f}, reached at {e2e:.1f} s",
+        "",
+        "| P | run | regime | lr | wall s | CE at end | time to target / E2E one peer | busy share |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for P, refs in out["references"].items():
+        for name, ref in refs.items():
+            ttt = ref["time_to_target_s"]
+            ratio = f"{ttt / e2e:.2f}" if ttt is not None else "not reached"
+            end = ref["curve"][-1]
+            lines.append(f"| {P} | {name} | | {ref.get('lr', '')} | {end[0]:.1f} | {end[1]:.4f} | {ratio} | |")
+    for r in out["rows"]:
+        ttt = r["time_to_target_s"]
+        ratio = f"{ttt / e2e:.2f}" if ttt is not None else "not reached"
+        label = r["schedule"] + (f" (turn {r['turn_rounds']})" if "turn_rounds" in r else "")
+        lines.append(
+            f"| {r['P']} | {label} | {r['regime']} | {r['lr']:g} | {r['wall_s']:.1f} | {r['ce']:.4f} | {ratio} | "
+            f"{r['busy_share']:.2f} |"
+        )
+    return lines
+
+
+def plot(out: dict, path: Path) -> None:
+    """CE against wall time: the one-peer E2E, the references and every swarm row, one panel per P."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed (pip install '.[bench]'): no plot", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peers = sorted({int(P) for P in out["references"]} | {r["P"] for r in out["rows"]})
+    fig, axes = plt.subplots(1, len(peers), figsize=(6 * len(peers), 4.5), squeeze=False)
+    for ax, P in zip(axes[0], peers):
+        curves = [("e2e one peer", out["e2e_one_peer"]["curve"], "k")]
+        curves += [(n, ref["curve"], None) for n, ref in out["references"].get(str(P), {}).items()]
+        curves += [
+            (f"{r['schedule']} t{r.get('turn_rounds')} {r['regime']} lr {r['lr']:g}", r["curve"], None)
+            for r in out["rows"]
+            if r["P"] == P
+        ]
+        for name, curve, color in curves:
+            t, ce = zip(*curve[1:])
+            ax.plot(t, ce, label=name, color=color, lw=1.2)
+        ax.axhline(out["target_ce"], color="grey", ls=":", lw=1)
+        ax.set_ylim(out["target_ce"] - 0.15, out["target_ce"] + 0.45)
+        ax.set_xlabel("wall time on dedicated hardware (s, cost model)")
+        ax.set_ylabel("held-out CE (nats/byte)")
+        ax.set_title(f"P = {P} peers")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
     a = options(argv)
     a.argv = argv
-    run(a)
+    out = merged(a.merge) if a.merge else run(a)
+    if a.merge:
+        out["command"] = command_line("time_to_quality.py", argv)
+        write_json(a.out, out)
+    plot(out, a.plot)
+    print("\n".join(summary(out)))
 
 
 if __name__ == "__main__":

@@ -170,3 +170,48 @@ def test_a_growing_daemon_plans_every_block_to_the_run_s_end():
     assert [pipeline_rounds(b, *window, grow.pipeline_stagger) for b in range(3)] == [(1, 0), (4, 0), (7, 0)]
     open_ended = DaemonConfig(model=ModelConfig(blocks=3), train=grow)  # `run` / `join` without --max-rounds
     assert run_plan(open_ended, 0) == (0, (0, 0))
+
+
+# -- the clocks and curves ------------------------------------------------------------------------------------
+def test_curves_read_at_a_time_and_find_the_target_between_measurements():
+    from swarmd.sim.curves import busy_share, ce_at, time_to
+
+    curve = [(0.0, 5.0), (10.0, 3.0), (20.0, 2.0), (30.0, 1.5)]
+    assert ce_at(curve, -1) == 5.0 and ce_at(curve, 15) == 3.0 and ce_at(curve, 30) == 1.5
+    assert time_to(curve, 2.5) == pytest.approx(15.0)  # halfway from 3.0 at 10 s to 2.0 at 20 s
+    assert time_to(curve, 2.0) == 20.0 and time_to(curve, 1.0) is None and time_to(curve, 6.0) == 0.0
+    assert busy_share([1.0, 2.0], [1.0, 1.0], peers=2) == pytest.approx(0.75)
+
+
+def test_reference_clocks_on_pinned_costs():
+    from swarmd.sim.costs import e2e_one_peer_s, pipelined_e2e_s, priced_regime, sync_dp_ideal_s
+    from swarmd.sim.regimes import regime_named
+
+    assert e2e_one_peer_s(COSTS, 100) == pytest.approx(5.0) and sync_dp_ideal_s(COSTS, 100) == pytest.approx(5.0)
+    # 4 stages: compute 0.0125 s a stage; 2 x 500 B at 1 MB/s = 1 ms: compute-bound, plus the fill (3 x 2 x 10 ms)
+    assert pipelined_e2e_s(COSTS, 100, 4, 1e6, 0.01) == pytest.approx(100 * 0.0125 + 0.06)
+    # at 10 kB/s the boundary transfer (0.1 s a step) sets the pace
+    assert pipelined_e2e_s(COSTS, 100, 4, 1e4, 0.0) == pytest.approx(10.0)
+    wan = regime_named("wan-mid")
+    priced = priced_regime(wan, 0.01)  # 10x faster steps than the preset's: the network 10x faster too
+    assert priced.compute_s.median == 0.01 and priced.latency_s.median == pytest.approx(wan.latency_s.median / 10)
+    assert priced.bandwidth_Bps.median == pytest.approx(wan.bandwidth_Bps.median * 10)
+    assert priced.deadline_s(25) == pytest.approx(wan.deadline_s(25) / 10)
+
+
+def test_trajectory_replay_runs_predecessors_on_a_share_of_the_batch_and_keeps_the_batch_size():
+    from swarmd.core.train import BlockTrainer, init_block
+
+    cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    train = TrainConfig(batch_size=6, trajectory_reuse=0)
+    trainer = BlockTrainer(cfg, train, 2)
+    assert trainer.reuse() == 2 and BlockTrainer(cfg, train, 0).reuse() == 1
+    trainer.set_others({b: init_block(cfg, b) for b in range(2)})
+    data = _data(3).stream(0, 6)
+    first_x, _ = next(data)
+    trainer.step(first_x, first_x)
+    assert trainer.replay is not None and torch.equal(trainer.replay[0], first_x)  # the first step fills it
+    second_x, _ = next(data)
+    trainer.step(second_x, second_x)
+    assert trainer.replay[0].shape[0] == 6
+    assert torch.equal(trainer.replay[0][:3], first_x[3:]) and torch.equal(trainer.replay[0][3:], second_x[:3])

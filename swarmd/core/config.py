@@ -37,7 +37,7 @@ class ModelConfig:
     noise_feature_scale: float = 1000.0  # c_noise is multiplied by this before sinusoidal features
     logit_scale: float = 1.0  # fixed multiplier on the logits <z_hat, e_hat_k> (1 = documented, no temperature)
     vocab: int = 256  # bytes
-    # issue 8 mechanics. The defaults are the block that measured best (benchmarks/results/ISSUE8.md);
+    # block mechanics. The defaults are the block that measured best (BENCHMARKS.md#quality);
     # DOCUMENTED below names the documented DiffusionBlocks block, still selectable field by field.
     # scaled_unit: sqrt(d) e_hat[x] (documented) | own_table: the block's own learned byte table, init N(0, 0.02^2)
     context_input: str = "own_table"
