@@ -144,7 +144,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = 32  # sequences per optimiser step
-    lr: float = 1e-3  # AdamW peak learning rate
+    lr: float = 3e-3  # AdamW peak learning rate (the best of the quality and time-to-quality lr sweeps)
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at total_steps
     warmup_steps: int = 50  # linear warmup
     total_steps: int = 0  # steps per block over the whole run, for the cosine (0 = constant lr)
