@@ -5,7 +5,8 @@ Owns the numbers behind the GetStatus RPC (`blocktrain status`) and the Promethe
 utils/performance_ema.py, local steps, bytes sent/received on the wire and the raw fp32 bytes
 behind them (the only byte counters: the PeerClient reports what it dials as a ByteMeter, gossip
 what it answers), rejected payloads by reason, exchanges this peer dialled that failed and calls its
-server refused for their swarm key proof (by reason: swarmd.node.diagnosis reads them), mean and last
+server refused for their swarm key proof, or whose identity proof was for another peer (by reason:
+swarmd.node.diagnosis reads them), mean and last
 participation, exchange and round durations as fixed-bucket histograms, peers seen per block, the last
 round's wall time, the merge loss check (rounds checked, fallbacks, deltas it refused, seconds), the pulled
 states verified adoption refused (by part). Plain
@@ -110,7 +111,7 @@ class Metrics:
     rejected: int = 0  # payloads refused (validation, stale round, other base)
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> count; sums to rejected
     dial_failures: dict[str, int] = field(default_factory=dict)  # failure_reason -> exchanges we dialled that failed
-    refused_calls: dict[str, int] = field(default_factory=dict)  # failure_reason -> calls our server refused (key)
+    refused_calls: dict[str, int] = field(default_factory=dict)  # reason -> calls our server refused (key, callee)
     adoptions_refused: dict[str, int] = field(default_factory=dict)  # part -> pulled states the held-out check refused
     rounds: int = 0  # rounds this process merged
     participation_sum: float = 0.0
@@ -160,7 +161,8 @@ class Metrics:
         self.dial_failures[reason] = self.dial_failures.get(reason, 0) + 1
 
     def refuse_call(self, reason: str) -> None:
-        """Count one call this peer's server refused before its handler (no valid swarm key proof)."""
+        """Count one call this peer's server refused before its handler (no valid swarm key proof), or whose identity
+        proof it refused for being signed for another peer ("other_callee": the call goes on, unproven)."""
         self.refused_calls[reason] = self.refused_calls.get(reason, 0) + 1
 
     def observe_merge_check(self, fell_back: bool, refused: int, seconds: float) -> None:

@@ -165,14 +165,14 @@ def test_a_bare_rate_limiter_is_a_budget_per_identity_without_a_host_ceiling():
 
 
 def test_only_a_fresh_signed_proof_for_this_method_proves_an_identity():
-    me, other = Identity.generate(), Identity.generate()
-    check = CallerCheck(verify)
+    me, other, server = Identity.generate(), Identity.generate(), Identity.generate().peer_id
+    check = CallerCheck(verify, server)
     method = "/swarmd.v1.Swarm/GetStatus"
-    proof = make_caller_proof(me, method)
+    proof = make_caller_proof(me, server, method)
     assert check.peer_id(method, proof) == me.peer_id
     assert check.peer_id(method, proof) == ""  # replayed: unproven (keyed by its host)
-    assert check.peer_id("/swarmd.v1.Swarm/PullState", make_caller_proof(me, method)) == ""  # another method
-    assert check.peer_id(method, make_caller_proof(me, method, now=time.time() - 600)) == ""  # stale
+    assert check.peer_id("/swarmd.v1.Swarm/PullState", make_caller_proof(me, server, method)) == ""  # another method
+    assert check.peer_id(method, make_caller_proof(me, server, method, now=time.time() - 600)) == ""  # stale
 
     class Claimer:  # claims `me`'s id, signs with its own key
         peer_id = me.peer_id
@@ -180,12 +180,12 @@ def test_only_a_fresh_signed_proof_for_this_method_proves_an_identity():
         def sign(self, data: bytes) -> bytes:
             return other.sign(data)
 
-    assert check.peer_id(method, make_caller_proof(Claimer(), method)) == ""
-    for bad in ("", None, "v1.x", "v2.a.1.nonce1234.00", f"v1.{me.peer_id}.1.nonce1234.zz"):
+    assert check.peer_id(method, make_caller_proof(Claimer(), server, method)) == ""
+    for bad in ("", None, "v1.x", "v2.a.1.nonce1234.00", f"v2.{me.peer_id}.{server}.1.nonce1234.zz"):
         assert check.peer_id(method, bad) == ""
     assert check.unproven == 7  # calls with no proof at all are not counted
-    assert check.of(method, ((CALLER_HEADER, make_caller_proof(other, method)),)) == other.peer_id
-    claim = ((CALLER_HEADER, make_caller_proof(Claimer(), method)),)
+    assert check.of(method, ((CALLER_HEADER, make_caller_proof(other, server, method)),)) == other.peer_id
+    claim = ((CALLER_HEADER, make_caller_proof(Claimer(), server, method)),)
     assert CallerCheck.claimed(claim) == me.peer_id and check.of(method, claim) == ""  # named, never proven
     assert CallerCheck.claimed(()) == ""
 
@@ -291,18 +291,20 @@ class _HangsForOne(FakeHandler):
 def test_a_flooding_identity_on_the_same_host_leaves_an_honest_identity_its_calls(keyed_by_identity):
     """One signed identity floods streams, PullState and GetStatus from 127.0.0.1; an honest identity on the same
     host still gets its calls through. Keyed by host only (no CallerCheck, as before issue 21), it is starved."""
-    flooder, honest = Identity.generate(), Identity.generate()
+    flooder, honest, callee = Identity.generate(), Identity.generate(), Identity.generate().peer_id
 
     async def go():
         handler = _HangsForOne(flooder.peer_id)
         server = await start_server(
             handler,
-            callers=CallerCheck(verify) if keyed_by_identity else None,
+            callers=CallerCheck(verify, callee) if keyed_by_identity else None,
             streams=StreamLimiter(max_total=32, max_per_caller=8, max_per_identity=3),
             requests=CallerBudget.of(rate=0.01, burst=12, host_shares=4),  # ~no refill within the test
             pulls=CallerBudget.of(rate=0.01, burst=3, host_shares=4),
         )
         bad, good = PeerClient(signer=flooder), PeerClient(signer=honest)
+        bad.bind(server.address, callee)
+        good.bind(server.address, callee)
         refused: dict[str, int] = {"streams": 0, "pulls": 0, "status": 0}
         held: list[asyncio.Task] = []
         try:
@@ -346,7 +348,7 @@ def test_a_flooding_identity_on_the_same_host_leaves_an_honest_identity_its_call
 
 
 def test_a_proven_caller_sends_only_its_own_payloads_and_an_unproven_claim_spends_its_hosts_budget():
-    me, other = Identity.generate(), Identity.generate()
+    me, other, callee = Identity.generate(), Identity.generate(), Identity.generate().peer_id
 
     class Claimer:  # claims `me`'s id on every call, signs with another key: never proven
         peer_id = me.peer_id
@@ -356,9 +358,13 @@ def test_a_proven_caller_sends_only_its_own_payloads_and_an_unproven_claim_spend
 
     async def go():
         server = await start_server(
-            FakeHandler(), callers=CallerCheck(verify), requests=CallerBudget.of(rate=0.01, burst=4, host_shares=4)
+            FakeHandler(),
+            callers=CallerCheck(verify, callee),
+            requests=CallerBudget.of(rate=0.01, burst=4, host_shares=4),
         )
-        client, claimer = PeerClient(signer=me), PeerClient(signer=Claimer())
+        client, claimer, third = PeerClient(signer=me), PeerClient(signer=Claimer()), PeerClient(signer=other)
+        for c in (client, claimer, third):
+            c.bind(server.address, callee)
         try:
             for _ in range(4):
                 await claimer.status(server.address)  # the host's unproven budget (4), not `me`'s
@@ -369,10 +375,11 @@ def test_a_proven_caller_sends_only_its_own_payloads_and_an_unproven_claim_spend
             # `me` paid 1 + REJECT_COST (4) for its refused payload: its bucket is spent; another key's is not
             with pytest.raises(Busy, match=me.peer_id[-6:]):
                 await client.status(server.address)
-            return await PeerClient(signer=other).status(server.address)
+            return await third.status(server.address)
         finally:
             await client.close()
             await claimer.close()
+            await third.close()
             await server.stop(0)
 
     assert asyncio.run(go()).peer_id == "peer-b"

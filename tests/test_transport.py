@@ -383,12 +383,15 @@ def test_a_signed_call_proves_its_caller_next_to_the_swarm_key_proof():
     from swarmd.transport.limits import CallerBudget
 
     key = parse_swarm_key(new_swarm_key())
-    a, b = Identity.generate(), Identity.generate()
+    a, b, callee = Identity.generate(), Identity.generate(), Identity.generate().peer_id
 
     async def main():
         budget = CallerBudget.of(rate=0.01, burst=2, host_shares=4)
-        server = await start_server(FakeHandler(), swarm_key=key, callers=CallerCheck(verify), requests=budget)
+        callers = CallerCheck(verify, callee)
+        server = await start_server(FakeHandler(), swarm_key=key, callers=callers, requests=budget)
         ca, cb = PeerClient(swarm_key=key, signer=a), PeerClient(swarm_key=key)
+        ca.bind(server.address, callee)
+        cb.bind(server.address, callee)
         try:
             assert (await ca.swarm_config(server.address)).swarm_id == META["swarm_id"]
             await ca.status(server.address)

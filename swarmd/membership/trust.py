@@ -9,8 +9,10 @@ Owns the two canonical byte strings peers sign with their identity (swarmd.membe
     block, round, base hash, codec, tensor specs, sizes, weight, sender, zstd) plus the payload's
     sha256; the signature travels in PayloadHeader.signature. A receiver checks it before it looks at
     anything but the header (verify_payload), and the sender is the key its peer id names.
-Also dht_record_problem, the pure check the hivemind validator in swarmd.membership.dht applies to a
-DHT entry (signature, schema, and that the entry sits under its own peer id and block key).
+Also what a PeerClient takes from valid records: the peer id at each address, for its call proofs
+(bind_callees), and the certificate to pin (pin_tls). And dht_record_problem, the pure check the hivemind
+validator in swarmd.membership.dht applies to a DHT entry (signature, schema, and that the entry sits under its
+own peer id and block key).
 Works on any dataclass record through dataclasses.fields, so it imports no discovery code.
 Pure: no torch, grpc or hivemind.
 """
@@ -197,6 +199,20 @@ def verify_payload(enc: Encoded) -> None:
         raise ValidationError(f"unsigned payload from {h.peer_id[-6:] or '?'}")
     if not verify(h.peer_id, payload_bytes(h, enc.sha256()), h.signature):
         raise ValidationError(f"payload signature does not match its sender {h.peer_id[-6:] or '?'} or its bytes")
+
+
+def bind_callees(client: Any, records: list[Any], skip: str = "") -> None:
+    """Make `client` (a PeerClient) sign its calls to each address that a valid signed record names for the peer
+    that record is of (PeerClient.bind: a call proof is bound to its callee); where two records name one address,
+    the one that expires last. :param skip: a peer id not to bind (our own)."""
+    newest: dict[str, Any] = {}
+    for r in records:
+        if not r.address or r.peer_id == skip or not is_valid(r):
+            continue
+        if r.address not in newest or float(r.expires) > float(newest[r.address].expires):
+            newest[r.address] = r
+    for address, r in newest.items():
+        client.bind(address, r.peer_id)
 
 
 async def pin_tls(client: Any, records: list[Any], skip: str = "") -> None:

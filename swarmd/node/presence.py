@@ -4,7 +4,8 @@ Owns what the daemon does with its Discovery once it has started:
   announce()        the record Gossip signs, stored for record_ttl_s (a warning when it took longer than
                     the announce period); try_announce(), the same with a warning when the DHT is unreachable;
   records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
-                    per block in the metrics, their certificates pinned for TLS (swarmd.membership.trust);
+                    per block in the metrics, their addresses bound to their peer ids for our call proofs and
+                    their certificates pinned for TLS (swarmd.membership.trust);
   recent()          the last lookup's records while they are fresh enough, else a new lookup (the
                     block balance check before each round reuses the round's own lookups);
   announce_loop()   until the daemon stops: every announce period (with jitter) a DHT node first checks
@@ -27,7 +28,7 @@ from swarmd.errors import SwarmdError
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
-from swarmd.membership.trust import pin_tls
+from swarmd.membership.trust import bind_callees, pin_tls
 from swarmd.metrics import Metrics
 from swarmd.node.config import NetConfig
 from swarmd.transport import PeerClient
@@ -74,6 +75,7 @@ class Presence:
             return []
         self.last = (time.monotonic(), found)
         self.metrics.observe_peers([(r.peer_id, r.block_index) for r in [*found, self.gossip.me]])
+        bind_callees(self.client, found, skip=self.gossip.me.peer_id)  # our call proofs are signed for their callee
         await pin_tls(self.client, found, skip=self.gossip.me.peer_id)
         return found
 

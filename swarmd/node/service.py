@@ -136,14 +136,15 @@ class SwarmService:
 
     def server_limits(self) -> dict[str, Any]:
         """start_server's keyword arguments that bound what callers can hold (config: NetConfig limits), keyed by
-        the peer id a call proves (its Ed25519 signature checked by swarmd.membership.identity.verify) under a
-        ceiling per caller host; a caller that proves none is keyed by its host (swarmd.transport.limits)."""
+        the peer id a call proves (its Ed25519 signature, signed for this peer, checked by
+        swarmd.membership.identity.verify) under a ceiling per caller host; a caller that proves none is keyed by
+        its host (swarmd.transport.limits). A proof signed for another peer counts in Metrics.refused_calls."""
         net = self.peer.config.net
         return dict(
             payload_limit=self.payload_limit,
             streams=StreamLimiter(net.max_streams, net.max_streams_per_peer, DEFAULT_MAX_STREAMS_PER_IDENTITY),
             forward_rate=CallerBudget.of(net.forward_rate, net.forward_burst, FORWARD_HOST_SHARES),
-            callers=CallerCheck(verify),
+            callers=CallerCheck(verify, self.peer.peer_id, on_refused=self.peer.metrics.refuse_call),
             requests=CallerBudget.of(DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST),
             pulls=CallerBudget.of(DEFAULT_PULL_RATE, DEFAULT_PULL_BURST),
         )

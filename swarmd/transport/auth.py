@@ -10,13 +10,17 @@ UNAUTHENTICATED and a message that says what to pass; its trailing metadata name
 why, and the server's on_refusal callback hears of each refusal (a daemon counts them: swarmd.node.diagnosis).
 Without a key the swarm is public and nothing is checked. The key never travels; a proof is bound to one
 method and usable once.
-Also who a call is from, in any swarm: a daemon's PeerClient signs every call with its Ed25519 identity, in
-metadata CALLER_HEADER: "v1.<peer id>.<unix ms>.<nonce>.<hex Ed25519 signature of CALLER_DOMAIN|method|ms|nonce>".
-The server's CallerCheck turns it into the caller's verified peer id (swarmd.transport.limits keys budgets by it),
-or "" when the call carries none, a malformed one, one for another method, one outside +-WINDOW_S, one whose
-signature does not match the id, or one seen before: such a caller is unproven and is keyed by its host, so a
-claimed id never spends another identity's budget. The signature check itself is injected (verify(peer_id, data,
-signature), swarmd.membership.identity.verify): the transport never imports membership.
+Also who a call is from, in any swarm: a daemon's PeerClient signs every call to a peer it knows (PeerClient.bind:
+the peer id the callee's signed record places at that address) with its Ed25519 identity, in metadata
+CALLER_HEADER: "v2.<peer id>.<callee peer id>.<unix ms>.<nonce>.<hex Ed25519 signature of
+CALLER_DOMAIN|callee|method|ms|nonce>"; a call to an address it knows no peer id for carries none. The server's
+CallerCheck turns it into the caller's verified peer id (swarmd.transport.limits keys budgets by it), or "" when
+the call carries none, a malformed one (an older v1 proof, bound to no callee, among them), one signed for another
+callee (logged, at most one line per REFUSAL_LOG_S, and counted), one for another method, one outside
++-WINDOW_S, one whose signature does not match the id, or one seen before: such a caller is unproven and is keyed
+by its host, so a claimed id never spends another identity's budget, and a proof a callee received is worth
+nothing at any other server. The signature check itself is injected (verify(peer_id, data, signature),
+swarmd.membership.identity.verify): the transport never imports membership.
 Pure Python + grpc; no torch.
 """
 
@@ -26,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import time
@@ -38,6 +43,8 @@ import grpc
 
 from swarmd.errors import ConfigError, SwarmKeyMismatch, SwarmKeyRequired, Unauthenticated
 from swarmd.transport.status import trailing_metadata
+
+logger = logging.getLogger(__name__)
 
 AUTH_HEADER = "x-blocktrain-swarm-proof"  # metadata key (lower case, as gRPC requires)
 ENV_VAR = "BLOCKTRAIN_SWARM_KEY"  # a swarm key FILE, used wherever no key is passed explicitly
@@ -241,8 +248,11 @@ def proof_metadata(key: bytes | None, method: str) -> tuple[tuple[str, str], ...
 
 # -- who a call is from -------------------------------------------------------------------------------------------
 CALLER_HEADER = "x-blocktrain-caller"  # metadata key of a call's identity proof
-CALLER_DOMAIN = "blocktrain-caller-v1"  # what a caller signs starts with this tag (no other signed bytes do)
+CALLER_VERSION = "v2"  # the proof's first field; v2 binds it to its callee (a v1 proof, bound to none, is refused)
+CALLER_DOMAIN = "blocktrain-caller-v2"  # what a caller signs starts with this tag (no other signed bytes do)
+REFUSAL_LOG_S = 10.0  # proofs signed for another callee: one log line per this many seconds, with how many
 Verify = Callable[[str, bytes, bytes], bool]  # (peer_id, data, signature) -> whether that peer's key signed data
+OnProofRefused = Callable[[str], None]  # told the reason word ("other_callee") of each proof a CallerCheck refuses
 
 
 class CallSigner(Protocol):
@@ -254,29 +264,45 @@ class CallSigner(Protocol):
     def sign(self, data: bytes) -> bytes: ...
 
 
-def caller_bytes(method: str, stamp: str, nonce: str) -> bytes:
-    """The bytes a caller signs for one call of `method` ("/swarmd.v1.Swarm/GetStatus")."""
-    return f"{CALLER_DOMAIN}|{method}|{stamp}|{nonce}".encode()
+def caller_bytes(callee: str, method: str, stamp: str, nonce: str) -> bytes:
+    """The bytes a caller signs for one call of `method` ("/swarmd.v1.Swarm/GetStatus") to the peer `callee`."""
+    return f"{CALLER_DOMAIN}|{callee}|{method}|{stamp}|{nonce}".encode()
 
 
-def make_caller_proof(signer: CallSigner, method: str, now: float | None = None, nonce: str | None = None) -> str:
-    """The identity proof a call of `method` carries in CALLER_HEADER."""
+def make_caller_proof(
+    signer: CallSigner, callee: str, method: str, now: float | None = None, nonce: str | None = None
+) -> str:
+    """The identity proof a call of `method` to the peer `callee` (its peer id) carries in CALLER_HEADER."""
     stamp = str(int(1000 * (time.time() if now is None else now)))
     nonce = nonce or secrets.token_hex(12)
-    return f"v1.{signer.peer_id}.{stamp}.{nonce}.{signer.sign(caller_bytes(method, stamp, nonce)).hex()}"
+    signature = signer.sign(caller_bytes(callee, method, stamp, nonce)).hex()
+    return f"{CALLER_VERSION}.{signer.peer_id}.{callee}.{stamp}.{nonce}.{signature}"
 
 
 class CallerCheck:
-    """The verified peer id of a call: its proof fresh (within window_s), for this method, signed by the key its
-    peer id names, never seen before; "" for anything else (the caller is then keyed by its host).
+    """The verified peer id of a call to the peer `callee`: its proof fresh (within window_s), signed for this
+    callee and this method by the key its peer id names, never seen before; "" for anything else (the caller is
+    then keyed by its host).
 
     :param verify: the signature check, verify(peer_id, data, signature) (swarmd.membership.identity.verify)
+    :param callee: the peer id of the server that checks (a daemon's own); a proof signed for another is refused
+    :param on_refused: told "other_callee" for each proof signed for another callee (a daemon counts them)
     """
 
-    def __init__(self, verify: Verify, window_s: float = WINDOW_S, max_nonces: int = MAX_NONCES):
-        self.verify, self.window_s, self.max_nonces = verify, window_s, max_nonces
+    def __init__(
+        self,
+        verify: Verify,
+        callee: str,
+        window_s: float = WINDOW_S,
+        max_nonces: int = MAX_NONCES,
+        on_refused: OnProofRefused | None = None,
+    ):
+        self.verify, self.callee, self.window_s, self.max_nonces = verify, callee, window_s, max_nonces
+        self.on_refused = on_refused
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> stamp (seconds), oldest first
-        self.unproven = 0  # calls that carried a proof that did not hold
+        self.unproven = 0  # calls that carried a proof that did not hold (other_callee ones included)
+        self.other_callee = 0  # ... of them, proofs signed for another callee (replayed from it, or a stale address)
+        self._logged = (0, float("-inf"))  # (other_callee when last logged, monotonic time of that line)
 
     def peer_id(self, method: str, proof: str | bytes | None, now: float | None = None) -> str:
         """The peer id `proof` proves for a call of `method`, or "" (no proof, or one that does not hold)."""
@@ -285,10 +311,13 @@ class CallerCheck:
         if isinstance(proof, bytes):
             proof = proof.decode("ascii", "replace")
         parts = proof.split(".")
-        if len(parts) != 5 or parts[0] != "v1" or not parts[2].isdigit() or not 8 <= len(parts[3]) <= 64:
+        if len(parts) != 6 or parts[0] != CALLER_VERSION or not parts[3].isdigit() or not 8 <= len(parts[4]) <= 64:
             self.unproven += 1
             return ""
-        _, peer_id, stamp, nonce, signature = parts
+        _, peer_id, callee, stamp, nonce, signature = parts
+        if callee != self.callee:
+            self._other_callee(peer_id, callee)
+            return ""
         now = time.time() if now is None else now
         when = int(stamp) / 1000
         try:
@@ -296,7 +325,7 @@ class CallerCheck:
         except ValueError:
             sig = b""
         fresh = abs(now - when) <= self.window_s and nonce not in self._seen
-        if not fresh or not sig or not self.verify(peer_id, caller_bytes(method, stamp, nonce), sig):
+        if not fresh or not sig or not self.verify(peer_id, caller_bytes(callee, method, stamp, nonce), sig):
             self.unproven += 1
             return ""
         self._seen[nonce] = when
@@ -304,6 +333,25 @@ class CallerCheck:
         while self._seen and (len(self._seen) > self.max_nonces or next(iter(self._seen.values())) < horizon):
             self._seen.popitem(last=False)
         return peer_id
+
+    def _other_callee(self, caller: str, callee: str) -> None:
+        """Count a proof signed for another callee; log it (the first at once, then one line per REFUSAL_LOG_S)."""
+        self.unproven += 1
+        self.other_callee += 1
+        if self.on_refused is not None:
+            self.on_refused("other_callee")
+        count, at = self._logged
+        now = time.monotonic()
+        if now - at >= REFUSAL_LOG_S:
+            more = self.other_callee - count - 1
+            logger.info(
+                "refused a call proof of %s signed for another callee (%s, not this peer %s): the caller is unproven%s",
+                caller[-6:] or "?",
+                callee[-6:] or "none",
+                self.callee[-6:],
+                f" (and {more} more since the last line)" if more else "",
+            )
+            self._logged = (self.other_callee, now)
 
     def of(self, method: str, metadata) -> str:
         """The verified peer id of a call with these invocation metadata (grpc's (key, value) pairs), or ""."""
@@ -323,10 +371,13 @@ def _caller_proof(metadata) -> str | bytes | None:
     return next((v for k, v in metadata or () if k == CALLER_HEADER), None)
 
 
-def call_metadata(key: bytes | None, signer: CallSigner | None, method: str) -> tuple[tuple[str, str], ...] | None:
-    """Metadata of one call of `method`: a fresh proof of the swarm key (private swarms) and of the caller's
-    identity (a PeerClient with a signer); None when it carries neither."""
+def call_metadata(
+    key: bytes | None, signer: CallSigner | None, method: str, callee: str = ""
+) -> tuple[tuple[str, str], ...] | None:
+    """Metadata of one call of `method` to the peer `callee`: a fresh proof of the swarm key (private swarms) and
+    of the caller's identity (a PeerClient with a signer, to a callee whose peer id it knows; "" = unknown: no
+    identity proof, the caller is keyed by its host there); None when it carries neither."""
     entries = proof_metadata(key, method) or ()
-    if signer is not None:
-        entries = (*entries, (CALLER_HEADER, make_caller_proof(signer, method)))
+    if signer is not None and callee:
+        entries = (*entries, (CALLER_HEADER, make_caller_proof(signer, callee, method)))
     return entries or None

@@ -117,7 +117,7 @@ class ForwardSession:
     async def _step(self, request: pb.ForwardRequest, timeout_s: float | None) -> pb.ForwardReply:
         if self._call is None:
             stub, fresh = self.client._stub(self.address)
-            self._call = stub.Forward(wait_for_ready=fresh, metadata=self.client._auth("Forward"))
+            self._call = stub.Forward(wait_for_ready=fresh, metadata=self.client._auth(self.address, "Forward"))
         call = self._call
         try:
             async with asyncio.timeout(timeout_s if timeout_s is not None else self.step_timeout_s):
@@ -196,7 +196,8 @@ class PeerClient:
     :param payload_limit: the largest payload admitted for a header (the exact size its kind has under
         our config); settable later (`client.payload_limit = ...`), None = max_payload_bytes only
     :param signer: signs every call with the caller's identity (a daemon's Identity; the servers key their budgets
-        by the peer id it proves, swarmd.transport.auth.CallerCheck); settable later; None = calls prove no identity
+        by the peer id it proves, swarmd.transport.auth.CallerCheck), bound to the callee's peer id (bind()): a call
+        to an address with no peer id bound proves no identity; settable later; None = calls prove no identity
     :note: create and use it on one asyncio loop; close() it before the loop ends.
     """
 
@@ -220,6 +221,8 @@ class PeerClient:
         self.swarm_key = swarm_key if swarm_key is not None else default_swarm_key()
         # address -> (fingerprint, certificate PEM) its signed record pins: dial TLS
         self._pins: dict[str, tuple[str, bytes]] = {}
+        # address -> the peer id its signed record places there: our identity proofs to it are signed for that peer
+        self._callees: dict[str, str] = {}
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, tuple[grpc.aio.Channel, pb_grpc.SwarmStub]] = {}
         self._fresh: set[str] = set()
@@ -248,9 +251,22 @@ class PeerClient:
         self._pins[address] = (fingerprint, await fetch_pinned_cert(address, fingerprint))
         await self.forget(address, keep_pin=True)
 
-    def _auth(self, method: str) -> tuple[tuple[str, str], ...] | None:
-        """Metadata proving the swarm key (private swarms) and our identity (with a signer) for one call of `method`."""
-        return call_metadata(self.swarm_key, self.signer, f"/{SERVICE_NAME}/{method}")
+    def bind(self, address: str, peer_id: str) -> None:
+        """Sign our calls to address for peer_id (the peer a valid signed record places there), so a proof that peer
+        received is worth nothing at any other; until then calls to address prove no identity."""
+        if peer_id:
+            self._callees[address] = peer_id
+        else:
+            self._callees.pop(address, None)
+
+    def callee(self, address: str) -> str:
+        """The peer id our calls to address are signed for ("" = none bound: they prove no identity)."""
+        return self._callees.get(address, "")
+
+    def _auth(self, address: str, method: str) -> tuple[tuple[str, str], ...] | None:
+        """Metadata proving the swarm key (private swarms) and our identity (with a signer, to a bound callee) for one
+        call of `method` to address."""
+        return call_metadata(self.swarm_key, self.signer, f"/{SERVICE_NAME}/{method}", self.callee(address))
 
     def _stub(self, address: str) -> tuple[pb_grpc.SwarmStub, bool]:
         self.channel(address)
@@ -269,6 +285,7 @@ class PeerClient:
         """Close and drop the channel to address (e.g. the peer left)."""
         if not keep_pin:
             self._pins.pop(address, None)
+            self._callees.pop(address, None)
         entry = self._channels.pop(address, None)
         self._fresh.discard(address)
         if entry is not None:
@@ -282,7 +299,7 @@ class PeerClient:
         stub, fresh = self._stub(address)
         try:
             reply = await getattr(stub, method)(
-                request, timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth(method)
+                request, timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth(address, method)
             )
         except grpc.RpcError as exc:
             raise self._error(address, exc) from None
@@ -312,7 +329,8 @@ class PeerClient:
     async def pull_state(self, address: str, request: pb.PullStateRequest, timeout_s: float = 60.0) -> Encoded:
         """Download a block or embedding state (framing checked; decode() it to validate)."""
         stub, fresh = self._stub(address)
-        call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth("PullState"))
+        metadata = self._auth(address, "PullState")
+        call = stub.PullState(request, timeout=timeout_s, wait_for_ready=fresh, metadata=metadata)
         enc = await self._read(address, call)
         if self.meter is not None:
             self.meter.add_received(enc.wire_bytes, enc.raw_bytes)
@@ -333,7 +351,7 @@ class PeerClient:
                 yield msg
 
         call = stub.ExchangeDeltas(
-            requests(), timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth("ExchangeDeltas")
+            requests(), timeout=timeout_s, wait_for_ready=fresh, metadata=self._auth(address, "ExchangeDeltas")
         )
         reply = await self._read(address, call)
         if self.meter is not None:
