@@ -5,7 +5,7 @@ are the dataclass defaults), never a repeated literal. Flags that travel togethe
 option group (cli.options: ModelOptions, TrainOptions, PeerOptions, SourceOptions); a flag of one command
 only stays in its signature, typed with the alias (the simulator's network flags are in cli.simulate).
 Every numeric flag declares the values it accepts (`bounds=`, a cli.bounds.Bounds), refused at parse time.
-Options are grouped in `--help` by panel: Model, Training, Swarm, Network, Security. Imports no torch.
+Options are grouped in `--help` by panel: Model, Training, Swarm, Network, Server limits, Security. Imports no torch.
 """
 
 from __future__ import annotations
@@ -140,6 +140,16 @@ PipelineStagger = Annotated[
         "rounds more; --rounds = one block after the other).",
         T,
         bounds=AT_LEAST_1,
+    ),
+]
+Grow = Annotated[
+    bool | None,
+    flag(
+        "--grow/--no-grow",
+        "With --pipeline: block b opens at round b x --pipeline-stagger + 1 (its growth phase, warm-started from "
+        "block b - 1) and then trains to the run's end, so no peer runs extra rounds; an open-ended `run` / `join` "
+        "grows the same way.",
+        T,
     ),
 ]
 BlockInit = Annotated[
@@ -477,6 +487,79 @@ MetricsPort = Annotated[
         bounds=PORT,
         show_default=False,
     ),
+]
+# -- server limits: what one caller may hold on this peer's gRPC server (NetConfig; docs/operations.md) -------------
+LIM = "Server limits"
+MaxStreams = Annotated[
+    int,
+    flag(
+        "--max-streams",
+        "Payload streams (exchanges, pulls) served at once, all callers (0 = no cap).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
+]
+MaxStreamsPerHost = Annotated[
+    int,
+    flag(
+        "--max-streams-per-host",
+        "Payload streams served at once to one caller host, all its identities (0 = no cap).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
+]
+MaxStreamsPerIdentity = Annotated[
+    int,
+    flag(
+        "--max-streams-per-identity",
+        "Payload streams served at once to one caller identity (0 = no cap).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
+]
+RequestRate = Annotated[
+    float,
+    flag(
+        "--request-rate",
+        "GetStatus, GetConfig and exchanges per second per caller identity (0 = unlimited).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
+]
+RequestBurst = Annotated[
+    float, flag("--request-burst", "The --request-rate bucket: bursts of up to this many.", LIM, bounds=AT_LEAST_1)
+]
+PullRate = Annotated[
+    float, flag("--pull-rate", "State pulls per second per caller identity (0 = unlimited).", LIM, bounds=AT_LEAST_0)
+]
+PullBurst = Annotated[
+    float, flag("--pull-burst", "The --pull-rate bucket: bursts of up to this many.", LIM, bounds=AT_LEAST_1)
+]
+HostShares = Annotated[
+    float,
+    flag(
+        "--host-shares",
+        "A caller host's request and pull ceiling, in identities' budgets (several daemons may share a host).",
+        LIM,
+        bounds=AT_LEAST_1,
+    ),
+]
+ForwardRate = Annotated[
+    float,
+    flag(
+        "--forward-rate",
+        "Forward request units (one per started 64 KiB) per second per caller identity (0 = unlimited).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
+]
+ForwardBurst = Annotated[
+    float,
+    flag("--forward-burst", "The --forward-rate bucket: bursts of up to this many units.", LIM, bounds=AT_LEAST_1),
+]
+ForwardHostShares = Annotated[
+    float,
+    flag("--forward-host-shares", "A caller host's Forward ceiling, in identities' budgets.", LIM, bounds=AT_LEAST_1),
 ]
 SEC = "Security"
 SwarmKeyOpt = Annotated[

@@ -72,6 +72,7 @@ class TrainOptions(OptionGroup):
     handoff_weight: f.HandoffWeight
     pipeline: f.Pipeline
     pipeline_stagger: f.PipelineStagger
+    grow: f.Grow
     block_init: f.BlockInit
 
     def config(self, base: TrainConfig = TRAIN, **fields: Any) -> TrainConfig:
@@ -117,6 +118,17 @@ class PeerOptions(OptionGroup):
         "probation_rounds": GOSSIP.probation_rounds,
         "identities_per_range": GOSSIP.identities_per_range,
         "pow_bits": GOSSIP.pow_bits,
+        "max_streams": NET.max_streams,
+        "max_streams_per_host": NET.max_streams_per_peer,
+        "max_streams_per_identity": NET.max_streams_per_identity,
+        "request_rate": NET.request_rate,
+        "request_burst": NET.request_burst,
+        "pull_rate": NET.pull_rate,
+        "pull_burst": NET.pull_burst,
+        "host_shares": NET.host_shares,
+        "forward_rate": NET.forward_rate,
+        "forward_burst": NET.forward_burst,
+        "forward_host_shares": NET.forward_host_shares,
     }
     data: f.Data
     device: f.DeviceOpt
@@ -157,6 +169,17 @@ class PeerOptions(OptionGroup):
     probation_rounds: f.ProbationRounds
     identities_per_range: f.IdentitiesPerRange
     pow_bits: f.PowBits
+    max_streams: f.MaxStreams
+    max_streams_per_host: f.MaxStreamsPerHost
+    max_streams_per_identity: f.MaxStreamsPerIdentity
+    request_rate: f.RequestRate
+    request_burst: f.RequestBurst
+    pull_rate: f.PullRate
+    pull_burst: f.PullBurst
+    host_shares: f.HostShares
+    forward_rate: f.ForwardRate
+    forward_burst: f.ForwardBurst
+    forward_host_shares: f.ForwardHostShares
 
     def check(self, train: TrainOptions, initial_peers: list[str]) -> None:
         """Build what config() builds but the model-dependent part (ConfigError): for join, before the swarm's
@@ -204,6 +227,17 @@ class PeerOptions(OptionGroup):
             swarm_key=str(self.swarm_key or ""),
             tls_cert=str(self.tls_cert or ""),
             tls_key=str(self.tls_key or ""),
+            max_streams=self.max_streams,
+            max_streams_per_peer=self.max_streams_per_host,
+            max_streams_per_identity=self.max_streams_per_identity,
+            request_rate=self.request_rate,
+            request_burst=self.request_burst,
+            pull_rate=self.pull_rate,
+            pull_burst=self.pull_burst,
+            host_shares=self.host_shares,
+            forward_rate=self.forward_rate,
+            forward_burst=self.forward_burst,
+            forward_host_shares=self.forward_host_shares,
         )
         return train.config(base), gossip, net
 

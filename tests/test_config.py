@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +102,39 @@ def test_gossip_config_rejects(kwargs, message):
 def test_net_config_rejects(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NetConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_streams_per_identity": -1}, r"net.max_streams_per_identity must be a whole number >= 0"),
+        ({"max_streams": 2.5}, r"net.max_streams must be a whole number"),
+        ({"request_rate": -1.0}, r"net.request_rate must be a number >= 0"),
+        ({"pull_rate": float("nan")}, r"net.pull_rate must be a number >= 0"),
+        ({"forward_burst": 0.5}, r"net.forward_burst must be a number >= 1"),
+        ({"host_shares": 0.5}, r"net.host_shares must be a number >= 1"),
+        ({"forward_host_shares": True}, r"net.forward_host_shares must be a number >= 1"),
+    ],
+)
+def test_server_limits_out_of_range_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NetConfig(**kwargs)
+
+
+def test_server_limit_flags_reach_the_daemon_config_and_its_json():
+    from dataclasses import fields
+
+    from cli import options as o
+
+    given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
+    train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
+    limits = {"max_streams_per_identity": 3, "request_rate": 7.0, "pull_rate": 0.5, "host_shares": 2.0}
+    peer = o.PeerOptions(**{**given, "group_size": 0, **limits, "max_streams_per_host": 5})
+    config = peer.config(ModelConfig(), train, [], Path(__file__), None)
+    again = DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    for net in (config.net, again.net):
+        assert {name: getattr(net, name) for name in limits} == limits
+        assert net.max_streams_per_peer == 5
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,7 @@ def test_the_flag_reaches_run_join_and_the_demo_peers(tmp_path):
 
     fields = dict.fromkeys(("batch_size", "lr", "seed", "trajectory_prob", "freeze_z_in", "predecessor_pulls"))
     fields["handoff_weight"] = fields["pipeline"] = fields["pipeline_stagger"] = fields["block_init"] = None
+    fields["grow"] = None
     assert TrainOptions(**fields, replica_adam=True).config().replica_adam is True
     assert TrainOptions(**fields, replica_adam=False).config().replica_adam is False
     assert TrainOptions(**fields, replica_adam=None).config().replica_adam is TrainOptions.DEFAULTS["replica_adam"]

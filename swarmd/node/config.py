@@ -9,6 +9,7 @@ Invalid values raise swarmd.errors.ConfigError. No torch, grpc or hivemind impor
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -41,11 +42,20 @@ class NetConfig:
     dht_start_timeout_s: float = 30.0  # give up starting / joining the DHT after this long
     # serve Prometheus metrics on this port of the --listen host (None = off, 0 = pick a free one)
     metrics_port: int | None = None
-    # what one caller can hold on our gRPC server (swarmd.transport.limits); excess is RESOURCE_EXHAUSTED at once
+    # what one caller can hold on our gRPC server (swarmd.transport.limits: the defaults are its DEFAULT_* values),
+    # per caller identity (a verified peer id; a host's unproven callers together count as one) under a ceiling per
+    # caller host; excess is RESOURCE_EXHAUSTED at once
     max_streams: int = 64  # ExchangeDeltas + PullState streams served at once, all callers (0 = no cap)
-    max_streams_per_peer: int = 32  # ... from one caller host (0 = no cap)
-    forward_rate: float = 2000.0  # Forward request units (64 KiB) per second per caller identity, 2x per host (0 = off)
+    max_streams_per_peer: int = 32  # ... from one caller host, all its identities (0 = no cap)
+    max_streams_per_identity: int = 8  # ... for one caller identity (an honest daemon holds 2-4) (0 = no cap)
+    request_rate: float = 100.0  # GetStatus / GetConfig / ExchangeDeltas per s per caller identity (0 = unlimited)
+    request_burst: float = 200.0  # ... with bursts up to this many
+    pull_rate: float = 2.0  # PullState requests per second per caller identity (0 = unlimited; each sends a state)
+    pull_burst: float = 16.0  # ... with bursts up to this many (a join pulls block, table and outer state)
+    host_shares: float = 8.0  # a caller host's request and pull ceiling, in identities' budgets (>= 1)
+    forward_rate: float = 2000.0  # Forward request units (64 KiB) per second per caller identity (0 = unlimited)
     forward_burst: float = 4000.0  # ... with bursts up to this many
+    forward_host_shares: float = 2.0  # a caller host's Forward ceiling, in identities' budgets (>= 1)
     serve_cache_bytes: int = 512 << 20  # KV caches of all Forward sessions and sampler steps together (LRU)
 
     def __post_init__(self) -> None:
@@ -70,12 +80,32 @@ class NetConfig:
             if is_unspecified(announce_host):
                 raise ConfigError(f"announce must be an address other hosts can dial, not {announce_host}")
         check_peer_addresses(self.initial_peers)
-        if min(self.max_streams, self.max_streams_per_peer, self.forward_rate, self.forward_burst) < 0:
-            raise ConfigError("max_streams, max_streams_per_peer, forward_rate and forward_burst must be >= 0")
+        check_limits(self)
         if self.serve_cache_bytes < 0:
             raise ConfigError(f"serve_cache_bytes must be >= 0, got {self.serve_cache_bytes}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
+
+
+STREAM_CAPS = ("max_streams", "max_streams_per_peer", "max_streams_per_identity")  # >= 0 (0 = no cap)
+RATES = ("request_rate", "pull_rate", "forward_rate")  # >= 0 (0 = unlimited)
+BURSTS = ("request_burst", "pull_burst", "forward_burst")  # >= 1 request unit
+HOST_SHARES = ("host_shares", "forward_host_shares")  # >= 1 identity's budget
+
+
+def check_limits(net: NetConfig) -> None:
+    """ConfigError (one line naming the field) for a server limit out of its range."""
+    for names, lo, what in (
+        (STREAM_CAPS, 0, "a whole number >= 0 (0 = no cap)"),
+        (RATES, 0, "a number >= 0 (0 = unlimited)"),
+        (BURSTS, 1, "a number >= 1"),
+        (HOST_SHARES, 1, "a number >= 1 (a host gets at least one identity's budget)"),
+    ):
+        for name in names:
+            value = getattr(net, name)
+            kind = int if names is STREAM_CAPS else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < lo:
+                raise ConfigError(f"net.{name} must be {what}, got {value!r}")
 
 
 def peer_train_config(steps_per_round: int, **train: Any) -> TrainConfig:

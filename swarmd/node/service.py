@@ -20,16 +20,7 @@ from swarmd.node.config import DaemonConfig
 from swarmd.protocol import PeerState, swarm_config
 from swarmd.transport.auth import CallerCheck
 from swarmd.transport.framing import Encoded
-from swarmd.transport.limits import (
-    DEFAULT_MAX_STREAMS_PER_IDENTITY,
-    DEFAULT_PULL_BURST,
-    DEFAULT_PULL_RATE,
-    DEFAULT_REQUEST_BURST,
-    DEFAULT_REQUEST_RATE,
-    FORWARD_HOST_SHARES,
-    CallerBudget,
-    StreamLimiter,
-)
+from swarmd.transport.limits import CallerBudget, StreamLimiter
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -139,14 +130,14 @@ class SwarmService:
         the peer id a call proves (its Ed25519 signature, signed for this peer, checked by
         swarmd.membership.identity.verify) under a ceiling per caller host; a caller that proves none is keyed by
         its host (swarmd.transport.limits). A proof signed for another peer counts in Metrics.refused_calls."""
-        net = self.peer.config.net
+        net, metrics = self.peer.config.net, self.peer.metrics
         return dict(
             payload_limit=self.payload_limit,
-            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer, DEFAULT_MAX_STREAMS_PER_IDENTITY),
-            forward_rate=CallerBudget.of(net.forward_rate, net.forward_burst, FORWARD_HOST_SHARES),
-            callers=CallerCheck(verify, self.peer.peer_id, on_refused=self.peer.metrics.refuse_call),
-            requests=CallerBudget.of(DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST),
-            pulls=CallerBudget.of(DEFAULT_PULL_RATE, DEFAULT_PULL_BURST),
+            streams=StreamLimiter(net.max_streams, net.max_streams_per_peer, net.max_streams_per_identity),
+            forward_rate=CallerBudget.of(net.forward_rate, net.forward_burst, net.forward_host_shares),
+            callers=CallerCheck(verify, self.peer.peer_id, on_refused=metrics.refuse_call),
+            requests=CallerBudget.of(net.request_rate, net.request_burst, net.host_shares),
+            pulls=CallerBudget.of(net.pull_rate, net.pull_burst, net.host_shares),
         )
 
     def _gossip(self) -> Gossip:

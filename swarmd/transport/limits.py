@@ -17,6 +17,7 @@ the unproven callers of one host share one identity's budget, so a claimed id ne
 budget and dropping the proof buys nothing. Identities are free (Sybils): the per-host ceilings (HOST_SHARES
 identities' worth; streams: max_per_caller) are what bound one host's total, whatever number of identities it
 runs; Sybils spread over many hosts are bounded only by the totals (max_total streams).
+The DEFAULT_* values and the host shares are the defaults of a daemon's settings (swarmd.node.config.NetConfig).
 Pure Python: no grpc, no torch; single-threaded (the server's event loop).
 """
 
