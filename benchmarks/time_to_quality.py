@@ -69,6 +69,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-bytes", type=int, default=0, help="first bytes of train.txt used (0 = all)")
     p.add_argument("--costs", type=Path, help="a saved result (or StepCosts JSON) whose costs pin the clock")
     p.add_argument("--e2e-from", type=Path, help="a saved result whose one-peer E2E curve and target to reuse")
+    p.add_argument("--costs-only", action="store_true", help="measure the step costs, with and without replay")
     p.add_argument("--merge", type=Path, nargs="+", help="combine these saved runs of one config (nothing runs)")
     p.add_argument("--plot", type=Path, default=Path("benchmarks/results/time_to_quality.png"))
     p.add_argument("--device", default="cpu")
@@ -250,6 +251,27 @@ def run(a: argparse.Namespace) -> dict:
     return out
 
 
+def step_costs(a: argparse.Namespace) -> dict:
+    """Where a step goes and what a later block pays, with trajectory replay off (1) and as configured."""
+    torch.set_num_threads(a.threads)
+    cfg = model_of(a)
+    out: dict = {"command": command_line("time_to_quality.py", a.argv), "machine": machine(), "model": cfg.to_dict()}
+    for reuse in sorted({1, a.trajectory_reuse}):
+        train = TrainConfig(batch_size=a.batch_size, trajectory_reuse=reuse)
+        costs = measure_step_costs(cfg, train, a.device)
+        out[f"reuse_{reuse}"] = {
+            "costs": costs.to_dict(),
+            "later_over_first": costs.later_over_first(),
+            "breakdown_last_block": breakdown(cfg, train, cfg.blocks - 1, a.device),
+        }
+        print(
+            f"reuse {reuse}: block ms {[round(x * 1e3, 1) for x in costs.block_s]}, e2e {costs.e2e_s * 1e3:.1f} ms,"
+            f" last / first {costs.later_over_first():.2f}"
+        )
+    write_json(a.out, out)
+    return out
+
+
 def merged(paths: list[Path]) -> dict:
     """Several runs of one config as one result: the first run's one-peer E2E curve and target, every run's
     references and rows, the derived figures recomputed against that target."""
@@ -334,6 +356,9 @@ def plot(out: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     a = options(argv)
     a.argv = argv
+    if a.costs_only:
+        step_costs(a)
+        return
     out = merged(a.merge) if a.merge else run(a)
     if a.merge:
         out["command"] = command_line("time_to_quality.py", argv)
