@@ -2,6 +2,7 @@
 
 config.py     GossipConfig: codec, deadlines, merge rule, outer optimizer, overlap, groups
 state.py      BlockState: base + live weights and AdamW under one lock, deltas, merges, adoption, hashes
+predecessors.py  TrajectoryPredecessors: the frozen predecessor blocks BlockState trains behind
 sketch.py     count-sketch of weights and the distance between two sketches (no torch needed to compare)
 delta.py      delta codecs (fp32/fp16/bf16/int8 + zstd), error feedback, payload decoding and size bounds
 robust.py     the robust merge: norm clip, coordinate-wise trimmed mean, outlier check, norm bound

@@ -5,31 +5,28 @@ Owns the weights a peer trains and the base they started from this round: local 
 (apply_merge: base + mean delta, written into the parameters in place so AdamW keeps its
 moments), adoption of a peer's state (join / re-sync), snapshots for PullState and serving, the
 hashes and count-sketch that identify and compare weights, trajectory training on or off for a
-round (use_predecessors, refreshed mid-round by refresh_predecessors), and its own checkpoint
+round (swarmd.averaging.predecessors, its base class), and its own checkpoint
 (save / restore, atomic files through swarmd.core.checkpoint). No grpc, no asyncio here.
 Follows hivemind's averager.get_tensors(): every reader takes a copy under the lock.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from swarmd.averaging.outer import OuterOptimizer
+from swarmd.averaging.predecessors import TrajectoryPredecessors
 from swarmd.averaging.sketch import count_sketch, flatten
 from swarmd.core import checkpoint as ck
-from swarmd.core.model import DenoisingBlock
-from swarmd.core.train import BlockTrainer, warm_start
+from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError, ConfigMismatch
 
 logger = logging.getLogger(__name__)
@@ -66,7 +63,7 @@ def merge_train_stats(parts: list[dict]) -> dict:
     return {"ce": ce, "samples": n, "seconds": seconds, "samples_per_s": n / max(seconds, 1e-9)}
 
 
-class BlockState:
+class BlockState(TrajectoryPredecessors):
     """A BlockTrainer plus the base weights of the current round, behind one lock.
 
     Takes over a freshly built trainer (its weights become round 0's base; its train_cfg is the
@@ -268,60 +265,6 @@ class BlockState:
             bases = {"block": self.base_block, "emb": self.base_emb}
             momentum = None if self.outer is None else {p: self.outer.part_tensors(p, b) for p, b in bases.items()}
             return self.round, _clone(self.base_block), _clone(self.base_emb), momentum
-
-    @torch.no_grad()
-    def use_predecessors(self, blocks: dict[int, dict[str, torch.Tensor]] | None) -> None:
-        """Trajectory training for the next steps: on with these frozen predecessor blocks (merged states,
-        run forward only with the round's merged byte table), or off (None: the documented noisy targets).
-        "On" means the configured trajectory_prob; the trainer's other settings are left as configured.
-        These merged states are what refresh_predecessors measures fresher ones against until the next call.
-        """
-        self.predecessors = dict(blocks) if blocks is not None else None
-        others = self._frozen(blocks or {})
-        with self.lock:
-            self.trainer.set_others(others, table=self.base_table_hat())
-            on = blocks is not None
-            self.trainer.train_cfg = self.train_cfg if on else replace(self.train_cfg, trajectory_prob=0.0)
-
-    @torch.no_grad()
-    def refresh_predecessors(self, fresh: dict[int, dict[str, torch.Tensor]]) -> None:
-        """Mid-round: run these fresher states of some predecessors (their working weights) from the next step on,
-        the round-start merged states of the others; nothing changes while trajectory training is off."""
-        if self.predecessors is None:
-            return
-        others = self._frozen({**self.predecessors, **{b: fresh[b] for b in fresh if b in self.predecessors}})
-        with self.lock:
-            self.trainer.set_others(others, table=self.base_table_hat())
-
-    @torch.no_grad()
-    def warm_start(self) -> bool:
-        """TrainConfig.block_init "predecessor" at a later block's first training round: base and live block become
-        its predecessor's merged round-start state (self.predecessors, use_predecessors) as swarmd.core.train.
-        warm_start copies it (output layer at 0, message input at its init). Replicas that pulled the same
-        predecessor state start from the same base. False (nothing changed) for block 0 or without that state."""
-        state = (self.predecessors or {}).get(self.block_index - 1)
-        if self.block_index == 0 or state is None:
-            return False
-        predecessor = DenoisingBlock(self.cfg)
-        predecessor.load_state_dict(state)
-        with self.lock:
-            block = copy.deepcopy(self.trainer.block).cpu()
-        warm_start(block, predecessor)
-        self.adopt(block.state_dict(), None)
-        return True
-
-    def base_table_hat(self) -> torch.Tensor:
-        """The normalised rows of the round's merged byte table: what frozen predecessors run with."""
-        return F.normalize(self.base_emb["table"].float(), dim=-1)
-
-    def _frozen(self, blocks: dict[int, dict[str, torch.Tensor]]) -> dict[int, DenoisingBlock]:
-        """Eval-mode DenoisingBlocks of these states on the trainer's device (forward only, never optimised)."""
-        others = {}
-        for b, state in blocks.items():
-            others[b] = DenoisingBlock(self.cfg)
-            others[b].load_state_dict(state)
-            others[b].to(self.trainer.device).eval().requires_grad_(False)
-        return others
 
     def moved(self) -> float:
         """||working block - base block||: how far this peer's own block has moved this round so far."""
