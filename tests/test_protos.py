@@ -38,6 +38,7 @@ def test_service_shape():
         "PullState": (False, True),
         "ExchangeDeltas": (True, True),
         "Forward": (True, True),
+        "DialBack": (False, False),
     }
 
 
@@ -64,3 +65,24 @@ def test_tensor_spec_scales_is_reserved_and_status_carries_both_hashes():
     assert "scales" not in pb.TensorSpec.DESCRIPTOR.fields_by_name
     st = pb.PeerStatus(base_hash="b", emb_hash="e")
     assert (st.base_hash, st.emb_hash) == ("b", "e")
+
+
+def test_reachability_is_new_fields_and_a_new_rpc_beside_the_old_ones():
+    """The dial-back check added PeerStatus fields 26-27 and DialBack; no existing field moved."""
+    from swarmd.v1 import swarm_pb2 as pb
+
+    fields = pb.PeerStatus.DESCRIPTOR.fields_by_name
+    assert fields["signed_record"].number == 25 and fields["reachability"].number == 26
+    assert fields["reachability_detail"].number == 27
+    assert [v.name for v in pb.Reachability.DESCRIPTOR.values] == [
+        "REACHABILITY_UNKNOWN",
+        "REACHABILITY_REACHABLE",
+        "REACHABILITY_UNREACHABLE",
+    ]
+    assert pb.PeerStatus().reachability == pb.REACHABILITY_UNKNOWN  # an older peer's status reads as unknown
+    request = pb.DialBackRequest.DESCRIPTOR.fields_by_name
+    assert [(n, request[n].number) for n in ("port", "peer_id", "tls_fingerprint")] == [
+        ("port", 1),
+        ("peer_id", 2),
+        ("tls_fingerprint", 3),
+    ]

@@ -3,20 +3,19 @@
 Owns the peer's lifecycle and nothing else; each step's work lives beside what it owns:
   start()        resume (swarmd.node.checkpoints), the address plan, discovery, block, BlockState, gRPC server
                  and first record (swarmd.node.startup), identity and TLS (swarmd.node.credentials), Gossip,
-                 BlockServing, the first announce; a fresh --block auto peer's balance check one announce period
+                 BlockServing, the first announce, the reachability check in the background
+                 (swarmd.node.reachability); a fresh --block auto peer's balance check one announce period
                  later; the Prometheus endpoint (swarmd.node.prometheus);
   serve()        one asyncio TaskGroup: the announce loop (swarmd.node.presence) and the round loop
                  (swarmd.node.rounds.round_loop), until stop() or the run's last round (swarmd.node.training
                  .run_plan); then a final checkpoint and a clean shutdown;
-  rebalance()    before every round (and once at start): whether this --block auto peer moves, and the state it
-                 trains there (swarmd.node.rebalance);
+  rebalance()    before every round (and once at start): whether this --block auto peer moves (swarmd.node.rebalance);
   run_round()    the round driver's (swarmd.node.rounds.PlainRounds, or with gossip.overlap swarmd.node.overlap),
                  the round's local steps swarmd.node.training's, driving this Daemon as its RoundPeer;
   finish_round() after a merge: serving update, announce, checkpoint, measurements (swarmd.node.measure),
                  on_round(report); then why nothing merges (swarmd.node.diagnosis): a joiner that never merged
                  stops with that line (serve() raises NothingMerges after its clean shutdown), anyone else warns.
-The only module that wires swarm + serve + transport. Starts: the DHT process (hivemind), one
-worker thread at a time for torch, grpc's own threads.
+The only module that wires swarm + serve + transport. Starts: the DHT process, one torch worker thread, grpc's.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from swarmd.node.overlap import OverlapRounds
 from swarmd.node.peers import load_predecessors
 from swarmd.node.presence import Presence
 from swarmd.node.prometheus import MetricsServer, start_metrics_server
+from swarmd.node.reachability import ReachabilityCheck
 from swarmd.node.rebalance import Rebalancer, moved_state
 from swarmd.node.rounds import PlainRounds, cancel_on_stop, round_loop
 from swarmd.node.service import SwarmService
@@ -93,6 +93,7 @@ class Daemon:
         )
         self.metrics_server: MetricsServer | None = None  # the Prometheus endpoint (net.metrics_port), from start()
         self.announced = ""  # HOST:PORT other peers dial (--announce, or the --listen / detected host), from start()
+        self.reachability = ReachabilityCheck(self)  # can others dial us? (asked of known peers after start)
         self.service = SwarmService(self)
         self.client.payload_limit = self.service.payload_limit  # replies admitted up to the size our config implies
         self.checkpoints = CheckpointWriter(config.checkpoint_dir, self.metrics)
@@ -136,6 +137,7 @@ class Daemon:
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
         self.use_state(state, resume=(state.round,) if resumed else ())
         await self.announce()
+        self.reachability.start()  # in the background: it never holds up nor fails the start
         if self.movable and not resumed:  # joiners that chose a block together: re-check once their records are out
             await self.presence.pause(net.announce_period_s)
             await self.rebalance(max_age_s=0.0)
@@ -230,6 +232,7 @@ class Daemon:
         if self.state is not None and self.config.checkpoint_dir:
             await self.save_checkpoint()
         saved = time.monotonic()
+        await self.reachability.stop()
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.stop)
             self.metrics_server = None

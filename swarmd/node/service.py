@@ -1,10 +1,11 @@
-"""SwarmService: the transport's SwarmHandler for one daemon (GetStatus, GetConfig, PullState, Exchange, Forward).
+"""SwarmService: the transport's SwarmHandler for one daemon (GetStatus, GetConfig, PullState, Exchange, Forward,
+DialBack).
 
-A thin adapter in the style of flower's servicers: it reads the peer's state and metrics into
-pb.PeerStatus / pb.SwarmConfig and delegates PullState and ExchangeDeltas to Gossip and Forward to
-the peer's block server. No torch math, no policy, no grpc (the transport's servicer maps the
-errors raised here to status codes). It never imports swarmd.serve: the block server arrives
-through the peer as anything with an async `forward(request)`.
+A thin adapter in the style of flower's servicers: it reads the peer's state, metrics and reachability check
+(swarmd.node.reachability) into pb.PeerStatus / pb.SwarmConfig and delegates PullState and ExchangeDeltas to
+Gossip, Forward to the peer's block server and DialBack to swarmd.node.dialback. No torch math, no policy, no
+grpc (the transport's servicer maps the errors raised here to status codes). It never imports swarmd.serve: the
+block server arrives through the peer as anything with an async `forward(request)`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from swarmd.errors import NotReady, SwarmdError
 from swarmd.membership.identity import verify
 from swarmd.metrics import Metrics
 from swarmd.node.config import DaemonConfig
+from swarmd.node.dialback import DialBacks
+from swarmd.node.reachability import ReachabilityCheck
 from swarmd.protocol import PeerState, swarm_config
 from swarmd.transport.auth import CallerCheck
 from swarmd.transport.framing import Encoded
-from swarmd.transport.limits import CallerBudget, StreamLimiter
+from swarmd.transport.limits import Caller, CallerBudget, StreamLimiter
 from swarmd.v1 import swarm_pb2 as pb
 
 
@@ -56,6 +59,12 @@ class Peer(Protocol):
     @property
     def address(self) -> str: ...
 
+    @property
+    def swarm_key(self) -> bytes | None: ...
+
+    @property
+    def reachability(self) -> ReachabilityCheck: ...
+
     def multiaddrs(self) -> list[str]: ...
 
 
@@ -64,6 +73,7 @@ class SwarmService:
 
     def __init__(self, peer: Peer):
         self.peer = peer
+        self.dial_backs = DialBacks(peer.swarm_key)  # answers other peers' DialBack
 
     def status(self) -> pb.PeerStatus:
         p, m = self.peer, self.peer.metrics
@@ -96,6 +106,8 @@ class SwarmService:
             sketch=st.sketch,
             param_norm=st.param_norm,
             signed_record=self._signed_record(),
+            reachability=p.reachability.result.state,
+            reachability_detail=p.reachability.result.line,
         )
 
     def _signed_record(self) -> str:
@@ -118,6 +130,9 @@ class SwarmService:
         if self.peer.serving is None:
             raise SwarmdError("this peer does not serve inference")
         return await self.peer.serving.forward(request)
+
+    async def dial_back(self, request: pb.DialBackRequest, caller: Caller) -> pb.DialBackReply:
+        return await self.dial_backs.answer(request, caller)
 
     def payload_limit(self, header: pb.PayloadHeader) -> int:
         """Largest payload admitted for this header: the exact size under our config (gossip.payload_limit);

@@ -309,6 +309,10 @@ class PeerClient:
     async def status(self, address: str, timeout_s: float = 5.0) -> pb.PeerStatus:
         return await self._unary(address, "GetStatus", pb.StatusRequest(), timeout_s)
 
+    async def dial_back(self, address: str, request: pb.DialBackRequest, timeout_s: float = 6.0) -> pb.DialBackReply:
+        """Ask the peer at address to dial us back (DialBack): at our host as it sees us, at request.port."""
+        return await self._unary(address, "DialBack", request, timeout_s)
+
     async def health(self, address: str, timeout_s: float = 3.0, service: str = SERVICE_NAME) -> str:
         """The grpc.health.v1 status of a service at address: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", ...
 

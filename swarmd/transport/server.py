@@ -12,7 +12,9 @@ ExchangeDeltas; an exchange the handler rejects costs its sender more), PullStat
 second, Forward request units per second; a payload admitted only up to the size its kind has under
 the daemon's config (payload_limit) and within payload_timeout_s, and a proven caller's payload must
 be its own (signed by the id it proved); a request that is not a valid protobuf message is
-INVALID_ARGUMENT. Runs on the caller's asyncio loop and starts no threads itself.
+INVALID_ARGUMENT. DialBack costs DIAL_BACK_COST request units and is answered only for a caller that proved its
+peer id; the handler is handed the Caller (its host as grpc saw it: the only host a dial-back may dial).
+Runs on the caller's asyncio loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
 
@@ -30,7 +32,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from swarmd.errors import Busy, DeadlineExceeded, StaleRound, SwarmdError, ValidationError
+from swarmd.errors import Busy, DeadlineExceeded, NotFound, StaleRound, SwarmdError, Unauthenticated, ValidationError
 from swarmd.transport.framing import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_CHUNK_BYTES,
@@ -75,6 +77,7 @@ _PULLS = (DEFAULT_PULL_RATE, DEFAULT_PULL_BURST)
 _FORWARD = (DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST)
 DRAIN_MESSAGES = 8  # a refused ExchangeDeltas stream: messages read (and dropped) before the refusal
 REFUSAL_LOG_S = 10.0  # calls refused for one caller's budget: one log line per caller per this many seconds
+DIAL_BACK_COST = 10.0  # request units a DialBack costs its caller (it makes this peer open a connection)
 
 
 class SwarmHandler(Protocol):
@@ -91,6 +94,9 @@ class SwarmHandler(Protocol):
         ...
 
     async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply: ...
+
+    # optional: async dial_back(request: pb.DialBackRequest, caller: Caller) -> pb.DialBackReply (DialBack);
+    # a handler without it answers DialBack with NOT_FOUND
 
 
 async def _maybe_await(value):
@@ -207,26 +213,33 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         if isinstance(request, Undecodable):
             await self._abort(context, method, request.exception())
 
-    def _admitted(self, context: grpc.aio.ServicerContext, method: str, limiter: CallerBudget, stream: bool) -> Caller:
-        """The caller, once it has spent one request of its budget in `limiter` and (stream) taken a stream slot;
+    def _admitted(
+        self, context: grpc.aio.ServicerContext, method: str, limiter: CallerBudget, stream: bool, cost: float = 1.0
+    ) -> Caller:
+        """The caller, once it has spent `cost` requests of its budget in `limiter` and (stream) taken a stream slot;
         raises Busy (spending nothing) when it cannot."""
-        over = (lambda c: limiter.exhausted(c) or self.streams.full(c)) if stream else limiter.exhausted
+        over = lambda c: limiter.exhausted(c, cost) or (stream and self.streams.full(c))
         caller = self.caller(context, method, over)
-        limiter.take(caller)
+        limiter.take(caller, cost)
         if stream:
             try:
                 self.streams.acquire(caller)
             except Busy:
-                limiter.refund(caller)
+                limiter.refund(caller, cost)
                 raise
         return caller
 
     async def _admit(
-        self, context: grpc.aio.ServicerContext, method: str, limiter: CallerBudget, stream: bool = False
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        limiter: CallerBudget,
+        stream: bool = False,
+        cost: float = 1.0,
     ) -> Caller:
         """_admitted, aborting with RESOURCE_EXHAUSTED when the caller is over a budget or a cap."""
         try:
-            return self._admitted(context, method, limiter, stream)
+            return self._admitted(context, method, limiter, stream, cost)
         except Busy as exc:
             await self._refuse(context, method, None, exc)
 
@@ -239,6 +252,18 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         await self._parsed(context, "GetConfig", request)
         await self._admit(context, "GetConfig", self.requests)
         return await self._answer(context, "GetConfig", self.handler.swarm_config)
+
+    async def DialBack(self, request: pb.DialBackRequest, context) -> pb.DialBackReply:
+        """The handler's dial_back for a caller that proved its peer id, for DIAL_BACK_COST of its request budget."""
+        await self._parsed(context, "DialBack", request)
+        caller = await self._admit(context, "DialBack", self.requests, cost=DIAL_BACK_COST)
+        dial_back = getattr(self.handler, "dial_back", None)
+        if dial_back is None:
+            await self._abort(context, "DialBack", NotFound("this peer does not answer dial-back requests"))
+        if not caller.peer_id:
+            error = Unauthenticated("a dial-back request must prove the asker's peer id (a signed call)")
+            await self._abort(context, "DialBack", error)
+        return await self._answer(context, "DialBack", partial(dial_back, request, caller))
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload | bytes]:
         await self._parsed(context, "PullState", request)

@@ -16,6 +16,12 @@ class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PEER_STATE_STOPPING: _ClassVar[PeerState]
     PEER_STATE_SERVING: _ClassVar[PeerState]
 
+class Reachability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REACHABILITY_UNKNOWN: _ClassVar[Reachability]
+    REACHABILITY_REACHABLE: _ClassVar[Reachability]
+    REACHABILITY_UNREACHABLE: _ClassVar[Reachability]
+
 class PayloadKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PAYLOAD_KIND_UNSPECIFIED: _ClassVar[PayloadKind]
@@ -37,6 +43,9 @@ PEER_STATE_TRAINING: PeerState
 PEER_STATE_AVERAGING: PeerState
 PEER_STATE_STOPPING: PeerState
 PEER_STATE_SERVING: PeerState
+REACHABILITY_UNKNOWN: Reachability
+REACHABILITY_REACHABLE: Reachability
+REACHABILITY_UNREACHABLE: Reachability
 PAYLOAD_KIND_UNSPECIFIED: PayloadKind
 PAYLOAD_KIND_BLOCK_DELTA: PayloadKind
 PAYLOAD_KIND_EMBEDDING_DELTA: PayloadKind
@@ -69,7 +78,7 @@ class SwarmConfig(_message.Message):
     def __init__(self, swarm_id: _Optional[str] = ..., model_config_json: _Optional[str] = ..., config_hash: _Optional[str] = ..., protocol: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash", "train_ce", "signed_record")
+    __slots__ = ("peer_id", "block_index", "state", "round", "local_steps", "samples_per_s", "last_ce", "bytes_sent", "bytes_received", "participation", "uptime_s", "address", "swarm_id", "config_hash", "consensus_distance", "base_hash", "multiaddrs", "client_mode", "raw_bytes_sent", "last_round_s", "sketch", "param_norm", "emb_hash", "train_ce", "signed_record", "reachability", "reachability_detail")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +104,8 @@ class PeerStatus(_message.Message):
     EMB_HASH_FIELD_NUMBER: _ClassVar[int]
     TRAIN_CE_FIELD_NUMBER: _ClassVar[int]
     SIGNED_RECORD_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_DETAIL_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     block_index: int
     state: PeerState
@@ -120,7 +131,9 @@ class PeerStatus(_message.Message):
     emb_hash: str
     train_ce: float
     signed_record: str
-    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ..., signed_record: _Optional[str] = ...) -> None: ...
+    reachability: Reachability
+    reachability_detail: str
+    def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ..., signed_record: _Optional[str] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., reachability_detail: _Optional[str] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
     __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "outer_state", "current", "working")
@@ -257,3 +270,23 @@ class ForwardReply(_message.Message):
     peer_id: str
     message: Tensor
     def __init__(self, z: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., peer_id: _Optional[str] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class DialBackRequest(_message.Message):
+    __slots__ = ("port", "peer_id", "tls_fingerprint")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    TLS_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    peer_id: str
+    tls_fingerprint: str
+    def __init__(self, port: _Optional[int] = ..., peer_id: _Optional[str] = ..., tls_fingerprint: _Optional[str] = ...) -> None: ...
+
+class DialBackReply(_message.Message):
+    __slots__ = ("reachable", "dialled", "reason")
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    DIALLED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reachable: bool
+    dialled: str
+    reason: str
+    def __init__(self, reachable: _Optional[bool] = ..., dialled: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

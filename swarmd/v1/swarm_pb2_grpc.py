@@ -59,6 +59,11 @@ class SwarmStub:
                 request_serializer=swarmd_dot_v1_dot_swarm__pb2.ForwardRequest.SerializeToString,
                 response_deserializer=swarmd_dot_v1_dot_swarm__pb2.ForwardReply.FromString,
                 _registered_method=True)
+        self.DialBack = channel.unary_unary(
+                '/swarmd.v1.Swarm/DialBack',
+                request_serializer=swarmd_dot_v1_dot_swarm__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=swarmd_dot_v1_dot_swarm__pb2.DialBackReply.FromString,
+                _registered_method=True)
 
 
 class SwarmServicer:
@@ -100,6 +105,14 @@ class SwarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DialBack(self, request, context):
+        """Reachability: dial the caller back, at the host this call came from and the port it names, with one
+        GetStatus under a short deadline, and say whether the peer it claims to be answered there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SwarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_SwarmServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=swarmd_dot_v1_dot_swarm__pb2.ForwardRequest.FromString,
                     response_serializer=swarmd_dot_v1_dot_swarm__pb2.ForwardReply.SerializeToString,
+            ),
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=swarmd_dot_v1_dot_swarm__pb2.DialBackRequest.FromString,
+                    response_serializer=swarmd_dot_v1_dot_swarm__pb2.DialBackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +282,33 @@ class Swarm:
             '/swarmd.v1.Swarm/Forward',
             swarmd_dot_v1_dot_swarm__pb2.ForwardRequest.SerializeToString,
             swarmd_dot_v1_dot_swarm__pb2.ForwardReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmd.v1.Swarm/DialBack',
+            swarmd_dot_v1_dot_swarm__pb2.DialBackRequest.SerializeToString,
+            swarmd_dot_v1_dot_swarm__pb2.DialBackReply.FromString,
             options,
             channel_credentials,
             insecure,
