@@ -1,4 +1,9 @@
-"""`blocktrain status`: one peer (ADDRESS) or the whole swarm (--swarm MULTIADDR) as a table or JSON."""
+"""`blocktrain status`: one peer (ADDRESS) or the whole swarm (--swarm MULTIADDR) as a table or JSON.
+
+The table's `reachable` column: yes / no, the peer's own dial-back check at start (can other peers dial it?);
+`no (from here)` for a peer this command could not dial; `client` for a client-mode peer; `-` when not known
+(not checked yet, or a peer too old to check).
+"""
 
 from __future__ import annotations
 
@@ -38,6 +43,16 @@ def no_nan(obj):
     return obj
 
 
+def reachable(row: dict) -> str:
+    """The `reachable` cell of a peer row (see the module doc)."""
+    if row.get("client_mode"):
+        return "client"
+    if row.get("state") == "unreachable":
+        return "no (from here)"
+    value = row.get("reachable")
+    return "-" if value is None else "yes" if value else "no"
+
+
 def render(summary: dict) -> None:
     console = Console()
     if not console.is_terminal:
@@ -57,6 +72,7 @@ def render(summary: dict) -> None:
         "particip.",
         "uptime",
         "address",
+        "reachable",
     ):
         peers.add_column(col)
     for r in summary["peers"]:
@@ -74,6 +90,7 @@ def render(summary: dict) -> None:
             _num(r["participation"]),
             _num(r["uptime_s"], "{:.0f}s"),
             r["address"] or "(client)",
+            reachable(r),
         )
     blocks = Table(title="blocks")
     for col in ("block", "peers", "samples/s", "consensus distance"):

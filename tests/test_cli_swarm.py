@@ -75,7 +75,7 @@ def test_status_of_a_live_daemon_table_and_json(tmp_path):
         as_json = runner.invoke(app, ["status", address, "--json"])
         swarm = runner.invoke(app, ["status", "--swarm", address, "--swarm-id", "test", "--json"])
     assert table.exit_code == 0, table.output
-    assert d.peer_id[-6:] in table.output and "consensus" in table.output
+    assert d.peer_id[-6:] in table.output and "consensus" in table.output and "reachable" in table.output
     body = json.loads(as_json.output)
     (peer,) = body["peers"]
     assert peer["block"] == 1 and peer["round"] == 1 and peer["local_steps"] == 2 and peer["address"] == address
@@ -88,6 +88,7 @@ def test_status_of_a_live_daemon_table_and_json(tmp_path):
         "participation",
         "uptime_s",
         "peer_id",
+        "reachable",
     ):
         assert key in peer
     assert [b["peers"] for b in body["blocks"]] == [0, 1]

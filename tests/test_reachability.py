@@ -16,11 +16,13 @@ from dataclasses import replace
 
 import pytest
 
+from cli.status import reachable
 from swarmd.errors import Busy, NotFound, Unauthenticated, ValidationError
 from swarmd.membership.identity import Identity, verify
 from swarmd.membership.records import PeerRecord
 from swarmd.node.dialback import DialBacks, dial_address, one_line
 from swarmd.node.reachability import Reachability, candidates, fixes, verdict
+from swarmd.tools.survey import peer_row, record_row, survey_peer
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.auth import CallerCheck
 from swarmd.transport.limits import Caller, CallerBudget
@@ -99,6 +101,15 @@ def test_a_dial_back_dials_only_the_callers_own_host_for_the_peer_id_it_proved()
     ):
         with pytest.raises(ValidationError):
             dial_address(bad, caller)
+
+
+def test_status_rows_show_each_peers_own_check_or_that_it_could_not_be_dialled():
+    rows = [peer_row(pb.PeerStatus(reachability=v, reachability_detail="x")) for v in range(3)]
+    assert [r["reachable"] for r in rows] == [None, True, False] and rows[1]["reachability"] == "x"
+    assert [reachable(r) for r in rows] == ["-", "yes", "no"]
+    lost, client = record_row(rec("a", "10.0.0.2:1")), record_row(rec("b", "", client_mode=True))
+    assert lost["reachable"] is False and lost["reachability"] == "this survey could not dial 10.0.0.2:1"
+    assert (reachable(lost), reachable(client), client["reachable"]) == ("no (from here)", "client", None)
 
 
 # -- DialBack on real gRPC servers ----------------------------------------------------------------------------------
@@ -200,9 +211,12 @@ def test_a_joiner_logs_that_peers_can_dial_it_and_its_status_says_so(tmp_path, c
                 for d in (d1, d2):
                     await wait_until(lambda d=d: d.reachability.result.reachable is not None, 20, what="the check")
                 ports = (d1.server.port, d2.server.port)
-                return d0, d1, d2, d1.service.status(), d2.service.status(), ports
+                rows = [(await survey_peer(d.server.address))["peers"][0] for d in (d0, d1, d2)]
+                return d0, d1, d2, d1.service.status(), d2.service.status(), ports, rows
 
-    d0, d1, d2, status1, status2, (port1, port2) = asyncio.run(scenario())
+    d0, d1, d2, status1, status2, (port1, port2), rows = asyncio.run(scenario())
+    assert [reachable(r) for r in rows] == ["-", "yes", "no"]  # `blocktrain status` of each
+    assert rows[1]["reachable"] is True and rows[2]["reachability"].startswith("not reachable from 127.0.0.1")
     assert d0.reachability.result.reachable is None  # the first peer knew no other one
     assert d1.reachability.result.line == f"reachable: peers can dial 127.0.0.1:{port1}"
     assert status1.reachability == pb.REACHABILITY_REACHABLE and status1.reachability_detail.startswith("reachable")

@@ -1,7 +1,9 @@
 """One peer of the swarm: its configuration, the RPC adapter, measurements, and the Daemon that wires them.
 
 config.py         NetConfig, DaemonConfig (GossipConfig is swarmd.averaging.config), peer_train_config
-service.py        SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward)
+service.py        SwarmService: the transport's SwarmHandler (status, config, pull, exchange, forward, dial-back)
+dialback.py       DialBacks: answering another peer's dial-back request (its own host only, a checked GetStatus)
+reachability.py   the check at start: known peers asked to dial this peer back, the one line it logs
 credentials.py    where a peer's credentials come from: identity, libp2p key file, swarm key, TLS and its pin
 startup.py        a starting peer's decisions: address plan, which discovery it opens, which block (BlockState),
                   its gRPC server and first record; the fresh BlockState of a block a peer moves to (new_state)

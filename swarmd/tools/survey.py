@@ -1,8 +1,9 @@
 """Swarm survey: status of one peer or of every peer a discovery knows, as plain dicts.
 
 Owns what `blocktrain status` shows: per peer (id, block, state, round, local steps, samples/s,
-training CE, last held-out CE, bytes, participation, uptime, address), per block (peers, combined
-samples/s, consensus distance estimated from the peers' count-sketches) and the swarm's max
+training CE, last held-out CE, bytes, participation, uptime, address, reachable: the peer's own dial-back check
+at start, swarmd.node.reachability, or False for a peer this survey could not dial), per block (peers,
+combined samples/s, consensus distance estimated from the peers' count-sketches) and the swarm's max
 consensus distance.
 Client-mode peers cannot be dialled; they appear from their DHT record only. Calls peers through
 PeerClient with a timeout each; never blocks the loop.
@@ -49,7 +50,13 @@ def peer_row(st: pb.PeerStatus) -> dict:
         "config_hash": st.config_hash,
         "swarm_id": st.swarm_id,
         "multiaddrs": list(st.multiaddrs),
+        "reachable": REACHABLE.get(st.reachability),
+        "reachability": st.reachability_detail,
     }
+
+
+# a peer's own dial-back check (pb.Reachability) -> the row's "reachable" (None: not checked, or an older peer)
+REACHABLE = {pb.REACHABILITY_REACHABLE: True, pb.REACHABILITY_UNREACHABLE: False}
 
 
 def record_row(r: PeerRecord) -> dict:
@@ -77,6 +84,8 @@ def record_row(r: PeerRecord) -> dict:
         "config_hash": r.config_hash,
         "swarm_id": r.swarm_id,
         "multiaddrs": [],
+        "reachable": False if r.address else None,
+        "reachability": f"this survey could not dial {r.address}" if r.address else "",
     }
 
 
