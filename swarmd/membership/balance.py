@@ -16,10 +16,18 @@ PeerRecord.pinned) count but never move.
                never both see themselves as the mover, however stale each one's record of the other.
                Every move lowers the sum of squared counts (the plan ends); a block that received a
                peer never gives one, so no peer moves twice and no two peers swap blocks. fill_only:
-               only moves into a block nobody serves (the first moves of the full plan);
+               only moves into a block nobody serves (the first moves of the full plan). open_blocks (the
+               grow schedule, swarmd.core.schedule): only blocks 0 .. open_blocks - 1 are open; a free peer on
+               a block not open yet is displaced first (to the least-served open block, lowest index on a
+               tie, in (round, peer id) order), then the moves above run over the open blocks, so that a
+               block's opening makes it the unserved one and pulls exactly one peer in; pinned peers of a
+               block not open yet count nowhere until it opens;
   next_move()  where this peer moves now (None: stay): a peer that has trained moves only to fill a
                block nobody serves (its trained replica stays with the peers it leaves); one that has
-               not trained yet also evens the counts out (joiners that chose the same block together).
+               not trained yet also evens the counts out (joiners that chose the same block together); a
+               peer on a block not open yet moves, trained or not;
+  coming_round() the swarm round a peer trains next (the grow schedule's clock): its own + 1, or before its
+               first merge the records' (low) median + 1, which peers claiming a far round do not move.
 Pure: no I/O. The caller passes the verified records of its swarm and model config.
 """
 
@@ -38,13 +46,12 @@ class Move:
     target: int
     source_peers: int
     target_peers: int
+    closed: bool = False  # the source block is not open yet (the grow schedule)
 
     def __str__(self) -> str:
         there = "none" if not self.target_peers else f"has {self.target_peers}"
-        return (
-            f"block {self.source} has {self.source_peers} peers and block {self.target} {there}: "
-            f"moving to block {self.target}"
-        )
+        source = "is not open yet" if self.closed else f"has {self.source_peers} peers"
+        return f"block {self.source} {source} and block {self.target} {there}: moving to block {self.target}"
 
 
 def newest(records: list[PeerRecord]) -> dict[str, PeerRecord]:
@@ -70,27 +77,47 @@ def served(records: list[PeerRecord], blocks: int) -> list[int]:
     return counts
 
 
-def plan(records: list[PeerRecord], blocks: int, fill_only: bool = False) -> dict[str, int]:
+def _open(blocks: int, open_blocks: int | None) -> int:
+    """How many of the `blocks` blocks are open (None: all; at least block 0 always)."""
+    return blocks if open_blocks is None else max(1, min(open_blocks, blocks))
+
+
+def plan(
+    records: list[PeerRecord], blocks: int, fill_only: bool = False, open_blocks: int | None = None
+) -> dict[str, int]:
     """peer id -> the block it trains once the rule's moves are made, for every server-mode peer (module doc).
 
-    :param fill_only: only the moves into a block nobody serves
+    :param fill_only: only the moves into a block nobody serves (a peer on a block not open yet moves all the same)
+    :param open_blocks: how many blocks are open (the grow schedule; None: all of them)
     """
+    n = _open(blocks, open_blocks)
     peers = _servers(records, blocks)
     where = {r.peer_id: r.block_index for r in peers}
     free = sorted((r for r in peers if not r.pinned), key=lambda r: (r.round, r.peer_id))
     moved: set[str] = set()
-    while blocks > 1:
-        counts = [0] * blocks
+
+    def counts() -> list[int]:
+        out = [0] * n
         for b in where.values():
-            counts[b] += 1
-        target = min(range(blocks), key=lambda b: (counts[b], b))
-        if fill_only and counts[target]:
+            if b < n:
+                out[b] += 1
+        return out
+
+    for r in free:  # displaced: a free peer on a block not open yet goes to the least-served open block
+        if where[r.peer_id] >= n:
+            now = counts()
+            where[r.peer_id] = min(range(n), key=lambda b: (now[b], b))
+            moved.add(r.peer_id)
+    while n > 1:
+        count = counts()
+        target = min(range(n), key=lambda b: (count[b], b))
+        if fill_only and count[target]:
             break
         mover = next(
             (
                 r.peer_id
-                for donor in sorted(range(blocks), key=lambda b: (-counts[b], b))
-                if counts[donor] - counts[target] >= 2
+                for donor in sorted(range(n), key=lambda b: (-count[b], b))
+                if count[donor] - count[target] >= 2
                 for r in free
                 if where[r.peer_id] == donor and r.peer_id not in moved
             ),
@@ -103,18 +130,29 @@ def plan(records: list[PeerRecord], blocks: int, fill_only: bool = False) -> dic
     return where
 
 
-def next_move(records: list[PeerRecord], me: PeerRecord, blocks: int, trained: bool) -> Move | None:
+def next_move(
+    records: list[PeerRecord], me: PeerRecord, blocks: int, trained: bool, open_blocks: int | None = None
+) -> Move | None:
     """Where this peer moves now, or None (stay); see the module doc.
 
     :param records: the swarm's verified records of our swarm and config (ours among them or not: `me` replaces it)
     :param me: this peer's current record
     :param trained: whether this peer has trained its block (then it moves only into a block nobody serves)
+    :param open_blocks: how many blocks are open at the coming round (the grow schedule; None: all of them)
     """
     if me.pinned or not me.address or me.client_mode or not 0 <= me.block_index < blocks:
         return None
     view = [r for r in records if r.peer_id != me.peer_id] + [me]
-    target = plan(view, blocks, fill_only=trained).get(me.peer_id, me.block_index)
+    target = plan(view, blocks, fill_only=trained, open_blocks=open_blocks).get(me.peer_id, me.block_index)
     if target == me.block_index:
         return None
     counts = served(view, blocks)
-    return Move(me.block_index, target, counts[me.block_index], counts[target])
+    closed = me.block_index >= _open(blocks, open_blocks)
+    return Move(me.block_index, target, counts[me.block_index], counts[target], closed)
+
+
+def coming_round(records: list[PeerRecord], own_round: int = 0, own_id: str = "") -> int:
+    """The swarm round a peer (`own_id`, `own_round` rounds merged) trains next: the higher of its own round and the
+    (low) median round of the others' newest records, + 1 (a joiner of a running swarm goes by the median)."""
+    rounds = sorted(r.round for r in newest(records).values() if r.peer_id != own_id)
+    return max(own_round, rounds[(len(rounds) - 1) // 2] if rounds else 0) + 1

@@ -8,13 +8,21 @@ state of the new block, its initial weights, the next re-sync pulling what the b
 keeps the peer's round and merged byte table: the swarm shares those whatever the block, so a moved peer
 stays in step instead of lagging like a joiner. The trained block it leaves is dropped (its replicas
 keep it) and is never checkpointed as the new one.
+
+Under the grow schedule (TrainConfig.pipeline + grow) the rule counts only the blocks open at the coming
+round (grow_open: block b opens at round b x pipeline_stagger + 1 of our record's window, the round being
+ours or, before our first merge, the median of the records'), so --block auto peers of blocks not open yet
+are replicas of the open ones, and a block's opening pulls one peer in. Since an opening is known a round
+ahead, the confirm's first lookup is the one a round before it (Rebalancer.decide's `open_next`): the mover
+lands for the block's first round, where swarmd.node.training warm-starts it from its predecessor.
 """
 
 from __future__ import annotations
 
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.state import BlockState
-from swarmd.membership.balance import Move, next_move
+from swarmd.core.schedule import open_blocks
+from swarmd.membership.balance import Move, coming_round, next_move
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import verified
 from swarmd.node.config import DaemonConfig
@@ -29,17 +37,32 @@ class Rebalancer:
         self._unconfirmed: tuple[int, float] | None = None  # (target, lookup time) the last check named
 
     def decide(
-        self, records: list[PeerRecord], me: PeerRecord, blocks: int, *, trained: bool, looked_up: float
+        self,
+        records: list[PeerRecord],
+        me: PeerRecord,
+        blocks: int,
+        *,
+        trained: bool,
+        looked_up: float,
+        open_now: int | None = None,
+        open_next: int | None = None,
     ) -> Move | None:
         """The move to make now (None: stay).
 
         :param records: the verified records of our swarm and model config
         :param trained: whether this peer has taken local steps (then it moves only into an empty block, confirmed)
         :param looked_up: when the lookup that found `records` was made (monotonic seconds)
+        :param open_now: blocks open at the coming round (the grow schedule; None: every block)
+        :param open_next: ... at the round after it: a move into the block opening then is this lookup's to name,
+            the next one (when it opens) confirms it
         """
-        move = next_move(records, me, blocks, trained=trained)
+        move = next_move(records, me, blocks, trained=trained, open_blocks=open_now)
         seen, self._unconfirmed = self._unconfirmed, None
         if move is None:
+            if trained and open_next is not None and open_next != open_now:
+                ahead = next_move(records, me, blocks, trained=True, open_blocks=open_next)
+                if ahead is not None:
+                    self._unconfirmed = (ahead.target, looked_up)
             return None
         if trained and (seen is None or seen[0] != move.target or seen[1] >= looked_up):
             self._unconfirmed = (move.target, looked_up)  # the next check, over a newer lookup, confirms it
@@ -59,7 +82,20 @@ class Rebalancer:
         found = await presence.recent(net.announce_period_s if max_age_s is None else max_age_s)
         records = [r for r in verified(found) if r.config_hash == me.config_hash and r.swarm_id == net.swarm_id]
         looked_up = presence.last[0] if presence.last is not None else 0.0
-        return self.decide(records, me, blocks, trained=trained, looked_up=looked_up)
+        now, ahead = (grow_open(config, me, records, a) for a in (0, 1))
+        return self.decide(records, me, blocks, trained=trained, looked_up=looked_up, open_now=now, open_next=ahead)
+
+
+def grow_open(config: DaemonConfig, me: PeerRecord, records: list[PeerRecord], ahead: int = 0) -> int | None:
+    """Blocks open at the coming round (+ `ahead`) under the grow schedule (TrainConfig.pipeline + grow: block b
+    opens at round b x pipeline_stagger + 1 of our record's window); None under any other schedule (all open)."""
+    train = config.train
+    if not (train.pipeline and train.grow):
+        return None
+    stagger = train.pipeline_stagger
+    start = max(0, me.train_first - 1 - me.block_index * stagger) if me.train_first else 0  # the window's start
+    round_no = coming_round(records, me.round, me.peer_id) + ahead - start
+    return open_blocks("grow", round_no, config.model.blocks, stagger)
 
 
 def moved_state(current: BlockState, config: DaemonConfig, block: int, peer_seed: int) -> BlockState:

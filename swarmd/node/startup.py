@@ -18,8 +18,10 @@ import asyncio
 
 from swarmd.averaging.outer import outer_for
 from swarmd.averaging.state import BlockState
+from swarmd.core.schedule import open_blocks
 from swarmd.core.train import BlockTrainer
 from swarmd.membership.addresses import AddressPlan, check_listen_ports, plan_addresses
+from swarmd.membership.balance import coming_round
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery, StatusFn
 from swarmd.membership.identity import Identity
@@ -64,11 +66,12 @@ async def open_state(
 ) -> BlockState:
     """The BlockState this peer trains: the checkpoint's block (saved_block, restored from the checkpoint dir),
     else config.block, else (None or < 0: auto) the block with the least combined throughput among the peers
-    of our model config."""
-    cfg, block = config.model, saved_block if saved_block is not None else config.block
+    of our model config (under the grow schedule, among the blocks open at the swarm's coming round)."""
+    cfg, train, block = config.model, config.train, saved_block if saved_block is not None else config.block
     if block is None or block < 0:
         records = [r for r in await discovery.find_all() if r.config_hash == cfg.config_hash()]
-        block = choose_block(records, cfg.blocks)
+        grown = open_blocks("grow", coming_round(records), cfg.blocks, train.pipeline_stagger)
+        block = choose_block(records, grown if train.pipeline and train.grow else cfg.blocks)
     state = new_state(config, block, peer_seed)
     if saved_block is not None:
         await asyncio.to_thread(state.restore, config.checkpoint_dir)

@@ -6,7 +6,8 @@ Owns the daemon's side of TrainConfig's schedule (the steps themselves are Block
   windowed     our record's template for a block, with the rounds it trains in (train_first, train_last;
                swarmd.core.pipeline), so that a peer sitting a round out waits only for the trainers;
   train_round  a round's local AdamW steps in the worker thread: none when it is not this block's turn, the
-               warm start of a pipelined turn's first round (block_init=predecessor), TrainConfig.predecessor_pulls
+               warm start of a pipelined turn's first round (block_init=predecessor; also the first round of a
+               --block auto peer that moved into a block nobody trained: never_trained), TrainConfig.predecessor_pulls
                chunks with trajectory training's predecessors refreshed between them (swarmd.node.peers).
 No grpc here; one worker thread at a time (asyncio.to_thread).
 """
@@ -23,10 +24,10 @@ from typing import Protocol
 import torch
 
 from swarmd.averaging.gossip import Gossip
-from swarmd.averaging.state import BlockState, merge_train_stats
+from swarmd.averaging.state import BlockState, merge_train_stats, weights_hash
 from swarmd.core.config import TrainConfig
 from swarmd.core.pipeline import pipeline_rounds
-from swarmd.core.train import split_steps
+from swarmd.core.train import init_block, split_steps
 from swarmd.membership.records import PeerRecord
 from swarmd.node.config import DaemonConfig
 from swarmd.node.peers import refresh_predecessors
@@ -76,14 +77,23 @@ def windowed(me: PeerRecord, block: int, train: TrainConfig, window: tuple[int, 
     return replace(me, block_index=block, train_first=first, train_last=last)
 
 
+def never_trained(state: BlockState) -> bool:
+    """Whether nobody trained this block's weights yet: no local steps of ours and its initial weights (after the
+    round's re-sync, which adopts what the block's peers hold): a peer that moved into a block just opened."""
+    if state.local_steps or not state.block_index:
+        return False
+    return state.block_hash == weights_hash(init_block(state.cfg, state.block_index, state.train_cfg.seed).state_dict())
+
+
 async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> dict:
     """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step once `stop` is set),
     in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
     train, state = peer.config.train, peer.state
     if not peer.me.trains(state.round + 1):
         return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
-    first = train.pipeline and train.block_init == "predecessor" and state.round + 1 == peer.me.train_first
-    if first and await asyncio.to_thread(state.warm_start):  # our turn's first round: start as block b - 1
+    warm = train.pipeline and train.block_init == "predecessor"  # our turn's first round: start as block b - 1
+    first = warm and (state.round + 1 == peer.me.train_first or await asyncio.to_thread(never_trained, state))
+    if first and await asyncio.to_thread(state.warm_start):
         b = state.block_index
         logger.info("%s warm start: block %d from block %d", peer.gossip.tag, b, b - 1)
     parts = []

@@ -1,0 +1,142 @@
+"""The grow schedule in daemons with peers that move (TrainConfig.pipeline + grow, --block auto): the balance rule
+over the blocks open at the coming round (swarmd.membership.balance's open_blocks, coming_round), the daemon's
+side of it (swarmd.node.rebalance: grow_open, the confirm a round ahead of an opening), the warm start of a block
+nobody trained (swarmd.node.training.never_trained); then three real daemons on the hivemind DHT."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+from swarmd.core.config import ModelConfig, TrainConfig
+from swarmd.membership.balance import coming_round, next_move, plan
+from swarmd.membership.records import PeerRecord
+from swarmd.node.config import DaemonConfig
+from swarmd.node.rebalance import Rebalancer, grow_open
+from swarmd.node.startup import new_state
+from swarmd.node.training import never_trained
+
+
+def rec(pid: str, block: int, round: int = 0, *, pinned: bool = False, first: int = 0) -> PeerRecord:
+    address = f"127.0.0.1:{1000 + sum(map(ord, pid))}"
+    return PeerRecord(
+        pid, address, block, round, 0.0, "cfg", "base", False, "sw", "emb", pinned=pinned, train_first=first
+    )
+
+
+def grow_config(blocks: int = 3, stagger: int = 2) -> DaemonConfig:
+    model = ModelConfig(blocks=blocks, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
+    return DaemonConfig(model=model, train=TrainConfig(pipeline=True, grow=True, pipeline_stagger=stagger))
+
+
+def moves(view: list[PeerRecord], blocks: int, open_blocks: int, trained: set[str]) -> dict[str, int]:
+    """Where each peer ends once every one applied next_move once over the same view."""
+    out = {}
+    for r in view:
+        move = next_move(view, r, blocks, trained=r.peer_id in trained, open_blocks=open_blocks)
+        out[r.peer_id] = move.target if move else r.block_index
+    return out
+
+
+# -- the rule ------------------------------------------------------------------------------------------------------
+def test_the_blocks_open_at_round_r_are_those_with_b_times_g_below_r():
+    config = grow_config(blocks=3, stagger=2)
+    opened = [grow_open(config, rec("a", 0, round=r - 1, first=1), []) for r in range(1, 8)]
+    assert opened == [1, 1, 2, 2, 3, 3, 3]
+    assert grow_open(config, rec("a", 0, round=1, first=1), [], ahead=1) == 2  # the next round opens block 1
+    # our record's window counts from a later start (a run that began at round 10): block 1 opens at round 13
+    assert [grow_open(config, rec("a", 1, round=r - 1, first=13), []) for r in (11, 12, 13)] == [1, 1, 2]
+    # every other schedule: every block is open
+    assert grow_open(replace(config, train=TrainConfig(pipeline=True)), rec("a", 0), []) is None
+    assert grow_open(replace(config, train=TrainConfig(grow=True)), rec("a", 0), []) is None
+
+
+def test_a_joiner_goes_by_the_median_round_which_a_lying_peer_does_not_move():
+    swarm = [rec("a", 0, 7), rec("b", 0, 8), rec("c", 1, 8)]
+    assert coming_round(swarm) == 9 and coming_round(swarm, own_round=3, own_id="j") == 9
+    assert coming_round([*swarm, rec("liar", 0, 10**6)]) == 9  # one far round in four
+    assert coming_round([], own_round=4) == 5 and coming_round(swarm, own_round=20) == 21
+    assert coming_round([rec("a", 0, 9), rec("a", 0, 2)], own_id="a") == 1  # our own records do not count
+
+
+def test_peers_of_blocks_not_open_yet_become_replicas_of_the_open_ones():
+    view = [rec("a", 0, 3), rec("b", 1, 0), rec("c", 2, 0), rec("d", 2, 0)]
+    # one open block: everyone on block 0, trained or not
+    assert moves(view, 3, 1, trained={"a", "b", "c", "d"}) == dict.fromkeys("abcd", 0)
+    # two open: the displaced go to the least-served open block first
+    assert Counter(plan(view, 3, open_blocks=2).values()) == {0: 2, 1: 2}
+    move = next_move(view, view[2], 3, trained=True, open_blocks=1)
+    assert move is not None and str(move) == "block 2 is not open yet and block 0 has 1: moving to block 0"
+
+
+def test_a_block_opening_pulls_exactly_one_trained_peer_in():
+    for peers in range(2, 7):
+        view = [rec(f"p{i}", 0, 4) for i in range(peers)]
+        trained = {r.peer_id for r in view}
+        assert moves(view, 3, 1, trained) == {r.peer_id: 0 for r in view}  # nothing opens: nobody moves
+        after = moves(view, 3, 2, trained)
+        assert sorted(after.values()) == [0] * (peers - 1) + [1], peers
+        assert after["p0"] == 1  # the lowest (round, peer id)
+        # then block 2 opens over that layout: one more (only from a block with two peers more than 0)
+        grown = [replace(r, block_index=after[r.peer_id]) for r in view]
+        third = moves(grown, 3, 3, trained)
+        assert Counter(third.values()) == ({0: peers - 2, 1: 1, 2: 1} if peers >= 3 else {0: 1, 1: 1}), peers
+
+
+def test_pinned_peers_never_move_and_wait_for_their_block_to_open():
+    view = [rec("a", 0, 4, pinned=True), rec("b", 0, 4, pinned=True), rec("z", 1, 4, pinned=True)]
+    assert moves(view, 2, 1, trained={"a", "b", "z"}) == {"a": 0, "b": 0, "z": 1}
+    assert moves(view, 2, 2, trained={"a", "b", "z"}) == {"a": 0, "b": 0, "z": 1}
+    # a pinned peer waiting on block 1 serves it once it opens: no auto peer moves in
+    view = [rec("a", 0, 4), rec("b", 0, 4), rec("z", 1, 4, pinned=True)]
+    assert moves(view, 2, 2, trained={"a", "b", "z"}) == {"a": 0, "b": 0, "z": 1}
+    # ... while it is not open, the pinned peer counts nowhere and the auto peers stay on block 0
+    assert moves(view, 2, 1, trained={"a", "b"}) == {"a": 0, "b": 0, "z": 1}
+
+
+def test_random_grow_layouts_keep_moves_one_way_and_every_free_peer_on_an_open_block():
+    rnd = random.Random(1)
+    for _ in range(300):
+        blocks = rnd.randint(2, 5)
+        n = rnd.randint(1, blocks)
+        view = [
+            rec(f"p{i:02d}", rnd.randrange(blocks), rnd.randint(0, 2), pinned=rnd.random() < 0.2)
+            for i in range(rnd.randint(1, 12))
+        ]
+        before = {r.peer_id: r.block_index for r in view}
+        for fill_only in (False, True):
+            after = plan(view, blocks, fill_only=fill_only, open_blocks=n)
+            moved = {p for p in after if after[p] != before[p]}
+            assert not {before[p] for p in moved} & {after[p] for p in moved}  # no swaps, nobody moves twice
+            assert all(not r.pinned for r in view if r.peer_id in moved)
+            assert all(after[r.peer_id] < n for r in view if not r.pinned)
+            assert all(after[p] < n for p in moved)
+
+
+# -- the daemon's side ---------------------------------------------------------------------------------------------
+def test_a_trained_peer_names_the_opening_block_a_round_ahead_and_moves_when_it_opens():
+    view = [rec("a", 0, 2), rec("b", 0, 2), rec("c", 0, 2)]
+    me = view[0]
+    rebalancer = Rebalancer()
+    assert rebalancer.decide(view, me, 2, trained=True, looked_up=1.0, open_now=1, open_next=2) is None
+    move = rebalancer.decide(view, me, 2, trained=True, looked_up=2.0, open_now=2, open_next=2)
+    assert move is not None and (move.source, move.target) == (0, 1)
+    # without the round ahead, the opening's own lookup only names it: the next one confirms
+    late = Rebalancer()
+    assert late.decide(view, me, 2, trained=True, looked_up=2.0, open_now=2, open_next=2) is None
+    assert late.decide(view, me, 2, trained=True, looked_up=3.0, open_now=2, open_next=2) is not None
+    # the others of block 0 never move
+    for other in view[1:]:
+        r = Rebalancer()
+        assert r.decide(view, other, 2, trained=True, looked_up=1.0, open_now=1, open_next=2) is None
+        assert r.decide(view, other, 2, trained=True, looked_up=2.0, open_now=2, open_next=2) is None
+
+
+def test_a_block_nobody_trained_is_the_one_to_warm_start():
+    config = grow_config(blocks=2)
+    fresh, first = new_state(config, 1, peer_seed=5), new_state(config, 0, peer_seed=5)
+    assert never_trained(fresh) and not never_trained(first)  # block 0 has no predecessor to start from
+    _, block, _ = new_state(replace(config, train=replace(config.train, seed=1)), 1, 0).snapshot()
+    fresh.adopt(block, None)  # what a re-sync to the block's trained peers does
+    assert not never_trained(fresh)
