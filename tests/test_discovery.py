@@ -155,6 +155,8 @@ def test_dht_that_cannot_start_fails_fast_with_cause_and_hint():
     assert time.monotonic() - start < 20
     message = str(info.value)
     assert "could not start the DHT" in message and "check that the multiaddrs" in message
+    # the multiaddr tried is named, with why it did not answer (swarmd.membership.bootstrap)
+    assert "/ip4/127.0.0.1/tcp/1/p2p/QmXnnt3xYtRb1Y4RrTC8mkThQGr5rhr7DVvbTNmY5bMwPi: connection refused" in message
     with pytest.raises(SwarmdError, match="could not start the DHT"):
         HivemindDiscovery("sw", ["not-a-multiaddr"], start_timeout_s=5)
 

@@ -4,7 +4,8 @@ Records live under swarm- and block-scoped keys (swarmd.membership.records.block
 one subkey per peer; record_validator makes every node of ours refuse forged and unsigned ones. The
 DHT is called with return_future=True from a worker thread with a bounded wait, so the daemon's event
 loop never blocks; starting it has a timeout and fails with a SwarmdError that names the cause and
-what to try, leaving no p2pd socket behind. A DHT node listens and announces where
+what to try (with initial peers, each multiaddr tried and why: swarmd.membership.bootstrap), leaving no p2pd
+socket behind. A DHT node listens and announces where
 swarmd.membership.addresses says, and keeps its libp2p key in a file when given one (the daemon's
 checkpoint dir), so a restarted peer keeps its peer id; a DHT process that died alone is started
 again; before a DHT process is forked with no other alive, hivemind's MPFuture backend is made anew (one killed
@@ -29,6 +30,7 @@ from typing import Any
 
 from swarmd.errors import PeerUnavailable, SwarmdError
 from swarmd.membership.addresses import free_port, multiaddr
+from swarmd.membership.bootstrap import FIX, bootstrap_failure
 from swarmd.membership.dht_process import (
     DHT_END_S,
     _dht_neighbours,
@@ -101,11 +103,10 @@ def _start_error(
     )
     if identity_path and "already taken" in str(exc):
         hint = f"another running peer uses the identity in {identity_path}: give each peer its own --checkpoint-dir"
+    elif initial_peers and not isinstance(exc, ValueError):  # a ValueError: a multiaddr hivemind cannot parse
+        return bootstrap_failure(initial_peers, cause)  # each multiaddr tried, why it failed, and the fix
     elif initial_peers:
-        hint = (
-            "check that the multiaddrs are right and that those peers are running and reachable "
-            "(firewall, NAT: try --client-mode)"
-        )
+        hint = FIX
     else:
         hint = "check that the host can open TCP ports on " + host
     return f"could not start the DHT ({cause}); {hint}"
