@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from cli.status import reachable
-from swarmd.errors import Busy, NotFound, Unauthenticated, ValidationError
+from swarmd.errors import Busy, NotFound, PeerFailed, Unauthenticated, ValidationError
 from swarmd.membership.identity import Identity, verify
 from swarmd.membership.records import PeerRecord
 from swarmd.node.dialback import DialBacks, dial_address, one_line
-from swarmd.node.reachability import Reachability, candidates, fixes, verdict
+from swarmd.node.reachability import Reachability, ReachabilityCheck, candidates, fixes, verdict
 from swarmd.tools.survey import peer_row, record_row, survey_peer
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.auth import CallerCheck
@@ -110,6 +111,65 @@ def test_status_rows_show_each_peers_own_check_or_that_it_could_not_be_dialled()
     lost, client = record_row(rec("a", "10.0.0.2:1")), record_row(rec("b", "", client_mode=True))
     assert lost["reachable"] is False and lost["reachability"] == "this survey could not dial 10.0.0.2:1"
     assert (reachable(lost), reachable(client), client["reachable"]) == ("no (from here)", "client", None)
+
+
+class FakePresence:
+    def __init__(self, rounds: list[list[PeerRecord]]):
+        self.rounds, self.looked = rounds, 0
+
+    async def recent(self, max_age_s: float) -> list[PeerRecord]:
+        self.looked += 1
+        return self.rounds[min(self.looked, len(self.rounds)) - 1]
+
+    async def pause(self, timeout_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+
+class FakeClient:
+    """An old peer (no DialBack: PeerFailed) at 10.0.0.1, one that dials us back at 10.0.0.3."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, pb.DialBackRequest]] = []
+
+    async def dial_back(self, address: str, request: pb.DialBackRequest, timeout_s: float) -> pb.DialBackReply:
+        self.asked.append((address, request))
+        if address.startswith("10.0.0.1:"):
+            raise PeerFailed(f"peer {address}: unimplemented: Method not found")
+        return pb.DialBackReply(reachable=True, dialled=f"10.0.0.2:{request.port}")
+
+
+class FakeAsker:
+    def __init__(self, rounds: list[list[PeerRecord]]):
+        self.config = SimpleNamespace(net=SimpleNamespace(listen="0.0.0.0:4000"))
+        self.presence, self.client, self.stopping = FakePresence(rounds), FakeClient(), asyncio.Event()
+        self.me = replace(rec("me", "10.0.0.2:4000"), tls_fingerprint="ab" * 32)
+        self.address, self.server = "10.0.0.2:4000", None
+
+
+def test_the_check_waits_for_peers_skips_those_that_cannot_answer_and_reports_once(caplog):
+    caplog.set_level(logging.INFO, logger="swarmd.node.reachability")
+    old, good = rec("old", "10.0.0.1:1"), rec("good", "10.0.0.3:1")
+    heard: list[Reachability] = []
+
+    async def go(rounds, window_s=5.0):
+        asker = FakeAsker(rounds)
+        check = ReachabilityCheck(asker, window_s=window_s, retry_s=0.01)  # type: ignore[arg-type]
+        check.on_result = heard.append
+        check.start()
+        await asyncio.wait_for(check._task, 10)
+        return check, asker
+
+    # nobody known at first; then the old peer alone (it cannot answer); then both: the new one is asked
+    check, asker = asyncio.run(go([[], [old], [old, good]]))
+    assert [a for a, _ in asker.client.asked] == ["10.0.0.1:1", "10.0.0.3:1"]  # each asked once
+    request = asker.client.asked[0][1]
+    assert (request.port, request.peer_id, request.tls_fingerprint) == (4000, "me", "ab" * 32)
+    assert heard == [check.result] and check.result.line == "reachable: peers can dial 10.0.0.2:4000"
+    # the window passes with only the old peer known: unknown, said once in the log
+    check, _ = asyncio.run(go([[old]], window_s=0.2))
+    assert check.result == Reachability() and len(heard) == 1
+    (unknown,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reachability unknown")]
+    assert "none of 1 peers asked answered (peer 10.0.0.1:1: unimplemented" in unknown
 
 
 # -- DialBack on real gRPC servers ----------------------------------------------------------------------------------

@@ -1,14 +1,14 @@
 """Reachability: can other peers dial this one? Checked at start by asking known peers to dial it back.
 
-Owns the asking side of swarmd.v1.Swarm/DialBack (the answering side is swarmd.node.dialback). A server-mode
-peer's ReachabilityCheck runs in the background from Daemon.start(), never blocking nor failing it: for up to
-WINDOW_S it looks for known peers with an address (the records its presence finds), asks up to ASK of them at
-once to dial it back at its announced port, and logs one line (verdict): `reachable: peers can dial HOST:PORT`,
-or `not reachable from HOST: REASON; FIX` with the fixes that fit (listen on every interface for a loopback
-listener, --announce, forward the port, --client-mode). It asks peers on other hosts first, and takes the first
-answers (one reachable answer is enough). Its result (Reachability) is what GetStatus reports and `blocktrain
-status` shows. What a peer answers is untrusted: its reason is cut to one short printable line, and a peer that
-lies can only make this peer log a wrong hint.
+Owns the asking side of swarmd.v1.Swarm/DialBack (the answering side is swarmd.node.dialback). A server-mode peer's
+ReachabilityCheck runs in the background from Daemon.start(), never blocking nor failing it: for up to WINDOW_S it
+looks for known peers with an address (the records its presence finds), asks up to ASK of them at once to dial it
+back at its announced port, and logs one line (verdict; on_result hears it too: `blocktrain run` prints it):
+`reachable: peers can dial HOST:PORT`, or `not reachable from HOST: REASON; FIX` with the fixes that fit (listen on
+every interface for a loopback listener, --announce, forward the port, --client-mode). It asks peers on other hosts
+first, and takes the first answers (one reachable answer is enough). Its result (Reachability) is what GetStatus
+reports and `blocktrain status` shows. What a peer answers is untrusted: its reason is cut to one short printable
+line, and a peer that lies can only make this peer log a wrong hint.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -134,6 +135,7 @@ class ReachabilityCheck:
     def __init__(self, peer: Asker, window_s: float = WINDOW_S, retry_s: float = RETRY_S):
         self.peer, self.window_s, self.retry_s = peer, window_s, retry_s
         self.result = Reachability()
+        self.on_result: Callable[[Reachability], None] | None = None  # told the result once (the runner prints it)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -170,8 +172,9 @@ class ReachabilityCheck:
                 failures += [one_line(str(a), 160) for a in replies if isinstance(a, Exception)]
                 if answers:
                     self.result = verdict(answers, self.listen(), p.address)
-                    log = logger.info if self.result.reachable else logger.warning
-                    log("%s", self.result.line)
+                    logger.info("%s", self.result.line)
+                    if self.on_result is not None:
+                        self.on_result(self.result)
                     return
             await p.presence.pause(self.retry_s)
         if not p.stopping.is_set():

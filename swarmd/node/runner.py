@@ -6,7 +6,9 @@ Owns the stdout of a daemon process, shared by `blocktrain run` / `blocktrain jo
   metrics: http://HOST:PORT/metrics (with --metrics-port)
   multiaddr: MULTIADDR (one line each) / join with: COMMAND (when there is a multiaddr; join_hint) / ready
 then one `round R: block B train ce ... participation ... sent X.XX MB in ...s` line per merged
-round (bytes sent so far, in MB = 10^6 bytes as `blocktrain demo` shows them) and a final
+round (bytes sent so far, in MB = 10^6 bytes as `blocktrain demo` shows them), once a peer dialled it back
+the reachability line (`reachable: peers can dial HOST:PORT` or `not reachable from HOST: ...`,
+swarmd.node.reachability), and a final
 `stopped at round R[, checkpoint in DIR]`. SIGINT / SIGTERM stop the daemon
 (it checkpoints and leaves). A joiner that merges nothing for a known cause (swarmd.node.diagnosis) stops
 the same way, and run_foreground then raises NothingMerges: one `error: ...` line on stderr, exit code 3
@@ -138,6 +140,7 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
         )
 
     daemon = Daemon(config, on_round=on_round)
+    daemon.reachability.on_result = lambda result: echo(result.line)  # `reachable: ...` once a peer dialled us back
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, daemon.stop)
