@@ -8,7 +8,9 @@ at their own addresses. A second test puts a 50 ms user-space delay (tests/delay
 front of every host's gRPC server and checks the rounds still complete, through the relays. A
 third runs `blocktrain run --listen 0.0.0.0:PORT` with no other address flag, joins two daemons on
 two other hosts with the very `join with:` command it printed, and lists all three from a fourth.
-Those three need root and iproute2 (skipped otherwise; CI runs as root) and are slow (daemons start
+A fourth has two hosts: each peer's reachability line (peers dialling it back, swarmd.node.reachability) says
+`reachable` for a peer listening on every interface and `not reachable` for one listening on loopback only.
+Those four need root and iproute2 (skipped otherwise; CI runs as root) and are slow (daemons start
 in namespaces): `python -m pytest -m slow tests/test_netns.py`. The relay's own test (latency,
 bytes intact, half-close) is fast, needs neither, and runs in the default suite.
 """
@@ -170,6 +172,66 @@ def test_a_daemon_on_every_interface_is_joinable_with_the_hint_it_prints(text_da
         finally:
             stop_all(daemons)
     assert {r["address"]: r["peer_id"] for r in rows} == {d.info["address"]: d.info["peer"] for d in daemons}
+
+
+def line_of(daemon: CliDaemon, start: str, timeout_s: float) -> str:
+    """The first stdout line of `daemon` that starts with `start` (RuntimeError with its lines after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = next((line for line in list(daemon.lines) if line.startswith(start)), None)
+        if found is not None:
+            return found
+        if daemon.proc.poll() is not None:
+            break
+        time.sleep(0.2)  # polling the lines its reader thread collects, with a deadline
+    err = daemon.log_path.read_text(errors="replace").strip()[-800:]
+    raise RuntimeError(f"no {start!r} line from {daemon.host.netns} in {timeout_s:.0f}s: {daemon.lines} {err}")
+
+
+@pytest.mark.slow
+@needs_netns
+def test_each_peer_says_whether_the_others_can_dial_it_back(text_data, tmp_path):
+    """Two hosts. A peer on the first; on the second, a joiner listening on every interface, told `reachable: peers
+    can dial ITS_ADDRESS:PORT`, and one whose gRPC server listens on loopback only while it announces its host
+    address, told it is not reachable from the first host, why (connection refused) and the fixes. `status
+    --swarm` on the first host shows the first two reachable and the third not (it cannot dial it either)."""
+    data = str(text_data / "train.txt")
+    with made_lab(2) as lab:
+        first_host, second = lab.hosts
+        run = ["run", "--listen", f"0.0.0.0:{GRPC_PORT}", "--data", data, "--swarm-id", "reach", *TINY_FLAGS]
+        daemons = [CliDaemon(first_host, [*run, *FAST_FLAGS], tmp_path / "run.log")]
+        try:
+            maddr = daemons[0].wait_ready(120).info["multiaddr"]
+            join = ["join", maddr, "--data", data, "--swarm-id", "reach", *FAST_FLAGS]
+            everywhere = CliDaemon(second, [*join, "--listen", f"0.0.0.0:{GRPC_PORT}"], tmp_path / "open.log")
+            loopback = [*join, "--listen", f"127.0.0.1:{RELAY_PORT}", "--announce", second.address]
+            loopback += ["--dht-host", "0.0.0.0", "--dht-port", str(DHT_PORT + 1)]
+            hidden = CliDaemon(second, loopback, tmp_path / "hidden.log")
+            daemons += [everywhere, hidden]
+            for d in daemons[1:]:
+                d.wait_ready(120)
+            assert hidden.info["address"] == f"{second.address}:{RELAY_PORT}", hidden.lines
+            reachable = line_of(everywhere, "reachable: ", 90)
+            unreachable = line_of(hidden, "not reachable from ", 90)
+            first_line = line_of(daemons[0], "reachable: ", 150)  # it asks once the joiners are known
+            cmd = [str(BLOCKTRAIN), "status", "--swarm", maddr, "--swarm-id", "reach", "--json"]
+            result = lab.run(first_host, cmd, timeout_s=90)
+        finally:
+            stop_all(daemons)
+    assert reachable == f"reachable: peers can dial {second.address}:{GRPC_PORT}"
+    assert unreachable.startswith(
+        f"not reachable from {first_host.address}: peer {second.address}:{RELAY_PORT}: unavailable: connection refused"
+    ), unreachable
+    assert f"listen on every interface (--listen 0.0.0.0:{RELAY_PORT}: it listens on 127.0.0.1 only)" in unreachable
+    assert unreachable.endswith(f"forward TCP port {RELAY_PORT} to this host, or run with --client-mode")
+    assert first_line == f"reachable: peers can dial {first_host.address}:{GRPC_PORT}"
+    assert result.returncode == 0, result.stderr[-500:]
+    rows = {r["address"]: r for r in json.loads(result.stdout)["peers"]}
+    assert {a: r["reachable"] for a, r in rows.items()} == {
+        f"{first_host.address}:{GRPC_PORT}": True,
+        f"{second.address}:{GRPC_PORT}": True,
+        f"{second.address}:{RELAY_PORT}": False,  # its own check said so, and this status could not dial it
+    }
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
