@@ -93,6 +93,7 @@ def test_a_dial_back_dials_only_the_callers_own_host_for_the_peer_id_it_proved()
     request = pb.DialBackRequest(port=50051, peer_id="abc123")
     assert dial_address(request, Caller("10.0.0.2", "abc123")) == "10.0.0.2:50051"
     assert dial_address(request, Caller("::1", "abc123")) == "[::1]:50051"
+    assert dial_address(request, Caller("::ffff:10.0.0.2", "abc123")) == "10.0.0.2:50051"  # a dual-stack listener
     for bad, caller in (
         (pb.DialBackRequest(port=0, peer_id="abc123"), Caller("10.0.0.2", "abc123")),
         (pb.DialBackRequest(port=70000, peer_id="abc123"), Caller("10.0.0.2", "abc123")),
@@ -128,11 +129,14 @@ class FakePresence:
 class FakeClient:
     """An old peer (no DialBack: PeerFailed) at 10.0.0.1, one that dials us back at 10.0.0.3."""
 
-    def __init__(self):
+    def __init__(self, busy: int = 0):
         self.asked: list[tuple[str, pb.DialBackRequest]] = []
+        self.busy = busy  # the first this many calls are refused as Busy
 
     async def dial_back(self, address: str, request: pb.DialBackRequest, timeout_s: float) -> pb.DialBackReply:
         self.asked.append((address, request))
+        if len(self.asked) <= self.busy:
+            raise Busy(f"peer {address}: resource_exhausted: a dial-back to 10.0.0.2 runs already")
         if address.startswith("10.0.0.1:"):
             raise PeerFailed(f"peer {address}: unimplemented: Method not found")
         return pb.DialBackReply(reachable=True, dialled=f"10.0.0.2:{request.port}")
@@ -172,6 +176,19 @@ def test_the_check_waits_for_peers_skips_those_that_cannot_answer_and_reports_on
     assert "none of 1 peers asked answered (peer 10.0.0.1:1: unimplemented" in unknown
 
 
+def test_a_peer_that_was_busy_is_asked_again():
+    async def go():
+        asker = FakeAsker([[rec("good", "10.0.0.3:1")]])
+        asker.client.busy = 2
+        check = ReachabilityCheck(asker, window_s=5.0, retry_s=0.01)  # type: ignore[arg-type]
+        check.start()
+        await asyncio.wait_for(check._task, 10)
+        return check, asker
+
+    check, asker = asyncio.run(go())
+    assert [a for a, _ in asker.client.asked] == ["10.0.0.3:1"] * 3 and check.result.reachable is True
+
+
 # -- DialBack on real gRPC servers ----------------------------------------------------------------------------------
 class Target:
     """A server's handler that answers GetStatus as `peer_id` (the peer dialled back)."""
@@ -209,9 +226,14 @@ def test_dial_back_answers_reachable_wrong_peer_refused_and_busy():
             wrong = await backs.answer(pb.DialBackRequest(port=theirs.port, peer_id=asker.peer_id), caller)
             await mine.stop(0)
             refused = await backs.answer(pb.DialBackRequest(port=mine.port, peer_id=asker.peer_id), caller)
-            backs.running = backs.max_dials  # as many in flight as allowed
-            with pytest.raises(Busy):
-                await backs.answer(pb.DialBackRequest(port=theirs.port, peer_id=asker.peer_id), caller)
+            request = pb.DialBackRequest(port=theirs.port, peer_id=asker.peer_id)
+            backs._hosts.add("127.0.0.1")  # a dial-back to this host in flight: one per caller host
+            with pytest.raises(Busy, match="runs already"):
+                await backs.answer(request, caller)
+            backs._hosts.clear()
+            backs.running = backs.max_dials  # as many in flight as allowed, all hosts together
+            with pytest.raises(Busy, match="dial-backs run already"):
+                await backs.answer(request, caller)
         finally:
             await theirs.stop(0)
         return ok, wrong, refused, mine.port

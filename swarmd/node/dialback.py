@@ -1,14 +1,14 @@
 """Answering a dial-back request: can the peer that asks be dialled where it says it listens?
 
-Owns DialBacks, the answering side of swarmd.v1.Swarm/DialBack (the asking side is swarmd.node.reachability).
-What another peer asks is hostile input, so a dial-back never dials an address the request names: it dials the
-host the call came from (grpc's peer address, as the servicer saw it), at the port the request names, with one
-GetStatus call under DIAL_TIMEOUT_S over a fresh channel that is closed afterwards (TLS pinned to the fingerprint
-the asker gives, when it gives one). The asker must have proved the peer id it names (its call proof, checked by
-the servicer), and the answer counts only when it names that very peer id. The servicer charges each request
-swarmd.transport.server.DIAL_BACK_COST of the asker's request budget, and at most MAX_DIALS dial-backs run at
-once (the one over is Busy). So a stranger can make this peer dial only its own host, at the budget's pace, and
-learns only whether a server of its own answered there.
+Owns DialBacks, the answering side of swarmd.v1.Swarm/DialBack (the asking side is swarmd.node.reachability). What
+another peer asks is hostile input, so a dial-back never dials an address the request names: it dials the host the
+call came from (grpc's peer address, as the servicer saw it), at the port the request names, with one GetStatus call
+under DIAL_TIMEOUT_S over a fresh channel that is closed afterwards (TLS pinned to the fingerprint the asker gives,
+when it gives one). The asker must have proved the peer id it names (its call proof, checked by the servicer), and
+the answer counts only when it names that very peer id. The servicer charges each request
+swarmd.transport.server.DIAL_BACK_COST of the asker's request budget, and at most MAX_DIALS dial-backs run at once,
+one per caller host (its IPv6 /64), the one over Busy. So a stranger can make this peer dial only its own host, at
+the budget's pace, and learns only whether a server of its own answered there.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ def dial_address(request: pb.DialBackRequest, caller: Caller) -> str:
         who = request.peer_id[-6:] or "no peer"
         raise ValidationError(f"a dial-back request for {who} sent by {caller}: ask for your own peer id")
     try:
-        ipaddress.ip_address(caller.host)
+        ip = ipaddress.ip_address(caller.host)
     except ValueError:
         raise ValidationError(f"cannot dial back a caller at {caller.host!r}") from None
-    return join_host_port(caller.host, request.port)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None  # a dual-stack listener's view
+    return join_host_port(str(mapped or ip), request.port)
 
 
 class DialBacks:
@@ -64,6 +65,7 @@ class DialBacks:
         self.timeout_s, self.max_dials = timeout_s, max_dials
         self.client = client or (lambda: PeerClient(swarm_key=swarm_key))
         self.running = 0
+        self._hosts: set[str] = set()  # caller hosts (Caller.ceiling) with a dial-back in flight: one each
         self.answered = 0  # dial-backs done (either answer)
 
     async def answer(self, request: pb.DialBackRequest, caller: Caller) -> pb.DialBackReply:
@@ -74,11 +76,15 @@ class DialBacks:
         address = dial_address(request, caller)
         if self.running >= self.max_dials:
             raise Busy(f"{self.running} dial-backs run already (limit {self.max_dials}); retry later")
+        if caller.ceiling in self._hosts:
+            raise Busy(f"a dial-back to {caller.ceiling} runs already; retry later")
         self.running += 1
+        self._hosts.add(caller.ceiling)
         try:
             reason = await self._dial(address, request)
         finally:
             self.running -= 1
+            self._hosts.discard(caller.ceiling)
         self.answered += 1
         return pb.DialBackReply(reachable=not reason, dialled=address, reason=reason)
 

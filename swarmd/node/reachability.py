@@ -6,9 +6,10 @@ looks for known peers with an address (the records its presence finds), asks up 
 back at its announced port, and logs one line (verdict; on_result hears it too: `blocktrain run` prints it):
 `reachable: peers can dial HOST:PORT`, or `not reachable from HOST: REASON; FIX` with the fixes that fit (listen on
 every interface for a loopback listener, --announce, forward the port, --client-mode). It asks peers on other hosts
-first, and takes the first answers (one reachable answer is enough). Its result (Reachability) is what GetStatus
-reports and `blocktrain status` shows. What a peer answers is untrusted: its reason is cut to one short printable
-line, and a peer that lies can only make this peer log a wrong hint.
+first, and takes the first answers (one reachable answer is enough); a peer that was busy (its dial-backs, or our
+budget there) is asked again. Its result (Reachability) is what GetStatus reports and `blocktrain status` shows.
+What a peer answers is untrusted: its reason is cut to one short printable line, and a peer that lies can only make
+this peer log a wrong hint.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from swarmd.errors import Busy
 from swarmd.membership.addresses import is_loopback, is_unspecified, split_host_port
 from swarmd.membership.records import PeerRecord
 from swarmd.node.config import DaemonConfig
@@ -166,8 +168,8 @@ class ReachabilityCheck:
             records = await p.presence.recent(self.retry_s)
             picks = [r for r in candidates(records, p.me, limit=len(records)) if r.address not in asked][:ASK]
             if picks:
-                asked |= {r.address for r in picks}
                 replies = await asyncio.gather(*(self.ask(r.address) for r in picks), return_exceptions=True)
+                asked |= {r.address for r, a in zip(picks, replies) if not isinstance(a, Busy)}  # Busy: ask again
                 answers = [(r.address, a) for r, a in zip(picks, replies) if isinstance(a, pb.DialBackReply)]
                 failures += [one_line(str(a), 160) for a in replies if isinstance(a, Exception)]
                 if answers:
