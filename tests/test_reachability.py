@@ -28,6 +28,7 @@ from swarmd.transport import PeerClient, start_server
 from swarmd.transport.auth import CallerCheck
 from swarmd.transport.limits import Caller, CallerBudget
 from swarmd.transport.server import DIAL_BACK_COST
+from swarmd.transport.tls import fingerprint, make_self_signed
 from swarmd.v1 import swarm_pb2 as pb
 from tests.swarm_utils import daemon_config, running, wait_until
 
@@ -242,6 +243,32 @@ def test_dial_back_answers_reachable_wrong_peer_refused_and_busy():
     assert ok == pb.DialBackReply(reachable=True, dialled=f"127.0.0.1:{port}")
     assert not wrong.reachable and "answered as another peer" in wrong.reason
     assert not refused.reachable and "connection refused" in refused.reason and refused.dialled.endswith(f":{port}")
+
+
+def test_a_dial_back_to_a_tls_server_pins_the_certificate_the_asker_names():
+    asker = Identity.generate()
+    cert, key = make_self_signed()
+
+    async def go():
+        server = await start_server(Target(asker.peer_id), tls=(cert, key))
+        backs, caller = DialBacks(timeout_s=3.0), Caller("127.0.0.1", asker.peer_id)
+        try:
+            request = pb.DialBackRequest(port=server.port, peer_id=asker.peer_id)
+            pinned = await backs.answer(replace_fp(request, fingerprint(cert)), caller)
+            other = await backs.answer(replace_fp(request, fingerprint(make_self_signed()[0])), caller)
+            plain = await backs.answer(request, caller)  # no fingerprint: plaintext, which a TLS server refuses
+        finally:
+            await server.stop(0)
+        return pinned, other, plain
+
+    pinned, other, plain = asyncio.run(go())
+    assert pinned.reachable, pinned
+    assert not other.reachable and "certificate" in other.reason
+    assert not plain.reachable
+
+
+def replace_fp(request: pb.DialBackRequest, tls_fingerprint: str) -> pb.DialBackRequest:
+    return pb.DialBackRequest(port=request.port, peer_id=request.peer_id, tls_fingerprint=tls_fingerprint)
 
 
 def test_the_dial_back_rpc_needs_a_proven_asker_and_spends_its_request_budget():
