@@ -5,10 +5,16 @@ nobody trained (swarmd.node.training.never_trained); then three real daemons on 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 from collections import Counter
 from dataclasses import replace
 
+import pytest
+from swarm_utils import daemon_config, running, wait_until
+
+from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.membership.balance import coming_round, next_move, plan
 from swarmd.membership.records import PeerRecord
@@ -77,11 +83,21 @@ def test_a_block_opening_pulls_exactly_one_trained_peer_in():
         assert moves(view, 3, 1, trained) == {r.peer_id: 0 for r in view}  # nothing opens: nobody moves
         after = moves(view, 3, 2, trained)
         assert sorted(after.values()) == [0] * (peers - 1) + [1], peers
-        assert after["p0"] == 1  # the lowest (round, peer id)
+        assert after["p0"] == 1  # the lowest peer id
         # then block 2 opens over that layout: one more (only from a block with two peers more than 0)
         grown = [replace(r, block_index=after[r.peer_id]) for r in view]
         third = moves(grown, 3, 3, trained)
         assert Counter(third.values()) == ({0: peers - 2, 1: 1, 2: 1} if peers >= 3 else {0: 1, 1: 1}), peers
+
+
+def test_records_a_round_stale_still_elect_exactly_one_trained_mover():
+    peers = ["a", "b", "c"]
+    movers = []
+    for me in peers:  # each sees its own record at round 4, the others' a round behind
+        view = [rec(p, 0, 4 if p == me else 3) for p in peers]
+        if next_move(view, view[peers.index(me)], 2, trained=True, open_blocks=2) is not None:
+            movers.append(me)
+    assert movers == ["a"]
 
 
 def test_pinned_peers_never_move_and_wait_for_their_block_to_open():
@@ -140,3 +156,75 @@ def test_a_block_nobody_trained_is_the_one_to_warm_start():
     _, block, _ = new_state(replace(config, train=replace(config.train, seed=1)), 1, 0).snapshot()
     fresh.adopt(block, None)  # what a re-sync to the block's trained peers does
     assert not never_trained(fresh)
+
+
+# -- three daemons on the real DHT ---------------------------------------------------------------------------------
+def own_optimizer_only(d) -> bool:
+    """The daemon's optimizer holds parameters (and moments) of its own block and byte table only."""
+    trainer = d.state.trainer
+    owned = {id(p) for p in (*trainer.block.parameters(), *trainer.emb.parameters())}
+    in_optimizer = {id(p) for g in trainer.opt.param_groups for p in g["params"]}
+    frozen = all(not p.requires_grad and p.grad is None for o in trainer.others.values() for p in o.parameters())
+    return in_optimizer <= owned and {id(p) for p in trainer.opt.state} <= owned and frozen
+
+
+@pytest.mark.swarm
+@pytest.mark.usefixtures("one_thread")
+def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="swarmd.node")
+    starts: list[tuple[str, int, int, bool]] = []  # (peer, block, round, warm-started) of every warm-start attempt
+    real_warm_start = BlockState.warm_start
+
+    def warm_start(state):
+        done = real_warm_start(state)
+        starts.append((state.block_index, state.round, state.local_steps, done))
+        return done
+
+    monkeypatch.setattr(BlockState, "warm_start", warm_start)
+    grow = lambda c: replace(c, train=replace(c.train, pipeline=True, grow=True, pipeline_stagger=2))
+    rounds: dict[int, list[tuple[int, int, int, bool]]] = {}  # seed -> (round, block, local steps, optimizer ok)
+
+    def watch(d, seed):
+        d.on_round = lambda report: rounds.setdefault(seed, []).append(
+            (d.state.round, d.state.block_index, d.state.local_steps, own_optimizer_only(d))
+        )
+
+    async def scenario():
+        boot_config = grow(daemon_config(tmp_path, -1, blocks=2, seed=0, deadline_max_s=3.0))
+        async with running(boot_config) as (boot,):
+            peers = tuple(boot.discovery.multiaddrs())
+            configs = [
+                grow(daemon_config(tmp_path, -1, blocks=2, seed=i, initial_peers=peers, deadline_max_s=3.0))
+                for i in (1, 2)
+            ]
+            async with running(*configs) as joiners:
+                daemons = [boot, *joiners]
+                assert [d.state.block_index for d in daemons] == [0, 0, 0]  # only block 0 is open at round 1
+                for seed, d in enumerate(daemons):
+                    watch(d, seed)
+                tasks = [asyncio.create_task(d.serve()) for d in daemons]
+                try:
+                    on_1 = lambda: [d for d in daemons if d.state.block_index == 1]
+                    await wait_until(lambda: len(on_1()) == 1 and on_1()[0].state.round >= 5, 120, what="block 1")
+                    return [d.state.block_index for d in daemons], [own_optimizer_only(d) for d in daemons]
+                finally:
+                    for d in daemons:
+                        d.stop()
+                    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+    layout, optimizers_ok = asyncio.run(scenario())
+    assert sorted(layout) == [0, 0, 1] and all(optimizers_ok)
+    mover = layout.index(1)
+    # every peer trains block 0 in the growth phase (rounds 1 and 2), with its own optimizer only, always
+    for seed, seen in rounds.items():
+        assert all(ok for *_, ok in seen), seed
+        assert all(block == 0 and steps > 0 for r, block, steps, _ in seen if r <= 2), (seed, seen)
+    # one peer moved to block 1 (the block open from round 3) and never back; the others stayed on block 0
+    moved_at = min(r for r, block, _, _ in rounds[mover] if block == 1)
+    assert 3 <= moved_at <= 4, rounds[mover]
+    assert all(block == 1 for r, block, _, _ in rounds[mover] if r >= moved_at)
+    assert all(block == 0 for s, seen in rounds.items() if s != mover for _, block, _, _ in seen)
+    moves = [m.getMessage() for m in caplog.records if "moving to block" in m.getMessage()]
+    assert len(moves) == 1 and moves[0].endswith("block 0 has 3 peers and block 1 none: moving to block 1"), moves
+    # its first round on block 1 warm-started it from block 0's merged state, once; nobody else warm-started
+    assert [(b, r, steps) for b, r, steps, done in starts if done] == [(1, moved_at - 1, 0)], starts

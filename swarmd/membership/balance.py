@@ -11,15 +11,17 @@ PeerRecord.pinned) count but never move.
                time until none is left: the target is the least-served block (lowest index on a tie),
                the donor the most-served block (lowest index on a tie) that holds a peer free to move
                and has at least two peers more than the target; its mover is the free peer with the
-               lowest (round, peer id), so a joiner that merged no round yet goes before a peer that
-               did, then the lower peer id. A peer's round only grows, so two peers of one block
-               never both see themselves as the mover, however stale each one's record of the other.
+               lowest (merged a round yet, peer id), so a joiner that merged no round yet goes before a
+               peer that did, then the lower peer id. That key only grows, so two peers of one block
+               never both see themselves as the mover, however stale each one's record of the other;
+               and, the round itself left out, records a round stale (each peer's own is its newest)
+               do not make every trained peer see another as the mover, round after round.
                Every move lowers the sum of squared counts (the plan ends); a block that received a
                peer never gives one, so no peer moves twice and no two peers swap blocks. fill_only:
                only moves into a block nobody serves (the first moves of the full plan). open_blocks (the
                grow schedule, swarmd.core.schedule): only blocks 0 .. open_blocks - 1 are open; a free peer on
                a block not open yet is displaced first (to the least-served open block, lowest index on a
-               tie, in (round, peer id) order), then the moves above run over the open blocks, so that a
+               tie, in the movers' order), then the moves above run over the open blocks, so that a
                block's opening makes it the unserved one and pulls exactly one peer in; pinned peers of a
                block not open yet count nowhere until it opens;
   next_move()  where this peer moves now (None: stay): a peer that has trained moves only to fill a
@@ -93,7 +95,7 @@ def plan(
     n = _open(blocks, open_blocks)
     peers = _servers(records, blocks)
     where = {r.peer_id: r.block_index for r in peers}
-    free = sorted((r for r in peers if not r.pinned), key=lambda r: (r.round, r.peer_id))
+    free = sorted((r for r in peers if not r.pinned), key=lambda r: (r.round > 0, r.peer_id))
     moved: set[str] = set()
 
     def counts() -> list[int]:

@@ -3,11 +3,12 @@
 swarmd.membership.balance says who moves where over one view of the records. A trained peer moves only
 when two lookups in a row, the second newer than the first, name the same target: one DHT traversal
 that missed a record must not make a trained peer drop its block (Rebalancer.decide; Rebalancer.check
-asks it over the verified records of a recent lookup). The state it then trains (moved_state) is a fresh
-state of the new block, its initial weights, the next re-sync pulling what the block's peers hold, that
-keeps the peer's round and merged byte table: the swarm shares those whatever the block, so a moved peer
-stays in step instead of lagging like a joiner. The trained block it leaves is dropped (its replicas
-keep it) and is never checkpointed as the new one.
+asks it over the verified records of a recent lookup, a new one to confirm a move). The state it then
+trains (moved_state) is a fresh state of the new block, its initial weights, the next re-sync pulling
+what the block's peers hold, that keeps the peer's round and merged byte table: the swarm shares those
+whatever the block, so a moved peer stays in step instead of lagging like a joiner. The trained block it
+leaves is dropped, with its optimizer state (its replicas keep the block), and is never checkpointed as
+the new one.
 
 Under the grow schedule (TrainConfig.pipeline + grow) the rule counts only the blocks open at the coming
 round (grow_open: block b opens at round b x pipeline_stagger + 1 of our record's window, the round being
@@ -73,13 +74,14 @@ class Rebalancer:
         self, presence: Presence, gossip: Gossip, state: BlockState, config: DaemonConfig, max_age_s: float | None
     ) -> Move | None:
         """decide() for the peer of `gossip` training `state` (trained: it took local steps), over the verified records
-        of our swarm and model config in a recent lookup.
+        of our swarm and model config in a recent lookup (a new one when the last check named a move to confirm).
 
         :param max_age_s: how old the lookup may be (None: one announce period; 0: look up now)
         """
         net, trained = config.net, state.local_steps > 0
         me, blocks = gossip.record(net.record_ttl_s), config.model.blocks
-        found = await presence.recent(net.announce_period_s if max_age_s is None else max_age_s)
+        age = 0.0 if self._unconfirmed is not None else net.announce_period_s if max_age_s is None else max_age_s
+        found = await presence.recent(age)
         records = [r for r in verified(found) if r.config_hash == me.config_hash and r.swarm_id == net.swarm_id]
         looked_up = presence.last[0] if presence.last is not None else 0.0
         now, ahead = (grow_open(config, me, records, a) for a in (0, 1))
