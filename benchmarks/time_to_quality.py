@@ -55,7 +55,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--schedules", nargs="+", default=list(SCHEDULES), choices=[*SCHEDULES, *(f"{s}-pinned" for s in SCHEDULES)]
     )
-    p.add_argument("--growth", type=float, default=0.05, help="grow: each block's growth phase, share of the rounds")
+    p.add_argument("--growth", type=float, default=0.25, help="grow: each block's growth phase, share of the rounds")
     p.add_argument("--turn", type=float, default=1.0, help="sequential: each block's turn, share of --steps")
     p.add_argument("--regimes", nargs="+", default=["lockstep", "wan-mid"])
     p.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 5e-3, 8e-3], help="the end-to-end models' lr sweep")
