@@ -152,6 +152,17 @@ Grow = Annotated[
         T,
     ),
 ]
+OpenGain = Annotated[  # run, join
+    float,
+    flag(
+        "--open-gain",
+        "With --pipeline --grow and --block auto peers: open the next block once the newest open block's held-out "
+        "CE gained less than this many nats a round for 2 rounds in a row, as the peers' signed records report it, "
+        "instead of every --pipeline-stagger rounds (0 = the rounds).",
+        T,
+        bounds=AT_LEAST_0,
+    ),
+]
 BlockInit = Annotated[
     str | None,
     flag(

@@ -91,6 +91,7 @@ class PeerOptions(OptionGroup):
         "device": DEFAULT_DEVICE,
         "steps_per_round": GOSSIP.steps_per_round,
         "rounds": DAEMON.max_rounds,
+        "open_gain": TRAIN.open_gain,
         "block": "auto",
         "swarm_id": NET.swarm_id,
         "codec": DEFAULT_CODEC,
@@ -134,6 +135,7 @@ class PeerOptions(OptionGroup):
     device: f.DeviceOpt
     steps_per_round: f.StepsPerRound
     rounds: f.PeerRounds
+    open_gain: f.OpenGain
     eval_data: f.EvalData
     block: f.BlockOpt
     checkpoint_dir: f.CheckpointDir
@@ -239,7 +241,7 @@ class PeerOptions(OptionGroup):
             forward_burst=self.forward_burst,
             forward_host_shares=self.forward_host_shares,
         )
-        return train.config(base), gossip, net
+        return train.config(base, open_gain=self.open_gain), gossip, net
 
     def config(
         self, model: ModelConfig, train: TrainOptions, initial_peers: list[str], data_path: Path, eval_path: Path | None

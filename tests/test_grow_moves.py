@@ -17,11 +17,14 @@ from swarm_utils import daemon_config, running, wait_until
 from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.membership.balance import coming_round, next_move, plan
+from swarmd.membership.identity import Identity
+from swarmd.membership.opening import Opening, trained_open
 from swarmd.membership.records import PeerRecord
+from swarmd.membership.trust import is_valid, sign_record
 from swarmd.node.config import DaemonConfig
 from swarmd.node.rebalance import Rebalancer, grow_open
 from swarmd.node.startup import new_state
-from swarmd.node.training import never_trained
+from swarmd.node.training import never_trained, windowed
 
 
 def rec(pid: str, block: int, round: int = 0, *, pinned: bool = False, first: int = 0) -> PeerRecord:
@@ -228,3 +231,79 @@ def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tm
     assert len(moves) == 1 and moves[0].endswith("block 0 has 3 peers and block 1 none: moving to block 1"), moves
     # its first round on block 1 warm-started it from block 0's merged state, once; nobody else warm-started
     assert [(b, r, steps) for b, r, steps, done in starts if done] == [(1, moved_at - 1, 0)], starts
+
+
+# -- the open-ended rule (TrainConfig.open_gain) ------------------------------------------------------------------
+def measured(pid: str, block: int, round: int, ce: float, **kw) -> PeerRecord:
+    return replace(rec(pid, block, round, **kw), held_out_ce=ce)
+
+
+def test_a_block_counts_as_open_once_a_record_reports_training_it():
+    assert trained_open([], 3) == 1 and trained_open([rec("a", 2, 5)], 3) == 1  # on block 2, not measured
+    assert trained_open([measured("a", 0, 5, 4.0), measured("b", 1, 5, 4.5)], 3) == 2
+    client = replace(measured("c", 2, 5, 4.0), address="", client_mode=True)
+    assert trained_open([client, measured("d", 7, 5, 4.0)], 3) == 1  # client mode and unknown blocks count for none
+    assert trained_open([measured("a", 0, 5, 4.0), measured("z", 2, 5, 4.0)], 3) == 1  # block 1 first
+
+
+def test_the_next_block_opens_once_the_frontier_gained_too_little_for_patience_rounds():
+    rule = Opening(gain=0.05, patience=2)
+    ces = [5.0, 4.0, 3.98, 3.97, 3.96]
+    look = lambda r, ce: [measured("a", 0, r, ce), measured("b", 0, r, ce + 0.1)]
+    opened = [rule.observe(look(r, ce), r, 3) for r, ce in enumerate(ces, 1)]
+    assert opened == [1, 1, 1, 2, 2]  # gains 1.0, 0.02, 0.01: the last two below 0.05 at round 4
+    assert rule.gains() == [] and rule.since == 4  # the new frontier's observations start afresh
+    # a lookup that shows nothing new is no plateau: the same records round after round open nothing
+    stale = Opening(gain=0.05, patience=2)
+    assert {stale.observe([measured("a", 0, 1, 4.0)], r, 3) for r in range(1, 20)} == {1}
+    assert Opening(0.05, 2).observe([measured("a", 0, 3, 4.0), measured("b", 1, 3, 5.0)], 3, 3) == 2  # first look
+
+
+def test_a_lying_peer_opens_no_more_than_one_block_per_patience_plus_one_of_our_rounds():
+    rule = Opening(gain=0.05, patience=2)
+    timeline = []
+    for r in range(1, 14):  # a liar reports a flat CE on whatever block is the frontier, and one on the last block
+        records = [measured("liar", rule.opened - 1 if rule.opened else 0, r, 4.0), measured("liar2", 4, r, 4.0)]
+        timeline.append(rule.observe(records, r, 5))
+    assert timeline == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5]  # at worst the round-based rule with G = 3
+    # a record on the next block opens it at once only on a peer's first look; later, patience + 1 rounds on
+    honest = Opening(gain=0.05, patience=2)
+    assert honest.observe([measured("a", 0, 1, 5.0)], 1, 3) == 1
+    look = lambda r: [measured("a", 0, r, 5.0 - r), measured("x", 1, r, 9.0)]
+    assert [honest.observe(look(r), r, 3) for r in (2, 3, 4)] == [1, 1, 2]
+    assert honest.observe([measured("a", 0, 5, 0.5)], 5, 3) == 2  # blocks never close
+
+
+def test_held_out_ce_is_signed_parsed_back_and_left_out_while_zero():
+    identity = Identity.generate()
+    mine = replace(rec("x", 1, 3), peer_id=identity.peer_id)
+    plain, with_ce = sign_record(mine, identity, 30), sign_record(replace(mine, held_out_ce=4.25), identity, 30)
+    assert "held_out_ce" not in plain.to_value() and PeerRecord.from_value(plain.to_value()) == plain
+    assert is_valid(with_ce) and PeerRecord.from_value(with_ce.to_value()) == with_ce
+    assert not is_valid(replace(with_ce, held_out_ce=0.5))  # tampered
+    for bad in (-1.0, float("nan"), True, "4.0"):
+        assert PeerRecord.from_value({**with_ce.to_value(), "held_out_ce": bad}) is None
+
+
+def test_open_gain_reaches_the_peer_config_and_needs_the_grow_schedule():
+    from dataclasses import fields
+    from pathlib import Path
+
+    from cli import options as o
+    from swarmd.errors import ConfigError
+
+    given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
+    plain = {f.name: None for f in fields(o.TrainOptions)}
+    grow = o.TrainOptions(**{**plain, "pipeline": True, "grow": True})
+    peer = o.PeerOptions(**{**given, "open_gain": 0.02})
+    config = peer.config(ModelConfig(), grow, [], Path(__file__), None)
+    assert (config.train.open_gain, config.train.open_patience) == (0.02, 2)
+    assert DaemonConfig.from_dict(config.to_dict()).train.open_gain == 0.02
+    with pytest.raises(ConfigError, match=r"needs the grow schedule \(--pipeline --grow\)"):
+        peer.config(ModelConfig(), o.TrainOptions(**plain), [], Path(__file__), None)
+    with pytest.raises(ValueError, match="open_gain must be >= 0"):
+        TrainConfig(pipeline=True, grow=True, open_gain=float("inf"))
+    # the records' open blocks, not the rounds: every block's record trains every round
+    open_ended = replace(grow_config(), train=replace(grow_config().train, open_gain=0.02))
+    assert windowed(rec("a", 0), 2, open_ended.train, (0, 0)).train_first == 0
+    assert windowed(rec("a", 0), 2, grow_config().train, (0, 0)).train_first == 5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -184,6 +185,11 @@ class TrainConfig:
     # growth phase) and trains from then on to the run's end, so no peer runs extra rounds (swarmd.core.schedule's
     # "grow"); without: each block trains as many rounds as block 0, the last ending (B - 1) x stagger rounds late
     grow: bool = False
+    # with grow, the open-ended rule instead of the rounds (swarm peers, --block auto; swarmd.membership.opening):
+    # the next block opens once the frontier's held-out CE gained less than this many nats a round for
+    # open_patience rounds in a row (swarmd.core.schedule.open_after), as the signed records report it; 0 = off
+    open_gain: float = 0.0
+    open_patience: int = 2
     # how a later block starts when its turn comes under the pipelined schedule (pipeline; without it every block
     # trains from round 1, when there is nothing to copy): fresh (its seeded init) | predecessor (the default since
     # issue 19, stop 32): every weight but the output layer (0) and the message input (ModelConfig.pred_in_init)
@@ -223,6 +229,10 @@ class TrainConfig:
             raise ValueError("predecessor_pulls and pipeline_stagger must be >= 1")
         if self.block_init not in BLOCK_INITS:
             raise ValueError(f"block_init must be one of {', '.join(BLOCK_INITS)}, got {self.block_init!r}")
+        if not (math.isfinite(self.open_gain) and self.open_gain >= 0) or self.open_patience < 1:
+            raise ValueError(f"open_gain must be >= 0, open_patience >= 1; got {self.open_gain}, {self.open_patience}")
+        if self.open_gain and not (self.pipeline and self.grow):
+            raise ValueError("open_gain (--open-gain) needs the grow schedule (--pipeline --grow)")
         if self.sigma_jitter < 0 or self.table_lr_scale <= 0 or self.later_lr_scale <= 0:
             raise ValueError("sigma_jitter must be >= 0, table_lr_scale and later_lr_scale > 0")
 

@@ -69,6 +69,10 @@ class PeerRecord:
     # while 0 (pow_nonce's rule)
     train_first: int = 0
     train_last: int = 0
+    # the open-ended grow schedule (TrainConfig.open_gain): the held-out CE (nats, swarmd.averaging.validation) of
+    # the peer's block after its last merged round, 0 = not measured (swarmd.membership.opening reads it). A false
+    # one opens at most one block early per the rule's patience (that module's doc). Absent while 0
+    held_out_ce: float = 0.0
 
     def trains(self, round_no: int) -> bool:
         """Whether this peer takes local steps in swarm round `round_no` (1-based: the round after `round_no` - 1
@@ -92,16 +96,16 @@ class PeerRecord:
             rec = cls(**value)
             if not all(isinstance(getattr(rec, k), int) and not isinstance(getattr(rec, k), bool) for k in _INTS):
                 raise ValueError("wrong field types")
-            numbers = (rec.samples_per_s, rec.expires)
+            numbers = (rec.samples_per_s, rec.expires, rec.held_out_ce)
             if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in numbers):
-                raise ValueError("samples_per_s and expires must be finite numbers")
-            if rec.samples_per_s < 0:
-                raise ValueError("negative samples_per_s")
+                raise ValueError("samples_per_s, expires and held_out_ce must be finite numbers")
+            if rec.samples_per_s < 0 or rec.held_out_ce < 0:
+                raise ValueError("negative samples_per_s or held_out_ce")
             if not 0 <= rec.pow_nonce < 2**64:
                 raise ValueError("pow_nonce out of range")
             if not (0 <= rec.train_first < 2**63 and 0 <= rec.train_last < 2**63):
                 raise ValueError("training window out of range")
-            rec.samples_per_s, rec.expires = float(rec.samples_per_s), float(rec.expires)
+            rec.samples_per_s, rec.expires, rec.held_out_ce = map(float, numbers)
             if not all(isinstance(getattr(rec, k), str) for k in _STRS) or not all(
                 isinstance(getattr(rec, k), bool) for k in _BOOLS
             ):
@@ -113,7 +117,7 @@ class PeerRecord:
 
 
 # newer fields an older reader would call malformed: absent while zero
-OMITTED_WHEN_ZERO = ("pow_nonce", "train_first", "train_last")
+OMITTED_WHEN_ZERO = ("pow_nonce", "train_first", "train_last", "held_out_ce")
 _INTS = ("block_index", "round", "pow_nonce", "train_first", "train_last")
 _BOOLS = ("client_mode", "pinned")
 _STRS = ("peer_id", "address", "config_hash", "base_hash", "swarm_id", "emb_hash", "tls_fingerprint", "signature")

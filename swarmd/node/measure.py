@@ -1,19 +1,24 @@
 """What a daemon measures of the swarm after a round, kept in its Metrics: consensus and the assembled model's CE.
 
-Owns two measurements and the reads they need:
+Owns these measurements and the reads they need:
   consensus    the max sketch distance to the same-block replicas at our round, from their GetStatus
                sketches (swarmd.averaging.sketch); kept when none of them answered;
   assembled CE the from-noise CE (nats/byte) of the model built from our block and byte table and the
                other blocks' merged states pulled from peers (swarmd.node.peers; NaN when a block has no
                reachable peer); the model is built and evaluated in the worker thread.
-measure_round takes both after a daemon's merge (the CE every eval_every rounds, with an eval_path).
+  held-out CE  with TrainConfig.open_gain, the held-out CE of our merged block (its merge check's sample,
+               swarmd.averaging.validation) once we trained it, in our record (PeerRecord.held_out_ce) for the
+               open-ended grow rule (swarmd.membership.opening).
+measure_round takes them after a daemon's merge (the CE every eval_every rounds, with an eval_path).
 Best effort: a peer that fails is skipped. No policy, no state of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Protocol
 
 from swarmd.averaging.gossip import Gossip
@@ -110,5 +115,9 @@ async def measure_round(
     """A round's measurements (the daemon's, after its merge): the consensus distance, and every config.eval_every
     rounds (with an eval_path) the assembled model's CE over the round's `records`."""
     await measure_consensus(client, state, records, gossip.me.peer_id, metrics)
+    if config.train.open_gain and gossip.check is not None and state.local_steps:
+        _, block, emb = state.snapshot()
+        ce = await asyncio.to_thread(gossip.check.score, block, emb)
+        gossip.me = replace(gossip.me, held_out_ce=ce if math.isfinite(ce) and ce > 0 else 0.0)  # the next announce
     if config.eval_every and config.eval_path and state.round % config.eval_every == 0:
         await measure_assembled_ce(gossip, state, records, lookup, config, metrics)

@@ -15,7 +15,9 @@ round (grow_open: block b opens at round b x pipeline_stagger + 1 of our record'
 ours or, before our first merge, the median of the records'), so --block auto peers of blocks not open yet
 are replicas of the open ones, and a block's opening pulls one peer in. Since an opening is known a round
 ahead, the confirm's first lookup is the one a round before it (Rebalancer.decide's `open_next`): the mover
-lands for the block's first round, where swarmd.node.training warm-starts it from its predecessor.
+lands for the block's first round, where swarmd.node.training warm-starts it from its predecessor. With
+TrainConfig.open_gain the open blocks are the open-ended rule's instead (swarmd.membership.opening, one
+Opening per peer, kept across its moves), which names no opening ahead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.state import BlockState
 from swarmd.core.schedule import open_blocks
 from swarmd.membership.balance import Move, coming_round, next_move
+from swarmd.membership.opening import Opening
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import verified
 from swarmd.node.config import DaemonConfig
@@ -36,6 +39,7 @@ class Rebalancer:
 
     def __init__(self) -> None:
         self._unconfirmed: tuple[int, float] | None = None  # (target, lookup time) the last check named
+        self.opening: Opening | None = None  # the open-ended rule's view (TrainConfig.open_gain), from the first check
 
     def decide(
         self,
@@ -84,8 +88,18 @@ class Rebalancer:
         found = await presence.recent(age)
         records = [r for r in verified(found) if r.config_hash == me.config_hash and r.swarm_id == net.swarm_id]
         looked_up = presence.last[0] if presence.last is not None else 0.0
-        now, ahead = (grow_open(config, me, records, a) for a in (0, 1))
+        now, ahead = self.open_counts(config, me, records)
         return self.decide(records, me, blocks, trained=trained, looked_up=looked_up, open_now=now, open_next=ahead)
+
+    def open_counts(self, config: DaemonConfig, me: PeerRecord, records: list[PeerRecord]) -> tuple[int | None, ...]:
+        """(blocks open at the coming round, at the round after it; None: every block): the round-based grow rule's
+        (grow_open), or with TrainConfig.open_gain the open-ended rule's over `records` (no opening known ahead)."""
+        train = config.train
+        if not train.open_gain:
+            return grow_open(config, me, records), grow_open(config, me, records, 1)
+        if self.opening is None:
+            self.opening = Opening(train.open_gain, train.open_patience)
+        return self.opening.observe(records, me.round, config.model.blocks), None
 
 
 def grow_open(config: DaemonConfig, me: PeerRecord, records: list[PeerRecord], ahead: int = 0) -> int | None:

@@ -25,6 +25,7 @@ from swarmd.membership.balance import coming_round
 from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery, StatusFn
 from swarmd.membership.identity import Identity
+from swarmd.membership.opening import trained_open
 from swarmd.membership.pow import solve_pow
 from swarmd.membership.records import PeerRecord, choose_block
 from swarmd.metrics import Metrics, failure_reason
@@ -67,15 +68,25 @@ async def open_state(
     """The BlockState this peer trains: the checkpoint's block (saved_block, restored from the checkpoint dir),
     else config.block, else (None or < 0: auto) the block with the least combined throughput among the peers
     of our model config (under the grow schedule, among the blocks open at the swarm's coming round)."""
-    cfg, train, block = config.model, config.train, saved_block if saved_block is not None else config.block
+    cfg, block = config.model, saved_block if saved_block is not None else config.block
     if block is None or block < 0:
         records = [r for r in await discovery.find_all() if r.config_hash == cfg.config_hash()]
-        grown = open_blocks("grow", coming_round(records), cfg.blocks, train.pipeline_stagger)
-        block = choose_block(records, grown if train.pipeline and train.grow else cfg.blocks)
+        block = choose_block(records, auto_blocks(config, records))
     state = new_state(config, block, peer_seed)
     if saved_block is not None:
         await asyncio.to_thread(state.restore, config.checkpoint_dir)
     return state
+
+
+def auto_blocks(config: DaemonConfig, records: list[PeerRecord]) -> int:
+    """The blocks a --block auto peer chooses among: under the grow schedule the open ones (the open-ended rule's
+    trained blocks, swarmd.membership.opening, or those open at the swarm's coming round), else all of them."""
+    cfg, train = config.model, config.train
+    if not (train.pipeline and train.grow):
+        return cfg.blocks
+    if train.open_gain:
+        return trained_open(records, cfg.blocks)
+    return open_blocks("grow", coming_round(records), cfg.blocks, train.pipeline_stagger)
 
 
 def new_state(config: DaemonConfig, block: int, peer_seed: int) -> BlockState:

@@ -67,12 +67,13 @@ def run_plan(config: DaemonConfig, round: int) -> tuple[int, tuple[int, int] | N
 
 def windowed(me: PeerRecord, block: int, train: TrainConfig, window: tuple[int, int]) -> PeerRecord:
     """Our record's template for block `block`, with the swarm rounds it takes local steps in (train_first,
-    train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline).
+    train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline; none with
+    TrainConfig.open_gain, whose blocks open when the records say, swarmd.membership.opening).
 
     :param window: (rounds each block trains, 0 = no end; the round they count from), run_plan's
     """
     first, last = (0, 0)
-    if train.pipeline:
+    if train.pipeline and not train.open_gain:  # open-ended grow: a peer trains whichever open block it is on
         first, last = pipeline_rounds(block, *window, train.pipeline_stagger)
     return replace(me, block_index=block, train_first=first, train_last=last)
 
