@@ -173,9 +173,12 @@ def own_optimizer_only(d) -> bool:
 
 @pytest.mark.swarm
 @pytest.mark.usefixtures("one_thread")
-def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("open_gain", [0.0, 100.0], ids=["rounds", "open-ended"])
+def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tmp_path, monkeypatch, caplog, open_gain):
+    """G = 2: block 1 opens at round 3; open-ended, once block 0's CE gained less than open_gain (100 nats: at once)
+    for 2 rounds, as the records report it (3 observations: round 4 at the earliest)."""
     caplog.set_level(logging.INFO, logger="swarmd.node")
-    starts: list[tuple[str, int, int, bool]] = []  # (peer, block, round, warm-started) of every warm-start attempt
+    starts: list[tuple[int, int, int, bool]] = []  # (block, round, local steps, warm-started) of every attempt
     real_warm_start = BlockState.warm_start
 
     def warm_start(state):
@@ -184,13 +187,17 @@ def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tm
         return done
 
     monkeypatch.setattr(BlockState, "warm_start", warm_start)
-    grow = lambda c: replace(c, train=replace(c.train, pipeline=True, grow=True, pipeline_stagger=2))
+    schedule = dict(pipeline=True, grow=True, pipeline_stagger=2, open_gain=open_gain)
+    grow = lambda c: replace(c, train=replace(c.train, **schedule))
     rounds: dict[int, list[tuple[int, int, int, bool]]] = {}  # seed -> (round, block, local steps, optimizer ok)
 
     def watch(d, seed):
         d.on_round = lambda report: rounds.setdefault(seed, []).append(
             (d.state.round, d.state.block_index, d.state.local_steps, own_optimizer_only(d))
         )
+
+    def on_block_1() -> int:  # rounds merged on block 1, by any peer
+        return max((sum(b == 1 for _, b, _, _ in seen) for seen in list(rounds.values())), default=0)
 
     async def scenario():
         boot_config = grow(daemon_config(tmp_path, -1, blocks=2, seed=0, deadline_max_s=3.0))
@@ -207,30 +214,36 @@ def test_three_auto_peers_grow_block_0_then_one_moves_and_warm_starts_block_1(tm
                     watch(d, seed)
                 tasks = [asyncio.create_task(d.serve()) for d in daemons]
                 try:
-                    on_1 = lambda: [d for d in daemons if d.state.block_index == 1]
-                    await wait_until(lambda: len(on_1()) == 1 and on_1()[0].state.round >= 5, 120, what="block 1")
-                    return [d.state.block_index for d in daemons], [own_optimizer_only(d) for d in daemons]
+                    await wait_until(lambda: on_block_1() >= 2, 120, what="two rounds on block 1")
+                    return [d.state.block_index for d in daemons], [d.gossip.record() for d in daemons]
                 finally:
                     for d in daemons:
                         d.stop()
                     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
-    layout, optimizers_ok = asyncio.run(scenario())
-    assert sorted(layout) == [0, 0, 1] and all(optimizers_ok)
+    layout, records = asyncio.run(scenario())
+    assert sorted(layout) == [0, 0, 1]
     mover = layout.index(1)
     # every peer trains block 0 in the growth phase (rounds 1 and 2), with its own optimizer only, always
     for seed, seen in rounds.items():
         assert all(ok for *_, ok in seen), seed
         assert all(block == 0 and steps > 0 for r, block, steps, _ in seen if r <= 2), (seed, seen)
-    # one peer moved to block 1 (the block open from round 3) and never back; the others stayed on block 0
+    # one peer moved to block 1 once it opened and never back; the others stayed on block 0
     moved_at = min(r for r, block, _, _ in rounds[mover] if block == 1)
-    assert 3 <= moved_at <= 4, rounds[mover]
+    assert (3 <= moved_at <= 4) if not open_gain else (5 <= moved_at <= 9), rounds[mover]
     assert all(block == 1 for r, block, _, _ in rounds[mover] if r >= moved_at)
     assert all(block == 0 for s, seen in rounds.items() if s != mover for _, block, _, _ in seen)
     moves = [m.getMessage() for m in caplog.records if "moving to block" in m.getMessage()]
     assert len(moves) == 1 and moves[0].endswith("block 0 has 3 peers and block 1 none: moving to block 1"), moves
     # its first round on block 1 warm-started it from block 0's merged state, once; nobody else warm-started
     assert [(b, r, steps) for b, r, steps, done in starts if done] == [(1, moved_at - 1, 0)], starts
+    # the round-based rule's records carry block 1's window; the open-ended rule's carry the held-out CE instead
+    if open_gain:
+        assert all(r.held_out_ce > 0 and (r.train_first, r.train_last) == (0, 0) for r in records), records
+    else:
+        assert [r.train_first for r in records] == [3 if b else 1 for b in layout] and not any(
+            r.held_out_ce for r in records
+        )
 
 
 # -- the open-ended rule (TrainConfig.open_gain) ------------------------------------------------------------------
