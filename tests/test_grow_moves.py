@@ -320,3 +320,4 @@ def test_open_gain_reaches_the_peer_config_and_needs_the_grow_schedule():
     open_ended = replace(grow_config(), train=replace(grow_config().train, open_gain=0.02))
     assert windowed(rec("a", 0), 2, open_ended.train, (0, 0)).train_first == 0
     assert windowed(rec("a", 0), 2, grow_config().train, (0, 0)).train_first == 5
+    assert windowed(rec("a", 0, pinned=True), 2, open_ended.train, (0, 0)).train_first == 5  # --block N: the rounds

@@ -67,13 +67,14 @@ def run_plan(config: DaemonConfig, round: int) -> tuple[int, tuple[int, int] | N
 
 def windowed(me: PeerRecord, block: int, train: TrainConfig, window: tuple[int, int]) -> PeerRecord:
     """Our record's template for block `block`, with the swarm rounds it takes local steps in (train_first,
-    train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline; none with
-    TrainConfig.open_gain, whose blocks open when the records say, swarmd.membership.opening).
+    train_last; 0, 0 = every round): TrainConfig.pipeline's window of this run (swarmd.core.pipeline; none for a
+    --block auto peer under TrainConfig.open_gain, whose blocks open when the records say, swarmd.membership.opening:
+    it trains whichever open block it is on; a pinned peer keeps the rounds' window).
 
     :param window: (rounds each block trains, 0 = no end; the round they count from), run_plan's
     """
     first, last = (0, 0)
-    if train.pipeline and not train.open_gain:  # open-ended grow: a peer trains whichever open block it is on
+    if train.pipeline and not (train.open_gain and not me.pinned):  # open-ended: an auto peer trains where it is
         first, last = pipeline_rounds(block, *window, train.pipeline_stagger)
     return replace(me, block_index=block, train_first=first, train_last=last)
 
