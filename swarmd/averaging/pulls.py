@@ -133,7 +133,9 @@ class StatePulls:
             config_hash=p.me.config_hash,
             kind=kind.to_pb(),
             block_index=peer.block_index if kind.is_block else -1,
-            **extra,
+            outer_state=extra.get("outer_state", False),
+            current=extra.get("current", False),
+            working=extra.get("working", False),
         )
         enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
         self.check_signed(enc, peer.peer_id)

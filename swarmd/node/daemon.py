@@ -192,8 +192,10 @@ class Daemon:
 
     def update_serving(self) -> None:
         """Serve the merged base: inference and Forward read the weights the last merge (or re-sync) produced."""
-        _, block, emb = self.state.snapshot()
-        self.serving.update_weights(block, emb["table"])
+        with self.state.lock:  # the hashes of exactly these weights: Forward replies name them, pulls find them
+            _, block, emb = self.state.snapshot()
+            block_hash, emb_hash = self.state.block_hash, self.state.emb_hash
+        self.serving.update_weights(block, emb["table"], block_hash, emb_hash, emb)
 
     async def train(self, steps: int) -> dict:
         """`steps` local AdamW steps in the worker thread, ending at the next step after stop()

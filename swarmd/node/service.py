@@ -3,7 +3,8 @@ DialBack).
 
 A thin adapter in the style of flower's servicers: it reads the peer's state, metrics and reachability check
 (swarmd.node.reachability) into pb.PeerStatus / pb.SwarmConfig and delegates PullState and ExchangeDeltas to
-Gossip, Forward to the peer's block server and DialBack to swarmd.node.dialback. No torch math, no policy, no
+Gossip (a pull naming a weights_hash to swarmd.node.served: the serving snapshot of that hash), Forward to the
+peer's block server and DialBack to swarmd.node.dialback. No torch math, no policy, no
 grpc (the transport's servicer maps the errors raised here to status codes). It never imports swarmd.serve: the
 block server arrives through the peer as anything with an async `forward(request)`.
 """
@@ -20,6 +21,7 @@ from swarmd.metrics import Metrics
 from swarmd.node.config import DaemonConfig
 from swarmd.node.dialback import DialBacks
 from swarmd.node.reachability import ReachabilityCheck
+from swarmd.node.served import Served, served_payload
 from swarmd.protocol import PeerState, swarm_config
 from swarmd.transport.auth import CallerCheck
 from swarmd.transport.framing import Encoded
@@ -29,6 +31,9 @@ from swarmd.v1 import swarm_pb2 as pb
 
 class Forwarder(Protocol):
     async def forward(self, request: pb.ForwardRequest) -> pb.ForwardReply: ...
+
+    @property
+    def served(self) -> Served: ...
 
 
 class Peer(Protocol):
@@ -121,6 +126,9 @@ class SwarmService:
         return swarm_config(self.peer.config.net.swarm_id, self.peer.config.model)
 
     async def pull_state(self, request: pb.PullStateRequest) -> Encoded:
+        if request.weights_hash:  # exactly the weights a Forward answer named
+            serving = self.peer.serving
+            return served_payload(self._gossip(), None if serving is None else serving.served, request)
         return self._gossip().state_payload(request)
 
     async def exchange(self, incoming: Encoded) -> Encoded:

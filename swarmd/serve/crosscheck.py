@@ -6,12 +6,17 @@ Owns `CrossChecker`, which swarmd.serve.remote.RemoteSweeper calls for each hop 
   - `start()`: when VerifyPolicy wants this hop checked, sends the same hop (in its uncached form: the whole
     prefix from position 0, so the checker needs no session cache) to the best other replica, as a task that
     runs while the primary answers;
-  - `settle()`: compares the two answers (swarmd.serve.verify.divergence against the pair's tolerance); when
-    they disagree, asks a third replica (a fresh discovery lookup when none is known) and takes the majority
-    of three (verify.judge). With no majority among replicas of one base (two and no third, or three that all
-    disagree) the tie is broken by recomputing the hop from their verified weights (swarmd.serve.tiebreak).
-    Returns the addresses to drop for the session; raises ValidationError, one line, when no verdict is
-    possible (no tie-breaker, or no verified copy of the weights could be pulled).
+  - `settle()`: compares the two answers (swarmd.serve.verify.divergence against the pair's tolerance: by the
+    weights both answers name, verify.between, else by their records); when they disagree, asks a third replica
+    (a fresh discovery lookup when none is known) and takes the majority of three (verify.judge). With no
+    majority among replicas of one base or answers that all name their weights (two and no third, or three that
+    all disagree) the tie is broken by recomputing the hop from those weights (swarmd.serve.tiebreak). Two
+    replicas whose records announce one base but whose answers name different weights (a merge landed on one)
+    are not compared at the same-base tolerance: each answer is recomputed from its own named weights (pulled
+    once per hash), so naming other weights is no way out of the same-base check.
+    Returns the addresses to drop for the session; raises Inconclusive when the answer used names weights that
+    could not be had (the caller re-runs the hop), ValidationError, one line, when no verdict is possible (no
+    tie-breaker, or no verified copy of the weights could be pulled).
 Every answer a checker gives passes verify.out_of_range first (a checker that fails it is dropped). A checker
 that cannot be reached is reported to the router's backoff and the hop counts as unchecked: failover logic
 stays in remote.py. Talks to peers only through forward_session() of a PeerClient; no torch math beyond
@@ -32,7 +37,18 @@ import torch
 
 from swarmd.errors import PeerUnavailable, SwarmdError, ValidationError
 from swarmd.serve.tiebreak import TieBreaker
-from swarmd.serve.verify import Answer, Hop, VerifyPolicy, VerifyStats, divergence, judge, out_of_range, same_base
+from swarmd.serve.verify import (
+    Answer,
+    Hop,
+    VerifyPolicy,
+    VerifyStats,
+    alike,
+    divergence,
+    judge,
+    named_weights,
+    out_of_range,
+    same_base,
+)
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -54,6 +70,10 @@ class Check:
                 self.task.exception()  # retrieved: no "exception never retrieved" at exit
         else:
             self.task.cancel()
+
+
+class Inconclusive(SwarmdError):
+    """The hop's answer names weights that could not be had to settle a dispute: ask again (re-run the hop)."""
 
 
 Unpack = Callable[[pb.ForwardReply, tuple[int, int], bool], tuple[Any, Any]]
@@ -136,7 +156,7 @@ class CrossChecker:
         finally:
             replica.inflight -= 1
         out, message = self.unpack(reply, (n, t_full), final)
-        return Answer(out, message)
+        return Answer(out, message, named_weights(reply))
 
     async def settle(self, check: Check, primary, hop: Hop, answer: Answer) -> list[tuple[Any, str]]:
         """Compare the primary's answer (new positions) with the checker's; [(replica to drop, why)]."""
@@ -156,11 +176,17 @@ class CrossChecker:
         if why:
             return [(checker, f"sent {why}")]
         other = other.tail(t)
-        tol = self.policy.tolerance(primary.record, checker.record)
+        answers = {primary.address: answer, checker.address: other}
+        if self._moved(primary, answer, checker, other):  # one base announced, other weights named: recompute each
+            drops = await self._recompute(hop, request, answers, {primary.address: primary, checker.address: checker})
+            if drops is not None:
+                self._raise_if_inconclusive(primary, request)
+                return drops
+        tol = self.policy.between(primary.record, answer, checker.record, other)
         gap = divergence(hop, answer, other)
         if gap <= tol:
             self.stats.checked += 1
-            self.stats.loose += not same_base(primary.record, checker.record)
+            self.stats.loose += not alike(primary.record, answer, checker.record, other)
             return []
         self.stats.disagreements += 1
         logger.info(
@@ -172,7 +198,24 @@ class CrossChecker:
             gap,
             tol,
         )
-        return await self._third_opinion(primary, check, hop, {primary.address: answer, checker.address: other})
+        return await self._third_opinion(primary, check, hop, answers)
+
+    def _moved(self, a, answer_a: Answer, b, answer_b: Answer) -> bool:
+        """Whether two replicas announce one base but name other weights for their answers (a merge landed)."""
+        return (
+            self.tiebreaker is not None
+            and answer_a.named
+            and answer_b.named
+            and answer_a.weights != answer_b.weights
+            and same_base(a.record, b.record)
+        )
+
+    def _raise_if_inconclusive(self, primary, request: pb.ForwardRequest) -> None:
+        if self.tiebreaker is not None and primary.address in self.tiebreaker.inconclusive_now:
+            raise Inconclusive(
+                f"block {request.block_index} step {request.step_index}: the weights {primary.address} named for "
+                "its answer could not be had to check it; asking again"
+            )
 
     async def _third_opinion(self, primary, check: Check, hop: Hop, answers: dict[str, Answer]) -> list:
         checker, request = check.checker, check.request
@@ -202,12 +245,17 @@ class CrossChecker:
             break
         names = list(answers)
         tol = {
-            frozenset((x, y)): self.policy.tolerance(replicas[x].record, replicas[y].record)
+            frozenset((x, y)): self.policy.between(replicas[x].record, answers[x], replicas[y].record, answers[y])
             for x in names
             for y in names
         }
         verdict = judge(hop, answers, tol)
-        if not verdict.agree and not any(same_base(replicas[x].record, replicas[y].record) for x, y in _pairs(names)):
+        all_named = all(a.named for a in answers.values())
+        if (
+            not verdict.agree
+            and not all_named
+            and not any(alike(replicas[x].record, answers[x], replicas[y].record, answers[y]) for x, y in _pairs(names))
+        ):
             if b not in self.stats.apart_blocks:  # honest replicas of other bases may differ this much
                 logger.warning(
                     "block %d: replicas %s are on different bases and disagree; no tie-break by recomputation "
@@ -220,6 +268,7 @@ class CrossChecker:
         if not verdict.agree:
             drops = await self._recompute(hop, request, answers, replicas)
             if drops is not None:
+                self._raise_if_inconclusive(primary, request)
                 return drops
             who = " and ".join(names)
             extra = "" if len(names) > 2 else " and no third replica breaks the tie"
@@ -235,10 +284,11 @@ class CrossChecker:
         if self.tiebreaker is None:
             return None
         records = [r.record for r in replicas.values()]
-        if not all(same_base(records[0], r) for r in records):
+        if not all(a.named for a in answers.values()) and not all(same_base(records[0], r) for r in records):
             return None
         drops = await self.tiebreaker.settle(hop, request, answers, replicas, self.policy.same_tol)
-        if drops is not None and len(drops) < len(replicas):
+        confirmed = set(answers) - {r.address for r, _ in drops or ()} - self.tiebreaker.inconclusive_now
+        if drops is not None and confirmed:
             self.stats.checked += 1  # an answer the recomputation confirms is used
         return drops
 

@@ -11,7 +11,8 @@ Owns (the choice of replica is swarmd.serve.routing's BlockRouter, re-exported h
     the rest are recomputed on a second replica (majority of three when two disagree; with two of one base and
     no third, the client recomputes the hop from their pulled, verified weights: swarmd.serve.tiebreak). A peer
     found lying is dropped for the client's life (`BlockRouter.distrust`) and the sweep is redone without it: a
-    cached session is rebuilt from position 0, since the dropped peer's answers are in other peers' caches; earlier
+    cached session is rebuilt from position 0, since the dropped peer's answers are in other peers' caches (a hop
+    whose named weights could not be had to settle a dispute is re-run the same way, crosscheck.Inconclusive); earlier
     uncached sweeps that used it are named by `tainted_sweeps()` for the caller to redo. A lone holder that
     answers out of range is refused with a one-line ValidationError;
   - `connect_swarm()`: discovery + model config lookup for the CLI, with one-line errors for an
@@ -36,10 +37,10 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.model import sampler_plan
 from swarmd.errors import PeerUnavailable, SessionMissing, SwarmdError, ValidationError
 from swarmd.protocol import ask_model_config
-from swarmd.serve.crosscheck import CrossChecker
+from swarmd.serve.crosscheck import CrossChecker, Inconclusive
 from swarmd.serve.routing import BlockRouter, Replica, check_coverage, pin_tls
 from swarmd.serve.tiebreak import StateChecks, TieBreaker
-from swarmd.serve.verify import DEFAULT_SHARE, Answer, VerifyPolicy, VerifyStats, out_of_range
+from swarmd.serve.verify import DEFAULT_SHARE, Answer, VerifyPolicy, VerifyStats, named_weights, out_of_range
 from swarmd.serve.verify import Hop as HopInput
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
@@ -250,6 +251,7 @@ class RemoteSweeper:
             self.router.report_latency(replica, seconds)
             try:
                 out, message_out = self._unpack(reply, xs.shape, sigma_next is None)
+                weights = named_weights(reply)  # the weights this answer names: a tie-break recomputes from those
                 why = out_of_range(self.cfg, HopInput(zs, sigma, sigma_next), Answer(out, message_out))
             except ValidationError as exc:  # wrong shape or dtype, NaN or inf: no honest peer sends it
                 why = f"a malformed answer ({exc})"
@@ -272,9 +274,13 @@ class RemoteSweeper:
                 out = out[:, -x.shape[1] :]
                 message_out = None if message_out is None else message_out[:, -x.shape[1] :]
             if check is not None:
-                drops = await self.checker.settle(
-                    check, replica, HopInput(z, sigma, sigma_next), Answer(out, message_out)
-                )
+                try:
+                    drops = await self.checker.settle(
+                        check, replica, HopInput(z, sigma, sigma_next), Answer(out, message_out, weights)
+                    )
+                except Inconclusive as exc:  # its named weights could not be had: ask again (counted per replica)
+                    logger.info("%s", exc)
+                    raise _Redo from None
                 tainted = [self._drop(sess, r, why, use_cache) or r is replica for r, why in drops]
                 if any(tainted):
                     raise _Redo

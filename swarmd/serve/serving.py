@@ -3,7 +3,9 @@
 Owns, for one block:
   - the weight snapshot inference reads: `update_weights()` swaps in a new (block, table) pair as one
     reference, so a request always runs on one consistent snapshot while training goes on, and a
-    cached session keeps the snapshot it started on until it ends (its caches stay coherent);
+    cached session keeps the snapshot it started on until it ends (its caches stay coherent); every
+    reply names the hashes of the snapshot that computed it, and `served` (swarmd.serve.snapshots)
+    keeps the recent ones pullable by those hashes;
   - validation of every ForwardRequest (config hash, block index, dtypes, shapes, positions, finite
     values, and the previous step's message where the config passes one) before any math, raising
     swarmd.errors types the transport maps to status codes;
@@ -31,6 +33,7 @@ from swarmd.core.config import ModelConfig
 from swarmd.core.model import DenoisingBlock, euler_step
 from swarmd.errors import ConfigMismatch, NotFound, SessionMissing, SwarmdError, ValidationError, WrongBlock
 from swarmd.protocol import PeerState, swarm_config
+from swarmd.serve.snapshots import KEEP, ServedWeights, Snapshot
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto, to_proto
 
@@ -45,15 +48,8 @@ DEFAULT_CACHE_BYTES = 512 << 20  # KV caches of all sessions and sampler steps t
 
 
 @dataclass
-class _Snapshot:
-    version: int
-    block: DenoisingBlock
-    table_hat: torch.Tensor  # (V, d) row-normalised byte table
-
-
-@dataclass
 class _Session:
-    snapshot: _Snapshot
+    snapshot: Snapshot
     caches: dict[int, tuple[int, list[dict]]] = field(default_factory=dict)  # step_index -> (positions, KV per layer)
 
 
@@ -105,6 +101,7 @@ class BlockServing:
         max_batch_rows: int = 256,
         peer_id: str = "",
         max_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        keep_snapshots: int = KEEP,
     ):
         if not 0 <= block_index < cfg.blocks:
             raise ValueError(f"block_index {block_index} outside [0, {cfg.blocks})")
@@ -112,7 +109,8 @@ class BlockServing:
         self.config_hash = cfg.config_hash()
         self.max_sessions, self.max_batch_rows, self.peer_id = max_sessions, max_batch_rows, peer_id
         self.stats = ServingStats()
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: Snapshot | None = None
+        self.served = ServedWeights(keep_snapshots)  # snapshots pullable by the hashes replies name
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.max_cache_bytes = max_cache_bytes
         self.cache_bytes = 0  # bytes of every cached KV tensor (all sessions and steps)
@@ -122,15 +120,31 @@ class BlockServing:
         self._worker: asyncio.Task | None = None
 
     # -- weights ---------------------------------------------------------------------------------
-    def update_weights(self, block_state_dict: dict[str, torch.Tensor], table: torch.Tensor) -> None:
-        """Install a new snapshot (a private copy): the block's state dict and the byte table (V, d)."""
+    def update_weights(
+        self,
+        block_state_dict: dict[str, torch.Tensor],
+        table: torch.Tensor,
+        block_hash: str = "",
+        emb_hash: str = "",
+        emb_state: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Install a new snapshot (a private copy): the block's state dict and the byte table (V, d).
+
+        :param block_hash: weights_hash(block_state_dict), emb_hash: weights_hash(emb_state), emb_state: the
+            embedding state holding `table`: with all three, replies name the snapshot and a pull by hash gets it
+        """
         block = DenoisingBlock(self.cfg)
         block.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in block_state_dict.items()})
         table_hat = F.normalize(table.detach().float().to("cpu", copy=True), dim=-1)
         if tuple(table_hat.shape) != (self.cfg.vocab, self.cfg.d_model):
             raise ValueError(f"byte table of shape {list(table_hat.shape)} does not fit the config")
         version = self._snapshot.version + 1 if self._snapshot else 1
-        self._snapshot = _Snapshot(version, block.to(self.device).eval(), table_hat.to(self.device))
+        snap = Snapshot(version, block.to(self.device).eval(), table_hat.to(self.device))
+        if block_hash and emb_hash and emb_state is not None:  # named: replies carry the hashes, pulls find it
+            snap.block_hash, snap.emb_hash = block_hash, emb_hash
+            snap.emb_state = {k: v.detach().to("cpu", copy=True) for k, v in emb_state.items()}
+            self.served.add(snap)
+        self._snapshot = snap
 
     @property
     def ready(self) -> bool:
@@ -213,7 +227,7 @@ class BlockServing:
         """Worker thread: group jobs by what can share one batch, run each group, split the results."""
         results: list[tuple[_Job, object]] = []
         deferred: list[_Job] = []
-        groups: dict[tuple, list[tuple[_Job, _Snapshot, list[dict] | None]]] = {}
+        groups: dict[tuple, list[tuple[_Job, Snapshot, list[dict] | None]]] = {}
         seen: set[tuple[str, int]] = set()
         current = self._snapshot
         if current is None:  # forward() checks this before queueing
@@ -245,7 +259,7 @@ class BlockServing:
                 results.extend(self._run_group(chunk, key[1], key[2]))
         return results, deferred
 
-    def _session_cache(self, r: pb.ForwardRequest, current: _Snapshot) -> tuple[_Snapshot, list[dict], int]:
+    def _session_cache(self, r: pb.ForwardRequest, current: Snapshot) -> tuple[Snapshot, list[dict], int]:
         with self._lock:
             session = self._sessions.get(r.session_id)
             if r.start_position == 0:
@@ -290,7 +304,7 @@ class BlockServing:
 
     @torch.no_grad()
     def _run_group(
-        self, members: list[tuple[_Job, _Snapshot, list[dict] | None]], use_cache: bool, past: int
+        self, members: list[tuple[_Job, Snapshot, list[dict] | None]], use_cache: bool, past: int
     ) -> list[tuple[_Job, object]]:
         t0 = time.perf_counter()
         first, snap, _ = members[0]
@@ -332,14 +346,16 @@ class BlockServing:
                 split = [{kv: layer_cache[kv][mine] for kv in ("k", "v")} for layer_cache in cache]
                 self._store(job.request, snap, past + x.shape[1], split)
             offset += n
-            reply = pb.ForwardReply(compute_s=compute_s, peer_id=self.peer_id)
+            reply = pb.ForwardReply(
+                compute_s=compute_s, peer_id=self.peer_id, block_hash=snap.block_hash, emb_hash=snap.emb_hash
+            )
             (reply.logits if r.final else reply.z).CopyFrom(to_proto(out[mine].contiguous()))
             if message_out is not None:
                 reply.message.CopyFrom(to_proto(message_out[mine].contiguous()))
             results.append((job, reply))
         return results
 
-    def _store(self, r: pb.ForwardRequest, snap: _Snapshot, positions: int, cache: list[dict]) -> None:
+    def _store(self, r: pb.ForwardRequest, snap: Snapshot, positions: int, cache: list[dict]) -> None:
         with self._lock:
             session = self._sessions.get(r.session_id)
             if session is None or session.snapshot is not snap:  # evicted meanwhile (or restarted)

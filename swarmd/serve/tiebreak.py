@@ -1,22 +1,30 @@
-"""Tie-break by recomputation: when replicas of one base disagree and no majority breaks the tie, the client
-pulls the weights each disputing replica serves, recomputes the hop from them, and names the replica that lied.
+"""Tie-break by recomputation: when replicas disagree and no majority breaks the tie, the client pulls the
+weights each disputing answer was computed from, recomputes the hop from them, and names the replica that lied.
 
-Owns `TieBreaker`, which swarmd.serve.crosscheck.CrossChecker calls when a hop has no majority:
-  - the weights: PullState (BLOCK_STATE, and EMBEDDING_STATE for the byte table) from each disputing replica,
-    fp32, which must come signed by the peer asked and decode to our shapes (the checks are `StateChecks`:
+Owns `TieBreaker`, which swarmd.serve.crosscheck.CrossChecker calls when a hop has no majority (or when two replicas
+of one announced base answer from different named weights):
+  - the weights: an answer that names them (Answer.weights: the ForwardReply's block_hash / emb_hash) is checked
+    against exactly those: PullState with weights_hash (BLOCK_STATE, and EMBEDDING_STATE for the byte table), fp32,
+    signed by the peer asked, decoding to our shapes and hashing to the name (the checks are `StateChecks`:
     swarmd.membership.trust.verify_payload, swarmd.averaging.delta.decode and swarmd.averaging.state.weights_hash,
-    passed in because serve imports neither package). A state that fails those is not the peer's own: a lie. A
-    peer that cannot be reached, or refuses PullState (an inference-only peer), is only skipped;
-  - the verdict: a replica whose answer is not what the weights it serves compute (swarmd.serve.verify.divergence
-    against the same-base tolerance, the hop in its uncached form on the client's CPU) lied. Where every one
-    answers by the weights it serves and those differ, the one whose weights hash to what the records announce
-    wins if exactly one does; else there is no verdict. A served hash that differs from a record is no lie by
-    itself: a training replica merges a round or more between its record and the pull;
-  - the cost bound: each replica is pulled at most once per announced base (a failure is remembered too), local
-    blocks and tables are shared by hash, so a liar cannot make the client download again and again. Counts and
-    seconds go to VerifyStats (state_downloads, failed_pulls, tiebreak_s).
-Where no weights can be had (every pull fails) there is no verdict: `settle()` returns None and the caller
-refuses the hop with one line.
+    passed in because serve imports neither package). A state that fails those is not what the peer named: a lie.
+    An answer that names nothing (a peer before the names) is checked against the state its record announces, as
+    before; a peer that cannot be reached or refuses that pull is skipped;
+  - the verdict: a replica whose answer is not what the named weights compute (swarmd.serve.verify.divergence
+    against the same-base tolerance, the hop in its uncached form on the client's CPU) lied. Answers that each
+    match their own, different named weights are no lie: the weights moved between them (a merge landed). For
+    unnamed answers that match served weights which differ, the one whose weights hash to what the records
+    announce wins if exactly one does; else there is no verdict;
+  - inconclusive: named weights that cannot be had (NOT_FOUND: no longer held; unreachable; a pull refused) prove
+    nothing either way: the replica is in `inconclusive_now` and the caller re-runs the hop. Each counts against
+    the replica; at MAX_INCONCLUSIVE it is dropped ("keeps naming weights it does not serve", logged as a
+    warning), so a liar cannot name weights it then refuses to serve, over and over, at no cost;
+  - the cost bound: each replica is pulled at most once per named hash (once per announced base for unnamed
+    answers; a failure is remembered too), verified blocks and tables are shared by hash, so a liar cannot make the
+    client download again and again. Counts and seconds go to VerifyStats (state_downloads, failed_pulls,
+    tiebreak_s, inconclusive).
+Where no weights can be had for unnamed answers (every pull fails) there is no verdict: `settle()` returns None and
+the caller refuses the hop with one line.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import from_proto
 
 logger = logging.getLogger(__name__)
+
+MAX_INCONCLUSIVE = 3  # judgements with named weights that could not be had before a replica is dropped
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,9 @@ class TieBreaker:
         self.timeout_s = timeout_s
         self._blocks: dict[tuple[int, str], DenoisingBlock] = {}  # (block, base_hash) -> verified local block
         self._tables: dict[str, torch.Tensor] = {}  # emb_hash -> verified row-normalised table
-        self._served_by: dict[tuple[str, str, str], _Served | Exception] = {}  # (address, announced hashes) -> pull
+        self._served_by: dict[tuple[str, ...], _Served | Exception] = {}  # (address, hashes, how) -> pull
+        self._inconclusives: dict[str, int] = {}  # address -> judgements its named weights could not settle
+        self.inconclusive_now: set[str] = set()  # addresses inconclusive in the last settle()
         self._block_shapes = {k: tuple(v.shape) for k, v in DenoisingBlock(cfg).state_dict().items()}
         self._emb_shapes = {k: tuple(v.shape) for k, v in ByteEmbedding(cfg).state_dict().items()}
 
@@ -103,57 +115,86 @@ class TieBreaker:
         records = [r.record for r in replicas.values()]
         base, emb = getattr(records[0], "base_hash", ""), getattr(records[0], "emb_hash", "")
         drops: list[tuple[Any, str]] = []
-        consistent: dict[str, _Served] = {}  # address -> the weights it serves, which its answer agrees with
+        consistent: dict[str, _Served] = {}  # address -> the weights its answer agrees with
+        self.inconclusive_now = set()
         for address in sorted(answers):
-            replica = replicas[address]
+            replica, answer = replicas[address], answers[address]
+            named = answer.weights if answer.named else None
             try:
-                served = await self._served(replica, b)
+                served = await self._served(replica, b, named)
             except _Lie as exc:
                 self.stats.failed_pulls += 1
-                drops.append((replica, f"served a state that is not its own ({exc})"))
+                drops.append((replica, f"served a state that is not the one it named ({exc})"))
                 continue
-            except SwarmdError as exc:  # unreachable, or no PullState (inference-only): cannot be judged
+            except SwarmdError as exc:  # not held any more, unreachable, or no PullState: cannot be judged
                 self.stats.failed_pulls += 1
-                logger.info("block %d: cannot pull the state of %s to break a tie: %s", b, address, exc)
+                if named is None:
+                    logger.info("block %d: cannot pull the state of %s to break a tie: %s", b, address, exc)
+                elif (why := self._inconclusive(replica, b, exc)) is not None:
+                    drops.append((replica, why))
                 continue
             local = await asyncio.to_thread(self._recompute, served.block, served.table_hat, request, hop)
-            gap = divergence(hop, answers[address], local)
+            gap = divergence(hop, answer, local)
             if gap > tol:
+                whose = "it named" if named else "it serves"
                 drops.append(
-                    (replica, f"its answer disagrees with the recomputation from the weights it serves ({gap:.3g})")
+                    (replica, f"its answer disagrees with the recomputation from the weights {whose} ({gap:.3g})")
                 )
             else:
                 consistent[address] = served
-        if len(consistent) > 1 and len({(w.block_hash, w.table_hash) for w in consistent.values()}) > 1:
-            # each answers by the weights it serves, and they differ: the ones that serve what the records announce
-            # win; where none or several do, there is no verdict
-            announced = [a for a, w in consistent.items() if (w.block_hash, w.table_hash) == (base, emb)]
+        unnamed = [a for a in consistent if not answers[a].named]
+        if len(unnamed) > 1 and len({(consistent[a].block_hash, consistent[a].table_hash) for a in unnamed}) > 1:
+            # unnamed answers each agree with the weights their peers serve, and those differ: the ones that serve
+            # what the records announce win; where none or several do, there is no verdict
+            announced = [a for a in unnamed if (consistent[a].block_hash, consistent[a].table_hash) == (base, emb)]
             if len(announced) != 1:
                 return drops or None
             drops += [
                 (replicas[a], "serves and answers by weights other than its record announces")
-                for a in consistent
+                for a in unnamed
                 if a not in announced
             ]
-        if not drops and not consistent:
+        if not drops and not consistent and not self.inconclusive_now:
             return None  # nothing could be pulled: no verdict
         self.stats.tiebreaks += 1
         logger.info("block %d step %d: tie broken by recomputation: %s", b, request.step_index, drops or "no liar")
         return drops
 
-    async def _served(self, replica, b: int) -> _Served:
-        """The block and byte table `replica` serves now (pulled at most once per replica and announced base, so
-        a liar cannot make the client download again and again; verified copies are shared by hash)."""
+    def _inconclusive(self, replica, b: int, exc: Exception) -> str | None:
+        """Count a judgement the named weights could not settle; why to drop the replica once it is one too many."""
+        self.stats.inconclusive += 1
+        self.inconclusive_now.add(replica.address)
+        n = self._inconclusives[replica.address] = self._inconclusives.get(replica.address, 0) + 1
+        if n >= MAX_INCONCLUSIVE:
+            why = f"keeps naming weights it does not serve ({n} inconclusive tie-breaks; last: {exc})"
+            logger.warning("block %d: dropping %s: %s", b, replica.address, why)
+            return why
+        logger.info(
+            "block %d: the weights %s named cannot be had (%s): inconclusive, %d of %d",
+            b,
+            replica.address,
+            exc,
+            n,
+            MAX_INCONCLUSIVE,
+        )
+        return None
+
+    async def _served(self, replica, b: int, named: tuple[str, str] | None) -> _Served:
+        """The block and byte table an answer of `replica` came from: exactly the named weights where it names them,
+        else what it serves now (pulled at most once per replica and named hash or announced base, so a liar cannot
+        make the client download again and again; verified copies are shared by hash)."""
         record = replica.record
-        key = (replica.address, getattr(record, "base_hash", ""), getattr(record, "emb_hash", ""))
+        announced = (getattr(record, "base_hash", ""), getattr(record, "emb_hash", ""))
+        key = (replica.address, *(named or announced), "named" if named else "served")
         if key in self._served_by:
             got = self._served_by[key]
             if isinstance(got, Exception):
                 raise got
             return got
         try:
-            block_t, block_hash = await self._pull(record, PayloadKind.BLOCK_STATE, b, self._block_shapes)
-            emb_t, emb_hash = await self._pull(record, PayloadKind.EMBEDDING_STATE, -1, self._emb_shapes)
+            want = named or ("", "")
+            block_t, block_hash = await self._pull(record, PayloadKind.BLOCK_STATE, b, self._block_shapes, want[0])
+            emb_t, emb_hash = await self._pull(record, PayloadKind.EMBEDDING_STATE, -1, self._emb_shapes, want[1])
         except (_Lie, SwarmdError) as exc:
             self._served_by[key] = exc
             raise
@@ -166,11 +207,14 @@ class TieBreaker:
         got = self._served_by[key] = _Served(block, table_hat, block_hash, emb_hash)
         return got
 
-    async def _pull(self, record, kind: PayloadKind, b: int, shapes: dict) -> tuple[dict[str, torch.Tensor], str]:
-        """(tensors, their hash) of a state of `kind` from the peer of `record`, signed by it (else _Lie)."""
+    async def _pull(
+        self, record, kind: PayloadKind, b: int, shapes: dict, want: str = ""
+    ) -> tuple[dict[str, torch.Tensor], str]:
+        """(tensors, their hash) of a state of `kind` from the peer of `record`, signed by it (else _Lie); `want`:
+        exactly the weights of that hash (the state must hash to it, else _Lie), "" for what its record announces."""
         swarm = getattr(record, "swarm_id", "") or self.swarm_id  # the router kept only records of our swarm
         request = pb.PullStateRequest(
-            swarm_id=swarm, config_hash=self.cfg.config_hash(), kind=kind.to_pb(), block_index=b
+            swarm_id=swarm, config_hash=self.cfg.config_hash(), kind=kind.to_pb(), block_index=b, weights_hash=want
         )
         t0 = time.perf_counter()
         enc = await self.client.pull_state(record.address, request, self.timeout_s)
@@ -186,6 +230,8 @@ class TieBreaker:
         except SwarmdError as exc:
             raise _Lie(str(exc)) from None
         got = await asyncio.to_thread(self.checks.weights_hash, tensors)
+        if want and got != want:
+            raise _Lie(f"its {kind.value} hashes to {got[:16]}, not the {want[:16]} its answer named")
         logger.info("pulled the %s of %s in %.2f s", kind.value, record.address, time.perf_counter() - t0)
         return tensors, got
 

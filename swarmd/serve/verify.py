@@ -12,7 +12,10 @@ Owns the pure part of issue 21 item 3 (no grpc, no routing; swarmd.serve.remote 
     messages and logits, max |a - b| / (1 + max |b|);
   - `tolerance()` for a pair of replicas: SAME_BASE_TOL where both announce the same base_hash/emb_hash
     (or none: inference-only peers serve fixed weights), OTHER_BASE_TOL where they differ (group averaging,
-    a replica mid-merge); a checker that shares the primary's base is preferred;
+    a replica mid-merge); a checker that shares the primary's base is preferred. `between()` for a pair of
+    answers: where both name the weights that computed them (ForwardReply.block_hash / emb_hash,
+    `named_weights()`), SAME_BASE_TOL for the same named weights and OTHER_BASE_TOL for different ones (a merge
+    landed between: no disagreement at the same-base tolerance), whatever the records say;
   - `judge()`: majority of three when two disagree: which replicas agree, which one is the odd one out;
   - `VerifyPolicy`: which hops are recomputed on a second replica (the first answer of every replica in a
     session, then each hop with probability `share`, from an unpredictable RNG) and `VerifyStats`, the
@@ -33,7 +36,9 @@ from typing import Any
 import torch
 
 from swarmd.core.config import ModelConfig
+from swarmd.errors import ValidationError
 from swarmd.serve.serving import MESSAGE_LIMIT, Z_LIMIT_PER_SIGMA
+from swarmd.serve.snapshots import valid_hash
 
 DEFAULT_SHARE = 0.5  # chance a hop past a replica's first is recomputed on a second replica (see the docstring)
 # Honest replicas of one base differ by fp32 rounding only: measured 0 (CPU, batched vs alone) and 5.6e-6
@@ -56,10 +61,27 @@ class Answer:
 
     out: torch.Tensor  # (n, t, d) next z, or (n, t, vocab) logits when final
     message: torch.Tensor | None  # (n, t, message_dim) or None
+    weights: tuple[str, str] = ("", "")  # (block_hash, emb_hash) of the weights that computed it, as its sender names
+
+    @property
+    def named(self) -> bool:
+        """Whether the answer names the weights that computed it (a peer pulls them by hash)."""
+        return all(self.weights)
 
     def tail(self, t: int) -> Answer:
         """The answer for the last t positions (a resent prefix covers more)."""
-        return Answer(self.out[:, -t:], None if self.message is None else self.message[:, -t:])
+        return Answer(self.out[:, -t:], None if self.message is None else self.message[:, -t:], self.weights)
+
+
+def named_weights(reply: Any) -> tuple[str, str]:
+    """(block_hash, emb_hash) a ForwardReply names; ("", "") where it names none (a peer before the names, or
+    one serving unnamed weights); ValidationError for a name no honest peer sends (a malformed answer)."""
+    got = (reply.block_hash, reply.emb_hash)
+    if not any(got):
+        return "", ""
+    if not all(valid_hash(h) for h in got):
+        raise ValidationError("the answer names its weights by malformed hashes (want 1..64 lower-case hex each)")
+    return got
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,21 @@ def tolerance(a: Any, b: Any, same_tol: float = SAME_BASE_TOL, other_tol: float 
     return same_tol if same_base(a, b) else other_tol
 
 
+def between(
+    ra: Any, a: Answer, rb: Any, b: Answer, same_tol: float = SAME_BASE_TOL, other_tol: float = OTHER_BASE_TOL
+) -> float:
+    """The divergence two honest answers (a from the peer of record ra, b from rb) to one hop may show: by the
+    weights both name where they do (the same: same_tol; different: other_tol), else by the records."""
+    if a.named and b.named:
+        return same_tol if a.weights == b.weights else other_tol
+    return tolerance(ra, rb, same_tol, other_tol)
+
+
+def alike(ra: Any, a: Answer, rb: Any, b: Answer) -> bool:
+    """Whether two answers come from the same weights: as both name them, else as the records announce."""
+    return a.weights == b.weights if a.named and b.named else same_base(ra, rb)
+
+
 @dataclass(frozen=True)
 class Verdict:
     agree: tuple[str, ...]  # addresses whose answers agree (the majority); empty when no two agree
@@ -194,6 +231,7 @@ class VerifyStats:
     state_download_bytes: int = 0  # their wire bytes
     failed_pulls: int = 0  # of those pulls (or attempts), the ones unreachable, refused or not the announced weights
     tiebreak_s: float = 0.0  # client wall time of tie-breaks (pulls, local build, recomputation)
+    inconclusive: int = 0  # tie-break judgements of a replica whose named weights could not be had (hop re-run)
 
     def summary(self) -> dict:
         return {
@@ -212,6 +250,7 @@ class VerifyStats:
             "state_download_bytes": self.state_download_bytes,
             "failed_pulls": self.failed_pulls,
             "tiebreak_s": self.tiebreak_s,
+            "inconclusive": self.inconclusive,
         }
 
     def line(self) -> str:
@@ -264,3 +303,6 @@ class VerifyPolicy:
 
     def tolerance(self, a: Any, b: Any) -> float:
         return tolerance(a, b, self.same_tol, self.other_tol)
+
+    def between(self, ra: Any, a: Answer, rb: Any, b: Answer) -> float:
+        return between(ra, a, rb, b, self.same_tol, self.other_tol)

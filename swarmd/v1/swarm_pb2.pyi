@@ -136,7 +136,7 @@ class PeerStatus(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ..., signed_record: _Optional[str] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., reachability_detail: _Optional[str] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
-    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "outer_state", "current", "working")
+    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "outer_state", "current", "working", "weights_hash")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class PullStateRequest(_message.Message):
     OUTER_STATE_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     WORKING_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
     kind: PayloadKind
@@ -151,7 +152,8 @@ class PullStateRequest(_message.Message):
     outer_state: bool
     current: bool
     working: bool
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., outer_state: _Optional[bool] = ..., current: _Optional[bool] = ..., working: _Optional[bool] = ...) -> None: ...
+    weights_hash: str
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., outer_state: _Optional[bool] = ..., current: _Optional[bool] = ..., working: _Optional[bool] = ..., weights_hash: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes")
@@ -258,18 +260,22 @@ class ForwardRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., config_hash: _Optional[str] = ..., context: _Optional[_Union[Tensor, _Mapping]] = ..., z: _Optional[_Union[Tensor, _Mapping]] = ..., sigma: _Optional[float] = ..., sigma_next: _Optional[float] = ..., final: _Optional[bool] = ..., start_position: _Optional[int] = ..., use_cache: _Optional[bool] = ..., end_session: _Optional[bool] = ..., step_index: _Optional[int] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ForwardReply(_message.Message):
-    __slots__ = ("z", "logits", "compute_s", "peer_id", "message")
+    __slots__ = ("z", "logits", "compute_s", "peer_id", "message", "block_hash", "emb_hash")
     Z_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    EMB_HASH_FIELD_NUMBER: _ClassVar[int]
     z: Tensor
     logits: Tensor
     compute_s: float
     peer_id: str
     message: Tensor
-    def __init__(self, z: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., peer_id: _Optional[str] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    block_hash: str
+    emb_hash: str
+    def __init__(self, z: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ..., compute_s: _Optional[float] = ..., peer_id: _Optional[str] = ..., message: _Optional[_Union[Tensor, _Mapping]] = ..., block_hash: _Optional[str] = ..., emb_hash: _Optional[str] = ...) -> None: ...
 
 class DialBackRequest(_message.Message):
     __slots__ = ("port", "peer_id", "tls_fingerprint")
