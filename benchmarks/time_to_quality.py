@@ -70,6 +70,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--costs", type=Path, help="a saved result (or StepCosts JSON) whose costs pin the clock")
     p.add_argument("--e2e-from", type=Path, help="a saved result whose one-peer E2E curve and target to reuse")
     p.add_argument("--costs-only", action="store_true", help="measure the step costs, with and without replay")
+    p.add_argument("--costs-blocks", type=int, nargs="+", help="--costs-only: at each of these B (default --blocks)")
     p.add_argument("--merge", type=Path, nargs="+", help="combine these saved runs of one config (nothing runs)")
     p.add_argument("--plot", type=Path, default=Path("benchmarks/results/time_to_quality.png"))
     p.add_argument("--device", default="cpu")
@@ -252,22 +253,27 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def step_costs(a: argparse.Namespace) -> dict:
-    """Where a step goes and what a later block pays, with trajectory replay off (1) and as configured."""
+    """Where a step goes and what a later block pays, with trajectory replay off (1) and as configured, at each of
+    --costs-blocks (default: --blocks)."""
     torch.set_num_threads(a.threads)
-    cfg = model_of(a)
-    out: dict = {"command": command_line("time_to_quality.py", a.argv), "machine": machine(), "model": cfg.to_dict()}
-    for reuse in sorted({1, a.trajectory_reuse}):
-        train = TrainConfig(batch_size=a.batch_size, trajectory_reuse=reuse)
-        costs = measure_step_costs(cfg, train, a.device)
-        out[f"reuse_{reuse}"] = {
-            "costs": costs.to_dict(),
-            "later_over_first": costs.later_over_first(),
-            "breakdown_last_block": breakdown(cfg, train, cfg.blocks - 1, a.device),
-        }
-        print(
-            f"reuse {reuse}: block ms {[round(x * 1e3, 1) for x in costs.block_s]}, e2e {costs.e2e_s * 1e3:.1f} ms,"
-            f" last / first {costs.later_over_first():.2f}"
-        )
+    out: dict = {"command": command_line("time_to_quality.py", a.argv), "machine": machine(), "by_blocks": {}}
+    for blocks in a.costs_blocks or [a.blocks]:
+        cfg = replace(model_of(a), blocks=blocks)
+        at: dict = {"model": cfg.to_dict()}
+        for reuse in sorted({1, a.trajectory_reuse}):
+            train = TrainConfig(batch_size=a.batch_size, trajectory_reuse=reuse)
+            costs = measure_step_costs(cfg, train, a.device)
+            at[f"reuse_{reuse}"] = {
+                "costs": costs.to_dict(),
+                "later_over_first": costs.later_over_first(),
+                "breakdown_last_block": breakdown(cfg, train, cfg.blocks - 1, a.device),
+            }
+            print(
+                f"B={blocks} reuse {reuse}: block ms {[round(x * 1e3, 1) for x in costs.block_s]}, "
+                f"e2e {costs.e2e_s * 1e3:.1f} ms, last / first {costs.later_over_first():.2f}",
+                flush=True,
+            )
+        out["by_blocks"][str(blocks)] = at
     write_json(a.out, out)
     return out
 
