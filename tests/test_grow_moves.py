@@ -145,6 +145,12 @@ def test_a_trained_peer_names_the_opening_block_a_round_ahead_and_moves_when_it_
     late = Rebalancer()
     assert late.decide(view, me, 2, trained=True, looked_up=2.0, open_now=2, open_next=2) is None
     assert late.decide(view, me, 2, trained=True, looked_up=3.0, open_now=2, open_next=2) is not None
+    # the check the round before an opening looks the swarm up afresh, so that the records show the last round
+    config = grow_config(blocks=3, stagger=2)
+    ahead = [Rebalancer().opening_next(config, rec("a", 0, round=r, first=1)) for r in range(5)]
+    assert ahead == [False, True, False, True, False]  # blocks 1 and 2 open at rounds 3 and 5
+    open_ended = replace(config, train=replace(config.train, open_gain=0.1))
+    assert not Rebalancer().opening_next(open_ended, rec("a", 0, round=1))
     # the others of block 0 never move
     for other in view[1:]:
         r = Rebalancer()

@@ -78,18 +78,25 @@ class Rebalancer:
         self, presence: Presence, gossip: Gossip, state: BlockState, config: DaemonConfig, max_age_s: float | None
     ) -> Move | None:
         """decide() for the peer of `gossip` training `state` (trained: it took local steps), over the verified records
-        of our swarm and model config in a recent lookup (a new one when the last check named a move to confirm).
+        of our swarm and model config in a recent lookup (a new one when the last check named a move to confirm, or
+        the round after the coming one opens a block).
 
         :param max_age_s: how old the lookup may be (None: one announce period; 0: look up now)
         """
         net, trained = config.net, state.local_steps > 0
         me, blocks = gossip.record(net.record_ttl_s), config.model.blocks
-        age = 0.0 if self._unconfirmed is not None else net.announce_period_s if max_age_s is None else max_age_s
+        age = net.announce_period_s if max_age_s is None else max_age_s
+        if self._unconfirmed is not None or (trained and self.opening_next(config, me)):
+            age = 0.0  # a move to confirm, or a block opening next round whose mover this lookup names
         found = await presence.recent(age)
         records = [r for r in verified(found) if r.config_hash == me.config_hash and r.swarm_id == net.swarm_id]
         looked_up = presence.last[0] if presence.last is not None else 0.0
         now, ahead = self.open_counts(config, me, records)
         return self.decide(records, me, blocks, trained=trained, looked_up=looked_up, open_now=now, open_next=ahead)
+
+    def opening_next(self, config: DaemonConfig, me: PeerRecord) -> bool:
+        """Whether the round-based grow rule opens a block at the round after our coming one (by our round)."""
+        return not config.train.open_gain and grow_open(config, me, [], 1) != grow_open(config, me, [])
 
     def open_counts(self, config: DaemonConfig, me: PeerRecord, records: list[PeerRecord]) -> tuple[int | None, ...]:
         """(blocks open at the coming round, at the round after it; None: every block): the round-based grow rule's
