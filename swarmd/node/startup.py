@@ -6,7 +6,8 @@ Owns what Daemon.start() decides before it wires anything: address_plan checks t
 open_discovery starts the discovery NetConfig names: a StaticDiscovery over initial_peers, asked for
 their status, or a hivemind DHT node (swarmd.membership.dht) listening and announcing where the plan
 says, its libp2p key in the checkpoint dir; open_state builds the BlockState of the checkpoint's
-block (resumed from it), else of --block, else of the block --block auto picks from the records;
+block (resumed from it), else of --block, else of the block --block auto picks from the records
+(among the open blocks under the grow schedule: auto_blocks);
 new_state is the fresh BlockState of one block (initial weights, round 0), the one a peer that moves
 to another block (swarmd.membership.balance) trains from then on; open_server starts the gRPC server over
 the peer's SwarmService on --listen; first_record is the peer's record before its first announce.
@@ -67,7 +68,7 @@ async def open_state(
 ) -> BlockState:
     """The BlockState this peer trains: the checkpoint's block (saved_block, restored from the checkpoint dir),
     else config.block, else (None or < 0: auto) the block with the least combined throughput among the peers
-    of our model config (under the grow schedule, among the blocks open at the swarm's coming round)."""
+    of our model config (under the grow schedule, among the open blocks: auto_blocks)."""
     cfg, block = config.model, saved_block if saved_block is not None else config.block
     if block is None or block < 0:
         records = [r for r in await discovery.find_all() if r.config_hash == cfg.config_hash()]
