@@ -28,8 +28,9 @@ PeerRecord.pinned) count but never move.
                block nobody serves (its trained replica stays with the peers it leaves); one that has
                not trained yet also evens the counts out (joiners that chose the same block together); a
                peer on a block not open yet moves, trained or not;
-  coming_round() the swarm round a peer trains next (the grow schedule's clock): its own + 1, or before its
-               first merge the records' (low) median + 1, which peers claiming a far round do not move.
+  coming_round() the swarm round a peer trains next (the grow schedule's clock): the higher of its own
+               and the others' (low) median round, + 1: a joiner goes by the median, which a few peers
+               claiming a far round do not move.
 Pure: no I/O. The caller passes the verified records of its swarm and model config.
 """
 

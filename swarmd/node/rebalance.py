@@ -12,7 +12,7 @@ the new one.
 
 Under the grow schedule (TrainConfig.pipeline + grow) the rule counts only the blocks open at the coming
 round (grow_open: block b opens at round b x pipeline_stagger + 1 of our record's window, the round being
-ours or, before our first merge, the median of the records'), so --block auto peers of blocks not open yet
+ours or, when higher, the records' median: a joiner's), so --block auto peers of blocks not open yet
 are replicas of the open ones, and a block's opening pulls one peer in. Since an opening is known a round
 ahead, the confirm's first lookup is the one a round before it (Rebalancer.decide's `open_next`): the mover
 lands for the block's first round, where swarmd.node.training warm-starts it from its predecessor. With
