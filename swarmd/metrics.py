@@ -191,7 +191,9 @@ class Metrics:
             seen.setdefault(block, set()).add(peer_id)
         self.peers_per_block = {b: len(ids) for b, ids in sorted(seen.items())}
 
-    def end_round(self, participation: float, seconds: float, **extra: float) -> None:
+    def end_round(self, participation: float, seconds: float, **extra: float | list[str]) -> None:
+        """Count one merged round; its entry in round_history: participation, seconds and `extra` (the round, its
+        deadline, ..., merged_block: the peer ids whose block deltas the merge took, own included)."""
         self.rounds += 1
         self.participation_sum += participation
         self.last_participation = participation

@@ -242,15 +242,17 @@ def test_a_dead_peer_costs_its_contribution_not_the_round():
     async def scenario():
         peers, transport, board = memory_swarm([0, 0, 0, 1], codec="int8", deadline_max_s=1.5)
         transport.dead.add(peers[3].me.address)  # dies before the round: calls to it fail fast
-        silent = peers[2]  # peer02 is alive in the records but never trains or dials (hangs)
+        # peer02 (index 2) is alive in the records but never trains or dials (hangs)
         start = time.monotonic()
         reports = await memory_round(peers, board, skip={2, 3})
-        return reports, time.monotonic() - start, silent, [g.me.peer_id for g in peers]
+        merged = [g.metrics.round_history[-1]["merged_block"] for g in peers[:2]]
+        return reports, time.monotonic() - start, merged, [g.me.peer_id for g in peers]
 
-    reports, seconds, _silent, ids = asyncio.run(scenario())
+    reports, seconds, merged, ids = asyncio.run(scenario())
     assert seconds < 1.5 + 2.0  # the deadline bounds the round
     a, b = reports
     assert a.accepted_block == [ids[1]] and b.accepted_block == [ids[0]]
+    assert merged == [sorted(ids[:2])] * 2  # the round history names whose block deltas each merge took (own too)
     assert a.participation < 1.0 and b.participation < 1.0
 
 

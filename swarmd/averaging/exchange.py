@@ -372,6 +372,7 @@ class Exchange:
             accepted=len(accepted[BLOCK]) + len(accepted[EMB]),
             expected=expected_n,
             at_s=p.metrics.uptime_s,
+            merged_block=list(merged.merged_from.get(BLOCK, ())),  # whose block deltas it merged: a split's evidence
         )
         logger.info(
             "%s round %d merged: block %d/%d, embedding %d/%d peers, %.2fs (deadline %.1fs)",
