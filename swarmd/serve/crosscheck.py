@@ -180,7 +180,7 @@ class CrossChecker:
         if self._moved(primary, answer, checker, other):  # one base announced, other weights named: recompute each
             drops = await self._recompute(hop, request, answers, {primary.address: primary, checker.address: checker})
             if drops is not None:
-                self._raise_if_inconclusive(primary, request)
+                self._raise_if_inconclusive(primary, request, drops)
                 return drops
         tol = self.policy.between(primary.record, answer, checker.record, other)
         gap = divergence(hop, answer, other)
@@ -210,7 +210,10 @@ class CrossChecker:
             and same_base(a.record, b.record)
         )
 
-    def _raise_if_inconclusive(self, primary, request: pb.ForwardRequest) -> None:
+    def _raise_if_inconclusive(self, primary, request: pb.ForwardRequest, drops: list) -> None:
+        """Inconclusive when the answer used names weights that could not be had (and its sender is not dropped)."""
+        if any(r is primary for r, _ in drops):
+            return
         if self.tiebreaker is not None and primary.address in self.tiebreaker.inconclusive_now:
             raise Inconclusive(
                 f"block {request.block_index} step {request.step_index}: the weights {primary.address} named for "
@@ -268,7 +271,7 @@ class CrossChecker:
         if not verdict.agree:
             drops = await self._recompute(hop, request, answers, replicas)
             if drops is not None:
-                self._raise_if_inconclusive(primary, request)
+                self._raise_if_inconclusive(primary, request, drops)
                 return drops
             who = " and ".join(names)
             extra = "" if len(names) > 2 else " and no third replica breaks the tie"
