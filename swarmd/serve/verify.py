@@ -268,6 +268,8 @@ class VerifyStats:
             parts.append(f"UNVERIFIED: block(s) {blocks} whose replicas on different bases disagree")
         if self.tiebreaks:
             parts.append(f"{self.tiebreaks} tie(s) broken by recomputation ({self.state_downloads} state download(s))")
+        if self.inconclusive:
+            parts.append(f"{self.inconclusive} inconclusive tie-break(s): named weights not served (hops re-run)")
         return "; ".join(parts)
 
 
