@@ -265,3 +265,17 @@ def test_an_honest_replica_whose_named_weights_are_gone_is_inconclusive_not_a_li
     good = answer_of(cfg, *w[:2], request, hop)
     stale = answer_of(cfg, *gone[:2], request, hop)  # computed from weights b no longer holds
     assert settle(tb, request, hop, {"a": good, "b": stale}, [a, b]) == [] and tb.inconclusive_now == {"b"}
+
+
+def test_a_client_against_a_swarm_that_merges_every_round_keeps_a_bounded_number_of_blocks():
+    from swarmd.serve.tiebreak import MAX_HELD
+
+    cfg = CFG
+    request, hop = forward_request(cfg)
+    rounds = [weights(cfg, seed) for seed in range(MAX_HELD + 4)]
+    peer = Peer(cfg, 0, "a", [w[:2] for w in rounds])  # serves every round's weights by hash
+    tb, stats = tiebreaker(cfg, [peer])
+    for w in rounds:
+        assert settle(tb, request, hop, {"a": answer_of(cfg, *w[:2], request, hop)}, [peer]) == []
+    assert len(tb._blocks) <= MAX_HELD and len(tb._tables) <= MAX_HELD
+    assert stats.state_downloads == 2 * len(rounds)  # each new named hash pulled once

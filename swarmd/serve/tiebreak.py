@@ -21,8 +21,9 @@ of one announced base answer from different named weights):
     warning), so a liar cannot name weights it then refuses to serve, over and over, at no cost;
   - the cost bound: each replica is pulled at most once per named hash (once per announced base for unnamed
     answers; a failure is remembered too), verified blocks and tables are shared by hash, so a liar cannot make the
-    client download again and again. Counts and seconds go to VerifyStats (state_downloads, failed_pulls,
-    tiebreak_s, inconclusive).
+    client download again and again (what is remembered is bounded: the last 4 x MAX_HELD pulls and MAX_HELD
+    blocks, so a client that runs for many rounds keeps a few blocks, not one per round). Counts and seconds go to
+    VerifyStats (state_downloads, failed_pulls, tiebreak_s, inconclusive).
 Where no weights can be had for unnamed answers (every pull fails) there is no verdict: `settle()` returns None and
 the caller refuses the hop with one line.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,7 @@ from swarmd.wire import from_proto
 logger = logging.getLogger(__name__)
 
 MAX_INCONCLUSIVE = 3  # judgements with named weights that could not be had before a replica is dropped
+MAX_HELD = 16  # verified blocks (and tables) a client keeps; the pulls remembered are 4x this
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,21 @@ class StateChecks:
     verify_payload: Callable[[Any], None]  # raises on a payload not signed by the peer its header names
     decode: Callable[..., dict[str, torch.Tensor]]  # swarmd.averaging.delta.decode's signature
     weights_hash: Callable[[dict[str, torch.Tensor]], str]  # the hash records announce
+
+
+class _Bounded(OrderedDict):
+    """A dict that forgets its oldest entries beyond `cap` (the client's memory of pulled weights stays bounded
+    however long it runs against a swarm that merges every round)."""
+
+    def __init__(self, cap: int = MAX_HELD):
+        super().__init__()
+        self.cap = cap
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.cap:
+            self.popitem(last=False)
 
 
 class _Lie(Exception):
@@ -88,9 +106,9 @@ class TieBreaker:
     ):
         self.cfg, self.client, self.swarm_id, self.checks, self.stats = cfg, client, swarm_id, checks, stats
         self.timeout_s = timeout_s
-        self._blocks: dict[tuple[int, str], DenoisingBlock] = {}  # (block, base_hash) -> verified local block
-        self._tables: dict[str, torch.Tensor] = {}  # emb_hash -> verified row-normalised table
-        self._served_by: dict[tuple[str, ...], _Served | Exception] = {}  # (address, hashes, how) -> pull
+        self._blocks: _Bounded = _Bounded()  # (block, base_hash) -> verified local block
+        self._tables: _Bounded = _Bounded()  # emb_hash -> verified row-normalised table
+        self._served_by: _Bounded = _Bounded(4 * MAX_HELD)  # (address, hashes, how) -> pull (or its failure)
         self._inconclusives: dict[str, int] = {}  # address -> judgements its named weights could not settle
         self.inconclusive_now: set[str] = set()  # addresses inconclusive in the last settle()
         self._block_shapes = {k: tuple(v.shape) for k, v in DenoisingBlock(cfg).state_dict().items()}
@@ -203,7 +221,9 @@ class TieBreaker:
             block = DenoisingBlock(self.cfg)
             block.load_state_dict(block_t)
             block = self._blocks[(b, block_hash)] = block.eval()
-        table_hat = self._tables.setdefault(emb_hash, F.normalize(emb_t["table"].float(), dim=-1))
+        table_hat = self._tables.get(emb_hash)
+        if table_hat is None:
+            table_hat = self._tables[emb_hash] = F.normalize(emb_t["table"].float(), dim=-1)
         got = self._served_by[key] = _Served(block, table_hat, block_hash, emb_hash)
         return got
 
