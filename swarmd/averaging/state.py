@@ -110,6 +110,12 @@ class BlockState(TrajectoryPredecessors):
         with self.lock:
             return self.round, _clone(self.base_block), _clone(self.base_emb)
 
+    def named_snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], str, str]:
+        """Copies of the base block and byte table with their hashes, taken together under the lock (what a peer
+        serves: its Forward replies name exactly these weights)."""
+        with self.lock:
+            return _clone(self.base_block), _clone(self.base_emb), self.block_hash, self.emb_hash
+
     def current(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Copies of the live weights (base plus this round's local progress)."""
         with self.lock:

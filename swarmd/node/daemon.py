@@ -192,9 +192,7 @@ class Daemon:
 
     def update_serving(self) -> None:
         """Serve the merged base: inference and Forward read the weights the last merge (or re-sync) produced."""
-        with self.state.lock:  # the hashes of exactly these weights: Forward replies name them, pulls find them
-            _, block, emb = self.state.snapshot()
-            block_hash, emb_hash = self.state.block_hash, self.state.emb_hash
+        block, emb, block_hash, emb_hash = self.state.named_snapshot()  # Forward replies name these hashes
         self.serving.update_weights(block, emb["table"], block_hash, emb_hash, emb)
 
     async def train(self, steps: int) -> dict:

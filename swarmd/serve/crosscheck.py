@@ -82,7 +82,8 @@ Unpack = Callable[[pb.ForwardReply, tuple[int, int], bool], tuple[Any, Any]]
 class CrossChecker:
     """Second opinions through a BlockRouter (swarmd.serve.remote) and a PeerClient.
 
-    :param unpack: RemoteSweeper._unpack (reply, (n, t), final) -> (out, message), validating shapes
+    :param unpack: swarmd.serve.remote.unpack_reply, its config bound: (reply, (n, t), final) -> (out, message),
+        validating shapes
     """
 
     def __init__(

@@ -25,6 +25,7 @@ forward_session); never retries in a loop on one peer: failover means another re
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -79,6 +80,23 @@ class _Redo(Exception):
 MAX_REDOS = 4  # sweeps redone in a row before giving up (each drops at least one peer)
 
 
+def unpack_reply(
+    cfg: ModelConfig, reply: pb.ForwardReply, shape: tuple[int, int], final: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A Forward reply's tensors, checked against the shapes asked for: (logits at the last step, else the next z;
+    the message for the next step when the config passes one)."""
+    n, t = shape
+    if final:
+        return from_proto(reply.logits, expect_shape=(n, t, cfg.vocab), expect_dtype="float32"), None
+    z = from_proto(reply.z, expect_shape=(n, t, cfg.d_model), expect_dtype="float32")
+    width = cfg.message_dim
+    if not width:
+        return z, None
+    if not reply.HasField("message"):
+        raise ValidationError(f"peer {reply.peer_id or '?'} replied without the step's message")
+    return z, from_proto(reply.message, expect_shape=(n, t, width), expect_dtype="float32")
+
+
 class RemoteSweeper:
     """swarmd.serve.inference.Sweeper over the swarm: step i of the sampler runs on a peer of its block.
 
@@ -121,7 +139,8 @@ class RemoteSweeper:
         tiebreaker = None
         if state_checks is not None:  # two replicas of one base that disagree: recompute the hop from their weights
             tiebreaker = TieBreaker(cfg, client, router.swarm_id or "", state_checks, self.stats, max(timeout_s, 60.0))
-        self.checker = CrossChecker(cfg, router, client, self.verify, self.stats, self._unpack, timeout_s, tiebreaker)
+        unpack = functools.partial(unpack_reply, cfg)
+        self.checker = CrossChecker(cfg, router, client, self.verify, self.stats, unpack, timeout_s, tiebreaker)
 
     def session_routes(self) -> dict[str, dict[int, str]]:
         """Open sessions -> block index -> address of the replica its forward stream goes to (a copy)."""
@@ -250,7 +269,7 @@ class RemoteSweeper:
             seconds = time.perf_counter() - t0
             self.router.report_latency(replica, seconds)
             try:
-                out, message_out = self._unpack(reply, xs.shape, sigma_next is None)
+                out, message_out = unpack_reply(self.cfg, reply, xs.shape, sigma_next is None)
                 weights = named_weights(reply)  # the weights this answer names: a tie-break recomputes from those
                 why = out_of_range(self.cfg, HopInput(zs, sigma, sigma_next), Answer(out, message_out))
             except ValidationError as exc:  # wrong shape or dtype, NaN or inf: no honest peer sends it
@@ -339,21 +358,6 @@ class RemoteSweeper:
             task.add_done_callback(self._closing.discard)
         for key in [k for k in sess.warm if k[0] == replica.address]:
             del sess.warm[key]
-
-    def _unpack(
-        self, reply: pb.ForwardReply, shape: tuple[int, int], final: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits at the last step, else the next z; the message for the next step when the config passes one)."""
-        n, t = shape
-        if final:
-            return from_proto(reply.logits, expect_shape=(n, t, self.cfg.vocab), expect_dtype="float32"), None
-        z = from_proto(reply.z, expect_shape=(n, t, self.cfg.d_model), expect_dtype="float32")
-        width = self.cfg.message_dim
-        if not width:
-            return z, None
-        if not reply.HasField("message"):
-            raise ValidationError(f"peer {reply.peer_id or '?'} replied without the step's message")
-        return z, from_proto(reply.message, expect_shape=(n, t, width), expect_dtype="float32")
 
     async def end_session(self, session_id: str) -> None:
         sess = self._sessions.pop(session_id, None)
