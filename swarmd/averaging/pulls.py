@@ -37,6 +37,19 @@ logger = logging.getLogger(__name__)
 REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
 
 
+def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
+    """The state kind a PullState request asks of the peer whose record is `me`, after the checks every pull passes:
+    our swarm and model config (ValidationError), a state kind, and our block for a block state (WrongBlock)."""
+    if request.swarm_id != me.swarm_id or request.config_hash != me.config_hash:
+        raise ValidationError("pull request for another swarm or model config")
+    kind = payload_kind(request.kind)
+    if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
+        raise ValidationError(f"unknown state kind {kind or request.kind!r}")
+    if kind.is_block and request.block_index != me.block_index:
+        raise WrongBlock(f"this peer trains block {me.block_index}, not {request.block_index}")
+    return kind
+
+
 class StatePulls:
     """One peer's state transfers (see the module doc).
 
@@ -152,13 +165,7 @@ class StatePulls:
         """The base (merged) block or embedding as an fp32 payload, for PullState (request.working: the block's
         working weights now as fp16, with the hash of their fp32 values: trajectory inputs of a later block)."""
         p = self.peer
-        if request.swarm_id != p.me.swarm_id or request.config_hash != p.me.config_hash:
-            raise ValidationError("pull request for another swarm or model config")
-        kind = payload_kind(request.kind)
-        if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
-            raise ValidationError(f"unknown state kind {kind or request.kind!r}")
-        if kind.is_block and request.block_index != p.me.block_index:
-            raise WrongBlock(f"this peer trains block {p.me.block_index}, not {request.block_index}")
+        kind = requested_kind(p.me, request)
         if request.working and kind.is_block:
             # fp16 on the wire: half the bytes; ~5e-4 relative error on weights that only run forward elsewhere
             tensors = p.state.current()[0]

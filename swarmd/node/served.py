@@ -15,12 +15,13 @@ from typing import Protocol
 
 import torch
 
-from swarmd.averaging.context import PeerContext, payload_kind
+from swarmd.averaging.context import PeerContext
 from swarmd.averaging.delta import encode
+from swarmd.averaging.pulls import requested_kind
 from swarmd.averaging.state import weights_hash
-from swarmd.errors import NotFound, ValidationError, WrongBlock
+from swarmd.errors import NotFound, ValidationError
 from swarmd.membership.trust import sign_payload
-from swarmd.protocol import Codec, PayloadKind
+from swarmd.protocol import Codec
 from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
@@ -43,13 +44,7 @@ def served_payload(ctx: PeerContext, served: Served | None, request: pb.PullStat
     h = request.weights_hash
     if not (0 < len(h) <= MAX_HASH and set(h) <= _HEX):
         raise ValidationError(f"weights_hash must be 1..{MAX_HASH} lower-case hex characters")
-    if request.swarm_id != ctx.me.swarm_id or request.config_hash != ctx.me.config_hash:
-        raise ValidationError("pull request for another swarm or model config")
-    kind = payload_kind(request.kind)
-    if kind not in (PayloadKind.BLOCK_STATE, PayloadKind.EMBEDDING_STATE):
-        raise ValidationError(f"unknown state kind {kind or request.kind!r}")
-    if kind.is_block and request.block_index != ctx.me.block_index:
-        raise WrongBlock(f"this peer serves block {ctx.me.block_index}, not {request.block_index}")
+    kind = requested_kind(ctx.me, request)
     if request.outer_state or request.current or request.working:
         raise ValidationError("a pull by weights_hash takes no outer_state, current or working")
     tensors = None if served is None else (served.block_state(h) if kind.is_block else served.emb_state(h))
