@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.churn import FAULTS, draw_schedule
+from benchmarks.harness.churn import FAULTS, Churn, draw_schedule
 from benchmarks.harness.procs import Sampler, growth, proc_sample, windows
 from benchmarks.harness.rounds import merge_groups, splits, stuck_rounds
+from swarmd.tools.launch import PeerProc
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
@@ -87,6 +88,57 @@ def test_the_sampler_reads_proc_and_starts_a_series_per_process():
     while proc_sample(child.pid) is not None and time.monotonic() < deadline:
         time.sleep(0.05)  # polling /proc for the reaped child, with a deadline
     assert proc_sample(child.pid) is None
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+
+
+def _wait(what, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not what() and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a process's state, with a deadline
+    return bool(what())
+
+
+class _Peers:
+    """The little of a LocalSwarm that Churn's choices read: its peers (sleeping processes) and its model's blocks."""
+
+    def __init__(self, tmp: Path, blocks_of: list[int]):
+        self.model = type("M", (), {"blocks": max(blocks_of) + 1})()
+        self.workdir, self.peers = tmp, []
+        for i, b in enumerate(blocks_of):
+            p = PeerProc(i, b, tmp / f"peer{i}", tmp / f"peer{i}.log")
+            p.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+            p.ready.set()
+            self.peers.append(p)
+
+    def tail(self, p: PeerProc) -> str:
+        return ""
+
+
+def test_churn_never_takes_the_last_peer_of_a_block_nor_grows_past_its_bound_and_pauses_end(tmp_path):
+    sw = _Peers(tmp_path, [0, 1, 0])  # block 1 has one peer; peer 0 takes only the bootstrap fault
+    try:
+        churn = Churn(sw, min_peers=1, max_peers=3, pause_s=30.0)  # type: ignore[arg-type]
+        paused = churn.inject("pause", 0.0)
+        assert paused["peer"] == 2 and _wait(lambda: _state(sw.peers[2].process.pid) == "T")
+        # peer 2 paused: block 0 has peer 0 alone up, block 1 peer 1: nobody may go down now
+        assert churn.inject("kill9_restart", 1.0)["kind"] == "none"
+        assert churn.inject("bootstrap_kill", 2.0)["kind"] == "none"
+        churn.tick(10.0)
+        assert _state(sw.peers[2].process.pid) == "T"
+        churn.tick(30.0)
+        assert _wait(lambda: _state(sw.peers[2].process.pid) != "T") and churn.paused == {2: [(0.0, 30.0)]}
+        left = churn.inject("join", 31.0)  # three peers up, the bound: a peer leaves instead
+        assert (left["kind"], left["drawn"], left["peer"]) == ("leave", "join", 2)
+        assert _wait(lambda: sw.peers[2].process.poll() is not None)
+        churn.tick(32.0)
+        assert left["exit_code"] == -15 and churn.pending == [] and churn.lost_checkpoints == []
+    finally:
+        for p in sw.peers:
+            p.process.kill()
+            p.process.wait(timeout=10)
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ carries on the ones in flight (the SIGCONT after a pause, the restart after a st
 the round it resumed), release() ends what is in flight (paused groups continue, so that they can be stopped).
 Churn keeps the swarm from shrinking to nothing: a peer leaves only while more than min_peers are up, joins only
 while fewer than max_peers are (else the other of the two happens), and a fault takes down no peer whose block has
-no other peer up. A restart that does not resume its checkpoint's round, or does not start, is a lost checkpoint.
+no other peer up (nor a peer with a fault in flight; peer 0 takes only its own). A restart that does not resume its
+checkpoint's round, or does not start, is a lost checkpoint.
 """
 
 from __future__ import annotations
