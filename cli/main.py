@@ -89,7 +89,7 @@ def entry() -> None:
 
     A command that is done (its output written; its DHT, servers and files closed) ends the process at once
     (end_now): tearing the interpreter down once torch and hivemind are loaded took a second more on a quiet
-    machine and 5-7 s on a loaded one, after `status --swarm` had printed everything (issue 22)."""
+    machine and 5-7 s on a loaded one, after `status --swarm` had printed everything."""
     from swarmd.node.runner import end_process_after_shutdown
 
     end_process_after_shutdown()

@@ -40,7 +40,7 @@ def train(
             raise ConfigError("--steps-per-round and --rounds must be >= 1")
         total = steps_per_round * rounds
         # one process trains one block after the other unless told otherwise (--no-pipeline): the same compute as
-        # training them side by side, and the best stack measured (issue 19: 1.6630 against 1.7071 at B=4 x 1)
+        # training them side by side, and the best stack measured (1.6630 against 1.7071 at B=4 x 1)
         schedule: dict = {}
         if train.pipeline is None:
             schedule["pipeline"] = True

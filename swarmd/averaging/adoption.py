@@ -1,4 +1,4 @@
-"""Verified adoption (issue 21): which of the pulled candidate states a peer adopts, judged on its held-out sample.
+"""Verified adoption: which of the pulled candidate states a peer adopts, judged on its held-out sample.
 
 A peer about to adopt a state (join, re-sync, a split round's move, rejoining after isolation) has pulled and
 validated its candidates (signatures, the announced hash, the round rules: swarmd.averaging.agreement) but adopted

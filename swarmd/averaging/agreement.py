@@ -5,7 +5,7 @@
   reference adopts the reference's state by PullState. The embedding works the same over all
   peers. Joiners go through the same rule before their first step, so nobody sends a delta
   computed from weights the swarm does not share;
-- trust (issue 9): only signed records count; a re-sync target must be announced by a quorum of the
+- trust: only signed records count; a re-sync target must be announced by a quorum of the
   signed records (swarmd.membership.quorum: agreeing(), round_backed()), the pulled state must come
   signed by the peer asked and hash to what they announce, and the round counter moves at most
   cfg.max_round_jump per re-sync;
@@ -14,7 +14,7 @@
   rejoins the majority it split from (diverged_majority, over the last HISTORY_ROUNDS own base hashes);
 - isolation (swarmd.averaging.rejoin): a peer that accepted no delta of a part for rejoin.ISOLATED_ROUNDS
   rounds asks the fresh signed states and adopts a fresh quorum's, or reconciles with the other members;
-- verified adoption (issue 21, swarmd.averaging.adoption): with a held-out check (PeerContext.check) and a finite
+- verified adoption (swarmd.averaging.adoption): with a held-out check (PeerContext.check) and a finite
   cfg.adopt_tolerance, every state above is pulled and validated first, both parts, and adopted only after it
   was scored with the other part it would be held with: one worse than what we hold by more than the tolerance
   is refused, whatever number of signed records backs it, and its round counter is not taken; a refused hash

@@ -1,4 +1,4 @@
-"""When a round stops waiting for deltas: DeadlinePolicy and its participation target (issue 11).
+"""When a round stops waiting for deltas: DeadlinePolicy and its participation target.
 
 The collection of a round ends when every expected peer answered, or at the deadline this policy gives:
   - participation target (the default, PARTICIPATION_TARGET): the arrival time of the target fraction of
@@ -33,7 +33,7 @@ from collections import deque
 
 from swarmd.averaging.config import GossipConfig
 
-PARTICIPATION_TARGET = 0.8  # DeadlinePolicy's default: wait for this fraction of the expected deltas (issue 11)
+PARTICIPATION_TARGET = 0.8  # DeadlinePolicy's default: wait for this fraction of the expected deltas
 IDLE_WAIT_FACTOR = 2.0  # an idle round waits at least this x deadline_max_s for the training peers' deltas
 IDLE_GROWTH_STEPS = 4  # ... and growth x longer after each idle round that missed one, at most this many times
 IDLE_TRAIN_FACTOR = 3.0  # ... and at least this x the longest round it trained itself (of the last `window`)

@@ -1,4 +1,4 @@
-"""Delayed averaging (issue 12, "no pause for the network"): a round's merge lands one round late.
+"""Delayed averaging ("no pause for the network"): a round's merge lands one round late.
 
 Owns the correction rule and its application to a BlockState. With GossipConfig.overlap on, a peer
 snapshots round r's delta (own_r = live - base_r, exact, before the codec and error feedback) and

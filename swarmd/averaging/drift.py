@@ -1,4 +1,4 @@
-"""DriftTracker: which peers' deltas keep pulling the merge the same way, round after round (issue 21, item 6).
+"""DriftTracker: which peers' deltas keep pulling the merge the same way, round after round.
 
 A signed insider can send its honest delta plus a fixed direction v every round. At an honest norm it passes the
 norm clip, the trim and the outlier check of swarmd.averaging.robust, and the merge drifts along v with the rounds.

@@ -5,7 +5,7 @@
     plain uniform mean) of the accepted decoded deltas, own decoded delta included, in peer-id
     order, so replicas that accepted the same set end bit-identical. The byte-table deltas get the
     same rule. A merge that is not finite is skipped (the base is kept). AdamW state is kept;
-  - the loss check (issue 21, Zeno: Xie, Koyejo, Gupta 2019), when the peer holds a held-out sample
+  - the loss check (Zeno: Xie, Koyejo, Gupta 2019), when the peer holds a held-out sample
     (PeerContext.check, swarmd.averaging.validation) and cfg.merge_check_tolerance is finite: the
     candidate the merge would land (block and byte table together: base + merged step; under group
     averaging the anchor + merged offsets; with an outer optimizer base + its step on the merged delta,

@@ -1,4 +1,4 @@
-"""Rejoining when the signed DHT records show no quorum anywhere (issue 9: a healed partition rejoins within a minute).
+"""Rejoining when the signed DHT records show no quorum anywhere (a healed partition rejoins within a minute).
 
 agreement.sync's record rules (agreeing, diverged_majority) need several records announcing one (round, weights).
 After a partition heals the records of a block's replicas often sit at different rounds (records lag a merge

@@ -1,4 +1,4 @@
-"""Standing: which peers' deltas and records count in this peer's rounds (issue 21, items 4 and 6).
+"""Standing: which peers' deltas and records count in this peer's rounds.
 
 Owns, for one peer, the round-to-round memory that the loss check of one round (swarmd.averaging.merge) cannot have:
   - probation (public swarms, with a held-out check; swarmd.membership.sybil.Probation): a new identity's deltas

@@ -1,6 +1,6 @@
 """HeldOutCheck: one peer's small held-out sample and the deterministic score of a candidate state on it.
 
-What a peer uses to judge weights that came from others (issue 21: verified adoption, loss-checked merges),
+What a peer uses to judge weights that came from others (verified adoption, loss-checked merges),
 whatever number of signed records or deltas backs them:
   - the sample: `sequences` windows of the peer's own text drawn with a seed of (seed, block) only, so replicas
     of one block training on the same text hold the same sample and reach the same verdicts; noise levels at

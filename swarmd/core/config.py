@@ -52,17 +52,17 @@ class ModelConfig:
     # none (documented) | add: z_hat = previous step's z_hat + c_out F (the skip is the predecessor's estimate,
     # not c_skip z; init_block starts F's last linear at 0 in blocks > 0)
     pred_output: str = "add"
-    # issue 19. none (documented) | prev_byte: each block's final feature g_t also predicts the previous context
+    # none (documented) | prev_byte: each block's final feature g_t also predicts the previous context
     # byte x_{t-1} through a block-owned linear head (trained with TrainConfig.handoff_weight, never run at
     # inference): an InfoPro-style term that makes the state a block hands on keep what later blocks read.
     # prev_skip: that term plus a second head predicting the byte after the next (y_{t+1}) from g_t
     handoff_loss: str = "prev_byte"
     # linear (documented): F = W_o LN_f(h) | mlp: F = W_2 GELU(W_1 LN_f(h)), W_1 d x hidden, a deeper head that
     # spares the trunk's features from being shaped for a linear readout alone (Belilovsky et al. 2019: greedy
-    # stages with deeper auxiliary heads reach end-to-end accuracy); E2E references get the same head (issue 19)
+    # stages with deeper auxiliary heads reach end-to-end accuracy); E2E references get the same head
     out_head: str = "linear"
     # zero: the message input W_p (pred_input=feature) starts at 0, so a later block first ignores its predecessor's
-    # state | identity (the default since issue 19, stop 32: B=3 x 2 stack 0.012 better on two seeds and two
+    # state | identity (the default: B=3 x 2 stack 0.012 better on two seeds and two
     # slices): W_p starts at the identity, so a later block's layers start on the predecessor's (normalised)
     # residual stream, as layers L_b+1.. of one deep residual network would
     pred_in_init: str = "identity"
@@ -132,7 +132,7 @@ class ModelConfig:
 
     @classmethod
     def documented(cls, **overrides: Any) -> ModelConfig:
-        """The documented DiffusionBlocks block (the defaults before issue 8), with `overrides`."""
+        """The documented DiffusionBlocks block (the original defaults), with `overrides`."""
         return cls(**(cls.DOCUMENTED | overrides))
 
     def config_hash(self) -> str:
@@ -165,13 +165,13 @@ class TrainConfig:
     freeze_z_in: str = "block0"
     # AdamW's denominator as if it saw the mean gradient of the replicas a swarm merge averages (swarmd.core.optim;
     # K = 1, a peer alone or a single process, is plain AdamW bit for bit). Off: at H=25 it gained 0.027 nats at 4
-    # and 8 replicas after 200 steps but lost 0.023 at 4 after 1,600 (issue 20, BENCHMARKS.md); it pays when
+    # and 8 replicas after 200 steps but lost 0.023 at 4 after 1,600 (BENCHMARKS.md#replica_sim); it pays when
     # replicas average every step or few
     replica_adam: bool = False
     # trajectory training's frozen predecessors are refreshed this many times per round: at round start (the
     # merged states) and then every steps_per_round / predecessor_pulls steps (the predecessors' working weights
     # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
-    # predecessor is what made them give back what block 1 gained (issue 19, BENCHMARKS.md)
+    # predecessor is what made them give back what block 1 gained (BENCHMARKS.md#quality)
     predecessor_pulls: int = 4
     handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term relative to the CE beside it
     # pipelined schedule (swarm peers): block b trains from round b + 1 on, for as many rounds as block 0, and every
@@ -192,12 +192,12 @@ class TrainConfig:
     open_patience: int = 2
     # how a later block starts when its turn comes under the pipelined schedule (pipeline; without it every block
     # trains from round 1, when there is nothing to copy): fresh (its seeded init) | predecessor (the default since
-    # issue 19, stop 32): every weight but the output layer (0) and the message input (ModelConfig.pred_in_init)
+    # progressive stacking): every weight but the output layer (0) and the message input (ModelConfig.pred_in_init)
     # copied from block b - 1 as that block stands then (a daemon: its round-start merged state). With the identity
     # message input the block starts as block b - 1's layers run once more on block b - 1's own stream
     # (progressive stacking) and, its output being 0, as the identity on block b - 1's estimate
     block_init: str = "predecessor"
-    # learning-rate multiplier of every block but block 0 (its schedule and its table copy's too; issue 19: a later
+    # learning-rate multiplier of every block but block 0 (its schedule and its table copy's too; a later
     # block refines a converged predecessor's estimate, and the table it trains is the one block 0 reads)
     later_lr_scale: float = 1.0
     # trajectory replay: a later block's predecessor forwards serve this many steps. 1: every step runs them on its

@@ -2,7 +2,7 @@
 
 Owns the evaluation protocol of diffusionblocks.md section 8: the sampler runs from a fixed noise
 seed over consecutive held-out windows with the true context; CE is the mean over every scored
-byte of -ln p(y), in nats. Denoising CE is a diagnostic only. The depth instrument (issue 19):
+byte of -ln p(y), in nats. Denoising CE is a diagnostic only. The depth instrument:
 depth_trace (the CE of the stack cut after every block and the KL between consecutive blocks'
 predictions, in one sampler sweep) and depth_recovery. No networking, no filesystem.
 """

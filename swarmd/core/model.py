@@ -223,11 +223,11 @@ def init_message_input(pred_in: nn.Linear, cfg: ModelConfig) -> None:
 class DenoisingBlock(nn.Module):
     """F_theta_b: h0_t = sqrt(d) e_hat[x_t] + W_z (c_in z_t) + p_t + tau(c_noise); L_b layers; LN; linear.
 
-    Issue 8 options (ModelConfig; pred_output=add is applied in denoise): context_input=own_table
+    The block's options (ModelConfig; pred_output=add is applied in denoise): context_input=own_table
     replaces sqrt(d) e_hat[x_t] by the block's own table row C[x_t]; z_in_init=zero starts W_z at 0;
     noise_embedding=zero_init starts tau's last linear at 0, =off drops tau (its weights stay, unused);
     pred_input=feature adds W_p g_t, where g_t is the previous sampler step's LN_f(h_t) (W_p at 0 or at the
-    identity: pred_in_init, issue 19; g = 0 at the first step).
+    identity: pred_in_init; g = 0 at the first step).
 
     Everything in here is owned (trained, averaged) by one block; only the byte table is shared.
     """
@@ -242,7 +242,7 @@ class DenoisingBlock(nn.Module):
         self.layers = nn.ModuleList(Layer(d, cfg.n_heads, cfg.hidden) for _ in range(cfg.layers_per_block))
         self.ln_f = nn.LayerNorm(d)
         self.out = output_head(cfg)  # unbounded, so c_out * F can reach the norm sharp logits need
-        # issue 8 options (created after the documented modules, so a default config draws the same init)
+        # the block's options (created after the documented modules, so a default config draws the same init)
         if cfg.z_in_init == "zero":
             nn.init.zeros_(self.z_in.weight)
             nn.init.zeros_(self.z_in.bias)

@@ -1,4 +1,4 @@
-"""ReplicaAdamW: AdamW whose step size is that of the replicas' averaged gradient (issue 20).
+"""ReplicaAdamW: AdamW whose step size is that of the replicas' averaged gradient.
 
 K replicas of a block each run AdamW on their own small batch and average their deltas. Each replica's
 second moment v estimates E[g^2] = mu^2 + s^2 of its own batch's gradient (mean mu, noise variance s^2),
@@ -16,7 +16,7 @@ deltas its last merge counted, own included, so a peer alone, or whose peers' de
 trains exactly as AdamW does. The state (step, exp_avg, exp_avg_sq) is AdamW's, so checkpoints move
 between the two freely.
 
-Measured (benchmarks/replica_sim.py, issue 20 in BENCHMARKS.md): with replicas averaging every step it
+Measured (benchmarks/replica_sim.py, BENCHMARKS.md#replica_sim): with replicas averaging every step it
 recovers most of what separates them from synchronous data parallelism (4 replicas: +4.31% -> +1.89% excess
 loss after 200 steps). With H=25 local steps between averages the replicas' drift apart costs more and this
 does not touch it: it led AdamW for the first ~600 steps and ended 0.023 nats behind at 1,600, its larger steps

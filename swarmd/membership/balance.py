@@ -1,4 +1,4 @@
-"""Block balance: which peers move to another block so that no block goes unserved (issue 22).
+"""Block balance: which peers move to another block so that no block goes unserved.
 
 Petals' rebalancing is the anchor (a peer re-checks the swarm and moves where it is needed), made
 deterministic so that every auto-placed peer, running the same rule over the same signed records,

@@ -1,4 +1,4 @@
-"""Proof of work on a peer identity: a nonce that makes a fresh Ed25519 key cost 2^D hashes (issue 21, item 4).
+"""Proof of work on a peer identity: a nonce that makes a fresh Ed25519 key cost 2^D hashes.
 
 Owns the work function and its check. An identity carries a nonce (PeerRecord.pow_nonce, signed with the record)
 such that sha256(POW_DOMAIN || public key || nonce as 8 bytes big-endian) has at least D leading zero bits; D is a

@@ -1,11 +1,11 @@
-"""Pure rules over signed PeerRecords: whose announced state a peer may adopt (issue 9's quorum rules).
+"""Pure rules over signed PeerRecords: whose announced state a peer may adopt (the quorum rules).
 
 quorum()            how many other peers must announce a state before anybody adopts it
 agreeing()          the records whose (round, weights) a quorum announces: the only re-sync targets
 round_backed()      whether a quorum of the whole swarm's records announces a round (a lone block record is not)
 rank(), reference() the reference of a part: highest round, then the largest group, then server mode, peer id
 diverged_majority() the majority a peer that trained apart (a partition) rejoins, even at a lower round
-candidates()        the distinct states a joiner pulls to compare on its held-out sample (issue 21), bounded
+candidates()        the distinct states a joiner pulls to compare on its held-out sample, bounded
 split_reference()   whom a peer moves to when last round's signed deltas showed a quorum on another base
 
 The records given are the signed ones (swarmd.membership.trust.is_valid); nothing here checks signatures,

@@ -52,18 +52,18 @@ class PeerRecord:
     client_mode: bool
     swarm_id: str
     emb_hash: str = ""  # hash of the shared byte table the current round started from
-    # issue 9: the record is signed by the Ed25519 key its peer_id names (swarmd.membership.trust); readers drop
+    # the record is signed by the Ed25519 key its peer_id names (swarmd.membership.trust); readers drop
     # unsigned, forged and expired records. tls_fingerprint: sha256 of the gRPC server's certificate ("" = no TLS)
     tls_fingerprint: str = ""
-    # issue 22: started on an explicit --block, so it never moves to another block (swarmd.membership.balance)
+    # started on an explicit --block, so it never moves to another block (swarmd.membership.balance)
     pinned: bool = False
     expires: float = 0.0  # unix time the owner signed this record to be valid until
     signature: str = ""  # hex Ed25519 signature over swarmd.membership.trust.record_bytes(self)
-    # issue 21: proof of work on the peer's public key (swarmd.membership.pow), needed where the swarm sets a
+    # proof of work on the peer's public key (swarmd.membership.pow), needed where the swarm sets a
     # difficulty. Left out of the value and of the signed bytes while 0, so records of peers that predate it
     # still verify, and theirs still read ours
     pow_nonce: int = 0
-    # issue 19: the swarm rounds this peer takes local steps in (TrainConfig.pipeline's window,
+    # the swarm rounds this peer takes local steps in (TrainConfig.pipeline's window,
     # swarmd.core.pipeline.pipeline_rounds; 0, 0 = every round). A peer that sits a round out waits only for the
     # peers that train it; a false window costs its writer its own place in others' waits, nothing more. Absent
     # while 0 (pow_nonce's rule)

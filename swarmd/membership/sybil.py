@@ -1,4 +1,4 @@
-"""What a new identity must do before it counts, and how many identities of one network count (issue 21, item 4).
+"""What a new identity must do before it counts, and how many identities of one network count.
 
 Anyone can make Ed25519 identities for free, so in a public swarm a count of signed records or deltas is a count of
 keys, not of people. Two pure rules make a key cost something (the third, a proof of work on the key, is

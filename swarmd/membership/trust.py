@@ -41,7 +41,7 @@ RECORD_DOMAIN = "blocktrain-record-v1"
 PAYLOAD_DOMAIN = "blocktrain-payload-v1"
 UNSIGNED = ("signature",)  # record fields left out of what is signed
 # newer record fields left out of what is signed while they hold 0, so a record signed before they existed
-# verifies as it did (issue 21's pow_nonce, issue 19's training window, the open-ended grow's held-out CE)
+# verifies as it did (the pow_nonce, the training window, the open-ended grow's held-out CE)
 SIGNED_UNLESS_ZERO = ("pow_nonce", "train_first", "train_last", "held_out_ce")
 CLOCK_SLACK_S = 5.0  # a record's own `expires` may lie this far in the past (clock skew between hosts)
 

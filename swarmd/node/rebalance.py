@@ -1,4 +1,4 @@
-"""When a --block auto peer moves to another block, and the state it takes there (issue 22: no empty block).
+"""When a --block auto peer moves to another block, and the state it takes there (no empty block).
 
 swarmd.membership.balance says who moves where over one view of the records. A trained peer moves only
 when two lookups in a row, the second newer than the first, name the same target: one DHT traversal

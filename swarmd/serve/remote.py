@@ -6,7 +6,7 @@ Owns (the choice of replica is swarmd.serve.routing's BlockRouter, re-exported h
     it keeps each step's input history (context bytes and z of every cached position) so a peer that
     lacks the session's cache (a fresh replica after failover, or one that evicted it) receives the
     whole prefix again with start_position 0 in the same call;
-  - verification (issue 21; swarmd.serve.verify, swarmd.serve.crosscheck): every answer passes range checks
+  - verification (swarmd.serve.verify, swarmd.serve.crosscheck): every answer passes range checks
     from the sampler math; with a VerifyPolicy, the first answer of every replica in a session and a share of
     the rest are recomputed on a second replica (majority of three when two disagree; with two of one base and
     no third, the client recomputes the hop from their pulled, verified weights: swarmd.serve.tiebreak). A peer

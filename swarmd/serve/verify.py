@@ -1,6 +1,6 @@
 """Verified inference: what a swarm client checks in every Forward answer, and how it judges replicas.
 
-Owns the pure part of issue 21 item 3 (no grpc, no routing; swarmd.serve.remote calls it):
+Owns the pure part of verified inference (no grpc, no routing; swarmd.serve.remote calls it):
   - `out_of_range()`: range checks any answer must pass, from the sampler math alone. An Euler step returns
     z' = r z + (1 - r) D with r = sigma_next / sigma and D = softmax(logits) @ E_hat, a convex combination
     of unit-norm table rows, so ||D|| <= 1 at every position: the client knows z and r, so it checks that

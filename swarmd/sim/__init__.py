@@ -1,4 +1,4 @@
-"""The asynchronous network simulator (issue 11): real training, codec, deadline and merge under a virtual clock.
+"""The asynchronous network simulator: real training, codec, deadline and merge under a virtual clock.
 
 regimes.py   Dist, Regime, the named presets (lockstep ... bad edge loose), `custom`, RoundDraw (sampling)
 policies.py  deadline policies: lockstep, fixed, adaptive (the daemon's DeadlinePolicy), quantile

@@ -14,7 +14,7 @@ Owns, for a client of the swarm like `blocktrain status` (no torch, no model, no
                   thread (start/stop; port 0 = any free port). The page carries the view of its
                   moment (page_with_view), and a page asked for before the first survey is done
                   waits for it (up to FIRST_VIEW_WAIT_S): its first paint shows the swarm, not
-                  "connecting" (issue 22);
+                  "connecting";
   run_dashboard   all of it until stopped (SIGINT/SIGTERM, or an event the caller sets).
 Server choice: the standard library's http.server. aiohttp is not installed (neither hivemind nor
 grpc pulls it in), the page needs two GET routes, and prometheus_client serves /metrics the same way

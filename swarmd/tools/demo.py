@@ -37,7 +37,7 @@ from swarmd.node.config import DaemonConfig, NetConfig, peer_train_config
 from swarmd.protocol import Codec
 
 DEMO_MODEL = ModelConfig(layers_per_block=1, d_model=64, hidden=256, seq_len=64)  # small enough for a laptop
-# pipelined (issue 19): every block of the demo's swarm lowers the CE; measured best on both configs
+# pipelined: every block of the demo's swarm lowers the CE; measured best on both configs
 DEMO_TRAIN = TrainConfig(batch_size=16, lr=3e-3, pipeline=True)
 DEMO_SWARM_ID = "demo"
 CHECKPOINT_FORMAT = "blocktrain-checkpoint/1"  # swarmd.core.checkpoint.FORMAT (that module imports torch)
