@@ -14,6 +14,7 @@ from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
 
 GROUP_LAYOUTS = ("grid", "balanced", "orthogonal")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
+PULL_CODECS = ("fp32", "int8")  # GossipConfig.pull_codec (swarmd.averaging.compact)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class GossipConfig:
     identities_per_range: int = 4  # identities of one /24 (/48) that count; the youngest beyond it are on probation
     drift_check: bool = True  # leave out a peer whose deviations from the merge keep pointing one way (drift.py)
     pow_bits: int = 0  # proof of work on the key every record must carry (swarmd.membership.pow; 0 = none)
+    # trajectory training's predecessor pulls (swarmd.averaging.compact): "fp32" (exact; mid-round ones fp16) or
+    # "int8" (per-row int8 + zstd, run frozen only; adoption and re-sync pulls stay fp32 and hash-checked)
+    pull_codec: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
@@ -103,5 +107,7 @@ class GossipConfig:
             raise ConfigError("group_size must be 0 (all-to-all) or >= 2, and group_full_every >= 0")
         if self.group_layout not in GROUP_LAYOUTS:
             raise ConfigError(f"group_layout must be one of {', '.join(GROUP_LAYOUTS)}, got {self.group_layout!r}")
+        if self.pull_codec not in PULL_CODECS:
+            raise ConfigError(f"pull_codec must be one of {', '.join(PULL_CODECS)}, got {self.pull_codec!r}")
         if self.table_group_size < 0 or self.table_group_size == 1:
             raise ConfigError("table_group_size must be 0 (all-to-all) or >= 2")

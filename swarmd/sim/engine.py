@@ -58,6 +58,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from swarmd.averaging.compact import PULL_INT8_LEVELS, check_pull_codec, roundtrip
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
@@ -113,6 +114,9 @@ class SimConfig:
     skip_late: bool = True  # skip the training of a worker that cannot make the deadline (see the module doc)
     overlap: bool = False  # merges land one round late, the next round's steps taken meanwhile (see the module doc)
     overlap_steps: int = 0  # with overlap: the next round's steps taken before a merge lands (0 = all H)
+    # predecessor pulls (trajectory training): "fp32" exact, or "int8" (swarmd.averaging.compact, at these levels)
+    pull_codec: str = "fp32"
+    pull_int8_levels: float | None = PULL_INT8_LEVELS
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
@@ -121,6 +125,7 @@ class SimConfig:
         if not 0 <= self.overlap_steps <= self.steps_per_round:
             raise ValueError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         object.__setattr__(self, "codec", Codec(self.codec))
+        check_pull_codec(self.pull_codec)
 
 
 @dataclass
@@ -245,6 +250,7 @@ class Simulator:
         self.pending: tuple[list[dict[PayloadKind, Tensors | None]], list[dict[PayloadKind, Tensors]]] | None = None
         self.pending_comm_s = 0.0
         self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
+        self.pulled: dict[str, tuple[int, int]] = {}  # this round's predecessor pulls per worker: (wire, raw) bytes
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -300,12 +306,22 @@ class Simulator:
         needed = {b for b, _ in trajectory_predecessors(self.cfg.model, w.block)} - {w.block}
         if needed:
             heads = {h.block: h for h in self.heads()}
-            w.state.use_predecessors({b: heads[b].state.base_block for b in needed})
+            w.state.use_predecessors(self._handoff(w, {b: heads[b].state.base_block for b in needed}))
+
+    def _handoff(self, w: _Worker, states: dict[int, Tensors]) -> dict[int, Tensors]:
+        """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled."""
+        out, (wire, raw) = {}, self.pulled.get(w.id, (0, 0))
+        for b, state in states.items():
+            out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
+            wire, raw = wire + n, raw + sum(4 * t.numel() for t in state.values())
+        self.pulled[w.id] = (wire, raw)
+        return out
 
     def _train(self, trained: list[_Worker]) -> dict[str, float]:
         """The round's H real steps of these workers (id -> train CE). Without overlap they run in
         TrainConfig.predecessor_pulls chunks, each worker's predecessors refreshed between chunks from the first
         trained replica of each predecessor block as it is then (the daemon's mid-round pulls, in lockstep)."""
+        self.pulled = {}
         for w in trained:
             self._use_predecessors(w)
         H = self.cfg.steps_per_round
@@ -327,7 +343,9 @@ class Simulator:
             if c:
                 working = {b: src.state.current()[0] for b, src in sources.items()}
                 for w in trained:
-                    w.state.refresh_predecessors(working)
+                    if w.state.predecessors:  # what it runs: a daemon pulls only those
+                        fresh = {b: working[b] for b in w.state.predecessors if b in working}
+                        w.state.refresh_predecessors(self._handoff(w, fresh))
             for w in trained:
                 parts[w.id].append(w.state.train_steps(chunk, w.batches))
         return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}

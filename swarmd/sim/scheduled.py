@@ -59,7 +59,8 @@ class ScheduleRecord:
     staffing: list[int]  # peers per block this round
     busy_share: float  # peer-seconds spent on training steps / (peers x round seconds)
     trained_s: float  # those peer-seconds
-    pull_bytes: int  # predecessor pulls and joiners' downloads this round
+    pull_bytes: int  # predecessor pulls (their real wire bytes: SimConfig.pull_codec) and joiners' downloads
+    pull_raw_bytes: int = 0  # the same at fp32
 
 
 class ScheduledSimulator(Simulator):
@@ -90,6 +91,8 @@ class ScheduledSimulator(Simulator):
         self.records: list[ScheduleRecord] = []
         self._compute: dict[str, float] = {}  # this round's priced training seconds per worker
         self._pulls: list[int] = []
+        self._downloads = 0  # this round's joiners' downloads (fp32: adopted state)
+        self._pull_ratio = 1.0  # wire over fp32 bytes of the last round's predecessor pulls (prices this round's)
 
     # -- staffing -------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -113,7 +116,7 @@ class ScheduledSimulator(Simulator):
         self.opened.add(block)
         keeper = self.keepers[block]
         if block > 0 and self.cfg.train.block_init == "predecessor":
-            keeper.state.use_predecessors({block - 1: self.keepers[block - 1].state.base_block})
+            keeper.state.use_predecessors(self._handoff(keeper, {block - 1: self.keepers[block - 1].state.base_block}))
             keeper.state.warm_start()
 
     def _staff(self, staffing: list[int]) -> None:
@@ -161,13 +164,15 @@ class ScheduledSimulator(Simulator):
         draw = super()._draw(n, steps)
         median = self.regime.compute_s.median or 1.0
         c = self.costs
-        self._pulls = []
+        self._pulls, self._downloads = [], 0
         for i, w in enumerate(self.workers):
             draw.compute_s[i] *= c.block_s[w.block] / median
             self._compute[w.id] = float(draw.compute_s[i])
             pulled = self.cfg.train.predecessor_pulls * w.block * c.block_bytes if self.cfg.train.trajectory_prob else 0
+            pulled = int(pulled * self._pull_ratio)
             if w.id in self.arrived:
                 pulled += c.block_bytes + c.table_bytes
+                self._downloads += c.block_bytes + c.table_bytes
             self._pulls.append(pulled)
             draw.compute_s[i] = max(float(draw.compute_s[i]), pulled / float(draw.bandwidth_Bps[i]))
         return draw
@@ -192,5 +197,15 @@ class ScheduledSimulator(Simulator):
             if keeper not in self.workers:
                 keeper.state.adopt(None, self.table)
         share = min(1.0, busy / max(1e-12, self.plan.peers * record.seconds))
-        self.records.append(ScheduleRecord(r, staffing, share, busy, int(sum(self._pulls))))
+        self.records.append(ScheduleRecord(r, staffing, share, busy, *self._pull_totals()))
         return record
+
+    def _pull_totals(self) -> tuple[int, int]:
+        """This round's (wire, fp32) bytes of predecessor pulls and downloads; fp32 pulls as priced on the clock
+        (TrainConfig.predecessor_pulls per predecessor), lossy ones as the engine encoded them."""
+        if self.cfg.pull_codec == "fp32":
+            return int(sum(self._pulls)), int(sum(self._pulls))
+        wire, raw = (sum(v) for v in zip(*self.pulled.values())) if self.pulled else (0, 0)
+        if raw:
+            self._pull_ratio = wire / raw
+        return int(wire + self._downloads), int(raw + self._downloads)
