@@ -108,6 +108,8 @@ class Metrics:
     bytes_received: int = 0
     raw_bytes_sent: int = 0
     raw_bytes_received: int = 0  # fp32 size the received payloads' headers declare (validated on decode)
+    bytes_pulled: int = 0  # of those, other blocks' states pulled (trajectory predecessors, CE measurement)
+    raw_bytes_pulled: int = 0  # ... at fp32 (GossipConfig.pull_codec "int8": about a quarter of it on the wire)
     rejected: int = 0  # payloads refused (validation, stale round, other base)
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> count; sums to rejected
     dial_failures: dict[str, int] = field(default_factory=dict)  # failure_reason -> exchanges we dialled that failed
@@ -150,6 +152,11 @@ class Metrics:
     def add_received(self, wire_bytes: int, raw_bytes: int = 0) -> None:
         self.bytes_received += int(wire_bytes)
         self.raw_bytes_received += int(raw_bytes)
+
+    def add_pulled(self, wire_bytes: int, raw_bytes: int = 0) -> None:
+        """Another block's state pulled (already in add_received): its wire and fp32 bytes."""
+        self.bytes_pulled += int(wire_bytes)
+        self.raw_bytes_pulled += int(raw_bytes)
 
     def reject(self, reason: str) -> None:
         """Count one refused payload under `reason` (a short snake_case word, e.g. stale_round)."""

@@ -86,13 +86,13 @@ class Gossip(PeerContext):
         """Adopt the reference's block and embedding if our base differs; returns what was pulled."""
         return await self.agreement.sync(records)
 
-    async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
-        """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        return await self.agreement.pulls.fetch_block(peer)
+    async def fetch_block(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+        """Download (and validate) another peer's block state without adopting it (StatePulls.fetch_block)."""
+        return await self.agreement.pulls.fetch_block(peer, compact)
 
-    async def fetch_working(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+    async def fetch_working(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
         """Another block's working weights now (mid-round; StatePulls.fetch_working)."""
-        return await self.agreement.pulls.fetch_working(peer)
+        return await self.agreement.pulls.fetch_working(peer, compact)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""

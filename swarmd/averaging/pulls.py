@@ -6,9 +6,10 @@ StatePulls owns the PullState traffic of state agreement (swarmd.averaging.agree
     signed newer state on that trajectory, at most REJOIN_AHEAD_ROUNDS ahead), its outer momentum bounded
     like the merges it sums; try_fetch logs a failure (and bans an unreachable peer) instead of raising;
   - fresh_state: a peer's current state, hashing to what its own signed header names (a rejoin's question);
-  - fetch_block: another peer's merged block for the CE measurement (swarmd.node.measure), never adopted;
+  - fetch_block: another peer's merged block for the CE measurement (swarmd.node.measure) or trajectory training's
+    frozen predecessors (compact: int8 + zstd, swarmd.averaging.compact), never adopted;
   - state_payload: what this peer answers a PullState with: the base, or the anchor its records announce
-    (group averaging), with the outer momentum when asked, signed (fp32).
+    (group averaging), with the outer momentum when asked, signed (fp32; a block int8 when asked compact).
 Talks to the peer's Transport only (no grpc here); hashes and decodes in the worker thread where costly.
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from swarmd.averaging import rejoin
 from swarmd.averaging.adoption import Candidate
+from swarmd.averaging.compact import encode_compact
 from swarmd.averaging.context import PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.outer import split_momentum, with_momentum
@@ -47,6 +49,8 @@ def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
         raise ValidationError(f"unknown state kind {kind or request.kind!r}")
     if kind.is_block and request.block_index != me.block_index:
         raise WrongBlock(f"this peer trains block {me.block_index}, not {request.block_index}")
+    if request.compact and (not kind.is_block or request.outer_state or request.weights_hash):
+        raise ValidationError("a compact pull is of a block state, without outer_state or weights_hash")
     return kind
 
 
@@ -124,22 +128,31 @@ class StatePulls:
             raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
         return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
 
-    async def fetch_block(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
-        """Download (and validate) another peer's block state without adopting it (CE measurement)."""
-        p = self.peer
-        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True)  # its merged block, not its anchor
-        return p.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
+    async def fetch_block(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+        """Download (and validate) another peer's block state without adopting it (CE measurement; compact: int8,
+        for trajectory training's frozen predecessors)."""
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact)  # not its anchor
+        return self.decode_block(enc, peer.block_index)
 
-    async def fetch_working(self, peer: PeerRecord) -> dict[str, torch.Tensor]:
+    async def fetch_working(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
         """Another block's working weights as its peer trains them now (mid-round), signed by that peer; not checked
         against any record (nothing announces mid-round weights): swarmd.node.peers bounds their distance from the
-        merged state before trajectory training runs them."""
-        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, working=True)
-        return self.peer.decode(enc, PayloadKind.BLOCK_STATE, peer.block_index)
+        merged state before trajectory training runs them. compact: int8 instead of fp16."""
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, working=True, compact=compact)
+        return self.decode_block(enc, peer.block_index)
+
+    def decode_block(self, enc: Encoded, block_index: int) -> dict[str, torch.Tensor]:
+        """A pulled block state, validated (decode: shapes, dtypes, sizes), every value finite; the predecessor
+        pulls' bytes counted (Metrics.add_pulled)."""
+        tensors = self.peer.decode(enc, PayloadKind.BLOCK_STATE, block_index)
+        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+            raise ValidationError(f"block {block_index} state holds NaN or infinite values")
+        self.peer.metrics.add_pulled(enc.wire_bytes, enc.raw_bytes)
+        return tensors
 
     async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
-        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working); the reply
-        must come signed by that peer (ValidationError otherwise)."""
+        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working / compact);
+        the reply must come signed by that peer (ValidationError otherwise)."""
         p = self.peer
         request = pb.PullStateRequest(
             swarm_id=p.me.swarm_id,
@@ -149,6 +162,7 @@ class StatePulls:
             outer_state=extra.get("outer_state", False),
             current=extra.get("current", False),
             working=extra.get("working", False),
+            compact=extra.get("compact", False),
         )
         enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
         self.check_signed(enc, peer.peer_id)
@@ -163,9 +177,15 @@ class StatePulls:
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState (request.working: the block's
-        working weights now as fp16, with the hash of their fp32 values: trajectory inputs of a later block)."""
+        working weights now as fp16, with the hash of their fp32 values: trajectory inputs of a later block;
+        request.compact: either block state int8, swarmd.averaging.compact, the hash still the fp32 weights')."""
         p = self.peer
         kind = requested_kind(p.me, request)
+        if request.compact:  # a frozen trajectory input elsewhere, never adopted (requested_kind: a block only)
+            round_, tensors, base_hash = self.block_now(request.working)
+            enc = sign_payload(encode_compact(tensors, base_hash=base_hash, **p.hdr(kind, round_)), p.identity)
+            p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
+            return enc
         if request.working and kind.is_block:
             # fp16 on the wire: half the bytes; ~5e-4 relative error on weights that only run forward elsewhere
             tensors = p.state.current()[0]
@@ -182,3 +202,12 @@ class StatePulls:
         enc = sign_payload(encode(tensors, Codec.FP32, base_hash=base_hash, **p.hdr(kind, round)), p.identity)
         p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
         return enc
+
+    def block_now(self, working: bool) -> tuple[int, dict[str, torch.Tensor], str]:
+        """(round, our block's working weights (mid-round) or merged state, their fp32 hash)."""
+        p = self.peer
+        if working:
+            tensors = p.state.current()[0]
+            return p.state.round, tensors, weights_hash(tensors)
+        block, _, block_hash, _ = p.state.named_snapshot()
+        return p.state.round, block, block_hash

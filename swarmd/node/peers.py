@@ -4,7 +4,8 @@ Owns the order peers of a block are asked in (pull_order: the weights most recor
 pulls of other blocks' merged states (one block, several, or all the predecessors trajectory training
 runs frozen, or none), the round-start load of those predecessors into the BlockState, and their
 mid-round refresh from the predecessors' working weights (bounded by how far our own block moved in the
-same steps: WORKING_DRIFT). Every pull is best effort: a peer that fails is logged and skipped. No
+same steps: WORKING_DRIFT). Predecessor pulls go as GossipConfig.pull_codec says (int8: compact, frozen inputs
+only, swarmd.averaging.compact). Every pull is best effort: a peer that fails is logged and skipped. No
 policy, no state of its own. What the pulled blocks are measured with (the assembled model's CE) is
 swarmd.node.measure.
 """
@@ -42,21 +43,30 @@ def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
     return sorted(candidates, key=lambda r: (-shared[r.base_hash], -r.round, r.peer_id))
 
 
-async def pull_block(gossip: Gossip, records: list[PeerRecord], block_index: int) -> StateDict | None:
+def pulls_compact(gossip: Gossip) -> bool:
+    """Whether this peer pulls its trajectory predecessors compact (int8; GossipConfig.pull_codec)."""
+    return gossip.cfg.pull_codec == "int8"
+
+
+async def pull_block(
+    gossip: Gossip, records: list[PeerRecord], block_index: int, compact: bool = False
+) -> StateDict | None:
     """The merged state of another block from the first peer of pull_order that answers (None if none does)."""
     for r in pull_order(records, block_index):
         try:
-            return await gossip.fetch_block(r)
+            return await gossip.fetch_block(r, compact)
         except SwarmdError as exc:
             logger.info("%s could not pull block %d from %s: %s", gossip.tag, block_index, r.peer_id[-6:], exc)
     return None
 
 
-async def pull_blocks(gossip: Gossip, records: list[PeerRecord], blocks: Iterable[int]) -> dict[int, StateDict]:
+async def pull_blocks(
+    gossip: Gossip, records: list[PeerRecord], blocks: Iterable[int], compact: bool = False
+) -> dict[int, StateDict]:
     """block index -> merged state, for each of `blocks` some peer served (one after the other)."""
     pulled = {}
     for b in blocks:
-        if (state := await pull_block(gossip, records, b)) is not None:
+        if (state := await pull_block(gossip, records, b, compact)) is not None:
             pulled[b] = state
     return pulled
 
@@ -74,7 +84,7 @@ async def pull_predecessors(
     ended and left), a round-old predecessor costs little. None, with a warning, when one was never pulled (the
     round then trains on noisy targets)."""
     needed = sorted({b for b, _ in trajectory_predecessors(cfg, block_index)})
-    pulled = await pull_blocks(gossip, records, needed)
+    pulled = await pull_blocks(gossip, records, needed, pulls_compact(gossip))
     missing = [b for b in needed if b not in pulled]
     if missing and held is not None and all(b in held for b in missing):
         logger.warning(
@@ -131,7 +141,7 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
     for b, merged in sorted(state.predecessors.items()):
         for r in pull_order(records, b):
             try:
-                working = await gossip.fetch_working(r)
+                working = await gossip.fetch_working(r, pulls_compact(gossip))
             except SwarmdError as exc:
                 logger.info(
                     "%s could not pull block %d's working weights from %s: %s", gossip.tag, b, r.peer_id[-6:], exc

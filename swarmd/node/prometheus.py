@@ -98,13 +98,14 @@ class MetricsCollector(Collector):
             "consensus_distance", "Max relative distance to same-block peers at our round.", m.consensus_distance
         )
         yield self._gauge("start_time_seconds", "Unix time the daemon started.", m.started_wall)
-        for direction, wire, raw in (
-            ("sent", m.bytes_sent, m.raw_bytes_sent),
-            ("received", m.bytes_received, m.raw_bytes_received),
+        for direction, what, wire, raw in (
+            ("sent", "Gossip and state bytes sent", m.bytes_sent, m.raw_bytes_sent),
+            ("received", "Gossip and state bytes received", m.bytes_received, m.raw_bytes_received),
+            ("pulled", "Other blocks' states pulled (of those received)", m.bytes_pulled, m.raw_bytes_pulled),
         ):
             family = CounterMetricFamily(
                 f"{PREFIX}_{direction}_bytes",
-                f"Gossip and state bytes {direction}: encoding=wire (codec + zstd) or raw (fp32 before the codec).",
+                f"{what}: encoding=wire (codec + zstd) or raw (fp32 before the codec).",
                 labels=[*self.label_names, "encoding"],
             )
             family.add_metric([*self.label_values, "wire"], wire)
