@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
 from benchmarks.harness.results import command_line, machine, write_json
+from swarmd.averaging.compact import PULL_CODECS, PULL_INT8_LEVELS
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce
@@ -61,6 +62,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 5e-3, 8e-3], help="the end-to-end models' lr sweep")
     p.add_argument("--swarm-lrs", type=float, nargs="+", help="the swarms' lr sweep (default: the E2E's best)")
     p.add_argument("--min-lr-ratio", type=float, default=0.0)
+    p.add_argument("--pull-codec", choices=PULL_CODECS, default="fp32", help="predecessor pulls (SimConfig.pull_codec)")
+    p.add_argument("--pull-int8-levels", type=float, default=PULL_INT8_LEVELS, help="int8 pulls' steps per row rms")
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
     p.add_argument("--references", nargs="+", default=["sync_dp", "pipelined", "one_block"])
     p.add_argument("--stop-at-target", action="store_true", help="end each swarm once it reaches the target CE")
@@ -122,7 +125,17 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
     turn = max(1, round(share * rounds_per_block))
     rounds = B * turn if name == "sequential" else rounds_per_block
     regime = priced_regime(regime_named(regime_name), costs.block_s[0])
-    sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every)
+    sim_cfg = SimConfig(
+        cfg,
+        train,
+        1,
+        rounds,
+        H,
+        eval_tokens=a.eval_tokens,
+        eval_every=a.eval_every,
+        pull_codec=a.pull_codec,
+        pull_int8_levels=a.pull_int8_levels or None,
+    )
     policy = make_policy(regime_policy(regime), regime, H)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, SchedulePlan(name, k * B, turn, pinned), costs)
     result = SimResult(regime.name, policy.name, train.seed, sim.measure())
@@ -159,7 +172,7 @@ def raw_bytes_per_round(sim: ScheduledSimulator, peers: int, rounds: int, costs:
     for rec in sim.records:
         for n in rec.staffing:
             raw += n * ((n - 1) * costs.block_bytes + (sum(rec.staffing) - 1) * costs.table_bytes)
-        raw += rec.pull_bytes
+        raw += rec.pull_raw_bytes
     return raw / (peers * rounds)
 
 
