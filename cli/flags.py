@@ -335,6 +335,15 @@ GroupFullEvery = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
+PullCodec = Annotated[
+    str,
+    flag(
+        "--pull-codec",
+        "How this peer pulls the earlier blocks trajectory training runs frozen: fp32 (exact; mid-round ones fp16) "
+        "or int8 (per-row int8 + zstd, about a fifth of the bytes; never used for adopted or re-synced state).",
+        S,
+    ),
+]
 GroupLayout = Annotated[
     str,
     flag(

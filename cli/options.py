@@ -112,6 +112,7 @@ class PeerOptions(OptionGroup):
         "group_size": GOSSIP.group_size,
         "group_full_every": GOSSIP.group_full_every,
         "group_layout": GOSSIP.group_layout,
+        "pull_codec": GOSSIP.pull_codec,
         "table_group_size": GOSSIP.table_group_size,
         "keep_trying": DAEMON.keep_trying,
         "adopt_tolerance": GOSSIP.adopt_tolerance,
@@ -164,6 +165,7 @@ class PeerOptions(OptionGroup):
     group_size: f.GroupSize
     group_full_every: f.GroupFullEvery
     group_layout: f.GroupLayout
+    pull_codec: f.PullCodec
     table_group_size: f.TableGroupSize
     keep_trying: f.KeepTrying
     adopt_tolerance: f.AdoptTolerance
@@ -209,6 +211,7 @@ class PeerOptions(OptionGroup):
             group_size=self.group_size,
             group_full_every=self.group_full_every,
             group_layout=self.group_layout,
+            pull_codec=self.pull_codec,
             table_group_size=self.table_group_size,
             adopt_tolerance=self.adopt_tolerance,
             merge_check_tolerance=self.merge_check_tolerance,

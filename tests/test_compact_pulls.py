@@ -179,3 +179,25 @@ def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
     meta = dict(swarm_id="test", config_hash=last.cfg.config_hash(), kind=PayloadKind.BLOCK_STATE, block_index=0)
     assert weights_hash(decode(exact, shapes, **meta)) == exact.header.base_hash == compact.header.base_hash
     assert compact.wire_bytes < 0.35 * exact.wire_bytes
+
+
+def test_the_pull_codec_flag_reaches_the_gossip_config_and_its_json(tmp_path):
+    import json
+    from dataclasses import fields
+    from pathlib import Path
+
+    from cli import options as o
+    from swarmd.core.config import ModelConfig
+    from swarmd.node.config import DaemonConfig
+
+    given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
+    assert given["pull_codec"] == "fp32"
+    train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
+    peer = o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "int8"})
+    config = peer.config(ModelConfig(), train, [], Path(__file__), None)
+    again = DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert config.gossip.pull_codec == again.gossip.pull_codec == "int8"
+    with pytest.raises(ConfigError, match="pull_codec"):
+        o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "int4"}).config(
+            ModelConfig(), train, [], Path(__file__), None
+        )
