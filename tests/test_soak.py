@@ -27,7 +27,9 @@ def test_the_fault_schedule_is_seeded_spaced_within_bounds_and_ends_before_the_r
     times = [0.0] + [f["t"] for f in a]
     assert all(59.9 <= b - x <= 180.1 for x, b in itertools.pairwise(times))
     assert times[-1] < 3600 and 3600 - times[-1] <= 180
-    assert 20 <= len(a) <= 60 and {f["kind"] for f in a} == set(FAULTS)  # an hour draws every kind
+    assert 20 <= len(a) <= 60
+    kinds = [f["kind"] for f in a]
+    assert all(sorted(kinds[i : i + 6]) == sorted(FAULTS) for i in range(0, len(kinds) - 5, 6))  # each six: every kind
     assert draw_schedule(0, 30, (60, 180)) == []
 
 

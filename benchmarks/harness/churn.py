@@ -2,9 +2,10 @@
 
 Owns: FAULTS (the kinds: kill -9 and restart from the checkpoint, SIGTERM and rejoin, a new joiner, a peer leaving
 for good, the DHT bootstrap peer, peer 0, killed and restarted, a peer's whole process group paused), draw_schedule
-(when and which, from a seed) and Churn, which injects them without blocking: inject(kind, t) starts a fault, tick(t)
-carries on the ones in flight (the SIGCONT after a pause, the restart after a stop, a restarted peer's readiness and
-the round it resumed), release() ends what is in flight (paused groups continue, so that they can be stopped).
+(when and which, from a seed: every kind once in every six) and Churn, which injects them without blocking:
+inject(kind, t) starts a fault, tick(t) carries on the ones in flight (the SIGCONT after a pause, the restart after a
+stop, a restarted peer's readiness and the round it resumed), release() continues the paused groups (so that they
+can be stopped).
 Churn keeps the swarm from shrinking to nothing: a peer leaves only while more than min_peers are up, joins only
 while fewer than max_peers are (else the other of the two happens), and a fault takes down no peer whose block has
 no other peer up (nor a peer with a fault in flight; peer 0 takes only its own). A restart that does not resume its
@@ -36,15 +37,18 @@ def killpg(proc: subprocess.Popen, sig: int) -> None:
 
 
 def draw_schedule(seed: int, duration_s: float, every_s: tuple[float, float], start_s: float = 0.0) -> list[dict]:
-    """The faults of a run: one every uniform(*every_s) seconds from start_s on, of a kind drawn uniformly from
-    FAULTS, until duration_s; each {"t", "kind"} (the same seed, the same schedule)."""
+    """The faults of a run: one every uniform(*every_s) seconds from start_s on, until duration_s, their kinds
+    FAULTS in a shuffled order, shuffled again after every len(FAULTS) (a run of six faults has every kind); each
+    {"t", "kind"} (the same seed, the same schedule)."""
     rng, t = random.Random(seed), start_s
     out: list[dict] = []
+    kinds: list[str] = []
     while True:
         t += rng.uniform(*every_s)
         if t >= duration_s:
             return out
-        out.append({"t": round(t, 1), "kind": rng.choice(FAULTS)})
+        kinds = kinds or rng.sample(FAULTS, len(FAULTS))
+        out.append({"t": round(t, 1), "kind": kinds.pop()})
 
 
 @dataclass
