@@ -12,7 +12,7 @@ import pytest
 import torch
 from swarm_utils import link_static, running, trajectory_config
 
-from swarmd.averaging.compact import PULL_INT8_LEVELS, encode_compact, roundtrip
+from swarmd.averaging.compact import PULL_INT8_LEVELS, compact_decoding, delta_roundtrip, encode_compact, roundtrip
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delta import decode, shapes_of
 from swarmd.averaging.pulls import requested_kind
@@ -48,6 +48,17 @@ def test_int8_round_trip_is_within_half_a_step_per_row_at_about_a_quarter_of_the
     assert exact is state and n == raw
     with pytest.raises(ValueError, match="pull codec"):
         roundtrip(state, "int4", 0)
+
+
+def test_a_mid_round_delta_against_the_held_compact_state_is_within_a_step_of_the_delta():
+    state = _state()
+    held = compact_decoding(state, 0)
+    working = {k: v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) for k, v in state.items()}
+    got, wire = delta_roundtrip(working, held, 0)
+    for k in state:
+        delta = working[k] - held[k]
+        assert float((got[k] - working[k]).norm()) <= 0.15 * float(delta.norm()) + 1e-7, k
+    assert wire < 0.2 * sum(4 * t.numel() for t in state.values())
 
 
 def test_pull_codec_is_validated():
@@ -103,6 +114,10 @@ def test_a_compact_request_is_for_a_block_state_only_without_outer_state_or_a_we
     ):
         with pytest.raises(ValidationError, match="compact pull"):
             requested_kind(me, pb.PullStateRequest(**{**base, **bad}))
+    assert requested_kind(me, pb.PullStateRequest(**base, working=True, against="ab")) == PayloadKind.BLOCK_STATE
+    for bad in ({"against": "ab"}, {"against": "ab", "compact": False, "working": True}):
+        with pytest.raises(ValidationError, match="against a held state"):
+            requested_kind(me, pb.PullStateRequest(**{**base, **bad}))
 
 
 def test_the_simulator_hands_int8_predecessors_over_and_counts_their_real_bytes(tmp_path):
@@ -149,7 +164,10 @@ def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
             start = last.metrics.bytes_pulled, last.metrics.raw_bytes_pulled
             for d in daemons:
                 await asyncio.wait_for(d.train(2), 60)
+            held = last.state.predecessors[0]
             refreshed = await asyncio.wait_for(refresh_predecessors(last.gossip, last.state, await last.records()), 30)
+            working0 = first.state.current()[0]
+            runs = {k: v.clone() for k, v in last.state.trainer.others[0].state_dict().items()}
             client = PeerClient()
             try:
                 ask = dict(swarm_id="test", config_hash=last.cfg.config_hash(), block_index=0)
@@ -161,11 +179,17 @@ def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
                     pb.PullStateRequest(kind=pb.PAYLOAD_KIND_BLOCK_STATE, compact=True, **ask),
                     5.0,
                 )
+                replies = []
+                for against in (first.state.block_hash, "0" * 16):  # the state it holds; one it never held
+                    request = pb.PullStateRequest(
+                        kind=pb.PAYLOAD_KIND_BLOCK_STATE, compact=True, working=True, against=against, **ask
+                    )
+                    replies.append(await client.pull_state(first.server.address, request, 5.0))
             finally:
                 await client.close()
-            return merged0, pulled, start, refreshed, exact, compact, last
+            return merged0, pulled, start, refreshed, exact, compact, last, (held, working0, runs, replies)
 
-    merged0, pulled, start, refreshed, exact, compact, last = asyncio.run(scenario())
+    merged0, pulled, start, refreshed, exact, compact, last, mid = asyncio.run(scenario())
     assert any(not torch.equal(pulled[k], merged0[k]) for k in merged0)  # int8, not the exact weights ...
     for k, v in merged0.items():  # ... within its steps (~1/sqrt(12) of one in rms)
         assert float((pulled[k] - v).norm()) <= 0.05 * float(v.norm()) + 1e-6, k
@@ -179,6 +203,13 @@ def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
     meta = dict(swarm_id="test", config_hash=last.cfg.config_hash(), kind=PayloadKind.BLOCK_STATE, block_index=0)
     assert weights_hash(decode(exact, shapes, **meta)) == exact.header.base_hash == compact.header.base_hash
     assert compact.wire_bytes < 0.35 * exact.wire_bytes
+    # mid-round: an int8 delta against the compact merged state the block-1 peer holds, added to it
+    held, working0, runs, (delta, full) = mid
+    assert delta.header.kind == pb.PAYLOAD_KIND_BLOCK_DELTA and delta.header.base_hash == exact.header.base_hash
+    assert full.header.kind == pb.PAYLOAD_KIND_BLOCK_STATE and full.header.base_hash == weights_hash(working0)
+    for k, v in working0.items():
+        moved = float((v - held[k]).norm())
+        assert float((runs[k] - v).norm()) <= 0.15 * moved + 1e-6, k  # within the delta's steps, not the weights'
 
 
 def test_the_pull_codec_flag_reaches_the_gossip_config_and_its_json(tmp_path):

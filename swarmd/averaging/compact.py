@@ -5,10 +5,15 @@ TrainConfig.predecessor_pulls times a round: at fp32 those pulls, not the int8 d
 bytes. PULL_CODECS names what a peer may ask for them (GossipConfig.pull_codec): "fp32" (exact; the mid-round
 working weights as fp16) or "int8" (swarmd.averaging.delta's per-row int8 codec on the weights themselves, step
 max(absmax / 127, rms / PULL_INT8_LEVELS) per row; ~PULL_INT8_LEVELS x sqrt(12) rms levels of relative error).
-The header's base_hash stays the hash of the exact fp32 weights (what records announce), so a quantised pull is
-never checked against a hash and never adopted: adoption, re-sync, rejoin and joiner state are always fp32 and
-hash-checked (swarmd.averaging.pulls). roundtrip is the simulator's hand-off: the decoded weights a puller runs
-and the real wire bytes. Pure: no grpc, no asyncio.
+A mid-round pull names (PullStateRequest.against) the merged state it pulled compact at round start; while the
+peer still holds that state it answers its working weights less compact_decoding(that state) as an int8 delta
+(the delta codec's step rule: ~7% of a small delta instead of a share of the weights), which the puller adds to
+what it holds. The encoder is deterministic, so both sides hold the same decoding; a peer that merged since
+answers the compact working state instead. The header's base_hash stays the hash of the exact fp32 weights
+(what records announce), so a quantised pull is never checked against a hash and never adopted: adoption,
+re-sync, rejoin and joiner state are always fp32 and hash-checked (swarmd.averaging.pulls). roundtrip and
+delta_roundtrip are the simulator's hand-off: the decoded weights a puller runs and the real wire bytes.
+Pure: no grpc, no asyncio.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ def encode_compact(tensors: dict[str, torch.Tensor], levels: float | None = PULL
     return encode(tensors, Codec.INT8, int8_rms_levels=levels, **header)
 
 
+def compact_decoding(tensors: dict[str, torch.Tensor], block_index: int) -> dict[str, torch.Tensor]:
+    """What a puller decodes of this block state pulled compact (the encoder is deterministic, so the server that
+    sent it can take a mid-round delta against exactly this)."""
+    return roundtrip(tensors, "int8", block_index)[0]
+
+
 def roundtrip(
     tensors: dict[str, torch.Tensor], codec: str, block_index: int, levels: float | None = PULL_INT8_LEVELS
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -48,3 +59,14 @@ def roundtrip(
     meta: dict[str, Any] = dict(swarm_id="sim", config_hash="sim", kind=PayloadKind.BLOCK_STATE)
     enc = encode_compact(tensors, levels, block_index=block_index, **meta)
     return decode(enc, shapes_of(tensors), block_index=block_index, **meta), enc.wire_bytes
+
+
+def delta_roundtrip(
+    working: dict[str, torch.Tensor], held: dict[str, torch.Tensor], block_index: int
+) -> tuple[dict[str, torch.Tensor], int]:
+    """A mid-round pull as an int8 delta (the delta codec's step rule) against `held`, the compact round-start
+    state the puller holds: held + decoded(working - held) and the wire bytes (the simulator's hand-off)."""
+    meta: dict[str, Any] = dict(swarm_id="sim", config_hash="sim", kind=PayloadKind.BLOCK_DELTA)
+    enc = encode({k: working[k] - held[k] for k in held}, Codec.INT8, block_index=block_index, **meta)
+    step = decode(enc, shapes_of(held), block_index=block_index, **meta)
+    return {k: held[k] + step[k] for k in held}, enc.wire_bytes

@@ -90,9 +90,11 @@ class Gossip(PeerContext):
         """Download (and validate) another peer's block state without adopting it (StatePulls.fetch_block)."""
         return await self.agreement.pulls.fetch_block(peer, compact)
 
-    async def fetch_working(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+    async def fetch_working(
+        self, peer: PeerRecord, compact: bool = False, held: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Another block's working weights now (mid-round; StatePulls.fetch_working)."""
-        return await self.agreement.pulls.fetch_working(peer, compact)
+        return await self.agreement.pulls.fetch_working(peer, compact, held)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState."""

@@ -22,7 +22,7 @@ import torch
 
 from swarmd.averaging import rejoin
 from swarmd.averaging.adoption import Candidate
-from swarmd.averaging.compact import encode_compact
+from swarmd.averaging.compact import compact_decoding, encode_compact
 from swarmd.averaging.context import PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.outer import split_momentum, with_momentum
@@ -51,6 +51,8 @@ def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
         raise WrongBlock(f"this peer trains block {me.block_index}, not {request.block_index}")
     if request.compact and (not kind.is_block or request.outer_state or request.weights_hash):
         raise ValidationError("a compact pull is of a block state, without outer_state or weights_hash")
+    if request.against and not (request.compact and request.working):
+        raise ValidationError("a pull against a held state is a compact pull of working weights")
     return kind
 
 
@@ -62,6 +64,9 @@ class StatePulls:
 
     def __init__(self, peer: PeerContext):
         self.peer = peer
+        self._held: tuple[str, dict[str, torch.Tensor]] | None = None  # compact_held's last (hash, decoding)
+        # block -> (base_hash, tensors) of the last compact merged state pulled of it (fetch_working's `against`)
+        self.pulled_compact: dict[int, tuple[str, dict[str, torch.Tensor]]] = {}
 
     async def fetch(
         self, peer: PeerRecord, kind: PayloadKind, expect: tuple[str, int] | None, round_limit: int | None, back: bool
@@ -132,14 +137,31 @@ class StatePulls:
         """Download (and validate) another peer's block state without adopting it (CE measurement; compact: int8,
         for trajectory training's frozen predecessors)."""
         enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact)  # not its anchor
-        return self.decode_block(enc, peer.block_index)
+        tensors = self.decode_block(enc, peer.block_index)
+        if compact:  # what a mid-round pull of its working weights may come as a delta against
+            self.pulled_compact[peer.block_index] = (enc.header.base_hash, tensors)
+        return tensors
 
-    async def fetch_working(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+    async def fetch_working(
+        self, peer: PeerRecord, compact: bool = False, held: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Another block's working weights as its peer trains them now (mid-round), signed by that peer; not checked
         against any record (nothing announces mid-round weights): swarmd.node.peers bounds their distance from the
-        merged state before trajectory training runs them. compact: int8 instead of fp16."""
-        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, working=True, compact=compact)
-        return self.decode_block(enc, peer.block_index)
+        merged state before trajectory training runs them. compact: int8 instead of fp16, as a delta against `held`
+        when that is the compact merged state fetch_block last pulled of the block and the peer still holds it."""
+        b = peer.block_index
+        against = self.held_hash(b, held) if compact else ""
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, working=True, compact=compact, against=against)
+        if enc.header.kind != PayloadKind.BLOCK_DELTA.to_pb() or not against or held is None:
+            return self.decode_block(enc, b)
+        if enc.header.base_hash != against:
+            raise ValidationError(f"delta against {enc.header.base_hash[:12] or '?'}, asked against {against[:12]}")
+        step = self.peer.decode(enc, PayloadKind.BLOCK_DELTA, b)
+        tensors = {k: held[k] + step[k] for k in held}
+        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+            raise ValidationError(f"block {b} working weights hold NaN or infinite values")
+        self.peer.metrics.add_pulled(enc.wire_bytes, enc.raw_bytes)
+        return tensors
 
     def decode_block(self, enc: Encoded, block_index: int) -> dict[str, torch.Tensor]:
         """A pulled block state, validated (decode: shapes, dtypes, sizes), every value finite; the predecessor
@@ -150,8 +172,17 @@ class StatePulls:
         self.peer.metrics.add_pulled(enc.wire_bytes, enc.raw_bytes)
         return tensors
 
-    async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool) -> Encoded:
-        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working / compact);
+    def held_hash(self, block_index: int, held: dict[str, torch.Tensor] | None) -> str:
+        """The base_hash of `held` when it is (the very tensors of) the compact merged state last pulled of this
+        block, else ""."""
+        last = self.pulled_compact.get(block_index)
+        if held is None or last is None or last[1].keys() != held.keys():
+            return ""
+        return last[0] if all(last[1][k] is held[k] for k in held) else ""
+
+    async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool | str) -> Encoded:
+        """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working / compact /
+        against);
         the reply must come signed by that peer (ValidationError otherwise)."""
         p = self.peer
         request = pb.PullStateRequest(
@@ -159,10 +190,11 @@ class StatePulls:
             config_hash=p.me.config_hash,
             kind=kind.to_pb(),
             block_index=peer.block_index if kind.is_block else -1,
-            outer_state=extra.get("outer_state", False),
-            current=extra.get("current", False),
-            working=extra.get("working", False),
-            compact=extra.get("compact", False),
+            outer_state=bool(extra.get("outer_state", False)),
+            current=bool(extra.get("current", False)),
+            working=bool(extra.get("working", False)),
+            compact=bool(extra.get("compact", False)),
+            against=str(extra.get("against", "")),
         )
         enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
         self.check_signed(enc, peer.peer_id)
@@ -182,8 +214,7 @@ class StatePulls:
         p = self.peer
         kind = requested_kind(p.me, request)
         if request.compact:  # a frozen trajectory input elsewhere, never adopted (requested_kind: a block only)
-            round_, tensors, base_hash = self.block_now(request.working)
-            enc = sign_payload(encode_compact(tensors, base_hash=base_hash, **p.hdr(kind, round_)), p.identity)
+            enc = sign_payload(self.compact_payload(request), p.identity)
             p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
             return enc
         if request.working and kind.is_block:
@@ -203,11 +234,23 @@ class StatePulls:
         p.metrics.add_sent(enc.wire_bytes, enc.raw_bytes)
         return enc
 
-    def block_now(self, working: bool) -> tuple[int, dict[str, torch.Tensor], str]:
-        """(round, our block's working weights (mid-round) or merged state, their fp32 hash)."""
+    def compact_payload(self, request: pb.PullStateRequest) -> Encoded:
+        """A compact pull's answer (unsigned): our merged block or working weights int8, or, asked `against` the
+        merged state we still hold, the working weights less that state's compact decoding as an int8 delta."""
         p = self.peer
-        if working:
-            tensors = p.state.current()[0]
-            return p.state.round, tensors, weights_hash(tensors)
-        block, _, block_hash, _ = p.state.named_snapshot()
-        return p.state.round, block, block_hash
+        block, block_hash = p.state.named_snapshot()[::2]
+        if not request.working:
+            return encode_compact(block, base_hash=block_hash, **p.hdr(PayloadKind.BLOCK_STATE, p.state.round))
+        working = p.state.current()[0]
+        if request.against and request.against == block_hash:
+            held = self.compact_held(block, block_hash)
+            step = {k: working[k] - held[k] for k in held}
+            return encode(step, Codec.INT8, base_hash=block_hash, **p.hdr(PayloadKind.BLOCK_DELTA, p.state.round))
+        return encode_compact(working, base_hash=weights_hash(working), **p.hdr(PayloadKind.BLOCK_STATE, p.state.round))
+
+    def compact_held(self, block: dict[str, torch.Tensor], block_hash: str) -> dict[str, torch.Tensor]:
+        """What a peer holds of our merged block pulled compact: its compact decoding (deterministic; the last one
+        kept, by hash)."""
+        if self._held is None or self._held[0] != block_hash:
+            self._held = (block_hash, compact_decoding(block, self.peer.me.block_index))
+        return self._held[1]

@@ -141,7 +141,7 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
     for b, merged in sorted(state.predecessors.items()):
         for r in pull_order(records, b):
             try:
-                working = await gossip.fetch_working(r, pulls_compact(gossip))
+                working = await gossip.fetch_working(r, pulls_compact(gossip), merged)  # compact: a delta to it
             except SwarmdError as exc:
                 logger.info(
                     "%s could not pull block %d's working weights from %s: %s", gossip.tag, b, r.peer_id[-6:], exc

@@ -58,7 +58,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from swarmd.averaging.compact import PULL_INT8_LEVELS, check_pull_codec, roundtrip
+from swarmd.averaging.compact import PULL_INT8_LEVELS, check_pull_codec, delta_roundtrip, roundtrip
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
@@ -308,11 +308,17 @@ class Simulator:
             heads = {h.block: h for h in self.heads()}
             w.state.use_predecessors(self._handoff(w, {b: heads[b].state.base_block for b in needed}))
 
-    def _handoff(self, w: _Worker, states: dict[int, Tensors]) -> dict[int, Tensors]:
-        """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled."""
+    def _handoff(
+        self, w: _Worker, states: dict[int, Tensors], held: dict[int, Tensors] | None = None
+    ) -> dict[int, Tensors]:
+        """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled;
+        int8 mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those."""
         out, (wire, raw) = {}, self.pulled.get(w.id, (0, 0))
         for b, state in states.items():
-            out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
+            if held is not None and b in held and self.cfg.pull_codec == "int8":
+                out[b], n = delta_roundtrip(state, held[b], b)
+            else:
+                out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
             wire, raw = wire + n, raw + sum(4 * t.numel() for t in state.values())
         self.pulled[w.id] = (wire, raw)
         return out
@@ -345,7 +351,7 @@ class Simulator:
                 for w in trained:
                     if w.state.predecessors:  # what it runs: a daemon pulls only those
                         fresh = {b: working[b] for b in w.state.predecessors if b in working}
-                        w.state.refresh_predecessors(self._handoff(w, fresh))
+                        w.state.refresh_predecessors(self._handoff(w, fresh, w.state.predecessors))
             for w in trained:
                 parts[w.id].append(w.state.train_steps(chunk, w.batches))
         return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}
