@@ -23,12 +23,14 @@ from typing import Any
 import torch
 
 from swarmd.averaging.config import PULL_CODECS
-from swarmd.averaging.delta import decode, encode, shapes_of
+from swarmd.averaging.delta import INT8_RMS_LEVELS, decode, encode, shapes_of
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.transport.framing import Encoded
 
 # int8 steps per row rms of a quantised pull (the delta codec's step rule on weights; None = absmax / 127)
 PULL_INT8_LEVELS: float | None = 16.0
+# ... and of a mid-round delta against the held state (the delta codec's own rule)
+PULL_DELTA_LEVELS: float | None = INT8_RMS_LEVELS
 
 
 def check_pull_codec(name: str) -> str:
@@ -49,6 +51,11 @@ def compact_decoding(tensors: dict[str, torch.Tensor], block_index: int) -> dict
     return roundtrip(tensors, "int8", block_index)[0]
 
 
+def encode_delta(step: dict[str, torch.Tensor], **header: Any) -> Encoded:
+    """A mid-round pull's int8 delta against the held state (PULL_DELTA_LEVELS); `header`: encode's keywords."""
+    return encode(step, Codec.INT8, int8_rms_levels=PULL_DELTA_LEVELS, **header)
+
+
 def roundtrip(
     tensors: dict[str, torch.Tensor], codec: str, block_index: int, levels: float | None = PULL_INT8_LEVELS
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -67,6 +74,6 @@ def delta_roundtrip(
     """A mid-round pull as an int8 delta (the delta codec's step rule) against `held`, the compact round-start
     state the puller holds: held + decoded(working - held) and the wire bytes (the simulator's hand-off)."""
     meta: dict[str, Any] = dict(swarm_id="sim", config_hash="sim", kind=PayloadKind.BLOCK_DELTA)
-    enc = encode({k: working[k] - held[k] for k in held}, Codec.INT8, block_index=block_index, **meta)
+    enc = encode_delta({k: working[k] - held[k] for k in held}, block_index=block_index, **meta)
     step = decode(enc, shapes_of(held), block_index=block_index, **meta)
     return {k: held[k] + step[k] for k in held}, enc.wire_bytes

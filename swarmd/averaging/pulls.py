@@ -22,7 +22,7 @@ import torch
 
 from swarmd.averaging import rejoin
 from swarmd.averaging.adoption import Candidate
-from swarmd.averaging.compact import compact_decoding, encode_compact
+from swarmd.averaging.compact import compact_decoding, encode_compact, encode_delta
 from swarmd.averaging.context import PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.outer import split_momentum, with_momentum
@@ -245,7 +245,7 @@ class StatePulls:
         if request.against and request.against == block_hash:
             held = self.compact_held(block, block_hash)
             step = {k: working[k] - held[k] for k in held}
-            return encode(step, Codec.INT8, base_hash=block_hash, **p.hdr(PayloadKind.BLOCK_DELTA, p.state.round))
+            return encode_delta(step, base_hash=block_hash, **p.hdr(PayloadKind.BLOCK_DELTA, p.state.round))
         return encode_compact(working, base_hash=weights_hash(working), **p.hdr(PayloadKind.BLOCK_STATE, p.state.round))
 
     def compact_held(self, block: dict[str, torch.Tensor], block_hash: str) -> dict[str, torch.Tensor]:
