@@ -339,8 +339,9 @@ PullCodec = Annotated[
     str,
     flag(
         "--pull-codec",
-        "How this peer pulls the earlier blocks trajectory training runs frozen: fp32 (exact; mid-round ones fp16) "
-        "or int8 (per-row int8 + zstd, about a fifth of the bytes; never used for adopted or re-synced state).",
+        "How this peer pulls the earlier blocks trajectory training runs frozen: fp32 (exact; mid-round ones fp16), "
+        "int8 (per-row int8 + zstd, about a fifth of the bytes) or int8-delta (mid-round ones as int8 deltas against "
+        "the round-start pull: a seventh). Adopted and re-synced state is always fp32.",
         S,
     ),
 ]

@@ -57,12 +57,12 @@ def test_a_mid_round_delta_against_the_held_compact_state_is_within_a_step_of_th
     got, wire = delta_roundtrip(working, held, 0)
     for k in state:
         delta = working[k] - held[k]
-        assert float((got[k] - working[k]).norm()) <= 0.15 * float(delta.norm()) + 1e-7, k
+        assert float((got[k] - working[k]).norm()) <= 0.3 * float(delta.norm()) + 1e-7, k
     assert wire < 0.2 * sum(4 * t.numel() for t in state.values())
 
 
 def test_pull_codec_is_validated():
-    assert GossipConfig().pull_codec == "fp32"
+    assert GossipConfig().pull_codec == "int8"
     with pytest.raises(ConfigError, match="pull_codec"):
         GossipConfig(pull_codec="fp16")
 
@@ -135,7 +135,7 @@ def test_the_simulator_hands_int8_predecessors_over_and_counts_their_real_bytes(
     xy = next(data.stream(0, 4))
     regime = regime_named("lockstep")
     runs = {}
-    for codec in ("fp32", "int8"):
+    for codec in ("fp32", "int8", "int8-delta"):
         cfg = SimConfig(m, t, workers=1, rounds=1, steps_per_round=4, eval_tokens=64, pull_codec=codec)
         sim = Simulator(cfg, regime, make_policy("lockstep", regime, 4), data, xy)
         sim.step()
@@ -144,12 +144,14 @@ def test_the_simulator_hands_int8_predecessors_over_and_counts_their_real_bytes(
     assert runs["fp32"] == {"b1w0": (2 * block_raw, 2 * block_raw)}  # round start + one refresh of block 0
     wire, raw = runs["int8"]["b1w0"]
     assert raw == 2 * block_raw and wire < 0.35 * raw
+    delta_wire, delta_raw = runs["int8-delta"]["b1w0"]
+    assert delta_raw == raw and delta_wire < wire  # the refresh an int8 delta against the round-start pull
     with pytest.raises(ValueError, match="pull codec"):
         SimConfig(m, t, pull_codec="int4")
 
 
 def _compact(cfg):
-    return replace(cfg, gossip=replace(cfg.gossip, pull_codec="int8"))
+    return replace(cfg, gossip=replace(cfg.gossip, pull_codec="int8-delta"))
 
 
 def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
@@ -209,7 +211,7 @@ def test_a_block_1_daemon_pulls_block_0_compact_and_trains(tmp_path):
     assert full.header.kind == pb.PAYLOAD_KIND_BLOCK_STATE and full.header.base_hash == weights_hash(working0)
     for k, v in working0.items():
         moved = float((v - held[k]).norm())
-        assert float((runs[k] - v).norm()) <= 0.15 * moved + 1e-6, k  # within the delta's steps, not the weights'
+        assert float((runs[k] - v).norm()) <= 0.3 * moved + 1e-6, k  # within the delta's steps, not the weights'
 
 
 def test_the_pull_codec_flag_reaches_the_gossip_config_and_its_json(tmp_path):
@@ -222,12 +224,12 @@ def test_the_pull_codec_flag_reaches_the_gossip_config_and_its_json(tmp_path):
     from swarmd.node.config import DaemonConfig
 
     given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
-    assert given["pull_codec"] == "fp32"
+    assert given["pull_codec"] == "int8"
     train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
-    peer = o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "int8"})
+    peer = o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "fp32"})
     config = peer.config(ModelConfig(), train, [], Path(__file__), None)
     again = DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict())))
-    assert config.gossip.pull_codec == again.gossip.pull_codec == "int8"
+    assert config.gossip.pull_codec == again.gossip.pull_codec == "fp32"
     with pytest.raises(ConfigError, match="pull_codec"):
         o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "int4"}).config(
             ModelConfig(), train, [], Path(__file__), None

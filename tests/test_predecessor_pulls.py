@@ -149,7 +149,9 @@ def test_a_warm_started_block_begins_as_its_trained_predecessor_with_a_zero_outp
 
 def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
     async def scenario():
-        async with running(*(trajectory_config(tmp_path, b, predecessor_pulls=2) for b in range(3))) as daemons:
+        configs = [trajectory_config(tmp_path, b, predecessor_pulls=2) for b in range(3)]
+        configs = [replace(c, gossip=replace(c.gossip, pull_codec="fp32")) for c in configs]  # fp16 working pulls
+        async with running(*configs) as daemons:
             addresses = [d.server.address for d in daemons]
             link_static(daemons)
             last = daemons[2]

@@ -3,13 +3,13 @@
 A block-b peer runs blocks 0..b-1 forward only (frozen trajectory inputs), and pulls them at round start and
 TrainConfig.predecessor_pulls times a round: at fp32 those pulls, not the int8 deltas, are most of a swarm's wire
 bytes. PULL_CODECS names what a peer may ask for them (GossipConfig.pull_codec): "fp32" (exact; the mid-round
-working weights as fp16) or "int8" (swarmd.averaging.delta's per-row int8 codec on the weights themselves, step
-max(absmax / 127, rms / PULL_INT8_LEVELS) per row; ~PULL_INT8_LEVELS x sqrt(12) rms levels of relative error).
-A mid-round pull names (PullStateRequest.against) the merged state it pulled compact at round start; while the
-peer still holds that state it answers its working weights less compact_decoding(that state) as an int8 delta
-(the delta codec's step rule: ~7% of a small delta instead of a share of the weights), which the puller adds to
-what it holds. The encoder is deterministic, so both sides hold the same decoding; a peer that merged since
-answers the compact working state instead. The header's base_hash stays the hash of the exact fp32 weights
+working weights as fp16), "int8" (the default: swarmd.averaging.delta's per-row int8 codec on the weights
+themselves, step max(absmax / 127, rms / PULL_INT8_LEVELS) per row, ~1/(PULL_INT8_LEVELS x sqrt(12)) relative
+rms error) or "int8-delta": a mid-round pull names (PullStateRequest.against) the merged state it pulled compact
+at round start; while the peer still holds that state it answers its working weights less compact_decoding(that
+state) as an int8 delta (PULL_DELTA_LEVELS: ~14% of a small delta), which the puller adds to what it holds. The
+encoder is deterministic, so both sides hold the same decoding; a peer that merged since answers the compact
+working state instead. The header's base_hash stays the hash of the exact fp32 weights
 (what records announce), so a quantised pull is never checked against a hash and never adopted: adoption,
 re-sync, rejoin and joiner state are always fp32 and hash-checked (swarmd.averaging.pulls). roundtrip and
 delta_roundtrip are the simulator's hand-off: the decoded weights a puller runs and the real wire bytes.
@@ -23,14 +23,15 @@ from typing import Any
 import torch
 
 from swarmd.averaging.config import PULL_CODECS
-from swarmd.averaging.delta import INT8_RMS_LEVELS, decode, encode, shapes_of
+from swarmd.averaging.delta import decode, encode, shapes_of
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.transport.framing import Encoded
 
 # int8 steps per row rms of a quantised pull (the delta codec's step rule on weights; None = absmax / 127)
 PULL_INT8_LEVELS: float | None = 16.0
-# ... and of a mid-round delta against the held state (the delta codec's own rule)
-PULL_DELTA_LEVELS: float | None = INT8_RMS_LEVELS
+# ... and of a mid-round delta against the held state (coarser than a gossip delta: no error feedback needed, the
+# next pull is taken against the same held state; ~14% of a small delta)
+PULL_DELTA_LEVELS: float | None = 2.0
 
 
 def check_pull_codec(name: str) -> str:

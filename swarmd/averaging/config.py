@@ -14,7 +14,7 @@ from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
 
 GROUP_LAYOUTS = ("grid", "balanced", "orthogonal")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
-PULL_CODECS = ("fp32", "int8")  # GossipConfig.pull_codec (swarmd.averaging.compact)
+PULL_CODECS = ("fp32", "int8", "int8-delta")  # GossipConfig.pull_codec (swarmd.averaging.compact)
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,12 @@ class GossipConfig:
     identities_per_range: int = 4  # identities of one /24 (/48) that count; the youngest beyond it are on probation
     drift_check: bool = True  # leave out a peer whose deviations from the merge keep pointing one way (drift.py)
     pow_bits: int = 0  # proof of work on the key every record must carry (swarmd.membership.pow; 0 = none)
-    # trajectory training's predecessor pulls (swarmd.averaging.compact): "fp32" (exact; mid-round ones fp16) or
-    # "int8" (per-row int8 + zstd, run frozen only; adoption and re-sync pulls stay fp32 and hash-checked)
-    pull_codec: str = "fp32"
+    # trajectory training's predecessor pulls (swarmd.averaging.compact): "fp32" (exact; mid-round ones fp16),
+    # "int8" (per-row int8 + zstd, run frozen only; adoption and re-sync pulls stay fp32 and hash-checked) or
+    # "int8-delta" (mid-round ones as int8 deltas against the round-start pull). In benchmarks/time_to_quality.py
+    # (B=4 x 1 layer, d=64, lockstep) int8 cut wire/raw bytes from 0.72 / 0.94 to 0.18 / 0.20 (grow / concurrent)
+    # at +0.0001 / +0.0011 nats; int8-delta to 0.14 / 0.14 at +0.0001 / +0.0083
+    pull_codec: str = "int8"
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:

@@ -44,8 +44,8 @@ def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
 
 
 def pulls_compact(gossip: Gossip) -> bool:
-    """Whether this peer pulls its trajectory predecessors compact (int8; GossipConfig.pull_codec)."""
-    return gossip.cfg.pull_codec == "int8"
+    """Whether this peer pulls its trajectory predecessors compact (int8 or int8-delta; GossipConfig.pull_codec)."""
+    return gossip.cfg.pull_codec != "fp32"
 
 
 async def pull_block(
@@ -141,7 +141,8 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
     for b, merged in sorted(state.predecessors.items()):
         for r in pull_order(records, b):
             try:
-                working = await gossip.fetch_working(r, pulls_compact(gossip), merged)  # compact: a delta to it
+                delta = gossip.cfg.pull_codec == "int8-delta"  # an int8 delta against the round-start pull
+                working = await gossip.fetch_working(r, pulls_compact(gossip), merged if delta else None)
             except SwarmdError as exc:
                 logger.info(
                     "%s could not pull block %d's working weights from %s: %s", gossip.tag, b, r.peer_id[-6:], exc

@@ -312,10 +312,10 @@ class Simulator:
         self, w: _Worker, states: dict[int, Tensors], held: dict[int, Tensors] | None = None
     ) -> dict[int, Tensors]:
         """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled;
-        int8 mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those."""
+        int8-delta mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those."""
         out, (wire, raw) = {}, self.pulled.get(w.id, (0, 0))
         for b, state in states.items():
-            if held is not None and b in held and self.cfg.pull_codec == "int8":
+            if held is not None and b in held and self.cfg.pull_codec == "int8-delta":
                 out[b], n = delta_roundtrip(state, held[b], b)
             else:
                 out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
