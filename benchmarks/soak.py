@@ -162,6 +162,7 @@ def report(a, sw, churn, sampler, log, ce, duration, warmup_s, window_s, stopped
             "started": len(sw.peers),
             "up_at_end": sum(1 for s in series if s.samples[-1][0] >= duration - 2 * a.sample_s),
             "processes": len(series),
+            "ids": {str(p.index): p.info.get("peer", "") for p in sw.peers},  # the ids the split groups name
         },
         "faults": churn.faults,
         "rounds": {
