@@ -179,3 +179,34 @@ def test_a_liar_naming_weights_it_never_serves_is_dropped_after_a_few_inconclusi
     assert list(stats.dropped) == [addresses[2]], stats.summary()
     assert "keeps naming weights it does not serve" in stats.dropped[addresses[2]]
     assert stats.inconclusive == MAX_INCONCLUSIVE and stats.failed_pulls == MAX_INCONCLUSIVE
+
+
+@pytest.mark.slow
+def test_twenty_scorings_of_a_training_swarm_drop_no_honest_replica(tmp_path):
+    """The issue's bar: 20 scorings of a swarm that trains (two replicas of block 1, one of them answering only after
+    its next merge), every hop checked, and no replica dropped."""
+    layout = [0, 1, 1]
+    configs = [daemon_config(tmp_path, b, seed=i, discovery="static", deadline_max_s=3.0) for i, b in enumerate(layout)]
+
+    async def scenario():
+        async with running(*configs) as daemons:
+            link_static(daemons)
+            make_late(daemons[1])
+            tasks = [asyncio.create_task(d.serve()) for d in daemons]
+            try:
+                await wait_until(lambda: min(d.state.round for d in daemons) >= 1, 60, what="a first merge")
+                r0 = daemons[1].state.round
+                results = [await score_once(daemons, seed=k) for k in range(20)]
+                return results, daemons[1].state.round - r0
+            finally:
+                for d in daemons:
+                    d.stop()
+                for t in tasks:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(t, 30)
+
+    results, merged = asyncio.run(scenario())
+    assert merged >= 20  # the swarm merged all along
+    for result, stats in results:
+        assert stats.dropped == {} and stats.inconclusive == 0, stats.summary()
+        assert stats.checked > 0 and result["ce"] > 0
