@@ -94,37 +94,51 @@ def make_late(daemon):
     return daemon.serving
 
 
+LAYOUT = [0, 1, 1]  # block 0, and two replicas of block 1
+
+
+@contextlib.asynccontextmanager
+async def training_swarm(tmp_path, prepare=lambda daemons: None):
+    """Three real daemons (LAYOUT, static discovery) that train and serve while the `async with` body runs: after
+    `prepare` changed some of them and once every one merged a round; every daemon is stopped at the end."""
+    configs = [daemon_config(tmp_path, b, seed=i, discovery="static", deadline_max_s=3.0) for i, b in enumerate(LAYOUT)]
+    async with running(*configs) as daemons:
+        link_static(daemons)
+        prepare(daemons)
+        tasks = [asyncio.create_task(d.serve()) for d in daemons]
+        try:
+            await wait_until(lambda: min(d.state.round for d in daemons) >= 1, 60, what="a first merge")
+            yield daemons
+        finally:
+            for d in daemons:
+                d.stop()
+            for t in tasks:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(t, 30)
+
+
 def test_scoring_a_training_swarm_never_drops_an_honest_replica_and_still_drops_a_liar(tmp_path):
-    layout = [0, 1, 1]
-    configs = [daemon_config(tmp_path, b, seed=i, discovery="static", deadline_max_s=3.0) for i, b in enumerate(layout)]
+    liars = []
+
+    def prepare(daemons):
+        liars.append(make_liar(daemons[2]))
+        make_late(daemons[1])  # its weights move between each answer and any pull
 
     async def scenario():
-        async with running(*configs) as daemons:
-            link_static(daemons)
-            liar = make_liar(daemons[2])
-            make_late(daemons[1])  # its weights move between each answer and any pull
-            tasks = [asyncio.create_task(d.serve()) for d in daemons]
-            try:
-                await wait_until(lambda: min(d.state.round for d in daemons) >= 1, 60, what="a first merge")
-                honest, rounds = [], []
-                for k in range(2):  # the liar answers honestly: nobody is dropped
-                    r0 = daemons[1].state.round
-                    honest.append(await score_once(daemons, seed=k))
-                    rounds.append(daemons[1].state.round - r0)
-                # an old snapshot is still pullable by the hash its answers named; an unknown hash is refused
-                named = daemons[1].serving.served.held()[0][0]
-                enc = await pull_by_hash(daemons[1], named)
-                with pytest.raises(NotFound, match="no served block_state of hash"):
-                    await pull_by_hash(daemons[1], "0123456789abcdef")
-                liar.lie = "bias"  # block 1 answers the last step: its logits, biased
-                lied = [await score_once(daemons, seed=10 + k) for k in range(2)]
-                return honest, lied, enc, named, [d.server.address for d in daemons], rounds, daemons[1].peer_id
-            finally:
-                for d in daemons:
-                    d.stop()
-                for t in tasks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(t, 30)
+        async with training_swarm(tmp_path, prepare) as daemons:
+            honest, rounds = [], []
+            for k in range(2):  # the liar answers honestly: nobody is dropped
+                r0 = daemons[1].state.round
+                honest.append(await score_once(daemons, seed=k))
+                rounds.append(daemons[1].state.round - r0)
+            # an old snapshot is still pullable by the hash its answers named; an unknown hash is refused
+            named = daemons[1].serving.served.held()[0][0]
+            enc = await pull_by_hash(daemons[1], named)
+            with pytest.raises(NotFound, match="no served block_state of hash"):
+                await pull_by_hash(daemons[1], "0123456789abcdef")
+            liars[0].lie = "bias"  # block 1 answers the last step: its logits, biased
+            lied = [await score_once(daemons, seed=10 + k) for k in range(2)]
+            return honest, lied, enc, named, [d.server.address for d in daemons], rounds, daemons[1].peer_id
 
     honest, lied, enc, named, addresses, rounds, peer_id = asyncio.run(scenario())
     for result, stats in honest:
@@ -148,29 +162,18 @@ class NamingLiar(LyingServing):
 
 
 def test_a_liar_naming_weights_it_never_serves_is_dropped_after_a_few_inconclusive_tie_breaks(tmp_path):
-    layout = [0, 1, 1]
-    configs = [daemon_config(tmp_path, b, seed=i, discovery="static", deadline_max_s=3.0) for i, b in enumerate(layout)]
+    def prepare(daemons):
+        liar = make_liar(daemons[2])
+        liar.__class__, liar.lie = NamingLiar, "bias"
 
     async def scenario():
-        async with running(*configs) as daemons:
-            link_static(daemons)
-            liar = make_liar(daemons[2])
-            liar.__class__, liar.lie = NamingLiar, "bias"
-            tasks = [asyncio.create_task(d.serve()) for d in daemons]
-            try:
-                await wait_until(lambda: min(d.state.round for d in daemons) >= 1, 60, what="a first merge")
-                runs = []
-                for k in range(5):  # records a round apart compare loosely (its lie passes): a few scorings at most
-                    runs.append(await score_once(daemons, seed=k, favour=daemons[2].server.address))
-                    if runs[-1][1].dropped:
-                        break
-                return runs, [d.server.address for d in daemons]
-            finally:
-                for d in daemons:
-                    d.stop()
-                for t in tasks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(t, 30)
+        async with training_swarm(tmp_path, prepare) as daemons:
+            runs = []
+            for k in range(5):  # records a round apart compare loosely (its lie passes): a few scorings at most
+                runs.append(await score_once(daemons, seed=k, favour=daemons[2].server.address))
+                if runs[-1][1].dropped:
+                    break
+            return runs, [d.server.address for d in daemons]
 
     runs, addresses = asyncio.run(scenario())
     for _, stats in runs[:-1]:
@@ -185,25 +188,12 @@ def test_a_liar_naming_weights_it_never_serves_is_dropped_after_a_few_inconclusi
 def test_twenty_scorings_of_a_training_swarm_drop_no_honest_replica(tmp_path):
     """The issue's bar: 20 scorings of a swarm that trains (two replicas of block 1, one of them answering only after
     its next merge), every hop checked, and no replica dropped."""
-    layout = [0, 1, 1]
-    configs = [daemon_config(tmp_path, b, seed=i, discovery="static", deadline_max_s=3.0) for i, b in enumerate(layout)]
 
     async def scenario():
-        async with running(*configs) as daemons:
-            link_static(daemons)
-            make_late(daemons[1])
-            tasks = [asyncio.create_task(d.serve()) for d in daemons]
-            try:
-                await wait_until(lambda: min(d.state.round for d in daemons) >= 1, 60, what="a first merge")
-                r0 = daemons[1].state.round
-                results = [await score_once(daemons, seed=k) for k in range(20)]
-                return results, daemons[1].state.round - r0
-            finally:
-                for d in daemons:
-                    d.stop()
-                for t in tasks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(t, 30)
+        async with training_swarm(tmp_path, lambda daemons: make_late(daemons[1])) as daemons:
+            r0 = daemons[1].state.round
+            results = [await score_once(daemons, seed=k) for k in range(20)]
+            return results, daemons[1].state.round - r0
 
     results, merged = asyncio.run(scenario())
     assert merged >= 20  # the swarm merged all along
