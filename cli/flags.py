@@ -65,7 +65,7 @@ Hidden = Annotated[int | None, flag("--hidden", "FFN width (default 4 x d-model)
 SeqLen = Annotated[int | None, flag("--seq-len", "Bytes per training window.", M, bounds=AT_LEAST_1)]
 SigmaLo = Annotated[float | None, flag("--sigma-lo", "Bottom of the noise range.", M, bounds=POSITIVE)]
 SigmaHi = Annotated[float | None, flag("--sigma-hi", "Top of the noise range.", M, bounds=POSITIVE)]
-# the block's mechanics (issue 8): defaults = the measured best; `--context-input scaled_unit --z-in-init default
+# the block's mechanics: defaults = the measured best; `--context-input scaled_unit --z-in-init default
 # --noise-embedding default --pred-input none --pred-output none --freeze-z-in none --trajectory-prob 0` = documented
 ContextInput = Annotated[
     str | None, flag("--context-input", "Context bytes enter as own_table (the block's own table) or scaled_unit.", M)

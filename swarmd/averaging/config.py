@@ -57,11 +57,11 @@ class GossipConfig:
     # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart
     # (README "Group averaging"); the table is the smallest part, so sending it to every peer costs least
     table_group_size: int = 0
-    # checks on the peer's held-out sample (swarmd.averaging.validation; issue 21), in nats; inf turns one off
+    # checks on the peer's held-out sample (swarmd.averaging.validation), in nats; inf turns one off
     adopt_tolerance: float = 0.05  # refuse to adopt a state that scores worse than what we hold by more than this
     merge_check_tolerance: float = 0.02  # a merge that scores worse than our own delta alone by more than this falls
     # back to the deltas that pass the same check one by one (Zeno)
-    # standing of the others (swarmd.averaging.standing; issue 21). Probation and the range cap: public swarms only
+    # standing of the others (swarmd.averaging.standing). Probation and the range cap: public swarms only
     probation_rounds: int = (
         3  # a new identity's deltas merge only when they pass alone until it passed this many rounds
     )
