@@ -2,7 +2,8 @@
 
 regimes.py   Dist, Regime, the named presets (lockstep ... bad edge loose), `custom`, RoundDraw (sampling)
 policies.py  deadline policies: lockstep, fixed, adaptive (the daemon's DeadlinePolicy), quantile
-engine.py    SimConfig, Simulator (the run loop), RoundRecord, SimResult; simulate()
+engine.py    SimConfig, Simulator (the run loop); simulate()
+results.py   RoundRecord, SimResult: what a run records and the figures read off it
 protocol.py  ProtocolConfig, simulate(): group averaging's grouping, codec and merge among 1,000s of virtual
              peers, no training (benchmarks/protocol_scale.py)
 Imports swarmd.core and the pure parts of swarmd.averaging (state, delta, the deadline policy and the merge);

@@ -1,6 +1,6 @@
 """The simulator's run loop: real block training, real codec and merge, a simulated network and clock.
 
-Owns SimConfig, Simulator, RoundRecord and SimResult (litepaper section 4.1-4.2). B blocks, K
+Owns SimConfig and Simulator (litepaper section 4.1-4.2); a run's records are swarmd.sim.results'. B blocks, K
 virtual workers per block (replicas, as swarm peers hold them). Every worker is a real
 swarmd.averaging.state.BlockState (a BlockTrainer: AdamW over one block and its copy of the byte
 table) with its own data stream and its own ErrorFeedback pair. One round:
@@ -52,7 +52,7 @@ from __future__ import annotations
 import copy
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -76,6 +76,7 @@ from swarmd.sim import grouping
 from swarmd.sim.grouping import BLOCK, EMB
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
+from swarmd.sim.results import RoundRecord, SimResult
 
 Tensors = dict[str, torch.Tensor]
 Merge = Callable[[dict[str, Tensors]], Tensors]
@@ -126,73 +127,6 @@ class SimConfig:
             raise ValueError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         object.__setattr__(self, "codec", Codec(self.codec))
         check_pull_codec(self.pull_codec)
-
-
-@dataclass
-class RoundRecord:
-    round: int  # 1-based
-    t_s: float  # simulated clock at the end of the round, seconds
-    seconds: float  # simulated length of the round
-    deadline_s: float | None  # the policy's deadline after round start (None = lockstep)
-    workers: int  # all virtual workers
-    dropped: int
-    late: int  # non-dropped workers whose update missed the deadline
-    accepted: int
-    upload_bytes: int  # real wire bytes uploaded this round (every copy of every delta sent)
-    train_ce: float  # mean training CE of the workers that trained (NaN if none did)
-    ce: float | None  # from-noise CE of the merged stack after the round (None = not measured)
-    consensus: float | None = None  # Simulator.consensus() after the round, when ce was measured
-
-    @property
-    def participation(self) -> float:
-        return self.accepted / self.workers
-
-
-@dataclass
-class SimResult:
-    regime: str
-    policy: str
-    seed: int
-    ce_start: float
-    rounds: list[RoundRecord] = field(default_factory=list)
-
-    @property
-    def ce(self) -> float:
-        measured = [r.ce for r in self.rounds if r.ce is not None]
-        return measured[-1] if measured else self.ce_start
-
-    @property
-    def participation(self) -> float:
-        """Accepted updates / all worker-rounds (dropped workers count as not participating)."""
-        return sum(r.accepted for r in self.rounds) / max(1, sum(r.workers for r in self.rounds))
-
-    @property
-    def sim_wall_s(self) -> float:
-        return self.rounds[-1].t_s if self.rounds else 0.0
-
-    @property
-    def wire_bytes(self) -> int:
-        return sum(r.upload_bytes for r in self.rounds)
-
-    def curve(self) -> list[tuple[float, float]]:
-        """(simulated seconds, from-noise CE), starting at (0, ce_start)."""
-        return [(0.0, self.ce_start), *((r.t_s, r.ce) for r in self.rounds if r.ce is not None)]
-
-    def summary(self) -> dict:
-        return {
-            "regime": self.regime,
-            "policy": self.policy,
-            "seed": self.seed,
-            "ce_start": self.ce_start,
-            "ce": self.ce,
-            "participation": self.participation,
-            "sim_wall_s": self.sim_wall_s,
-            "wire_bytes": self.wire_bytes,
-            "rounds": len(self.rounds),
-        }
-
-    def to_dict(self) -> dict:
-        return {**self.summary(), "history": [{**asdict(r), "participation": r.participation} for r in self.rounds]}
 
 
 @dataclass
