@@ -267,7 +267,7 @@ def run(a: argparse.Namespace) -> dict:
 
 def step_costs(a: argparse.Namespace) -> dict:
     """Where a step goes and what a later block pays, with trajectory replay off (1) and as configured, at each of
-    --costs-blocks (default: --blocks)."""
+    --costs-blocks (default: --blocks): written as the `step_costs` of the result already at --out, if any."""
     torch.set_num_threads(a.threads)
     out: dict = {"command": command_line("time_to_quality.py", a.argv), "machine": machine(), "by_blocks": {}}
     for blocks in a.costs_blocks or [a.blocks]:
@@ -287,7 +287,9 @@ def step_costs(a: argparse.Namespace) -> dict:
                 flush=True,
             )
         out["by_blocks"][str(blocks)] = at
-    write_json(a.out, out)
+    # beside an earlier result at --out (its step_costs key), else on its own
+    result = {**json.loads(a.out.read_text()), "step_costs": out} if a.out.is_file() else out
+    write_json(a.out, result)
     return out
 
 

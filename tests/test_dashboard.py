@@ -1,7 +1,7 @@
 """The web swarm map: its JSON and CE history, its HTTP server (the page carries the view; a page asked for
 before the first survey waits for it), the CLI's errors, and a real browser (headless Chromium) showing
 every peer of a live 3-peer swarm on the real DHT, its first paint included (the live page's screenshot is
-kept in benchmarks/results/dashboard.png, which docs/operations.md shows)."""
+kept in docs/images/dashboard.png, which docs/operations.md shows)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from swarmd.errors import ConfigError
 from swarmd.tools.dashboard import FIRST_VIEW, CeHistory, DashboardServer, page_bytes, run_dashboard, swarm_view
 
 ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOT = ROOT / "benchmarks" / "results" / "dashboard.png"
+SCREENSHOT = ROOT / "docs" / "images" / "dashboard.png"  # the screenshot docs/operations.md shows
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 runner = CliRunner()
 nan = math.nan
