@@ -91,6 +91,10 @@ def label(v: dict) -> str:
 def swarm_label(v: dict, steps: int) -> str:
     """A sync-DP row's swarm variant in words: H, and ReplicaAdamW or AdamW."""
     extra = "".join(f", {v[k]}" for k in ("codec", "merge") if k in v)
+    if v.get("outer", "none") != "none":
+        extra += f", {v['outer']} lr {v['olr']:g} m {v['mom']:g}"
+    if v.get("lr", 1.0) != 1.0:
+        extra += f", inner lr x{v['lr']:g}"
     return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}{extra}"
 
 
@@ -110,6 +114,13 @@ def parse_args(argv=None):
     options.add_swarm_config(p)
     p.add_argument("--variants", nargs="+", default=["K=2", "K=2,outer=nesterov", "K=4", "K=4,outer=nesterov"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument(
+        "--cosine",
+        type=float,
+        default=0.0,
+        help="every run's inner lr decays on a cosine to this fraction of its peak over the run (DiLoCo: 0.05); "
+        "0 = constant after warmup",
+    )
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
     p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
@@ -134,6 +145,13 @@ def parse_args(argv=None):
         "(e.g. 'H=1,ra=1'; '' = plain averaging at --steps with AdamW)",
     )
     p.add_argument(
+        "--sweeps-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="with --sync-dp: reuse the sync-DP reference runs stored in these JSONs (their \"sync_dp_runs\")",
+    )
+    p.add_argument(
         "--sync-lrs",
         type=parse_lrs,
         default=[1.0, 1.41, 2.0],
@@ -151,6 +169,8 @@ def parse_args(argv=None):
         a.md = results.BENCHMARKS
     if a.merge and not (a.report and a.sync_dp):
         raise SystemExit("--merge goes with --sync-dp --report")
+    if not 0 <= a.cosine < 1:
+        raise SystemExit(f"--cosine wants a fraction in [0, 1), got {a.cosine}")
     if any(k < 1 for k in a.ks):
         raise SystemExit(f"--ks wants replica counts >= 1, got {a.ks}")
     a.argv = argv
@@ -162,7 +182,10 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     batch = a.batch_size if batch_size is None else batch_size
     h = v.get("H") or a.steps  # a variant's own H: as many steps per replica, the same warmup (that of --steps)
     rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
-    train = peer_train_config(a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")))
+    schedule = {"total_steps": rounds * h, "min_lr_ratio": a.cosine} if a.cosine else {}
+    train = peer_train_config(
+        a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")), **schedule
+    )
     sim_cfg = SimConfig(
         options.model_of(a),
         train,
@@ -226,12 +249,17 @@ def main(argv=None) -> None:
         out["single"] = json.loads(a.out.read_text()).get("single", {})
         out["rows"] = json.loads(a.out.read_text()).get("rows", [])
         earlier = json.loads(a.out.read_text())
-        out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single") if k in earlier})
+        out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single", "sync_dp_runs") if k in earlier})
     merged = [*out.get("sync_dp", []), *(r for f in a.merge for r in json.loads(f.read_text()).get("sync_dp", []))]
     if merged:  # rows of runs that wrote other files (each keeps its own command); the last of a measurement wins
         out["sync_dp"] = list({sync_id(r): r for r in merged}.values())
     if a.sync_dp:  # its own reference runs, measured by this code (the issue-12 ones predate merge changes)
         out.setdefault("sync_dp_single", {})
+        out.setdefault("sync_dp_runs", {})
+        a.sweeps = {k: v for f in a.sweeps_from for k, v in json.loads(f.read_text()).get("sync_dp_runs", {}).items()}
+        a.sweeps.update(out["sync_dp_runs"])
+        out["sync_dp_runs"] = a.sweeps
+        a.store_sweeps = lambda: results.write_json(a.out, out)
     store = out["sync_dp_single"] if a.sync_dp else out["single"]
     for seed in [] if a.report else a.seeds:
         key = sync_single_key(a, seed) if a.sync_dp else single_key(a, seed)
@@ -282,7 +310,8 @@ def sync_single_key(a, seed: int) -> str:
 def sync_id(row: dict) -> tuple:
     """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
     variant = row.get("swarm_variant") or f"H={row.get('H')}, AdamW"  # rows from before --swarm-variants
-    return (*(row.get(k) for k in ("K", "seed", "rounds", "H", "batch_size", "lr", "model")), variant)
+    keys = ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "cosine")
+    return (*(row.get(k) for k in keys), variant)
 
 
 def excess_pct(ce: float, ref_ce: float) -> float:
@@ -334,20 +363,39 @@ def sync_dp_rows(
         if h not in sweeps:
             sweeps[h] = sync_dp_sweep(a, k, seed, data, eval_xy, h)
         sweep = sweeps[h]
-        start = time.perf_counter()
-        swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
+        run_key = "swarm " + sweep_key(a, k, seed, h, v["lr"]) + " " + label(v)
+        swarm = a.sweeps.get(run_key)
+        if swarm is None:
+            swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
+            a.sweeps[run_key] = {k: swarm[k] for k in ("steps_per_replica", "ce", "curve", "wall_s")}
+            a.store_sweeps()
         print(
             f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}",
             flush=True,
         )
-        rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, time.perf_counter() - start))
+        rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, swarm["wall_s"]))
     return rows
 
 
+def sweep_key(a, k: int, seed: int, h: int, mult: float) -> str:
+    """What one sync-DP reference run measures: K, seed, budget, H, batch, lr (multiplier), schedule and shape."""
+    return (
+        f"K{k}_seed{seed}_r{a.rounds}_steps{a.steps}_H{h}_b{a.batch_size}_lr{a.lr:g}x{mult:g}_cos{a.cosine:g}"
+        f"_B{a.blocks}_d{a.d_model}_seq{a.seq_len}_eval{a.eval_tokens}"
+    )
+
+
 def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy, h: int) -> list[dict]:
-    """One replica per block at K x the batch, H local steps per round, each lr multiplier of --sync-lrs."""
+    """One replica per block at K x the batch, H local steps per round, each lr multiplier of --sync-lrs; a run
+    already in a.sweeps (--out's "sync_dp_runs" and those of --sweeps-from, which also hold the swarm runs of
+    sync_dp_rows: a row is rebuilt, not rerun, when its sweep grows) is read, not rerun."""
     sweep = []
     for mult in a.sync_lrs:
+        key = sweep_key(a, k, seed, h, mult)
+        if key in a.sweeps:
+            print(f"sync DP K={k} lr x{mult:g} H={h} seed {seed}: ce {a.sweeps[key]['ce']:.4f} (stored)", flush=True)
+            sweep.append(a.sweeps[key])
+            continue
         v = parse_variant(f"K=1,lr={mult:g}" + (f",H={h}" if h != a.steps else ""))
         r = run_one(a, v, a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
         print(
@@ -358,6 +406,8 @@ def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy, h: int) -> list
         sweep.append(
             {"lr_mult": mult, "lr_abs": a.lr * mult, "ce": r["ce"], "curve": r["curve"], "wall_s": r["wall_s"]}
         )
+        a.sweeps[key] = sweep[-1]
+        a.store_sweeps()
     return sweep
 
 
@@ -382,6 +432,7 @@ def sync_dp_row(
         "sync_dp_batch_size": k * a.batch_size,
         "lr": a.lr,
         "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}",
+        **({"cosine": a.cosine} if a.cosine else {}),
         "swarm_variant": swarm_label(v, a.steps),
         "sync_dp_h": v["H"] or a.steps,
         "swarm_curve": swarm["curve"],

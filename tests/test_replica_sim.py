@@ -162,3 +162,27 @@ def test_real_daemon_replica_rows_carry_sync_dp_at_k_times_the_batch(tmp_path, d
     a.replica_md = tmp_path / "replicas.md"
     sb.write_replica_md(a, section)
     assert "sync DP at K x the batch" in a.replica_md.read_text() and "+" in a.replica_md.read_text()
+
+
+def test_cosine_rows_and_stored_runs_are_reused(rs, tmp_path, data, monkeypatch):
+    """--cosine decays every run's inner lr (a row of its own beside the constant-lr one); the sync-DP and swarm
+    runs land in "sync_dp_runs", so a second invocation (here through --sweeps-from) reruns none of them."""
+    first, second, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "rs.md"
+    argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--ks", "2", "--sync-lrs", "1", "--no-single", "--md", str(md)]
+    rs.main([*argv, "--cosine", "0.05", "--out", str(first)])
+    rs.main([*argv, "--out", str(first)])  # the constant-lr row is another measurement, kept beside it
+    rows = json.loads(first.read_text())["sync_dp"]
+    assert sorted(r.get("cosine", 0) for r in rows) == [0, 0.05]
+    runs = json.loads(first.read_text())["sync_dp_runs"]
+    assert len(runs) == 4 and sum(key.startswith("swarm ") for key in runs) == 2
+
+    def no_rerun(*args, **kw):
+        raise AssertionError("a stored run was rerun")
+
+    monkeypatch.setattr(rs, "run_one", no_rerun)
+    rs.main([*argv, "--cosine", "0.05", "--out", str(second), "--sweeps-from", str(first)])
+    (row,) = json.loads(second.read_text())["sync_dp"]
+    cosine = next(r for r in rows if r.get("cosine"))
+    assert row["ce"] == cosine["ce"] and row["sync_dp_ce"] == cosine["sync_dp_ce"]
+    with pytest.raises(SystemExit):
+        rs.parse_args(["--data-dir", str(data), "--cosine", "1.5"])
