@@ -62,14 +62,15 @@ from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
 VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
-VARIANT_KEYS |= {"codec": str, "merge": str}
+VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 
 
 def parse_variant(text: str) -> dict:
     """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict (lr: inner-lr multiplier; H: local steps per
     round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW; codec=fp32 and
-    merge=mean: the deltas' codec and the merge rule, default the swarm's int8 and robust); defaults filled in."""
+    merge=mean: the deltas' codec and the merge rule, default the swarm's int8 and robust; m1=3,m2=6: AdamW's first and
+    second moments averaged across a block's replicas every 3 and 6 rounds, swarmd.sim.moments); defaults filled in."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -85,6 +86,7 @@ def label(v: dict) -> str:
     outer = f"nesterov(lr {v['olr']:g}, m {v['mom']:g})" if v["outer"] == "nesterov" else "none"
     extra = (f" H={v['H']}" if v.get("H") else "") + (" ReplicaAdamW" if v.get("ra") else "")
     extra += "".join(f" {k} {v[k]}" for k in ("codec", "merge") if k in v)
+    extra += "".join(f" {k} every {v[k]}" for k in ("m1", "m2") if v.get(k))
     return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}{extra}"
 
 
@@ -95,6 +97,7 @@ def swarm_label(v: dict, steps: int) -> str:
         extra += f", {v['outer']} lr {v['olr']:g} m {v['mom']:g}"
     if v.get("lr", 1.0) != 1.0:
         extra += f", inner lr x{v['lr']:g}"
+    extra += "".join(f", {k} synced every {v[k]}" for k in ("m1", "m2") if v.get(k))
     return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}{extra}"
 
 
@@ -194,6 +197,8 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
         steps_per_round=h,
         eval_every=eval_every,
         codec=v.get("codec", "int8"),
+        sync_first_moment=v.get("m1", 0),
+        sync_second_moment=v.get("m2", 0),
     )
     outer = {"outer": v["outer"], "outer_lr": v["olr"], "outer_momentum": v["mom"]}
     gossip = GossipConfig(steps_per_round=h, **outer, group_size=0, merge=v.get("merge", "robust"))

@@ -74,6 +74,7 @@ from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_pr
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim import grouping
 from swarmd.sim.grouping import BLOCK, EMB
+from swarmd.sim.moments import average_moments
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 from swarmd.sim.results import RoundRecord, SimResult
@@ -118,11 +119,16 @@ class SimConfig:
     # predecessor pulls (trajectory training): "fp32" exact, or "int8" (swarmd.averaging.compact, at these levels)
     pull_codec: str = "fp32"
     pull_int8_levels: float | None = PULL_INT8_LEVELS
+    # AdamW moments averaged across a block's replicas every n rounds (0 = never; swarmd.sim.moments)
+    sync_first_moment: int = 0
+    sync_second_moment: int = 0
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sync_first_moment < 0 or self.sync_second_moment < 0:
+            raise ValueError("sync_first_moment and sync_second_moment must be >= 0 (0 = never)")
         if not 0 <= self.overlap_steps <= self.steps_per_round:
             raise ValueError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         object.__setattr__(self, "codec", Codec(self.codec))
@@ -382,12 +388,27 @@ class Simulator:
         """Each group of each part merges its accepted payloads (all-to-all: per block, its replicas' block
         deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets."""
         steps, exact = grouping.merge_groups(self.workers, self.groups, set(accepted), outputs, self.merge)
+        self._sync_moments(accepted)
         if self.cfg.overlap:  # lands during the next round's steps (_land)
             self.pending = (steps, exact)
             return
         for i, w in enumerate(self.workers):
             w.state.apply_merge(steps[i].get(BLOCK), steps[i].get(EMB))
             self._land_exact(w, exact[i])
+
+    def _sync_moments(self, accepted: list[int]) -> None:
+        """Every sync_first_moment (sync_second_moment) rounds, a block's accepted replicas average their AdamW
+        first (second) moments (swarmd.sim.moments)."""
+        c, r = self.cfg, self.round + 1
+        keys = tuple(
+            key for key, every in (("exp_avg", c.sync_first_moment), ("exp_avg_sq", c.sync_second_moment))
+            if every and r % every == 0
+        )
+        if not keys:
+            return
+        for b in range(c.model.blocks):
+            members = [i for i in accepted if self.workers[i].block == b]
+            average_moments([self.workers[i].state.trainer.opt for i in members], keys)
 
     def drain(self) -> float:
         """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""
