@@ -152,7 +152,7 @@ def parse_args(argv=None):
         type=Path,
         nargs="+",
         default=[],
-        help="with --sync-dp: reuse the sync-DP reference runs stored in these JSONs (their \"sync_dp_runs\")",
+        help='with --sync-dp: reuse the sync-DP reference runs stored in these JSONs (their "sync_dp_runs")',
     )
     p.add_argument(
         "--sync-lrs",

@@ -401,7 +401,8 @@ class Simulator:
         first (second) moments (swarmd.sim.moments)."""
         c, r = self.cfg, self.round + 1
         keys = tuple(
-            key for key, every in (("exp_avg", c.sync_first_moment), ("exp_avg_sq", c.sync_second_moment))
+            key
+            for key, every in (("exp_avg", c.sync_first_moment), ("exp_avg_sq", c.sync_second_moment))
             if every and r % every == 0
         )
         if not keys:
