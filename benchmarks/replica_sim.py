@@ -62,7 +62,7 @@ from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
 VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
-VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int}
+VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 
 
@@ -70,7 +70,9 @@ def parse_variant(text: str) -> dict:
     """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict (lr: inner-lr multiplier; H: local steps per
     round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW; codec=fp32 and
     merge=mean: the deltas' codec and the merge rule, default the swarm's int8 and robust; m1=3,m2=6: AdamW's first and
-    second moments averaged across a block's replicas every 3 and 6 rounds, swarmd.sim.moments); defaults filled in."""
+    second moments averaged across a block's replicas every 3 and 6 rounds, swarmd.sim.moments; tp=0: no trajectory
+    training (TrainConfig.trajectory_prob), pp=1: predecessors pulled once a round (TrainConfig.predecessor_pulls));
+    defaults filled in."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -85,7 +87,7 @@ def parse_variant(text: str) -> dict:
 def label(v: dict) -> str:
     outer = f"nesterov(lr {v['olr']:g}, m {v['mom']:g})" if v["outer"] == "nesterov" else "none"
     extra = (f" H={v['H']}" if v.get("H") else "") + (" ReplicaAdamW" if v.get("ra") else "")
-    extra += "".join(f" {k} {v[k]}" for k in ("codec", "merge") if k in v)
+    extra += "".join(f" {k} {v[k]}" for k in ("codec", "merge", "tp", "pp") if k in v)
     extra += "".join(f" {k} every {v[k]}" for k in ("m1", "m2") if v.get(k))
     return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}{extra}"
 
@@ -93,6 +95,7 @@ def label(v: dict) -> str:
 def swarm_label(v: dict, steps: int) -> str:
     """A sync-DP row's swarm variant in words: H, and ReplicaAdamW or AdamW."""
     extra = "".join(f", {v[k]}" for k in ("codec", "merge") if k in v)
+    extra += "".join(f", {name} {v[k]:g}" for k, name in (("tp", "trajectory prob"), ("pp", "pulls")) if k in v)
     if v.get("outer", "none") != "none":
         extra += f", {v['outer']} lr {v['olr']:g} m {v['mom']:g}"
     if v.get("lr", 1.0) != 1.0:
@@ -186,8 +189,15 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     h = v.get("H") or a.steps  # a variant's own H: as many steps per replica, the same warmup (that of --steps)
     rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
     schedule = {"total_steps": rounds * h, "min_lr_ratio": a.cosine} if a.cosine else {}
+    trajectory = {k: v[key] for key, k in (("tp", "trajectory_prob"), ("pp", "predecessor_pulls")) if key in v}
     train = peer_train_config(
-        a.steps, batch_size=batch, lr=a.lr * v["lr"], seed=seed, replica_adam=bool(v.get("ra")), **schedule
+        a.steps,
+        batch_size=batch,
+        lr=a.lr * v["lr"],
+        seed=seed,
+        replica_adam=bool(v.get("ra")),
+        **schedule,
+        **trajectory,
     )
     sim_cfg = SimConfig(
         options.model_of(a),

@@ -119,6 +119,26 @@ def test_variant_h_and_replica_adam(rs):
     assert rs.swarm_label(rs.parse_variant("K=4"), 25) == "H=25, AdamW"
 
 
+def test_variant_trajectory_keys_reach_the_train_config(rs, tmp_path, data, monkeypatch):
+    v = rs.parse_variant("K=2,tp=0,pp=1")
+    assert v["tp"] == 0.0 and v["pp"] == 1
+    assert rs.swarm_label(v, 25) == "H=25, AdamW, trajectory prob 0, pulls 1"
+    seen = []
+    real = rs.SimConfig
+
+    def spy(model, train, **kw):
+        seen.append(train)
+        return real(model, train, **kw)
+
+    monkeypatch.setattr(rs, "SimConfig", spy)
+    out, md = str(tmp_path / "o.json"), str(tmp_path / "o.md")
+    rs.main(
+        ["--data-dir", str(data), *TINY, "--variants", "K=2,tp=0,pp=1", "K=2", "--no-single", "--out", out, "--md", md]
+    )
+    assert (seen[0].trajectory_prob, seen[0].predecessor_pulls) == (0.0, 1)
+    assert (seen[1].trajectory_prob, seen[1].predecessor_pulls) == (1.0, 4)  # the defaults when not named
+
+
 def test_report_merges_the_rows_of_other_runs(rs, tmp_path, data):
     argv = ["--data-dir", str(data), *TINY, "--sync-dp", "--sync-lrs", "1", "--no-single"]
     a, b, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "rs.md"
