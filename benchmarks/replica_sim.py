@@ -1,4 +1,4 @@
-"""Replica efficiency in the simulator (issue 12): outer optimizer and learning-rate scaling sweeps.
+"""Replica efficiency in the simulator: outer optimizer and learning-rate scaling sweeps.
 
 Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's merge and the daemon's
 outer optimizer through BlockState.apply_merge; lockstep network, so every delta is accepted) for
@@ -15,7 +15,7 @@ every variant ("--variants": K replicas, outer none|nesterov, outer lr, momentum
 
     python benchmarks/replica_sim.py --variants K=2,outer=none K=2,outer=nesterov K=4,outer=nesterov,lr=2
 
---sync-dp (issue 20): a synchronous data-parallel reference. For each K of --ks, in the same run and with the
+--sync-dp: a synchronous data-parallel reference. For each K of --ks, in the same run and with the
 same seeds, the swarm (K replicas per block, plain averaging: "K=<K>") and one replica at K x --batch-size
 for the same steps, at each inner-lr multiplier of --sync-lrs (the best CE is the reference: sync DP's CE at
 that batch, as far as the sweep finds it). Both go through the same simulator (a one-replica run still
@@ -24,13 +24,13 @@ reference does). Each K is a row of the JSON's "sync_dp" list with K, steps_per_
 sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency (the swarm's, as above;
 sync_dp_efficiency: the same for the reference), the lr chosen and the sweep; its section of --md (default
 BENCHMARKS.md, #replica_sim) has the table and the commands. Its single-replica runs (1x / 2x / 4x the rounds at
---batch-size) are its own, in the JSON's "sync_dp_single" (run when missing, unless --no-single): the issue-12
+--batch-size) are its own, in the JSON's "sync_dp_single" (run when missing, unless --no-single): the earlier
 ones in "single" were measured before later merge changes and no longer reproduce to the last digit.
 
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --rounds 64   # 1,600 steps per replica
 
---swarm-variants (issue 20): several swarms per K, each a variant without K ('' = plain AdamW at --steps;
+--swarm-variants: several swarms per K, each a variant without K ('' = plain AdamW at --steps;
 'H=1,ra=1' = averaging every step with ReplicaAdamW), each beside sync DP at its own H (one sweep per H: the
 reference refreshes its trajectory predecessors and averages the byte table as often as that swarm does).
 --report --merge A.json B.json gathers the sync-DP rows of runs written to other --out files into --out.
@@ -268,7 +268,7 @@ def main(argv=None) -> None:
     merged = [*out.get("sync_dp", []), *(r for f in a.merge for r in json.loads(f.read_text()).get("sync_dp", []))]
     if merged:  # rows of runs that wrote other files (each keeps its own command); the last of a measurement wins
         out["sync_dp"] = list({sync_id(r): r for r in merged}.values())
-    if a.sync_dp:  # its own reference runs, measured by this code (the issue-12 ones predate merge changes)
+    if a.sync_dp:  # its own reference runs, measured by this code (the earlier ones predate merge changes)
         out.setdefault("sync_dp_single", {})
         out.setdefault("sync_dp_runs", {})
         a.sweeps = {k: v for f in a.sweeps_from for k, v in json.loads(f.read_text()).get("sync_dp_runs", {}).items()}
@@ -482,7 +482,7 @@ def write_sync_md(a, out: dict) -> None:
         return "-" if r.get(name) is None else f"{r[name]:.3f}{' (extrap.)' if r.get(extrap) else ''}"
 
     lines = [
-        "### Swarm vs synchronous data parallelism (issue 20): one replica at K x the batch",
+        "### Swarm vs synchronous data parallelism: one replica at K x the batch",
         "",
         "Per K: the swarm (K replicas per block, plain averaging, H local steps per round, lockstep network, int8 + "
         "error feedback, robust merge) and, in the same run with the same seed, one replica per block at K x the "
@@ -526,7 +526,7 @@ def write_sync_md(a, out: dict) -> None:
 
 def write_md(a, out: dict) -> None:
     lines = [
-        "### Replica efficiency in the simulator (issue 12): outer optimizer and lr scaling sweeps",
+        "### Replica efficiency in the simulator: outer optimizer and lr scaling sweeps",
         "",
         "Rows accumulate over the commands listed below the table (each row names its seed). "
         f"Model and schedule of benchmarks/swarm.py (B={a.blocks}, d={a.d_model}, seq {a.seq_len}, batch "

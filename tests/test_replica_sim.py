@@ -1,4 +1,4 @@
-"""benchmarks/replica_sim.py --sync-dp (issue 20): the swarm against one replica at K x the batch.
+"""benchmarks/replica_sim.py --sync-dp: the swarm against one replica at K x the batch.
 
 The row's arithmetic (best of the sweep, excess in percent, both efficiencies, the sweep-edge flag) on
 made-up figures; then one tiny real run (d=16, seq 16, one round of two steps) that writes the JSON rows
@@ -71,7 +71,7 @@ def test_parse_lrs(rs):
             rs.parse_lrs(bad)
 
 
-def test_defaults_keep_the_issue_12_outputs(rs, tmp_path):
+def test_defaults_keep_the_variant_outputs(rs, tmp_path):
     a = rs.parse_args(["--data-dir", str(tmp_path)])
     assert a.md.name == "BENCHMARKS.md" and not a.sync_dp
     a = rs.parse_args(["--data-dir", str(tmp_path), "--sync-dp"])
@@ -87,7 +87,7 @@ def test_tiny_sync_dp_run_writes_rows_and_section(rs, tmp_path, data):
     rs.main(argv)  # a rerun replaces its rows
     result = json.loads(out.read_text())
     assert result["rows"] == [{"label": "earlier"}]
-    assert result["single"] == {}  # the issue-12 reference is left alone; --sync-dp has its own
+    assert result["single"] == {}  # the variants' reference is left alone; --sync-dp has its own
     assert list(result["sync_dp_single"]) == ["seed0_r1_H2_b2_lr0.003_B2_d16_seq16"]
     (row,) = result["sync_dp"]
     assert set(row) >= KEYS
@@ -154,7 +154,7 @@ def test_report_merges_the_rows_of_other_runs(rs, tmp_path, data):
 
 def test_real_daemon_replica_rows_carry_sync_dp_at_k_times_the_batch(tmp_path, data, monkeypatch):
     """benchmarks/swarm.py --sync-lrs: for each K > 1 the reference is B daemons (one replica per block) at K x the
-    batch and each lr multiple, run once per (K, multiple) whatever the outers, and the row carries the issue-20
+    batch and each lr multiple, run once per (K, multiple) whatever the outers, and the row carries the sync-DP
     keys. The daemons are swapped for a recorder here (the LocalSwarm runs themselves are the benchmark's)."""
     spec = importlib.util.spec_from_file_location("swarm_bench", ROOT / "benchmarks" / "swarm.py")
     sb = importlib.util.module_from_spec(spec)
