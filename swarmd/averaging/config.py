@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from swarmd.errors import ConfigError
 from swarmd.protocol import Codec
 
-GROUP_LAYOUTS = ("grid", "balanced", "orthogonal")  # GossipConfig.group_layout (swarmd.averaging.groups.assign)
+# GossipConfig.group_layout (swarmd.averaging.groups.assign; "two-phase": swarmd.averaging.phases)
+GROUP_LAYOUTS = ("grid", "balanced", "orthogonal", "two-phase")
 PULL_CODECS = ("fp32", "int8", "int8-delta")  # GossipConfig.pull_codec (swarmd.averaging.compact)
 
 
@@ -51,7 +52,9 @@ class GossipConfig:
     group_full_every: int = 0  # every this many rounds, one round of every peer together (re-anchors; 0 = never)
     # who groups with whom (swarmd.averaging.groups.assign): "balanced" (a new order cut into the fewest groups of
     # equal size every round) or "grid". Balanced measured better at 8 replicas (groups of 4: +0.013 nats over
-    # all-to-all against +0.028 for the grid's 4 x 2, which averages pairs every other round; benchmarks/group_sim.py)
+    # all-to-all against +0.028 for the grid's 4 x 2, which averages pairs every other round; benchmarks/group_sim.py).
+    # "two-phase": balanced groups whose merged values are also averaged across the groups in the same round, so
+    # every replica ends on the mean of all groups (swarmd.averaging.phases; the simulator's only so far)
     group_layout: str = "balanced"
     # ... the byte table's groups (every peer holds the table): 0 = all-to-all whatever group_size says. The
     # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart

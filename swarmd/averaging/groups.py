@@ -52,6 +52,7 @@ import math
 
 import torch
 
+from swarmd.averaging import phases
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delta import INT8_RMS_LEVELS
 
@@ -96,7 +97,8 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", la
     :param layout: "grid" (the module doc), "balanced": every round a new order cut into the fewest groups
         of at most k, their sizes within one of each other (8 in groups of 4: two groups of 4 every round,
         where the grid's 4 x 2 averages pairs every other round; no exact all-reduce in d rounds), or
-        "orthogonal" (_orthogonal): balanced groups whose second round of each pair mixes the first's
+        "orthogonal" (_orthogonal): balanced groups whose second round of each pair mixes the first's, or
+        "two-phase": the rows of swarmd.averaging.phases (phase 1's groups; phase 2 mixes them in the same round)
     """
     ids = sorted(set(members))
     n = len(ids)
@@ -110,6 +112,8 @@ def assign(members: list[str] | set[str], round: int, k: int, salt: str = "", la
         return sorted((sorted(order[i::count]) for i in range(count)), key=lambda g: g[0])
     if layout == "orthogonal":
         return _orthogonal(ids, round, k, salt)
+    if layout == "two-phase":
+        return sorted((sorted(g) for g in phases.rows(ids, round, k, salt)), key=lambda g: g[0])
     sides = grid_sides(n, k)
     epoch, dim = divmod(round, len(sides))
     order = sorted(ids, key=lambda p: _order_key(salt, epoch, p))

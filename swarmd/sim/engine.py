@@ -40,7 +40,10 @@ anchor and sends offset + delta through the codec (the daemon's step rule), and 
 accepted payloads: the members' new bases are anchor + merged offsets, and a round in which a part
 averages as one group sets them exactly and drops the anchor (merge.apply_merged's rule). Replicas then
 differ between groups: measure() scores replica set 0, and consensus() is the largest relative distance
-between same-part bases.
+between same-part bases. Under the "two-phase" layout (swarmd.averaging.phases) the groups' merged offsets are
+also averaged across the groups after the close (grouping.merge_groups' phase 2: its bytes join the round's upload
+and its slowest transfer the round's seconds), so a round in which every row reached every worker ends them
+bit-identical, as a one-group round does.
 Nothing depends on how fast this machine is: a run is a function of its configs, regime, policy and
 seed (one torch thread for bit-identical reruns). With trajectory training on, each worker trains
 with the merged predecessor blocks of the round, refreshed mid-round from the predecessors' working weights
@@ -190,6 +193,7 @@ class Simulator:
         self.pending: tuple[list[dict[PayloadKind, Tensors | None]], list[dict[PayloadKind, Tensors]]] | None = None
         self.pending_comm_s = 0.0
         self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
+        self.layouts: grouping.Layouts = {}  # ... and, two-phase layout, each grouped part's rows
         self.pulled: dict[str, tuple[int, int]] = {}  # this round's predecessor pulls per worker: (wire, raw) bytes
 
     # -- measuring ------------------------------------------------------------------------------------
@@ -350,6 +354,7 @@ class Simulator:
                 self.workers[i].exact = self.workers[i].state.deltas()
         # the round's groups, once the last merge landed (a daemon plans when its round's exchange starts)
         self.groups = grouping.plan(self.workers, self.cfg.model.blocks, self.round, self.gossip)
+        self.layouts = grouping.plan_phases(self.workers, self.cfg.model.blocks, self.round, self.gossip)
         for i in trained:
             w = self.workers[i]
             w.upload_bytes, block_d, emb_d = self._encode(w)
@@ -366,7 +371,14 @@ class Simulator:
         if self.cfg.overlap:
             seconds = max(float(ready), self.pending_comm_s)  # this round's steps hid the last round's exchange
             self.pending_comm_s = max(0.0, end - float(ready))
-        self._merge(accepted, outputs)
+        relayed = self._merge(accepted, outputs)
+        if any(relayed):  # two-phase: the rows' values cross after the close (one more exchange)
+            sent += sum(relayed)
+            phase2_s = max(float(draw.latency_s[i] + b / draw.bandwidth_Bps[i]) for i, b in enumerate(relayed) if b)
+            if self.cfg.overlap:
+                self.pending_comm_s += phase2_s
+            else:
+                seconds += phase2_s
         self.policy.observe([arrivals[i] for i in accepted], n - len(accepted), end, float(ready))
         self.round += 1
         self.clock += seconds
@@ -384,17 +396,22 @@ class Simulator:
             None,
         )
 
-    def _merge(self, accepted: list[int], outputs: dict[int, tuple[Tensors, Tensors]]) -> None:
+    def _merge(self, accepted: list[int], outputs: dict[int, tuple[Tensors, Tensors]]) -> list[int]:
         """Each group of each part merges its accepted payloads (all-to-all: per block, its replicas' block
-        deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets."""
-        steps, exact = grouping.merge_groups(self.workers, self.groups, set(accepted), outputs, self.merge)
+        deltas; the table, every accepted worker's); an anchored member lands anchor + merged offsets (two-phase:
+        the rows' combined ones). Returns each worker's phase-2 wire bytes (0 without the two-phase layout)."""
+        relay = grouping.relay_fn(self.cfg.codec) if self.layouts else None
+        steps, exact, relayed = grouping.merge_groups(
+            self.workers, self.groups, set(accepted), outputs, self.merge, self.layouts, relay
+        )
         self._sync_moments(accepted)
         if self.cfg.overlap:  # lands during the next round's steps (_land)
             self.pending = (steps, exact)
-            return
+            return relayed
         for i, w in enumerate(self.workers):
             w.state.apply_merge(steps[i].get(BLOCK), steps[i].get(EMB))
             self._land_exact(w, exact[i])
+        return relayed
 
     def _sync_moments(self, accepted: list[int]) -> None:
         """Every sync_first_moment (sync_second_moment) rounds, a block's accepted replicas average their AdamW

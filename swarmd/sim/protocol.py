@@ -94,6 +94,8 @@ def simulate_part(anchor: dict[str, torch.Tensor], n: int, cfg: ProtocolConfig, 
     first dimension, d_model or 4 x d_model wide for a block): the same values and nearly the same bytes, at
     one codec call per peer instead of one per tensor (10,000 peers on a laptop CPU).
     """
+    if cfg.layout == "two-phase":  # phase 2 is swarmd.sim.grouping's (the engine's), not modelled here
+        raise ValueError("the protocol simulation runs one phase a round: layout 'two-phase' is the engine's only")
     gcfg = GossipConfig(group_size=cfg.group_size, codec=Codec(cfg.codec), merge=cfg.merge)
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
