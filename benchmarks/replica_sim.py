@@ -472,56 +472,56 @@ def fmt_curve(r: dict) -> str:
 
 
 def write_sync_md(a, out: dict) -> None:
-    """The sync-DP section of --md: one line per (K, seed, budget) row, the sweep, the commands."""
+    """The sync-DP section of --md: one line per (budget, K, H, swarm) row, the commands (the full sweeps and curves
+    are in the JSON)."""
     rows = sorted(
         out.get("sync_dp", []),
-        key=lambda r: (r["steps_per_replica"], r["K"], r["seed"], r.get("swarm_variant") or "H=25, AdamW"),
+        key=lambda r: (
+            r["steps_per_replica"],
+            r["K"],
+            r.get("sync_dp_h", r["H"]),
+            r["seed"],
+            r.get("swarm_variant") or "H=25, AdamW",
+        ),
     )
-
-    def eff(r: dict, name: str, extrap: str) -> str:
-        return "-" if r.get(name) is None else f"{r[name]:.3f}{' (extrap.)' if r.get(extrap) else ''}"
-
     lines = [
         "### Swarm vs synchronous data parallelism: one replica at K x the batch",
         "",
-        "Per K: the swarm (K replicas per block, plain averaging, H local steps per round, lockstep network, int8 + "
-        "error feedback, robust merge) and, in the same run with the same seed, one replica per block at K x the "
-        "batch for the same steps and the same H (sync DP: its trajectory predecessors are refreshed and the byte "
-        "table averaged across blocks once a round, as in the swarm), at each inner-lr multiplier of the sweep; "
-        "sync DP CE = the best. The swarm's H is its variant's (a smaller H: more rounds, the same steps and "
-        "warmup); ReplicaAdamW: swarmd.core.optim. "
-        "excess % = 100 (swarm CE - sync DP CE) / sync DP CE. Efficiency = single-replica (batch of the swarm's "
-        "replicas) steps to reach the CE, log-steps interpolation between its 1x / 2x / 4x runs, "
-        "/ (K x steps per replica); the sync DP column is the same for the reference's CE.",
+        "Per K: the swarm (K replicas per block, plain averaging unless an outer step is named, H local steps per "
+        "round, lockstep network, int8 + error feedback, robust merge unless named) and one replica per block at K x "
+        "the batch for the same steps and the same H (sync DP), at each inner-lr multiplier of its sweep; sync DP CE "
+        "= the best, *edge* when that is the sweep's highest or lowest lr. excess % = 100 (swarm CE - sync DP CE) / "
+        "sync DP CE. Seed 0; a row's sweep and both curves are in the JSON.",
         "",
-        "| K | seed | model | swarm | batch/replica | steps/replica | swarm CE | sync DP CE (batch, lr, H) "
-        "| sweep (lr x: CE) | excess % | efficiency | sync DP efficiency | wall s |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| steps/replica | K | swarm | swarm CE | sync DP CE (lr x) | sweep (lr x) | excess % |",
+        "|---:|---:|---|---:|---:|---|---:|",
     ]
     for r in rows:
-        sweep = ", ".join(f"x{s['lr_mult']:g}: {s['ce']:.4f}" for s in r["sync_dp_sweep"])
-        edge = ", sweep edge" if r.get("sync_dp_lr_at_edge") else ""
+        mults = ", ".join(f"{s['lr_mult']:g}" for s in r["sync_dp_sweep"])
+        edge = ", edge" if r.get("sync_dp_lr_at_edge") else ""
         lines.append(
-            f"| {r['K']} | {r['seed']} | {r['model']}, lr {r['lr']:g} "
-            f"| {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'} | {r['batch_size']} "
-            f"| {r['steps_per_replica']} | {r['ce']:.4f} "
-            f"| {r['sync_dp_ce']:.4f} ({r['sync_dp_batch_size']}, x{r['sync_dp_lr_mult']:g}, "
-            f"H={r.get('sync_dp_h', r['H'])}{edge}) | {sweep} "
-            f"| {r['excess_pct']:+.2f} | {eff(r, 'efficiency', 'extrapolated')} "
-            f"| {eff(r, 'sync_dp_efficiency', 'sync_dp_extrapolated')} | {r['wall_s']:.0f} |"
+            f"| {r['steps_per_replica']} | {r['K']} | {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'} "
+            f"| {r['ce']:.4f} | {r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge}) | {mults} "
+            f"| {r['excess_pct']:+.2f} |"
         )
-    refs = sorted({(r["single_key"], tuple(c for _, c in r["single"])) for r in rows if r.get("single_key")})
-    if refs:
-        lines += [
-            "",
-            "Single-replica reference (final CE at 1x / 2x / 4x the steps, separate runs by the same code; the "
-            'JSON\'s "sync_dp_single"): '
-            + "; ".join(f"{k}: " + " / ".join(f"{c:.4f}" for c in ces) for k, ces in refs),
-        ]
-    commands = sorted({r["command"] for r in rows})
+    commands = sorted({without_caches(r["command"]) for r in rows})
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
     lines += results.machine_footer(out.get("machine", ""))
     results.replace_section(a.md, "replica_sim.py sync-dp", lines)
+
+
+def without_caches(command: str) -> str:
+    """A row's command without --sweeps-from and its files: they only name stored runs to read instead of rerunning
+    (the same runs are stored in --out's "sync_dp_runs")."""
+    kept, skipping = [], False
+    for word in command.split(" "):
+        if word == "--sweeps-from":
+            skipping = True
+        elif skipping and word.startswith("--"):
+            skipping = False
+        if not skipping:
+            kept.append(word)
+    return " ".join(kept)
 
 
 def write_md(a, out: dict) -> None:

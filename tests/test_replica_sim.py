@@ -206,3 +206,9 @@ def test_cosine_rows_and_stored_runs_are_reused(rs, tmp_path, data, monkeypatch)
     assert row["ce"] == cosine["ce"] and row["sync_dp_ce"] == cosine["sync_dp_ce"]
     with pytest.raises(SystemExit):
         rs.parse_args(["--data-dir", str(data), "--cosine", "1.5"])
+
+
+def test_section_commands_leave_out_the_run_caches(rs):
+    cmd = "python benchmarks/replica_sim.py --sync-dp --sweeps-from /tmp/a.json /tmp/b.json --ks 2 --out r.json"
+    assert rs.without_caches(cmd) == "python benchmarks/replica_sim.py --sync-dp --ks 2 --out r.json"
+    assert rs.without_caches("python x.py --ks 2") == "python x.py --ks 2"
