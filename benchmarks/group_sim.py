@@ -14,6 +14,10 @@ relative distance between two same-block replicas' bases, or two workers' tables
     python benchmarks/group_sim.py --ks 4 8 --group-size 2 4 --layouts grid balanced
     python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --outer nesterov --overlap
     python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --rounds 40 --steps 5 --replica-adam
+    python benchmarks/group_sim.py --ks 8 12 --group-size 4 --layouts balanced two-phase --rounds 4 --steps 10
+
+(--layouts two-phase: each round's groups are also averaged across, in the same round: swarmd.averaging.phases;
+its phase-2 bytes count in the row's upload.)
 
 --outer and --overlap apply to every row, the all-to-all one included (with groups, the outer optimizer is
 the local one of swarmd.averaging.outer: each worker steps on its own delta before sending).

@@ -118,9 +118,16 @@ def corpus(text_data):
     )
 
 
-def _sim(corpus, layout: str, codec: str = "int8", workers: int = 6) -> Simulator:
+def _sim(corpus, layout: str, codec: str = "int8", workers: int = 6, overlap: bool = False) -> Simulator:
     cfg = SimConfig(
-        tiny_model(blocks=1), tiny_train(), workers=workers, rounds=3, steps_per_round=2, codec=codec, eval_tokens=256
+        tiny_model(blocks=1),
+        tiny_train(),
+        workers=workers,
+        rounds=3,
+        steps_per_round=2,
+        codec=codec,
+        eval_tokens=256,
+        overlap=overlap,
     )
     net = custom_regime(0.1, 0.0, 0.05, 0.0, 100.0, 0.0, dropout=0.0, deadline=None)
     gossip = GossipConfig(group_size=2, table_group_size=2, group_layout=layout, steps_per_round=2)
@@ -142,6 +149,18 @@ def test_the_simulator_s_two_phase_rounds_end_bit_identical_and_re_anchor(corpus
                 assert len({w.state.block_hash for w in sim.workers}) == 1
     assert spreads["two-phase"] == 0.0 and spreads["balanced"] > 1e-4
     assert sent["two-phase"] > sent["balanced"]  # phase 2: each row's value to its readers
+
+
+def test_two_phase_merges_landing_a_round_late_end_bit_identical(corpus):
+    """Overlap (merges land a round late): each worker lands its two-phase merge late, and after the drain every
+    replica holds the same bits with no anchor held."""
+    with torch.random.fork_rng(devices=[]):
+        sim = _sim(corpus, "two-phase", overlap=True)
+        for _ in range(2):
+            sim.step()
+        sim.drain()
+    assert sim.consensus() == 0.0
+    assert not any(a.active for w in sim.workers for a in w.anchors.values())
 
 
 def test_the_simulator_s_two_phase_round_with_a_missing_member_keeps_the_anchor(corpus):
