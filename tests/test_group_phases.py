@@ -11,7 +11,6 @@ from swarmd.averaging import phases
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.groups import assign, round_members
 from swarmd.averaging.merge import merge_mean
-from swarmd.averaging.state import relative_distance
 from swarmd.sim import grouping
 from swarmd.sim.engine import SimConfig, Simulator, merge_fn
 from swarmd.sim.grouping import BLOCK, EMB
@@ -163,9 +162,10 @@ def test_two_phase_merges_landing_a_round_late_end_bit_identical(corpus):
     assert not any(a.active for w in sim.workers for a in w.anchors.values())
 
 
-def test_the_simulator_s_two_phase_round_with_a_missing_member_keeps_the_anchor(corpus):
-    """A worker whose payload missed the deadline: its row merges without it, its readers miss its row, the part's
-    replicas differ slightly and keep their anchor; the others of the part agree on the mean of every row."""
+def test_the_simulator_s_two_phase_round_with_a_missing_member_asks_its_row_mate(corpus):
+    """A worker whose payload missed the deadline: its row merges without it and serves no reader; its readers
+    take its row's value from the row's next member (phases.fallbacks), so every worker still combines every
+    row, ends on the same bits (the mean over what arrived) and the anchor moves."""
     sim = _sim(corpus, "two-phase", codec="fp32")
     sim.groups = grouping.plan(sim.workers, 1, 0, sim.gossip)
     sim.layouts = grouping.plan_phases(sim.workers, 1, 0, sim.gossip)
@@ -182,18 +182,24 @@ def test_the_simulator_s_two_phase_round_with_a_missing_member_keeps_the_anchor(
     steps, exact, relayed = grouping.merge_groups(
         sim.workers, sim.groups, accepted, outputs, merge, sim.layouts, grouping.relay_fn("fp32")
     )
-    assert not any(BLOCK in e for e in exact)  # the block's anchor stays: replicas differ
-    assert relayed[missing] == 0 and all(relayed[i] > 0 for i in accepted)
-    ids = [[sim.workers[i].id for i in row] for row in rows]
-    readers = {next(i for i, w in enumerate(sim.workers) if w.id == p) for p in phases.readers(ids, ids[0][0])}
-    others = accepted - readers
-    targets = {i: {k: sim.workers[i].state.base_block[k] + s for k, s in steps[i][BLOCK].items()} for i in accepted}
-    ref = targets[min(others)]
-    for i in others:  # every row reached them: one value
-        assert relative_distance(targets[i], ref) < 1e-6
-    for i in readers:  # row 0 did not: a slightly different mean
-        assert relative_distance(targets[i], ref) > 1e-6
+    assert relayed[missing] == 0 and relayed[rows[0][1]] > relayed[rows[1][1]]  # its row-mate serves its readers
+    assert all(BLOCK in exact[i] for i in range(len(sim.workers)))  # one value everywhere: the anchor moves
+    targets = [exact[i][BLOCK] for i in range(len(sim.workers))]
+    assert all(torch.equal(t[k], targets[0][k]) for t in targets for k in t)
+    mean = merge({sim.workers[i].id: outputs[i][0] for i in accepted})  # the plain mean of what arrived
+    anchor = sim.workers[0].anchors[BLOCK].tensors
+    assert anchor is not None
+    assert all(torch.allclose(targets[0][k], anchor[k] + mean[k], atol=1e-6) for k in mean)
     assert all(steps[i][EMB] is not None for i in range(len(sim.workers)))
+
+
+def test_fallbacks_ask_the_source_first_then_the_rest_of_its_row():
+    ids = [f"p{i}" for i in range(10)]
+    layout = phases.rows(ids, 2, 4, "s")
+    for p in ids:
+        src, asked = phases.sources(layout, p), phases.fallbacks(layout, p)
+        assert set(asked) == set(src) and all(asked[s][0] == src[s] for s in src)
+        assert all(sorted(asked[s]) == sorted(layout[s]) for s in asked)
 
 
 def test_the_daemon_refuses_the_two_phase_layout_until_its_round_has_phase_two():

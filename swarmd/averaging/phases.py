@@ -16,7 +16,8 @@ Owns GossipConfig.group_layout "two-phase" (swarmd.averaging.groups.assign hands
     float rounding), with the robust one the count-weighted mean of the rows' robust means. The replicas are
     then bit-identical and the anchor moves, as after a one-group round (swarmd.averaging.merge.apply_merged);
   - a missing member: a payload that did not arrive is missing from its row's merge (the count drops); a row
-    whose value did not reach a peer by the deadline (its source missing) is left out of that peer's mean.
+    whose value did not reach a peer by the deadline (its source missing, and the row's other members it asks
+    next, fallbacks(), too) is left out of that peer's mean.
     The round completes either way; the peers that missed a row then differ slightly, so the anchor stays
     (complete() says whether a peer got every row).
 Why not a reduce-scatter: it needs every member every round and one member reduces each chunk for the whole
@@ -62,6 +63,13 @@ def sources(layout: list[list[str]], peer_id: str) -> dict[int, str]:
     """Row index -> the member whose phase-1 value `peer_id` takes, for every row but its own."""
     r, j = position(layout, peer_id)
     return {s: row[j % len(row)] for s, row in enumerate(layout) if s != r and row}
+
+
+def fallbacks(layout: list[list[str]], peer_id: str) -> dict[int, list[str]]:
+    """Row index -> its members in the order `peer_id` asks them for the row's value: the source first, then the
+    row's next columns (a source that missed the deadline is replaced by a member of its row that has the value)."""
+    r, j = position(layout, peer_id)
+    return {s: [row[(j + t) % len(row)] for t in range(len(row))] for s, row in enumerate(layout) if s != r and row}
 
 
 def readers(layout: list[list[str]], peer_id: str) -> list[str]:

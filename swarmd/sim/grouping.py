@@ -8,8 +8,9 @@ swarmd.averaging.merge.apply_merged's rule) and consensus() (the largest relativ
 bases). Under the "two-phase" layout (swarmd.averaging.phases) plan_phases() lays each grouped part's rows, and
 merge_groups() adds phase 2: each worker takes every other row's merged value from that row's source member (through
 the codec: relay_fn, the same decoded bits for every reader, its own row's included) and lands their count-weighted
-mean; a part whose workers all combined the same rows lands those bits exactly and re-anchors, a source that was not
-accepted (dropped or late) leaves its row out of its readers' mean and the anchor stays. Workers are the
+mean; a source that was not accepted (dropped or late) is replaced by the next accepted member of its row
+(phases.fallbacks); a part whose workers all combined the same rows lands those bits exactly and re-anchors, else
+the anchor stays. Workers are the
 simulator's: an id, a block, a BlockState and an Anchor per part.
 """
 
@@ -125,17 +126,17 @@ def _phase2(
         value = values[row[0]]  # every member of a row holds its merge (a non-accepted one too: the sim lands it)
         if value is not None and counts[row[0]]:
             decoded[r] = relay(kind, block, value)
-    for r, row in enumerate(rows):
-        for i in row:
-            sent = [
-                index[p] for p in phases.readers(ids, workers[i].id) if i in accepted and r in decoded
-            ]  # a worker whose payload missed the deadline serves no reader
-            relayed[i] += decoded[r][1] * len(sent) if sent else 0
     used: set[frozenset[int]] = set()
     for r, row in enumerate(rows):
         for i in row:
-            sources = phases.sources(ids, workers[i].id)
-            got = sorted(s for s in decoded if s == r or index[sources[s]] in accepted)
+            got = [r] if r in decoded else []
+            for s, asked in phases.fallbacks(ids, workers[i].id).items():
+                # a worker whose payload missed the deadline serves no reader: the row's next member does
+                source = next((index[p] for p in asked if index[p] in accepted), None)
+                if s in decoded and source is not None:
+                    got.append(s)
+                    relayed[source] += decoded[s][1]
+            got.sort()
             used.add(frozenset(got))
             values[i] = phases.combine([(counts[rows[s][0]], decoded[s][0]) for s in got]) if got else None
     return len(used) == 1 and bool(next(iter(used)))
