@@ -500,7 +500,8 @@ def write_sync_md(a, out: dict) -> None:
         mults = ", ".join(f"{s['lr_mult']:g}" for s in r["sync_dp_sweep"])
         edge = ", edge" if r.get("sync_dp_lr_at_edge") else ""
         lines.append(
-            f"| {r['steps_per_replica']} | {r['K']} | {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'} "
+            f"| {r['steps_per_replica']} | {r['K']} | {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'}"
+            f"{schedule_words(r)} "
             f"| {r['ce']:.4f} | {r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge}) | {mults} "
             f"| {r['excess_pct']:+.2f} |"
         )
@@ -508,6 +509,11 @@ def write_sync_md(a, out: dict) -> None:
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
     lines += results.machine_footer(out.get("machine", ""))
     results.replace_section(a.md, "replica_sim.py sync-dp", lines)
+
+
+def schedule_words(row: dict) -> str:
+    """How a row's inner lr moves after warmup, in words for its table cell."""
+    return f", cosine to {row['cosine']:g}" if row.get("cosine") else ", constant lr"
 
 
 def without_caches(command: str) -> str:
