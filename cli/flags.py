@@ -352,7 +352,8 @@ GroupLayout = Annotated[
         "Who averages with whom when --group-size splits the swarm: grid (a new grid of groups every round), "
         "balanced (a new order every round cut into the fewest groups, of equal size) or orthogonal (balanced "
         "groups in pairs of rounds, the second mixing the first's); two-phase (each round's groups also averaged "
-        "across, the exact mean in one round) runs in the simulator only so far. Every peer of a swarm must use "
+        "across in the same round, swarmd.averaging.phase2: replicas end each round on the exact count-weighted "
+        "mean when every group's value reached every peer). Every peer of a swarm must use "
         "the same layout.",
         S,
     ),

@@ -202,12 +202,10 @@ def test_fallbacks_ask_the_source_first_then_the_rest_of_its_row():
         assert all(sorted(asked[s]) == sorted(layout[s]) for s in asked)
 
 
-def test_the_daemon_refuses_the_two_phase_layout_until_its_round_has_phase_two():
-    from swarmd.errors import ConfigError
+def test_the_daemon_takes_the_two_phase_layout_and_the_protocol_simulation_refuses_it():
     from swarmd.node.config import DaemonConfig
     from swarmd.sim.protocol import ProtocolConfig, part_tensors, simulate_part
 
-    with pytest.raises(ConfigError, match="simulator only"):
-        DaemonConfig(gossip=GossipConfig(group_size=4, group_layout="two-phase"))
+    assert DaemonConfig(gossip=GossipConfig(group_size=4, group_layout="two-phase")).gossip.group_layout == "two-phase"
     with pytest.raises(ValueError, match="two-phase"):
         simulate_part(part_tensors(tiny_model())["table"], 8, ProtocolConfig(layout="two-phase"), EMB, "t")

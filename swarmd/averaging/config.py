@@ -54,7 +54,8 @@ class GossipConfig:
     # equal size every round) or "grid". Balanced measured better at 8 replicas (groups of 4: +0.013 nats over
     # all-to-all against +0.028 for the grid's 4 x 2, which averages pairs every other round; benchmarks/group_sim.py).
     # "two-phase": balanced groups whose merged values are also averaged across the groups in the same round, so
-    # every replica ends on the mean of all groups (swarmd.averaging.phases; the simulator's only so far)
+    # every replica ends on the mean of all groups (swarmd.averaging.phases; the daemon's phase 2:
+    # swarmd.averaging.phase2)
     group_layout: str = "balanced"
     # ... the byte table's groups (every peer holds the table): 0 = all-to-all whatever group_size says. The
     # peers of different blocks tune the table differently, so table groups of mixed blocks drift apart

@@ -20,6 +20,11 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
     the round's group of at most k (plan_groups: every peer computes it from the signed records and the round),
     as offsets from the part's anchor (the last state all replicas shared), whose hash payloads and
     records announce; with at most k peers the round is the all-to-all one, bit for bit;
+  - the two-phase layout (GossipConfig.group_layout "two-phase"): the groups are the rows of
+    swarmd.averaging.phases (plan_groups keeps them in the Round), and after the merge phase 2
+    (swarmd.averaging.phase2) swaps each row's merged offsets with the other rows over the same ExchangeDeltas
+    (payload header phase 2; handle_exchange hands those to phase2.answer) and lands their count-weighted mean,
+    re-anchoring when every row came, each merged from all its members;
   - overlap (cfg.overlap): publish() also keeps the exact own deltas, training goes on while the round
     is collected;
   - the merge, its loss check and its landing are swarmd.averaging.merge's; must_pass (identities on probation or
@@ -37,6 +42,7 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from swarmd.averaging import phase2
 from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
 from swarmd.averaging.deadline import DeadlinePolicy
 from swarmd.averaging.groups import offset_int8_levels, with_offset
@@ -85,6 +91,7 @@ def plan_groups(p: PeerContext, rs: Round, records: list[PeerRecord]) -> None:
         pool = [r.peer_id for r in ours if kind == EMB or r.block_index == p.me.block_index]
         salt = f"{p.me.swarm_id}/{'block' + str(p.me.block_index) if kind == BLOCK else 'table'}"
         rs.members[kind] = group_members(p.me.peer_id, pool, rs.round, p.cfg, salt, table=kind == EMB)
+        phase2.plan(p, rs, kind, pool, salt)  # the two-phase layout's rows (phase 1's groups are those rows)
         anchor = p.anchors[kind]
         if rs.members[kind] is not None and not anchor.active:
             anchor.set(*p.base(kind), p.state.round)
@@ -113,6 +120,7 @@ class Exchange:
         self.peer = peer
         self.deadline = DeadlinePolicy(peer.cfg)
         self.current: Round | None = None
+        self.previous: Round | None = None  # its phase-2 row values still answer late readers (swarmd.averaging.phase2)
         self._opened = asyncio.Condition()
         # a round this peer did not train (a pipelined block before or after its turn): its deltas carry weight 0,
         # so the receivers (and its own merge) count only the peers that trained; and they are ready at once, so the
@@ -124,6 +132,7 @@ class Exchange:
         """Start accepting deltas for the round we are about to train (call after sync)."""
         p = self.peer
         async with self._opened:
+            self.previous = self.current
             self.current = Round(p.state.round, {BLOCK: p.anchor_hash(BLOCK), EMB: p.anchor_hash(EMB)})
             self._opened.notify_all()
 
@@ -193,6 +202,8 @@ class Exchange:
         """Callee side of ExchangeDeltas: validate and stash the caller's delta, answer with ours."""
         p, h = self.peer, incoming.header
         p.metrics.add_received(incoming.wire_bytes, incoming.raw_bytes)
+        if h.phase:  # a row value of a two-phase round
+            return await phase2.answer(p, [self.current, self.previous], incoming)
         kind = payload_kind(h.kind)
         try:
             verify_payload(incoming)  # signed by the peer it names, before we wait for or look at anything else
@@ -342,7 +353,9 @@ class Exchange:
             merged.passed,
             merged.failed,
         )
-        await apply_merged(p, merged.parts, rs.members, rs.exact)
+        counts = {k: len(ids) for k, ids in merged.merged_from.items()}  # phase 2's row weights
+        parts, members = await phase2.run(p, rs, merged.parts, counts, deadline, deadline_s)
+        await apply_merged(p, parts, members, rs.exact)
         p.state.set_replicas(len(merged.merged_from.get(BLOCK, ())))  # K of TrainConfig.replica_adam
         seconds = time.monotonic() - rs.ready_at
         p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}

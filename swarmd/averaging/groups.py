@@ -12,8 +12,10 @@ the anchored merge arithmetic that Gossip.average applies when a round splits th
     when the counts divide). Layout "grid": the members are ordered by sha256(salt, epoch, peer id) and laid on a
     d-dimensional grid, d = ceil(log_k n), of sides at most k whose product is the least >= n; in round r
     the groups are the grid lines along dimension r mod d, and every epoch of d rounds draws a new order.
-    Every peer computes the same groups from the same records and round; each peer is in exactly one group
-    of at most k peers; the groups change every round; when n is the grid's product (8 = 4 x 2,
+    Layout "two-phase": the rows of swarmd.averaging.phases (balanced groups), whose merged values the daemon's
+    round also averages across the rows in the same round (swarmd.averaging.phase2), the simulator too
+    (swarmd.sim.grouping). Every peer computes the same groups from the same records and round; each peer is
+    in exactly one group of at most k peers; the groups change every round; when n is the grid's product (8 = 4 x 2,
     24 = 4 x 3 x 2), d rounds of plain averaging give every member the exact global mean (the grid
     all-reduce), and the reshuffle each epoch mixes incomplete grids. n <= k:
     one group of everybody, which is the all-to-all round of before, bit for bit;

@@ -8,7 +8,12 @@ before anything beyond the header is looked at; swarmd.averaging.exchange calls 
            from our base hash; then it is decoded (swarmd.averaging.delta.decode) within our shapes, its norm
            checked against the bound (PeerContext.check_norm), and stashed in the Round;
   reject   a delta that fails is counted (by reason) and logged, and its sender judged: the collection stops
-           waiting for it, and the round loses only that peer's contribution.
+           waiting for it, and the round loses only that peer's contribution;
+  accept_row  a row's value in phase 2 of a two-phase round (swarmd.averaging.phase2; header phase PHASE_ROW):
+           its sender must hold a signed record for our block, be a member of one of the part's rows of our
+           round and announce our anchor hash, its weight (the row's merged count) within the row's size; then
+           it is decoded, its norm checked against the payload bound, and kept as that row's value (the first
+           accepted per row); one that fails is counted and logged (phase 2 asks the row's next member).
 No I/O and no waiting here: plain checks over the Round and the PeerContext.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from swarmd.averaging import phases
 from swarmd.averaging.context import BLOCK, PeerContext
 from swarmd.averaging.round import Round
 from swarmd.errors import BaseMismatch, StaleRound, SwarmdError, ValidationError
@@ -25,6 +31,8 @@ from swarmd.transport.framing import Encoded
 from swarmd.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+PHASE_ROW = 2  # PayloadHeader.phase of a row's merged offsets (phase 2 of a two-phase round); 0: a delta
 
 
 class Repeat(StaleRound):
@@ -77,3 +85,39 @@ def accept(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
     # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
     rs.stash(kind, h.peer_id, tensors, idle=h.weight == 0)
     return h.peer_id
+
+
+def accept_row(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> int:
+    """Judge a row value of phase 2 (its signature already verified by the caller) and keep it as its row's value
+    unless that row has one already; returns the row index.
+
+    :raises SwarmdError: the value was rejected (counted, logged)
+    """
+    h, rows = enc.header, rs.rows.get(kind)
+    try:
+        if rows is None or h.phase != PHASE_ROW:
+            raise ValidationError(f"no two-phase {kind} rows in round {rs.round}")
+        if h.peer_id == p.me.peer_id or not h.peer_id:
+            raise ValidationError("row value without a (foreign) peer id")
+        if problem := p.sender_problem(h, kind):
+            raise ValidationError(problem)
+        if h.round != rs.round:
+            raise StaleRound(f"row value of round {h.round}, ours is {rs.round}")
+        try:
+            row = phases.position(rows, h.peer_id)[0]
+        except KeyError:
+            raise ValidationError(f"{h.peer_id[-6:]} is in no {kind} row of round {rs.round}") from None
+        if h.base_hash != rs.hashes[kind]:
+            raise BaseMismatch(f"row value on anchor {h.base_hash}, ours is {rs.hashes[kind]}")
+        if not 0 < h.weight <= len(rows[row]):  # a row merges at most its members' payloads
+            raise ValidationError(f"row value of weight {h.weight} from a row of {len(rows[row])}")
+        tensors = p.decode(enc, kind, p.me.block_index if kind == BLOCK else -1)
+        p.check_norm(tensors, kind)
+    except SwarmdError as exc:
+        rs.rejected += 1
+        p.metrics.reject(reject_reason(exc))
+        logger.warning("%s rejected a %s row value from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
+        raise
+    rs.phase2.got[kind].setdefault(row, (float(h.weight), tensors))
+    rs.phase2.arrived.set()
+    return row

@@ -9,12 +9,15 @@ Owns GossipConfig.group_layout "two-phase" (swarmd.averaging.groups.assign hands
     together, the second round of the "orthogonal" layout); each peer takes the phase-1 value of every other
     row from that row's member in its own column, or, where that row is shorter (the last column is partial
     when k does not divide n), from its member in column j mod the row's length. A peer sends its row's value
-    to the peers that read it (readers: about c - 1 of them) as well as its payload to its row;
+    to the peers that read it (readers: about c - 1 of them) as well as its payload to its row; in the daemon
+    (swarmd.averaging.phase2) each reader asks its sources over ExchangeDeltas, its own row value the request;
   - combine: each peer's new offset is the mean of the rows' values weighted by how many payloads each row
     merged, in row order. When every row merged one value for all its members and every peer got every row,
     every peer computes the same bits: with the plain mean merge the exact global mean of the payloads (within
     float rounding), with the robust one the count-weighted mean of the rows' robust means. The replicas are
-    then bit-identical and the anchor moves, as after a one-group round (swarmd.averaging.merge.apply_merged);
+    then bit-identical and the anchor moves, as after a one-group round (swarmd.averaging.merge.apply_merged;
+    the daemon, which cannot see the other peers' rows, moves it where each row it got merged all its members:
+    swarmd.averaging.phase2.exact);
   - a missing member: a payload that did not arrive is missing from its row's merge (the count drops); a row
     whose value did not reach a peer by the deadline (its source missing, and the row's other members it asks
     next, fallbacks(), too) is left out of that peer's mean.

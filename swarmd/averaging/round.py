@@ -1,5 +1,6 @@
-"""One averaging round's bookkeeping: Round (what is open, stashed and judged; the collection's wait) and
-MergeReport (what a closed round merged). Plain data and one wait; swarmd.averaging.exchange runs the protocol."""
+"""One averaging round's bookkeeping: Round (what is open, stashed and judged; the collection's wait), RowValues
+(phase 2 of a two-phase round: the rows' values) and MergeReport (what a closed round merged). Plain data and one
+wait; swarmd.averaging.exchange (and swarmd.averaging.phase2) run the protocol."""
 
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ class MergeReport:
 
 
 @dataclass
+class RowValues:
+    """Phase 2 of a two-phase round (swarmd.averaging.phase2): own row's value as sent, and every row's value got."""
+
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # own row values encoded (or none to send)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # a row value came (or a fetch ended)
+    outgoing: dict[str, Encoded] = field(default_factory=dict)  # kind -> own row's value, signed
+    # kind -> row index -> (the row's merged count, its decoded value): the first accepted value of each row
+    got: dict[str, dict[int, tuple[float, dict[str, torch.Tensor]]]] = field(
+        default_factory=lambda: {BLOCK: {}, EMB: {}}
+    )
+
+
+@dataclass
 class Round:
     """One open round: own payloads, the deltas stashed and the peers judged, and the events the collection waits on."""
 
@@ -73,6 +87,9 @@ class Round:
     idle: dict[str, set[str]] = field(
         default_factory=lambda: {BLOCK: set(), EMB: set()}
     )  # senders whose delta carries weight 0 (they trained nothing this round): arrived, but not merged
+    # two-phase layout: each part's rows (swarmd.averaging.phases.rows; None: no phase 2 for the part this round)
+    rows: dict[str, list[list[str]] | None] = field(default_factory=lambda: {BLOCK: None, EMB: None})
+    phase2: RowValues = field(default_factory=RowValues)
 
     def active(self) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
         """The accepted deltas the merge counts: every kind's inbox without the idle senders' (weight 0)."""

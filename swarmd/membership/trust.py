@@ -6,7 +6,7 @@ Owns the two canonical byte strings peers sign with their identity (swarmd.membe
     so a replayed record cannot outlive what its owner signed, and the DHT record validator requires
     the DHT expiration not to exceed it;
   - a delta or state payload: the header fields that say what the bytes are (swarm, config, kind,
-    block, round, base hash, codec, tensor specs, sizes, weight, sender, zstd) plus the payload's
+    block, round, base hash, codec, tensor specs, sizes, weight, sender, zstd; the phase when set) plus the payload's
     sha256; the signature travels in PayloadHeader.signature. A receiver checks it before it looks at
     anything but the header (verify_payload), and the sender is the key its peer id names.
 Also what a PeerClient takes from valid records: the peer id at each address, for its call proofs
@@ -177,6 +177,8 @@ def payload_bytes(header: pb.PayloadHeader, sha256: str) -> bytes:
         bool(header.zstd),
         sha256,
     ]
+    if header.phase:  # signed only when set: a delta's bytes (phase 0) are what peers without the field sign
+        fields.append(int(header.phase))
     return json.dumps(fields, separators=(",", ":")).encode()
 
 

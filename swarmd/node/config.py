@@ -152,10 +152,6 @@ class DaemonConfig:
             raise ConfigError(f"stop_at_round must be >= 0, got {self.stop_at_round}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.gossip.group_layout == "two-phase":  # the daemon's round would silently run phase 1 alone
-            raise ConfigError(
-                "group_layout 'two-phase' runs in the simulator only (swarmd.sim); the daemon has no phase 2"
-            )
 
     def with_block(self, block_index: int) -> DaemonConfig:
         return replace(self, block=block_index)

@@ -172,7 +172,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class PayloadHeader(_message.Message):
-    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "codec", "tensors", "raw_bytes", "payload_bytes", "weight", "peer_id", "zstd", "signature")
+    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "round", "base_hash", "codec", "tensors", "raw_bytes", "payload_bytes", "weight", "peer_id", "zstd", "signature", "phase")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class PayloadHeader(_message.Message):
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ZSTD_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
     kind: PayloadKind
@@ -201,7 +202,8 @@ class PayloadHeader(_message.Message):
     peer_id: str
     zstd: bool
     signature: bytes
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    phase: int
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., round: _Optional[int] = ..., base_hash: _Optional[str] = ..., codec: _Optional[_Union[Codec, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., raw_bytes: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., peer_id: _Optional[str] = ..., zstd: _Optional[bool] = ..., signature: _Optional[bytes] = ..., phase: _Optional[int] = ...) -> None: ...
 
 class PayloadEnd(_message.Message):
     __slots__ = ("sha256",)
