@@ -155,6 +155,7 @@ def test_combine_clips_one_bad_row_and_leaves_honest_rows_as_they_are():
     assert float(out["w"].max()) < 2.0
 
 
+@pytest.mark.slow
 def test_four_daemons_on_the_real_dht_end_two_phase_rounds_bit_identical(tmp_path):
     """Four replicas of one block in rows of 2 over gRPC and the DHT: every round ends with one block hash."""
     from swarm_utils import daemon_config, running
@@ -180,6 +181,7 @@ def test_four_daemons_on_the_real_dht_end_two_phase_rounds_bit_identical(tmp_pat
     assert not any(d.gossip.anchors[BLOCK].active for d in daemons)
 
 
+@pytest.mark.slow
 def test_a_daemon_that_stops_mid_run_leaves_the_others_completing_two_phase_rounds(tmp_path):
     """Five replicas in rows of 2; one stops after its first round: the others still complete their rounds (its
     readers ask its row-mate, or leave its row out; a replica that missed a row keeps its anchor, and the re-sync
