@@ -63,3 +63,11 @@ def test_a_simulated_block_syncs_its_replicas_moments_on_schedule(text_data):
     assert not torch.equal(m_a, m_b)
     with pytest.raises(ValueError):
         replace(cfg, sync_first_moment=-1)
+
+
+def test_moments_due_follows_each_schedule():
+    from swarmd.sim.moments import moments_due
+
+    assert moments_due(3, 3, 6) == ("exp_avg",)
+    assert moments_due(6, 3, 6) == ("exp_avg", "exp_avg_sq")
+    assert moments_due(4, 3, 6) == () and moments_due(5, 0, 0) == ()

@@ -77,7 +77,7 @@ from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_pr
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim import grouping
 from swarmd.sim.grouping import BLOCK, EMB
-from swarmd.sim.moments import average_moments
+from swarmd.sim.moments import average_moments, moments_due
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 from swarmd.sim.results import RoundRecord, SimResult
@@ -404,7 +404,9 @@ class Simulator:
         steps, exact, relayed = grouping.merge_groups(
             self.workers, self.groups, set(accepted), outputs, self.merge, self.layouts, relay
         )
-        self._sync_moments(accepted)
+        due = moments_due(self.round + 1, self.cfg.sync_first_moment, self.cfg.sync_second_moment)
+        for b in range(self.cfg.model.blocks) if due else ():  # a block's accepted replicas (swarmd.sim.moments)
+            average_moments([self.workers[i].state.trainer.opt for i in accepted if self.workers[i].block == b], due)
         if self.cfg.overlap:  # lands during the next round's steps (_land)
             self.pending = (steps, exact)
             return relayed
@@ -412,21 +414,6 @@ class Simulator:
             w.state.apply_merge(steps[i].get(BLOCK), steps[i].get(EMB))
             self._land_exact(w, exact[i])
         return relayed
-
-    def _sync_moments(self, accepted: list[int]) -> None:
-        """Every sync_first_moment (sync_second_moment) rounds, a block's accepted replicas average their AdamW
-        first (second) moments (swarmd.sim.moments)."""
-        c, r = self.cfg, self.round + 1
-        keys = tuple(
-            key
-            for key, every in (("exp_avg", c.sync_first_moment), ("exp_avg_sq", c.sync_second_moment))
-            if every and r % every == 0
-        )
-        if not keys:
-            return
-        for b in range(c.model.blocks):
-            members = [i for i in accepted if self.workers[i].block == b]
-            average_moments([self.workers[i].state.trainer.opt for i in members], keys)
 
     def drain(self) -> float:
         """Overlap: land the merge in flight on every worker; returns the seconds its exchange adds to the clock."""
