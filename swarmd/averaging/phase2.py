@@ -15,8 +15,8 @@ landing (swarmd.averaging.merge.apply_merged):
     own deadline, as long as the round's phase 1 and after it (a source's phase 1 may wait for a missing member to
     its deadline); it ends early once every row is present;
   - combine: the count-weighted mean (phases.combine) over the rows present, in row order, own row included, each
-    row's value clipped to 2x the lower median of the rows' norms (one bad row is bounded; honest rows are not
-    touched, so their bits stay the same for every peer);
+    row's value clipped to 2x the lower median of the rows' norms (phases.combine_clipped: one bad row is
+    bounded; honest rows are not touched, so their bits stay the same for every peer);
   - landing: a peer that holds every row (phases.complete), each merged from all its members' payloads (its
     weight is the row's size: every member of such a row merged the same payloads, so every source sends the same
     bits), lands its combined value as a one-group round does: base = anchor + combined exactly, the new anchor
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 import torch
@@ -40,7 +39,6 @@ from swarmd.averaging.context import BLOCK, EMB, PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.groups import offset_int8_levels
 from swarmd.averaging.intake import PHASE_ROW, accept_row
-from swarmd.averaging.robust import delta_norm
 from swarmd.averaging.round import Round
 from swarmd.errors import Busy, NotReady, StaleRound, SwarmdError, ValidationError
 from swarmd.membership.trust import sign_payload, verify_payload
@@ -52,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 Tensors = dict[str, torch.Tensor]
 REDIAL_PAUSE_S = 0.2  # a source not yet at our round (or still merging phase 1) is dialled again after this
-ROW_CLIP = 2.0  # a row's value is cut to this x the lower median of the rows' norms
 
 
 def plan(p: PeerContext, rs: Round, kind: PayloadKind, pool: list[str], salt: str) -> None:
@@ -204,18 +201,6 @@ async def collect(p: PeerContext, rs: Round, deadline: float) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def combine(values: list[tuple[float, Tensors]]) -> Tensors:
-    """phases.combine over the rows' (count, value) in row order, each value cut to ROW_CLIP x the lower median
-    norm (a value within it is used as it is: the same bits for every peer)."""
-    norms = [delta_norm(v) for _, v in values]
-    cap = ROW_CLIP * sorted(norms)[(len(norms) - 1) // 2] if len(norms) >= 2 else math.inf
-    clipped = [
-        (w, v if norm <= cap else {n: t * (cap / norm if math.isfinite(norm) else 0.0) for n, t in v.items()})
-        for (w, v), norm in zip(values, norms)
-    ]
-    return phases.combine(clipped)
-
-
 def exact(rows: list[list[str]], got: dict[int, tuple[float, Tensors]]) -> bool:
     """Whether the combined value is the one every replica lands (the part re-anchors): every row present
     (phases.complete) and each merged every member's payload (its count is the row's size). A row that merged
@@ -248,7 +233,7 @@ async def run(
         got = rs.phase2.got[kind]
         if rows is None or not got:
             continue
-        out[kind] = await asyncio.to_thread(combine, [got[r] for r in sorted(got)])
+        out[kind] = await asyncio.to_thread(phases.combine_clipped, [got[r] for r in sorted(got)])
         if exact(rows, got):
             members[kind] = None
         else:

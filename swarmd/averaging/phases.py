@@ -26,16 +26,22 @@ Owns GossipConfig.group_layout "two-phase" (swarmd.averaging.groups.assign hands
 Why not a reduce-scatter: it needs every member every round and one member reduces each chunk for the whole
 part (the robust merge no longer bounds a bad member); here each row is merged robustly by all its members, and
 phase 2 moves one row value per other row, int8 like a payload.
+The rows' values are combined with each one cut to ROW_CLIP x the rows' lower median norm (combine_clipped), in
+the daemon and the simulator alike.
 Plain Python and torch: no grpc, no asyncio, no gossip state.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
+from swarmd.averaging.robust import delta_norm
+
 Tensors = dict[str, torch.Tensor]
+ROW_CLIP = 2.0  # a row's value is cut to this x the lower median of the rows' norms
 
 
 def _order_key(salt: str, round: int, peer_id: str) -> bytes:
@@ -95,6 +101,19 @@ def combine(values: list[tuple[float, Tensors]]) -> Tensors:
             acc += w * v[name].float()
         out[name] = acc / total
     return out
+
+
+def combine_clipped(values: list[tuple[float, Tensors]]) -> Tensors:
+    """combine() with each row's value cut to ROW_CLIP x the lower median of the rows' norms (from two rows; a
+    value within it is used as it is, so honest rows keep the same bits for every peer): one bad row is bounded."""
+    norms = [delta_norm(v) for _, v in values]
+    cap = ROW_CLIP * sorted(norms)[(len(norms) - 1) // 2] if len(norms) >= 2 else math.inf
+    return combine(
+        [
+            (w, v if norm <= cap else {n: t * (cap / norm if math.isfinite(norm) else 0.0) for n, t in v.items()})
+            for (w, v), norm in zip(values, norms, strict=True)
+        ]
+    )
 
 
 def complete(layout: list[list[str]], got: set[int]) -> bool:

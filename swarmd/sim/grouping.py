@@ -8,10 +8,10 @@ swarmd.averaging.merge.apply_merged's rule) and consensus() (the largest relativ
 bases). Under the "two-phase" layout (swarmd.averaging.phases) plan_phases() lays each grouped part's rows, and
 merge_groups() adds phase 2: each worker takes every other row's merged value from that row's source member (through
 the codec: relay_fn, the same decoded bits for every reader, its own row's included) and lands their count-weighted
-mean; a source that was not accepted (dropped or late) is replaced by the next accepted member of its row
-(phases.fallbacks); a part whose workers all combined the same rows lands those bits exactly and re-anchors, else
-the anchor stays. Workers are the
-simulator's: an id, a block, a BlockState and an Anchor per part.
+mean (each row's value clipped as the daemon does: phases.combine_clipped); a source that was not accepted (dropped
+or late) is replaced by the next accepted member of its row (phases.fallbacks); a part whose workers all combined
+the same rows lands those bits exactly and re-anchors, else the anchor stays. Workers are the simulator's: an id, a
+block, a BlockState and an Anchor per part.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _phase2(
                     relayed[source] += decoded[s][1]
             got.sort()
             used.add(frozenset(got))
-            values[i] = phases.combine([(counts[rows[s][0]], decoded[s][0]) for s in got]) if got else None
+            values[i] = phases.combine_clipped([(counts[rows[s][0]], decoded[s][0]) for s in got]) if got else None
     return len(used) == 1 and bool(next(iter(used)))
 
 
