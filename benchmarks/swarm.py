@@ -1,25 +1,13 @@
 """Swarm quality and communication: 6 daemons (B=3 x 2 replicas) versus the single-process run.
 
-For each codec (--codecs, default fp32 bf16 int8) it runs a LocalSwarm of --peers daemon
-processes on loopback (block i mod B, joined through peer 0's DHT multiaddr, --rounds rounds of
---steps local steps), assembles the model from the peers' checkpoints (replicas of a block are
-bit-identical after a merge) and measures its from-noise CE on held-out text. The reference is
-swarmd.core.local_run.train_blocktrain with the same config, the same TrainConfig and the same per-block
-steps (rounds x steps), one replica per block. Reports swarm_ce, single_ce, ratio, participation,
-wire and raw bytes, wire bytes per round per peer relative to the raw fp32 delta size, and the
-replicas' pre-merge distance per round (post-merge they are identical).
-
-Replica efficiency (issue 12, key `replica_efficiency`; --replicas, --outers): LocalSwarms of B x K
-daemons for each K in --replicas and each outer optimizer in --outers (none = plain averaging,
-nesterov = swarmd.averaging.outer with --outer-lr / --outer-momentum), next to single-replica LocalSwarms
-(B daemons, one per block, plain averaging) at 1x, 2x and 4x the rounds, each its own run. The
-efficiency of a swarm run is (single-replica steps to reach its CE, interpolated in log-steps between
-those three runs) / (K x steps per replica). With --sync-lrs (issue 20) each K > 1 also gets the synchronous
-data-parallel reference: B daemons, one replica per block at K x the batch and the same steps, at each lr
-multiple, and the row its best CE and the swarm's excess over it (replica_sim.sync_dp_summary's keys).
-`--only codecs|replicas` runs one of the two parts and keeps the other's last results in --out.
-
-Writes --out (JSON) and --md (markdown fragments with tables and commands).
+Codecs (default --only codecs part): per codec in --codecs a LocalSwarm of --peers daemons on loopback (block i mod
+B, --rounds x --steps), its assembled model's from-noise CE against swarmd.core.local_run.train_blocktrain with
+the same config and per-block steps; also participation, wire / raw bytes and the replicas' pre-merge distance.
+Replica efficiency (key `replica_efficiency`): B x K daemons per K in --replicas and outer in --outers, against
+single-replica swarms at --single-mults x the rounds: efficiency = (single-replica steps to reach its CE,
+interpolated in log-steps) / (K x steps per replica). --sync-lrs adds, per K > 1, the synchronous data-parallel
+reference (B daemons at K x the batch, at each lr multiple; replica_sim.sync_dp_summary's keys). Writes --out
+(JSON) and --md / --replica-md (markdown fragments).
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 1 2 4
@@ -39,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import daemons, options, results
+from benchmarks.harness import daemons, options, results, sweeps
 from benchmarks.replica_sim import steps_to_reach, sync_dp_summary
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -48,49 +36,28 @@ from swarmd.core.local_run import train_blocktrain
 from swarmd.core.model import ByteEmbedding, DenoisingBlock, count_params
 from swarmd.node.config import peer_train_config
 
+SUMMARY = ("participation", "wall_s", "round_seconds_median", "wire_bytes_per_round_per_peer", "rejected")
+DOCUMENTED_HELP = "the documented block and noisy targets (ModelConfig.documented(), trajectory 0, z_in trained)"
+KEEP_HELP = "reuse the single-replica runs and other rows in --out (same schedule); a repeated row is replaced"
+SYNC_HELP = "per K > 1, sync data parallel (B daemons at K x the batch) at these multiples of --lr; best reported"
+
 
 def parse_args(argv=None):
     p = options.parser(__doc__)
     p.add_argument("--peers", type=int, default=6)
     options.add_swarm_config(p, layers_per_block=1)
     p.add_argument("--codecs", nargs="+", default=["fp32", "bf16", "int8"])
-    p.add_argument(
-        "--trajectory-prob",
-        type=float,
-        default=None,
-        help="train on the sampler's own trajectory (swarm and single-process alike; default: the config's)",
-    )
-    p.add_argument(
-        "--documented",
-        action="store_true",
-        help="the documented DiffusionBlocks block and noisy targets (ModelConfig.documented(), trajectory 0, "
-        "block 0's noise path trained) instead of the default block",
-    )
+    p.add_argument("--trajectory-prob", type=float, default=None, help="default: the config's (0 if --documented)")
+    p.add_argument("--documented", action="store_true", help=DOCUMENTED_HELP)
     options.add_outputs(p, "swarm.json", results.BENCHMARKS)
-    p.add_argument(
-        "--only", choices=["codecs", "replicas"], default=None, help="run one part, keep the other's results"
-    )
+    p.add_argument("--only", choices=["codecs", "replicas"], help="run one part, keep the other's results")
     p.add_argument("--replicas", type=int, nargs="*", default=[1, 2, 4], help="K: replicas per block")
     p.add_argument("--outers", nargs="+", default=["none", "nesterov"], choices=["none", "nesterov"])
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument(
-        "--single-mults", type=int, nargs="*", default=[1, 2, 4], help="single-replica runs: x rounds (none: --keep's)"
-    )
-    p.add_argument(
-        "--keep",
-        action="store_true",
-        help="replica efficiency in pieces: reuse the single-replica runs in --out (same schedule) and keep its other "
-        "rows (a row of the same replicas and outer is replaced)",
-    )
-    p.add_argument(
-        "--sync-lrs",
-        type=float,
-        nargs="*",
-        default=[],
-        help="synchronous data-parallel reference (issue 20) for every K > 1: B daemons, one replica per block at K x "
-        "the batch, at each of these multiples of --lr (best reported); none: no reference",
-    )
+    p.add_argument("--single-mults", type=int, nargs="*", default=[1, 2, 4], help="single-replica runs: x rounds")
+    p.add_argument("--keep", action="store_true", help=KEEP_HELP)
+    p.add_argument("--sync-lrs", type=float, nargs="*", default=[], help=SYNC_HELP)
     p.add_argument("--replica-md", type=Path, default=results.BENCHMARKS)
     a = p.parse_args(argv)
     if a.trajectory_prob is None:
@@ -106,47 +73,20 @@ def train_config(a) -> TrainConfig:
     )
 
 
-def run_swarm(
-    a,
-    cfg: ModelConfig,
-    codec: str,
-    train_path: Path,
-    eval_xy,
-    peers: int | None = None,
-    rounds: int | None = None,
-    **kw,
-) -> dict:
+def run_swarm(a, cfg: ModelConfig, codec: str, train_path: Path, eval_xy, peers=None, rounds=None, **kw) -> dict:
     """One LocalSwarm run (a.peers daemons, a.rounds rounds unless given; kw: more LocalSwarm options, e.g. outer,
     or batch_size / lr in place of a's)."""
     peers, rounds = peers or a.peers, rounds or a.rounds
-    with daemons.temporary_swarm(
-        f"swarm-bench-{codec}-",
-        peers,
-        cfg,
-        train_path,
-        rounds=rounds,
-        steps_per_round=a.steps,
-        codec=codec,
-        seed=0,
-        trajectory_prob=a.trajectory_prob,
-        freeze_z_in=a.freeze_z_in,
-        **({"batch_size": a.batch_size, "lr": a.lr} | kw),
-    ) as swarm:
-        start = time.monotonic()
-        try:
-            swarm.start(timeout_s=300)
-            finished = swarm.wait(timeout_s=1800)
-        finally:
-            swarm.stop()
-        wall = time.monotonic() - start
-        daemons.check_exit(swarm, finished, f"swarm run with {codec} failed")
-        blocks, emb = swarm.assemble()
-        ce = from_noise_ce(blocks, emb, *eval_xy, cfg)["ce"]
+    run = dict(rounds=rounds, steps_per_round=a.steps, codec=codec, seed=0, trajectory_prob=a.trajectory_prob)
+    run |= {"freeze_z_in": a.freeze_z_in, "batch_size": a.batch_size, "lr": a.lr} | kw
+    with daemons.temporary_swarm(f"swarm-bench-{codec}-", peers, cfg, train_path, **run) as swarm:
+        wall = sweeps.run_to_end(swarm, f"swarm run with {codec} failed")[1]
+        ce = sweeps.assembled_ce(swarm, eval_xy)
         sums = swarm.summaries()
     history = [h for s in sums for h in s.get("history", [])]
     per_round = {}
     for h in history:
-        per_round.setdefault(h["round"], []).append(h)
+        per_round.setdefault(h["round"], []).append(h["premerge_distance"])
     wire, raw = sum(s["bytes_sent"] for s in sums), sum(s["raw_bytes_sent"] for s in sums)
     return {
         "codec": codec,
@@ -159,9 +99,7 @@ def run_swarm(
         "rounds": min(s["round"] for s in sums),
         "rejected": sum(s.get("rejected", 0) for s in sums),
         "wall_s": wall,
-        "premerge_distance_by_round": {
-            int(r): max(h["premerge_distance"] for h in hs) for r, hs in sorted(per_round.items())
-        },
+        "premerge_distance_by_round": {int(r): max(d) for r, d in sorted(per_round.items())},
         "round_seconds_median": sorted(h["seconds"] for h in history)[len(history) // 2] if history else None,
     }
 
@@ -170,23 +108,17 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
     cfg = options.model_of(a, documented=a.documented)
-    train_path, eval_path = a.data_dir / "train.txt", a.data_dir / "eval.txt"
-    eval_xy = ByteData.from_path(eval_path, cfg.seq_len).eval_windows(a.eval_tokens)
+    train_path, eval_xy = a.data_dir / "train.txt", sweeps.eval_windows(a, cfg.seq_len)
     out = json.loads(a.out.read_text()) if a.only and a.out.exists() else {}  # --only: keep the other part
     if a.only != "replicas":
         out.pop("int8_ce_loss_vs_fp32", None)  # a codecs run without fp32 has no such figure
         out.update(run_codecs(a, cfg, train_path, eval_xy, argv))
         results.write_json(a.out, out)
         write_md(a, out)
-        print(
-            json.dumps(
-                {k: out[k] for k in ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")},
-                indent=2,
-            )
-        )
+        keys = ("single_ce", "swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")
+        print(json.dumps({k: out[k] for k in keys}, indent=2))
     if a.only != "codecs":
         previous = out.get("replica_efficiency", {}) if a.keep else {}
-        out["replica_efficiency"] = {}
         for partial in run_replicas(a, cfg, train_path, eval_xy, argv, previous):
             out["replica_efficiency"] = partial
             results.write_json(a.out, out)  # after every run: a long sweep keeps what it measured
@@ -197,27 +129,20 @@ def main(argv=None) -> None:
 def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
     """The codec comparison: the single-process run, then one swarm of a.peers daemons per codec."""
     tcfg = train_config(a)
-    data = ByteData.from_path(train_path, cfg.seq_len)
-    block_params = count_params(DenoisingBlock(cfg))
-    emb_params = count_params(ByteEmbedding(cfg))
-
     start = time.monotonic()
-    stack = train_blocktrain(cfg, tcfg, data, eval_xy, a.steps, a.rounds)
+    stack = train_blocktrain(cfg, tcfg, ByteData.from_path(train_path, cfg.seq_len), eval_xy, a.steps, a.rounds)
     single_ce = from_noise_ce(stack.blocks, stack.emb, *eval_xy, cfg)["ce"]
     single_s = time.monotonic() - start
     print(f"single-process: ce {single_ce:.4f} in {single_s:.0f}s", flush=True)
-
     by_codec = {}
     for codec in a.codecs:
-        r = run_swarm(a, cfg, codec, train_path, eval_xy, outer="none")
+        r = by_codec[codec] = run_swarm(a, cfg, codec, train_path, eval_xy, outer="none")
         r["ratio"] = r["swarm_ce"] / single_ce
-        by_codec[codec] = r
         print(
             f"{codec}: swarm ce {r['swarm_ce']:.4f} ratio {r['ratio']:.4f} participation {r['participation']:.3f} "
             f"wire/raw {r['wire_over_raw']:.3f} in {r['wall_s']:.0f}s",
             flush=True,
         )
-
     main_codec = "int8" if "int8" in by_codec else a.codecs[0]
     out = {
         "command": results.command_line("swarm.py", argv),
@@ -227,16 +152,12 @@ def run_codecs(a, cfg: ModelConfig, train_path: Path, eval_xy, argv) -> dict:
         "rounds": a.rounds,
         "steps_per_round": a.steps,
         "per_block_steps": a.rounds * a.steps,
-        "block_params": block_params,
-        "embedding_params": emb_params,
+        "block_params": count_params(DenoisingBlock(cfg)),
+        "embedding_params": count_params(ByteEmbedding(cfg)),
         "single_ce": single_ce,
         "single_s": single_s,
         "codec": main_codec,
-        "swarm_ce": by_codec[main_codec]["swarm_ce"],
-        "ratio": by_codec[main_codec]["ratio"],
-        "participation": by_codec[main_codec]["participation"],
-        "wire_bytes": by_codec[main_codec]["wire_bytes"],
-        "raw_bytes": by_codec[main_codec]["raw_bytes"],
+        **{k: by_codec[main_codec][k] for k in ("swarm_ce", "ratio", "participation", "wire_bytes", "raw_bytes")},
         "codecs": by_codec,
         "machine": f"{results.machine()}, torch {torch.__version__}",
     }
@@ -250,12 +171,11 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
     K in a.replicas and outer optimizer in a.outers (K=1 with nesterov: its quality against plain averaging
     at 1 replica). Yields the section after every run (the last one is complete)."""
     B, steps = cfg.blocks, a.rounds * a.steps
+    schedule = {"blocks": B, "rounds": a.rounds, "steps_per_round": a.steps}
     section: dict = {
         "command": results.command_line("swarm.py", argv),
         "codec": "int8",
-        "blocks": B,
-        "rounds": a.rounds,
-        "steps_per_round": a.steps,
+        **schedule,
         "steps_per_replica": steps,
         "outer_lr": a.outer_lr,
         "outer_momentum": a.outer_momentum,
@@ -266,15 +186,9 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
     }
 
     def summary(r: dict) -> dict:
-        keys = ("participation", "wall_s", "round_seconds_median", "wire_bytes_per_round_per_peer", "rejected")
-        return {"ce": r["swarm_ce"], **{k: r[k] for k in keys}}
+        return {"ce": r["swarm_ce"], **{k: r[k] for k in SUMMARY}}
 
-    same = {k: previous.get(k) for k in ("rounds", "steps_per_round", "blocks")} == {
-        "rounds": a.rounds,
-        "steps_per_round": a.steps,
-        "blocks": B,
-    }
-    if same:  # --keep: the earlier runs of this schedule stay, this command's replace those it repeats
+    if {k: previous.get(k) for k in schedule} == schedule:  # --keep: this command's runs replace those it repeats
         section["single"] = [s for s in previous.get("single", []) if s["mult"] not in a.single_mults]
         section["rows"] = previous.get("rows", [])
         section["command"] = previous.get("command", "") + "; " + section["command"]
@@ -288,23 +202,16 @@ def run_replicas(a, cfg: ModelConfig, train_path: Path, eval_xy, argv, previous:
     section["single"].sort(key=lambda s: s["mult"])
     points = [(s["steps"], s["ce"]) for s in section["single"]]
     sync_runs: dict[tuple[int, float], float] = {}  # (K, lr multiple) -> CE: one run per pair, whatever the outers
-    runs = [(K, o) for K in a.replicas for o in a.outers if (K, o) != (1, "none")]  # (1, none): the single runs
-    for K, outer in runs:
+    for K, outer in [(K, o) for K in a.replicas for o in a.outers if (K, o) != (1, "none")]:  # (1, none): single
         extra = {"outer_lr": a.outer_lr, "outer_momentum": a.outer_momentum} if outer != "none" else {}
         r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=B * K, outer=outer, **extra)
-        row = {"replicas": K, "daemons": B * K, "outer": outer, "steps_per_replica": steps, **summary(r)}
-        if outer != "none":
-            row.update(outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+        row = {"replicas": K, "daemons": B * K, "outer": outer, "steps_per_replica": steps, **summary(r), **extra}
         if K > 1 and a.sync_lrs:
-            sweep = sync_dp(a, cfg, train_path, eval_xy, K, sync_runs)
-            row.update(sync_dp_summary(K, row, sweep, points))
+            row.update(sync_dp_summary(K, row, sync_dp(a, cfg, train_path, eval_xy, K, sync_runs), points))
         section["rows"] = [x for x in section["rows"] if (x["replicas"], x["outer"]) != (K, outer)] + [row]
-        for x in section["rows"]:  # against every single-replica run there is now
-            if len(points) >= 2:
-                equiv, extrapolated = steps_to_reach(x["ce"], points)
-                x.update(
-                    single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (x["replicas"] * steps)
-                )
+        for x in section["rows"] if len(points) >= 2 else []:  # against every single-replica run there is now
+            equiv, extrapolated = steps_to_reach(x["ce"], points)
+            x.update(single_steps_equiv=equiv, extrapolated=extrapolated, efficiency=equiv / (x["replicas"] * steps))
         eff = row.get("efficiency")
         excess = f" excess over sync DP {row['excess_pct']:+.2f}%" if "excess_pct" in row else ""
         print(
@@ -320,24 +227,24 @@ def sync_dp(a, cfg: ModelConfig, train_path: Path, eval_xy, K: int, done: dict) 
     steps, at each multiple of --lr in a.sync_lrs; replica_sim's sweep rows (runs already in `done` are reused)."""
     for mult in a.sync_lrs:
         if (K, mult) not in done:
-            r = run_swarm(
-                a, cfg, "int8", train_path, eval_xy, peers=cfg.blocks, batch_size=K * a.batch_size, lr=a.lr * mult
-            )
-            done[(K, mult)] = r["swarm_ce"]
-            print(f"sync DP K={K} (batch {K * a.batch_size}, lr x{mult:g}): ce {r['swarm_ce']:.4f}", flush=True)
+            batch, lr = K * a.batch_size, a.lr * mult
+            r = run_swarm(a, cfg, "int8", train_path, eval_xy, peers=cfg.blocks, batch_size=batch, lr=lr)
+            done[K, mult] = r["swarm_ce"]
+            print(f"sync DP K={K} (batch {batch}, lr x{mult:g}): ce {done[K, mult]:.4f}", flush=True)
     return [{"lr_mult": m, "lr_abs": a.lr * m, "ce": done[(K, m)]} for m in a.sync_lrs]
 
 
 def write_replica_md(a, sec: dict) -> None:
     single = ", ".join(f"{s['steps']} steps: {s['ce']:.4f}" for s in sec["single"])
+    train = sec["train"]
     lines = [
         f"### Replica efficiency with real daemons (B={sec['blocks']} x K replicas, loopback)",
         "",
         f"Command: `{sec['command']}`",
         "",
         f"Config: benchmarks/swarm.py's model and schedule ({sec['rounds']} rounds x H={sec['steps_per_round']} = "
-        f"{sec['steps_per_replica']} steps per replica, batch {sec['train']['batch_size']}, lr {sec['train']['lr']} "
-        f"constant after a {sec['train']['warmup_steps']}-step warmup), int8 deltas, robust merge. Outer optimizer "
+        f"{sec['steps_per_replica']} steps per replica, batch {train['batch_size']}, lr {train['lr']} "
+        f"constant after a {train['warmup_steps']}-step warmup), int8 deltas, robust merge. Outer optimizer "
         f"nesterov: lr {sec['outer_lr']:g}, momentum {sec['outer_momentum']:g}. Machine: {sec['machine']} (shared).",
         "",
         *(
@@ -378,7 +285,7 @@ TRAJECTORY_NOTE = (
 
 
 def write_md(a, out: dict) -> None:
-    cfg = out["config"]
+    cfg, train = out["config"], out["train"]
     lines = [
         "### Swarm quality and communication (6 daemons, B=3 x 2 replicas, loopback), "
         + ("the documented block" if a.documented else "the default block (issues 8 and 19)")
@@ -387,7 +294,7 @@ def write_md(a, out: dict) -> None:
         f"Command: `{out['command']}`",
         "",
         f"Config: B={cfg['blocks']}, L_b={cfg['layers_per_block']}, d={cfg['d_model']}, seq={cfg['seq_len']}, "
-        f"batch {out['train']['batch_size']}, lr {out['train']['lr']}, "
+        f"batch {train['batch_size']}, lr {train['lr']}, "
         f"{out['rounds']} rounds x H={out['steps_per_round']} local steps = {out['per_block_steps']} steps per block "
         f"(same in the single-process run, one replica per block). "
         f"Block {out['block_params']:,} params + byte table {out['embedding_params']:,} params. "
@@ -412,23 +319,20 @@ def write_md(a, out: dict) -> None:
             f"CE difference {out['int8_ce_loss_vs_fp32']:+.4f} nats.",
         ]
     first = next(iter(out["codecs"].values()))
-    dist = first["premerge_distance_by_round"]
+    dist = ", ".join(f"r{r}: {d:.2e}" for r, d in first["premerge_distance_by_round"].items())
     lines += [
         "",
         f"Consensus ({first['codec']}): max relative distance between same-block replicas just before each merge "
-        "(local drift during H steps): "
-        + ", ".join(f"r{r}: {d:.2e}" for r, d in dist.items())
-        + "; after every merge the replicas are bit-identical (distance 0, equal base hashes), "
-        "which the status sketch confirms.",
+        f"(local drift during H steps): {dist}; after every merge the replicas are bit-identical (distance 0, equal "
+        "base hashes), which the status sketch confirms.",
         "",
         "Notes: wire bytes are everything a peer sent on gossip streams and state pulls "
         "(payload + header, after zstd); raw bytes are the fp32 size of the same tensors. "
         "The swarm trains each block on two data streams per round (two replicas) and averages them, "
         "so per block it sees twice the samples of the single-process run at the same step count.",
         "",
+        *([TRAJECTORY_NOTE, ""] if a.trajectory_prob else []),
     ]
-    if a.trajectory_prob:
-        lines += [TRAJECTORY_NOTE, ""]
     results.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
 
 
