@@ -1,24 +1,19 @@
 """Serving benchmark: traversal economics, swarm vs local generation, served size, failover.
 
-    python benchmarks/serving.py [--quick] [--out benchmarks/results/serving.json]
+    python benchmarks/serving.py [--quick] [--out benchmarks/results/serving.json] [--render FILE]
 
-Every peer is a real gRPC server on 127.0.0.1 (swarmd.transport.start_server hosting a
-swarmd.serve.serving.BlockServing through ServingOnlyHandler), one block each, all in this process; the
-client is swarmd.serve.remote.RemoteSweeper. Per-hop delay is injected in user space: the client awaits
-asyncio.sleep(delay) before every hop (every Forward call), so a traversal of B blocks pays B delays.
-No tc netem, no proxy.
+Every peer is a real gRPC server on 127.0.0.1 (start_server hosting a BlockServing through ServingOnlyHandler),
+one block each, all in this process; the client is a RemoteSweeper that awaits asyncio.sleep(delay) before every
+hop (user space: no tc netem, no proxy), so a traversal of B blocks pays B delays.
 
-1. Traversal economics (random weights, litepaper Table 8 shape: B=3, L_b=4, d=512, FFN 2048):
-   one-sweep scoring of N output bytes = ONE traversal (3 hops) over N positions; the matched
-   autoregressive pipeline = the same three servers and shapes run as a plain causal pipeline,
-   one traversal per token, each processing only the new token against per-peer KV caches.
-   tokens/s = N / wall time; ratio = one_sweep_tok_s / ar_tok_s.
-2. Generation: bytes/s of `generate` through the swarm vs locally, same checkpoint and seed (and
-   the same text), at each delay.
-3. Size: a ladder of random-weight shapes served by three peers; the largest that serves a
-   128-byte window within the time and memory budget, with the hop trace of that one sweep.
-4. Failover: two replicas of block 1; the server the session uses is stopped mid-generation; the
-   request completes; added latency = that byte's time minus the median byte time.
+1. Traversal (random weights, B=3, L_b=4, d=512, FFN 2048): one-sweep scoring of N bytes (ONE traversal over N
+   positions) against an autoregressive pipeline on the same servers (one traversal per token, KV caches);
+   tokens/s = N / wall time, ratio = one_sweep_tok_s / ar_tok_s.
+2. Generation: bytes/s of `generate` through the swarm vs locally, same checkpoint, seed and text.
+3. Size: a ladder of random-weight shapes served by three peers; the largest that serves a 128-byte window
+   within the time and memory budget, with the hop trace of that sweep.
+4. Failover: two replicas of block 1; the one the session uses is stopped mid-generation; the request
+   completes; added latency = that byte's time minus the median byte time.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.harness import results
 from swarmd.core.checkpoint import save_model
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import DenoisingBlock, count_params, start_noise
@@ -49,6 +45,7 @@ from swarmd.serve.serving import BlockServing, ServingOnlyHandler
 from swarmd.transport import PeerClient, start_server
 
 SWARM = "bench"
+HOP_KEYS = {"step": "step_index", "block": "block_index", "peer": "address", "positions": "positions"}
 
 
 class Swarm:
@@ -85,17 +82,13 @@ class Swarm:
             await server.stop(0)
 
 
-def random_model(cfg: ModelConfig, seed: int = 0):
-    return [init_block(cfg, b, seed) for b in range(cfg.blocks)], init_embedding(cfg, seed)
-
-
-def block_params(cfg: ModelConfig, blocks, emb) -> int:
-    return sum(count_params(b) for b in blocks) + count_params(emb)
+def inputs(cfg: ModelConfig, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randint(0, 256, (1, n))
+    return x, start_noise(cfg, (1, n, cfg.d_model), torch.Generator().manual_seed(n))
 
 
 async def one_sweep_s(sweeper, cfg: ModelConfig, n: int) -> float:
-    x = torch.randint(0, 256, (1, n))
-    z = start_noise(cfg, (1, n, cfg.d_model), torch.Generator().manual_seed(n))
+    x, z = inputs(cfg, n)
     t0 = time.perf_counter()
     await sweeper.sweep(f"sweep-{n}-{time.perf_counter_ns()}", x, z, 0, False)
     return time.perf_counter() - t0
@@ -103,8 +96,7 @@ async def one_sweep_s(sweeper, cfg: ModelConfig, n: int) -> float:
 
 async def ar_pipeline_s(sweeper, cfg: ModelConfig, n: int) -> float:
     """A plain autoregressive pipeline over the same hops: one traversal per token, one new position each."""
-    x = torch.randint(0, 256, (1, n))
-    z = start_noise(cfg, (1, n, cfg.d_model), torch.Generator().manual_seed(n))
+    x, z = inputs(cfg, n)
     session = f"ar-{n}-{time.perf_counter_ns()}"
     t0 = time.perf_counter()
     for p in range(n):
@@ -133,19 +125,11 @@ async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[di
                     "one_sweep_hops": (mid - start) // reps,
                     "ar_hops": (len(sweeper.trace) - mid) // ar_reps,
                 }
-                row = {
-                    "delay_ms": delay_ms,
-                    "output_bytes": n,
-                    "one_sweep_tok_s": n / one,
-                    "ar_tok_s": n / ar,
-                    "ratio": ar / one,
-                    "one_sweep_s": one,
-                    "ar_s": ar,
-                }
-                rows.append(row)
+                row = dict(delay_ms=delay_ms, output_bytes=n, one_sweep_tok_s=n / one, ar_tok_s=n / ar)
+                rows.append(row | {"ratio": ar / one, "one_sweep_s": one, "ar_s": ar})
                 print(
-                    f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {row['one_sweep_tok_s']:8.1f} tok/s  "
-                    f"AR {row['ar_tok_s']:7.1f} tok/s  ratio {row['ratio']:6.1f}x",
+                    f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {n / one:8.1f} tok/s  "
+                    f"AR {n / ar:7.1f} tok/s  ratio {ar / one:6.1f}x",
                     flush=True,
                 )
     return rows, hops
@@ -157,28 +141,21 @@ async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
         save_model(Path(tmp), cfg, dict(enumerate(blocks)), emb)
         from swarmd.serve.inference import load_local
 
-        local = load_local(tmp)
         st = GenerationStats()
-        ref = await generate_bytes(local, b"The ", n_bytes, 1.0, seed=1, stats=st)
+        ref = await generate_bytes(load_local(tmp), b"The ", n_bytes, 1.0, seed=1, stats=st)
         local_rate = n_bytes / st.seconds
         async with Swarm(cfg, blocks, emb, [0, 1, 2]) as swarm:
             for delay_ms in delays_ms:
                 sweeper = swarm.sweeper(delay_ms / 1000)
                 st = GenerationStats()
                 out = await generate_bytes(sweeper, b"The ", n_bytes, 1.0, seed=1, stats=st)
+                rate = n_bytes / st.seconds
                 rows.append(
-                    {
-                        "delay_ms": delay_ms,
-                        "bytes": n_bytes,
-                        "swarm_bytes_s": n_bytes / st.seconds,
-                        "local_bytes_s": local_rate,
-                        "same_text": out == ref,
-                        "sweeps": st.sweeps,
-                        "hops": len(sweeper.trace),
-                    }
+                    dict(delay_ms=delay_ms, bytes=n_bytes, swarm_bytes_s=rate, local_bytes_s=local_rate)
+                    | dict(same_text=out == ref, sweeps=st.sweeps, hops=len(sweeper.trace))
                 )
                 print(
-                    f"generation delay {delay_ms:>3} ms: swarm {n_bytes / st.seconds:7.1f} B/s  "
+                    f"generation delay {delay_ms:>3} ms: swarm {rate:7.1f} B/s  "
                     f"local {local_rate:7.1f} B/s  same text {out == ref}",
                     flush=True,
                 )
@@ -191,15 +168,9 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
         cfg = ModelConfig(
             blocks=3, layers_per_block=layers, d_model=d, n_heads=max(1, d // 64), hidden=4 * d, seq_len=seq_len
         )
-        est = 3 * layers * 12 * d * d
-        if 4 * est * 4 // 3 > max_param_bytes:  # fp32 snapshots of 3 blocks + one block being built
-            rungs.append(
-                {
-                    "d_model": d,
-                    "layers_per_block": layers,
-                    "skipped": f"over the {max_param_bytes >> 30} GiB weight budget",
-                }
-            )
+        rung: dict = {"d_model": d, "layers_per_block": layers}
+        if 4 * (3 * layers * 12 * d * d) * 4 // 3 > max_param_bytes:  # fp32 snapshots of 3 blocks + one being built
+            rungs.append(rung | {"skipped": f"over the {max_param_bytes >> 30} GiB weight budget"})
             continue
         t0 = time.perf_counter()
         emb = init_embedding(cfg)
@@ -210,52 +181,28 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
                 sweeper = swarm.sweeper(timeout_s=budget_s)
                 seconds = await one_sweep_s(sweeper, cfg, seq_len)
                 trace = [
-                    {
-                        "step": h.step_index,
-                        "block": h.block_index,
-                        "peer": h.address,
-                        "positions": h.positions,
-                        "seconds": round(h.seconds, 4),
-                        "compute_s": round(h.compute_s, 4),
-                    }
+                    {k: getattr(h, a) for k, a in HOP_KEYS.items()}
+                    | {"seconds": round(h.seconds, 4), "compute_s": round(h.compute_s, 4)}
                     for h in sweeper.trace
                 ]
         except Exception as exc:
-            rungs.append(
-                {"d_model": d, "layers_per_block": layers, "params": params, "failed": f"{type(exc).__name__}: {exc}"}
-            )
+            rungs.append(rung | {"params": params, "failed": f"{type(exc).__name__}: {exc}"})
             break
-        rung = {
-            "d_model": d,
-            "layers_per_block": layers,
-            "hidden": 4 * d,
-            "params": params,
-            "params_fp16_gb": params * 2 / 1e9,
-            "sweep_s": seconds,
-            "build_s": time.perf_counter() - t0 - seconds,
-            "hop_trace": trace,
-        }
-        rungs.append(rung)
+        rung |= dict(hidden=4 * d, params=params, params_fp16_gb=params * 2 / 1e9, sweep_s=seconds)
+        rungs.append(rung | {"build_s": time.perf_counter() - t0 - seconds, "hop_trace": trace})
         print(
             f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, "
             f"one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops",
             flush=True,
         )
-        best = rung
+        best = rungs[-1]
         if seconds > budget_s:
             break
-    return {
-        "ladder": rungs,
-        "largest": best,
-        "seq_len": seq_len,
-        "budget_s": budget_s,
-        "max_weight_bytes": max_param_bytes,
-    }
+    return dict(ladder=rungs, largest=best, seq_len=seq_len, budget_s=budget_s, max_weight_bytes=max_param_bytes)
 
 
 async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
-    local = LocalSweeper(cfg, blocks, emb)
-    ref = await generate_bytes(local, b"The ", n_bytes, 1.0, seed=2)
+    ref = await generate_bytes(LocalSweeper(cfg, blocks, emb), b"The ", n_bytes, 1.0, seed=2)
     async with Swarm(cfg, blocks, emb, [0, 1, 1, 2]) as swarm:
         sweeper = swarm.sweeper(delay_ms / 1000, timeout_s=10.0)
         st, out, victim = GenerationStats(), [], None
@@ -268,20 +215,11 @@ async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
         times = st.per_byte_s
         normal = statistics.median(times[:kill_at] + times[kill_at + 1 :])
         resent = [h for h in sweeper.trace if h.resent]
-        row = {
-            "delay_ms": delay_ms,
-            "bytes": n_bytes,
-            "killed_after_byte": kill_at,
-            "completed": len(out) == n_bytes,
-            "same_text": bytes(out) == ref,
-            "failovers": sweeper.failovers,
-            "median_byte_s": normal,
-            "failover_byte_s": times[kill_at],
-            "added_latency_s": times[kill_at] - normal,
-            "resent_positions": [h.positions for h in resent],
-            "new_peer": resent[0].address if resent else None,
-            "killed_peer": victim.address if victim else None,
-        }
+        row = dict(delay_ms=delay_ms, bytes=n_bytes, killed_after_byte=kill_at, completed=len(out) == n_bytes)
+        row |= dict(same_text=bytes(out) == ref, failovers=sweeper.failovers, median_byte_s=normal)
+        row |= dict(failover_byte_s=times[kill_at], added_latency_s=times[kill_at] - normal)
+        row |= dict(resent_positions=[h.positions for h in resent], new_peer=resent[0].address if resent else None)
+        row["killed_peer"] = victim.address if victim else None
     print(
         f"failover: completed {row['completed']}, same text {row['same_text']}, "
         f"added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)",
@@ -290,21 +228,17 @@ async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
     return row
 
 
+# (blocks, layers, d, heads, hidden, seq), lengths, delays (ms), reps, generated bytes, size ladder (d, L_b)
+QUICK = ((3, 1, 64, 2, 256, 128), [16, 32], [0, 5], 1, 8, [(64, 1), (128, 1)])
+LADDER = [(512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 4)]
+FULL = ((3, 4, 512, 8, 2048, 128), [64, 128], [0, 20, 50], 5, 32, LADDER)
+
+
 async def main(args) -> dict:
     torch.manual_seed(0)
-    if args.quick:
-        cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=64, n_heads=2, hidden=256, seq_len=128)
-        lengths, delays, reps, gen_bytes, ladder = [16, 32], [0, 5], 1, 8, [(64, 1), (128, 1)]
-    else:
-        cfg = ModelConfig(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=2048, seq_len=128)
-        lengths, delays, reps, gen_bytes, ladder = (
-            [64, 128],
-            [0, 20, 50],
-            5,
-            32,
-            [(512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 4)],
-        )
-    blocks, emb = random_model(cfg)
+    shape, lengths, delays, reps, gen_bytes, ladder = QUICK if args.quick else FULL
+    cfg = ModelConfig(**dict(zip(("blocks", "layers_per_block", "d_model", "n_heads", "hidden", "seq_len"), shape)))
+    blocks, emb = [init_block(cfg, b, 0) for b in range(cfg.blocks)], init_embedding(cfg, 0)
     t0 = time.perf_counter()
     rows, hop_counts = await traversal(cfg, blocks, emb, delays, lengths, reps)
     gen = await generation(cfg, blocks, emb, delays, gen_bytes)
@@ -318,7 +252,7 @@ async def main(args) -> dict:
         "size": sz,
         "setup": {
             "model": cfg.to_dict(),
-            "params": block_params(cfg, blocks, emb),
+            "params": sum(count_params(b) for b in blocks) + count_params(emb),
             "delay": "client-side asyncio.sleep(delay) before every Forward call (user space; no tc netem, no proxy)",
             "peers": "one gRPC server per block on 127.0.0.1, all in one process with the client",
             "torch_threads": torch.get_num_threads(),
@@ -382,18 +316,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, two delays: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "serving.json")
-    parser.add_argument(
-        "--size-budget-s", type=float, default=60.0, help="the size ladder stops after a sweep slower than this"
-    )
-    parser.add_argument(
-        "--max-weight-gib", type=int, default=8, help="skip size rungs whose fp32 weights (x2) exceed this"
-    )
+    parser.add_argument("--size-budget-s", type=float, default=60.0, help="the size ladder stops after a slower sweep")
+    parser.add_argument("--max-weight-gib", type=int, default=8, help="skip rungs whose fp32 weights (x2) exceed this")
     parser.add_argument("--render", type=Path, help="print the markdown tables of an existing result file and exit")
     args = parser.parse_args()
     if args.render:
         print(render(json.loads(args.render.read_text())))
         sys.exit(0)
     result = asyncio.run(main(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    results.write_json(args.out, result, sort_keys=False)
     print(f"wrote {args.out}")
