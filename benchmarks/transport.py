@@ -1,20 +1,14 @@
 """Transport benchmark: a large delta exchange over the gRPC stream versus a plain TCP socket copy.
 
-Part 1 (throughput, loopback): a swarmd.v1 server runs in a separate process with a handler that
-answers every ExchangeDeltas with a pre-encoded payload of the same size. The client streams a
-pre-encoded fp32 payload of --mb MiB (Gaussian values, zstd off and/or on) and reads the answer on
-the same bidirectional stream, exactly as gossip does: 1 MiB chunks, framing and sha256 checked on
-both sides. The baseline copies the same number of bytes each way over one plain TCP socket
-(sendall / recv_into, server in a separate process), in the same run: each round runs every
-path once, in turn, so all see the same background load. MB/s counts the payload bytes moved in
-both directions (2 x payload) over the wall time of one exchange; best and median of --repeats
-rounds (after a warm-up round) are reported, with the ratio gRPC/TCP.
+Part 1 (throughput, loopback): a client streams a pre-encoded fp32 payload of --mb MiB (zstd off and/or on) to a
+swarmd.v1 server in another process, which answers each ExchangeDeltas with a payload of the same size, as gossip
+does (1 MiB chunks, framing and sha256 checked on both sides); the baseline copies as many bytes each way over one
+plain TCP socket. Each round runs every path once, in turn (the same background load); MB/s = 2 x payload / wall
+time of one exchange; best and median of --repeats rounds after a warm-up, and the ratio gRPC/TCP.
 
-Part 2 (codecs): wire bytes per codec relative to raw fp32 for a realistic block delta: a default
-ModelConfig block (block 1 of 3, 2 layers, d=128) trained --train-steps AdamW steps with
-swarmd.core.train.BlockTrainer on wikitext-2 (--data-dir, default $BLOCKTRAIN_DATA); without data it
-falls back to a Gaussian delta and says so in the output. Also the relative L2 error of each codec
-and its encode+decode time.
+Part 2 (codecs): wire bytes per codec against raw fp32, relative L2 error and encode+decode time, for block 1 of a
+default ModelConfig trained --train-steps BlockTrainer steps on --data-dir (default $BLOCKTRAIN_DATA; without data,
+a Gaussian delta, and the output says so).
 
 Writes --out (JSON) and --md (a markdown fragment with the table and the command).
 
@@ -25,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import platform
@@ -44,34 +39,30 @@ from swarmd.averaging.delta import decode, encode, shapes_of
 from swarmd.protocol import Codec
 from swarmd.transport import PeerClient, start_server
 from swarmd.transport.framing import Encoded
+from swarmd.v1 import swarm_pb2 as pb
 
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=1)
 MIB = 1 << 20
 
 NOTES = (  # the fragment's closing paragraph
-    "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 "
-    "encoder (step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round "
-    "error is what ErrorFeedback carries into the next round. The absmax/127 row is the same wire format "
-    "with the finest step (int8_rms_levels=None). What the gRPC path costs beyond TCP's two kernel copies: "
-    "the sender frames each chunk once (one copy; none on a repeat send) and grpc copies it into its slices; "
-    "the receiver gets each message as bytes from grpc (one copy), keeps a view of the chunk (no protobuf "
-    "copy), hashes it on a helper thread (sha256 of the whole payload, needed by the payload signature) and "
-    "joins the chunks once; plus grpc's HTTP/2 framing and flow control. Server and client run as two "
-    "processes on 2 CPUs shared with other jobs, so figures vary run to run."
+    "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 encoder "
+    "(step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round error is what "
+    "ErrorFeedback carries into the next round. The absmax/127 row is the same wire format with the finest step "
+    "(int8_rms_levels=None). What the gRPC path costs beyond TCP's two kernel copies: the sender frames each chunk "
+    "once (one copy; none on a repeat send) and grpc copies it into its slices; the receiver gets each message as "
+    "bytes from grpc (one copy), keeps a view of the chunk (no protobuf copy), hashes it on a helper thread (sha256 "
+    "of the whole payload, needed by the payload signature) and joins the chunks once; plus grpc's HTTP/2 framing "
+    "and flow control. Server and client run as two processes on 2 CPUs shared with other jobs, so figures vary "
+    "run to run."
 )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = options.parser(__doc__, holds="train.txt for the trained block delta")
     p.add_argument("--mb", type=int, default=64, help="payload size each way, MiB of fp32 (default 64)")
-    p.add_argument(
-        "--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload (default both)"
-    )
+    p.add_argument("--zstd", choices=["off", "on", "both"], default="both", help="zstd on the gRPC payload")
     p.add_argument("--repeats", type=int, default=3, help="timed exchanges per variant (default 3)")
-    options.add_data_dir(p, help="folder with train.txt for the trained block delta")
-    p.add_argument(
-        "--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta (default 30)"
-    )
+    p.add_argument("--train-steps", type=int, default=30, help="BlockTrainer steps behind the realistic delta")
     options.add_outputs(p, "transport.json", "transport.md")
     return p.parse_args(argv)
 
@@ -82,9 +73,6 @@ def gaussian_payload(mb: int, zstd: bool, seed: int) -> Encoded:
     enc = encode({"delta": t}, "fp32", **META, zstd=zstd)
     enc.sha256()  # computed once up front, as a daemon does when it encodes its delta
     return enc
-
-
-# ---- gRPC side ------------------------------------------------------------------------------
 
 
 def fresh_copy(enc: Encoded) -> Encoded:
@@ -99,20 +87,15 @@ class _ReplyHandler:
         self.reply, self.cached = reply, cached
 
     def status(self):
-        from swarmd.v1 import swarm_pb2 as pb
-
         return pb.PeerStatus(peer_id="bench-server")
 
     def swarm_config(self):
-        from swarmd.v1 import swarm_pb2 as pb
-
         return pb.SwarmConfig(swarm_id="bench")
-
-    async def pull_state(self, request):
-        return self.reply if self.cached else fresh_copy(self.reply)
 
     async def exchange(self, incoming: Encoded) -> Encoded:
         return self.reply if self.cached else fresh_copy(self.reply)
+
+    pull_state = exchange
 
     async def forward(self, request):
         raise NotImplementedError
@@ -139,9 +122,6 @@ def _spawn(target, *args) -> tuple[mp.Process, object, int]:
         proc.terminate()
         raise RuntimeError(f"benchmark server {target.__name__} did not start within 120 s")
     return proc, parent, parent.recv()
-
-
-# ---- plain TCP baseline ---------------------------------------------------------------------
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
@@ -175,10 +155,13 @@ def tcp_copy(port: int, data: bytes) -> float:
     return time.perf_counter() - start
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far, all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s(*pids: int) -> float:
+    """User + system CPU seconds so far of these processes, all their threads (Linux /proc)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> dict:
@@ -187,43 +170,34 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
     Besides wall time, each run's CPU seconds of both processes (client and server, all threads) are
     recorded: a figure that other jobs on the machine disturb much less than the wall time.
     """
-    procs, runs = [], {}
+    procs, runs = [], {}  # runs: name -> (async () -> (seconds, cpu s, bytes moved), the row's extra keys)
+    client = PeerClient(max_payload_bytes=2 * mb * MIB)
     try:
-        client = PeerClient(max_payload_bytes=2 * mb * MIB)
         for zstd, cached in [(z, False) for z in zstd_variants] + [(False, True)] * (False in zstd_variants):
             proc, pipe, port = _spawn(_grpc_server_main, mb, zstd, cached)
             procs.append((proc, pipe))
             name = f"gRPC ExchangeDeltas (fp32, zstd {'on' if zstd else 'off'}{', repeat send' if cached else ''})"
-            payload = gaussian_payload(mb, zstd, seed=0)
-            address = f"127.0.0.1:{port}"
+            payload, address = gaussian_payload(mb, zstd, seed=0), f"127.0.0.1:{port}"
             await client.status(address, timeout_s=60)  # dial the channel
 
             async def grpc_run(address=address, payload=payload, cached=cached, pid=proc.pid):
                 outgoing = payload if cached else fresh_copy(payload)
-                cpu0, start = process_cpu_s(os.getpid()) + process_cpu_s(pid), time.perf_counter()
+                cpu0, start = cpu_s(os.getpid(), pid), time.perf_counter()
                 reply = await client.exchange(address, outgoing, timeout_s=300)
-                seconds = time.perf_counter() - start
-                cpu = process_cpu_s(os.getpid()) + process_cpu_s(pid) - cpu0
+                seconds, cpu = time.perf_counter() - start, cpu_s(os.getpid(), pid) - cpu0
                 assert reply.raw_bytes == payload.raw_bytes
                 return seconds, cpu, payload.header.payload_bytes + reply.header.payload_bytes
 
-            runs[name] = (
-                grpc_run,
-                {
-                    "payload_bytes": payload.header.payload_bytes,
-                    "raw_bytes": payload.raw_bytes,
-                    "zstd": zstd,
-                    "frames_cached": cached,
-                },
-            )
+            extra = dict(payload_bytes=payload.header.payload_bytes, raw_bytes=payload.raw_bytes, zstd=zstd)
+            runs[name] = (grpc_run, extra | {"frames_cached": cached})
         data = os.urandom(mb * MIB)
         proc, pipe, tcp_port = _spawn(_tcp_server_main, len(data), repeats + 1)
         procs.append((proc, pipe))
 
         async def tcp_run():
-            cpu0 = process_cpu_s(os.getpid()) + process_cpu_s(proc.pid)
+            cpu0 = cpu_s(os.getpid(), proc.pid)
             seconds = tcp_copy(tcp_port, data)
-            return seconds, process_cpu_s(os.getpid()) + process_cpu_s(proc.pid) - cpu0, 2 * len(data)
+            return seconds, cpu_s(os.getpid(), proc.pid) - cpu0, 2 * len(data)
 
         runs["tcp"] = (tcp_run, {"payload_bytes": len(data)})
         times: dict[str, list[float]] = {name: [] for name in runs}
@@ -236,111 +210,77 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
                     times[name].append(seconds)
                     cpus[name].append(cpu)
             if i:
-                print(
-                    f"  round {i}: "
-                    + ", ".join(
-                        f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs
-                    ),
-                    flush=True,
-                )
-        await client.close()
-        out = {name: _summary(times[name], moved[name], **extra) for name, (_, extra) in runs.items()}
-        for name, r in out.items():  # paired by round: same background load for both paths
-            per_round = [(moved[name] / t) / (moved["tcp"] / t_tcp) for t, t_tcp in zip(times[name], times["tcp"])]
-            r["ratio_to_tcp_per_round"] = per_round
-            r["ratio_to_tcp_median"] = statistics.median(per_round)
-            r["cpu_s"] = cpus[name]
-            r["cpu_s_per_gb_median"] = statistics.median(cpus[name]) / (moved[name] / 1e9)
+                rates = (f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs)
+                print(f"  round {i}: " + ", ".join(rates), flush=True)
+        out = {}
+        for name, (_, extra) in runs.items():
+            t, m = times[name], moved[name]
+            best, median = min(t), statistics.median(t)
+            out[name] = dict(seconds=t, best_s=best, median_s=median, mb_per_s_best=m / best / 1e6)
+            out[name] |= dict(mb_per_s_median=m / median / 1e6, bytes_moved=m, **extra)
+            per_round = [(m / a) / (moved["tcp"] / b) for a, b in zip(t, times["tcp"])]  # paired: same load
+            out[name] |= dict(ratio_to_tcp_per_round=per_round, ratio_to_tcp_median=statistics.median(per_round))
+            out[name] |= dict(cpu_s=cpus[name], cpu_s_per_gb_median=statistics.median(cpus[name]) / (m / 1e9))
         for r in out.values():
             r["cpu_over_tcp"] = r["cpu_s_per_gb_median"] / out["tcp"]["cpu_s_per_gb_median"]
         return out
     finally:
+        await client.close()
         for proc, pipe in procs:
-            try:
+            with contextlib.suppress(OSError):
                 pipe.send("stop")
-            except OSError:
-                pass
             proc.join(30)
             if proc.is_alive():
                 proc.terminate()
 
 
-def _summary(times: list[float], moved: int, **extra) -> dict:
-    best, median = min(times), statistics.median(times)
-    return {
-        "seconds": times,
-        "best_s": best,
-        "median_s": median,
-        "mb_per_s_best": moved / best / 1e6,
-        "mb_per_s_median": moved / median / 1e6,
-        "bytes_moved": moved,
-        **extra,
-    }
-
-
-# ---- codecs on a realistic block delta ------------------------------------------------------
-
-
 def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tensor], str]:
     from swarmd.core.config import ModelConfig, TrainConfig
+    from swarmd.core.data import ByteData
     from swarmd.core.train import BlockTrainer, init_block
 
     train_file = data_dir / "train.txt" if data_dir else None
     if train_file is None or not train_file.exists():
-        block = init_block(ModelConfig(), 1, 0)
         g = torch.Generator().manual_seed(0)
+        block = init_block(ModelConfig(), 1, 0).state_dict()
         return {
-            k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.state_dict().items()
+            k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.items()
         }, "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
-    from swarmd.core.data import ByteData
-
     torch.manual_seed(0)
-    model_cfg, train_cfg = ModelConfig(), TrainConfig(batch_size=16, warmup_steps=0)
-    trainer = BlockTrainer(model_cfg, train_cfg, block_index=1)
+    trainer = BlockTrainer(ModelConfig(), TrainConfig(batch_size=16, warmup_steps=0), block_index=1)
     before = {k: v.detach().clone() for k, v in trainer.block.state_dict().items()}
-    data = ByteData.from_path(train_file, model_cfg.seq_len)
-    stream = data.stream(seed=0, batch_size=train_cfg.batch_size)
+    stream = ByteData.from_path(train_file, trainer.model_cfg.seq_len).stream(seed=0, batch_size=16)
     for _ in range(steps):
         trainer.step(*next(stream))
     after = trainer.block.state_dict()
-    return (
-        {k: (after[k].float() - before[k].float()) for k in before},
-        f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps "
-        f"(batch 16, lr 1e-3, no warmup) on {train_file}",
-    )
+    how = f"after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup) on {train_file}"
+    return {
+        k: (after[k].float() - before[k].float()) for k in before
+    }, f"trained: block 1 of a default ModelConfig {how}"
 
 
 def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
     shapes, out = shapes_of(delta), {}
-    norm = torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values())).item()
-    variants = [(codec.value, codec, {}) for codec in Codec] + [
-        ("int8 (absmax/127 step)", "int8", {"int8_rms_levels": None})
-    ]
+    l2 = lambda ts: torch.sqrt(sum((t.double() ** 2).sum() for t in ts)).item()
+    norm = l2(delta.values())
+    variants = [(c.value, c, {}) for c in Codec] + [("int8 (absmax/127 step)", "int8", {"int8_rms_levels": None})]
     for label, codec, kw in variants:
         start = time.perf_counter()
         enc = encode(delta, codec, **META, **kw)
         decoded = decode(enc, shapes, **META)
         seconds = time.perf_counter() - start
         plain = encode(delta, codec, **META, zstd=False, **kw)
-        err = torch.sqrt(sum(((decoded[k].double() - delta[k].double()) ** 2).sum() for k in delta)).item()
-        out[label] = {
-            "raw_bytes": enc.raw_bytes,
-            "wire_bytes": enc.wire_bytes,
-            "wire_over_raw": enc.wire_bytes / enc.raw_bytes,
-            "wire_bytes_no_zstd": plain.wire_bytes,
-            "wire_over_raw_no_zstd": plain.wire_bytes / plain.raw_bytes,
-            "relative_l2_error": err / norm if norm else 0.0,
-            "encode_decode_s": seconds,
-        }
+        err = l2(decoded[k].double() - delta[k].double() for k in delta)
+        raw, wire, plain_wire = enc.raw_bytes, enc.wire_bytes, plain.wire_bytes
+        rel = err / norm if norm else 0.0
+        out[label] = dict(raw_bytes=raw, wire_bytes=wire, wire_over_raw=wire / raw, wire_bytes_no_zstd=plain_wire)
+        out[label] |= dict(wire_over_raw_no_zstd=plain_wire / plain.raw_bytes, relative_l2_error=rel)
+        out[label]["encode_decode_s"] = seconds
     return out
 
 
-# ---- report ---------------------------------------------------------------------------------
-
-
 def markdown(result: dict) -> str:
-    tp, cod = result["throughput"], result["codecs"]
-    head = result["headline"]
+    tp, cod, head = result["throughput"], result["codecs"], result["headline"]
     lines = [
         "### Transport: gRPC delta exchange vs plain TCP (loopback)",
         "",
@@ -349,29 +289,25 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in a separate process, "
-        f"best / median of {result['repeats']} rounds after one warm-up round "
-        "(each round runs every path once, in turn, "
-        "so all paths see the same background load); MB/s = payload bytes moved both ways / wall time. "
-        "The gRPC figure includes what gossip does per exchange: "
-        "1 MiB chunks, framing checks and sha256 on both sides. Each send is a payload sent for the first time "
-        "(chunks framed anew) except the `repeat send` row, where both sides send a payload they sent before "
-        "(frames cached: a daemon's delta sent to, or served to, its second and later peers of a round). "
-        "CPU s/GB: CPU seconds of both processes (all threads) per GB moved, median of rounds; other jobs disturb "
-        "it less than the wall time.",
+        f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in a separate process, best / "
+        f"median of {result['repeats']} rounds after one warm-up round (each round runs every path once, in turn, so "
+        "all paths see the same background load); MB/s = payload bytes moved both ways / wall time. The gRPC figure "
+        "includes what gossip does per exchange: 1 MiB chunks, framing checks and sha256 on both sides. Each send is "
+        "a payload sent for the first time (chunks framed anew) except the `repeat send` row, where both sides send a "
+        "payload they sent before (frames cached: a daemon's delta sent to, or served to, its second and later peers "
+        "of a round). CPU s/GB: CPU seconds of both processes (all threads) per GB moved, median of rounds; other "
+        "jobs disturb it less than the wall time.",
         "",
         "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) "
         "| ratio to TCP (median of rounds) | CPU s/GB | CPU / TCP's |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    tcp = tp["tcp"]
-    for name, r in tp.items():
-        ratio = r["mb_per_s_best"] / tcp["mb_per_s_best"]
-        lines.append(
-            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
-            f"| {ratio:.2f} | {r['ratio_to_tcp_median']:.2f} | {r['cpu_s_per_gb_median']:.2f} "
-            f"| {r['cpu_over_tcp']:.2f} |"
-        )
+    lines += [
+        f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
+        f"| {r['mb_per_s_best'] / tp['tcp']['mb_per_s_best']:.2f} | {r['ratio_to_tcp_median']:.2f} "
+        f"| {r['cpu_s_per_gb_median']:.2f} | {r['cpu_over_tcp']:.2f} |"
+        for name, r in tp.items()
+    ]
     lines += [
         "",
         f"### Wire bytes per codec for one block delta ({result['delta_source']})",
@@ -381,11 +317,11 @@ def markdown(result: dict) -> str:
         "| codec | wire bytes (zstd) | wire / raw fp32 | without zstd | relative L2 error | encode+decode s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for codec, r in cod.items():
-        lines.append(
-            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
-            f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
-        )
+    lines += [
+        f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
+        f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
+        for codec, r in cod.items()
+    ]
     lines += ["", NOTES, *results.machine_footer(result["machine"])]
     return "\n".join(lines)
 
@@ -396,14 +332,12 @@ def main(argv: list[str] | None = None) -> dict:
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.zstd]
     print(f"gRPC exchange vs TCP copy, {args.mb} MiB each way, {args.repeats} rounds ...", flush=True)
     throughput = asyncio.run(bench_throughput(args.mb, variants, args.repeats))
-    print(
-        "ratio gRPC/TCP (median of rounds): "
-        + ", ".join(f"{k}: {v['ratio_to_tcp_median']:.2f}" for k, v in throughput.items() if k != "tcp"),
-        flush=True,
-    )
+    grpc_paths = [k for k in throughput if k != "tcp"]
+    ratios = ", ".join(f"{k}: {throughput[k]['ratio_to_tcp_median']:.2f}" for k in grpc_paths)
+    print(f"ratio gRPC/TCP (median of rounds): {ratios}", flush=True)
     print("codecs on a block delta ...", flush=True)
     delta, source = block_delta(args.data_dir, args.train_steps)
-    first = next(k for k in throughput if k != "tcp")
+    first, tcp_best = grpc_paths[0], throughput["tcp"]["mb_per_s_best"]
     result = {
         "headline": {"path": first, "grpc_over_tcp": throughput[first]["ratio_to_tcp_median"]},
         "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
@@ -411,9 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         "payload_mib": args.mb,
         "repeats": args.repeats,
         "throughput": throughput,
-        "grpc_over_tcp_best": {
-            k: v["mb_per_s_best"] / throughput["tcp"]["mb_per_s_best"] for k, v in throughput.items() if k != "tcp"
-        },
+        "grpc_over_tcp_best": {k: throughput[k]["mb_per_s_best"] / tcp_best for k in grpc_paths},
         "delta_source": source,
         "codecs": bench_codecs(delta),
         "machine": (
@@ -422,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
     }
     results.write_json(args.out, result, sort_keys=False)
-    args.md.write_text(markdown(result))
+    results.write_text(args.md, markdown(result))
     print(markdown(result))
     return result
 
