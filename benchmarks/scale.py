@@ -1,37 +1,32 @@
 """Scale: bytes, round time and discovery with 3, 6, 12 and 24 daemons on one machine; group averaging's quality.
 
-Each size runs a LocalSwarm of N daemon processes (`python -m swarmd`) (tiny model, block i mod B, joined
-through peer 0's DHT multiaddr, --min-peers N so nobody starts before it sees the whole swarm),
---rounds rounds of --steps local steps, averaging in groups of at most --group-size (0 = all-to-all).
-The `rows` of scale.json carry the issue-12 keys (daemons, bytes_per_peer_round, round_s = later rounds'
-median, discovery_s = discovery after the last peer started, participation) beside the older ones.
-Quality (--quality-daemons, default 12): the same swarm trained --quality-rounds x --quality-steps with
-groups and all-to-all, one after the other; the from-noise CE on eval.txt of the model each replica set
-assembles (replica j = block b from peer j x B + b, the byte table of peer j x B), mean and range.
-From each peer's checkpoint (config.json) it reads:
-discovery_s (daemon start -> DHT lookup shows all N peers; includes starting its DHT node),
-the uptime at each merge, and participation. Reported per N: all ready (launcher wall time until
-every process printed its address), max discovery time, first round (discovered -> first merge,
-max over peers, H local steps included), later rounds (median merge-to-merge time), exchange
-time (own delta ready -> merge, median), participation.
+Each size in --sizes runs a LocalSwarm of N daemon processes (tiny model, block i mod B, started a few at a time),
+--rounds x --steps, averaging in groups of at most --group-size (0 = all-to-all); each peer's checkpoint gives its
+discovery time (start -> its DHT lookup shows all N), merge times and participation. `rows` carry the issue-12
+keys (daemons, bytes_per_peer_round, round_s = later rounds' median, discovery_s = discovery after the last peer
+started, participation) beside the older ones. Quality (--quality-daemons): the same swarm trained
+--quality-rounds x --quality-steps with groups, then all-to-all; the from-noise CE of the model each replica set
+assembles (replica j = block b from peer j x B + b), mean and range.
 
     python benchmarks/scale.py --data-dir /work/shared/data/wikitext-2
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import daemons, options, results
+from benchmarks.harness import daemons, options, results, sweeps
 from swarmd.averaging.config import GROUP_LAYOUTS, GossipConfig
 from swarmd.errors import SwarmdError
+
+CFG = daemons.TINY_CFG
+TRAJECTORY_HELP = "every daemon's TrainConfig.trajectory_prob (default: the model's; 0 = no predecessor pulls)"
+WAIT_HELP = "quality runs: every round waits for all expected deltas (up to the 30 s deadline)"
 
 
 def parse_args(argv=None):
@@ -40,47 +35,23 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=4, help="GossipConfig.group_size of every daemon (0 = all-to-all)")
     p.add_argument("--group-layout", choices=GROUP_LAYOUTS, default=GossipConfig.group_layout)
     options.add_schedule(p, rounds=3, steps=5)
-    p.add_argument(
-        "--trajectory-prob",
-        type=float,
-        default=None,
-        help="TrainConfig.trajectory_prob of every daemon (default: the model's; 0 = no predecessor pulls, so the "
-        "bytes are the averaging's alone)",
-    )
+    p.add_argument("--trajectory-prob", type=float, default=None, help=TRAJECTORY_HELP)
     p.add_argument("--quality-daemons", type=int, default=12, help="0 = no quality comparison")
     p.add_argument("--quality-rounds", type=int, default=8)
     p.add_argument("--quality-steps", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=4096)
-    p.add_argument(
-        "--wait-all",
-        action="store_true",
-        help="quality runs: every round waits for all expected deltas (up to the 30 s deadline), so the loaded "
-        "machine's late peers do not set the result",
-    )
+    p.add_argument("--wait-all", action="store_true", help=WAIT_HELP)
     options.add_outputs(p, "scale.json", results.BENCHMARKS)
     options.add_from_log(p, "write the JSON and table from the result lines a run stopped before its end printed")
     options.add_section(p, "scale.py")
     return p.parse_args(argv)
 
 
-CFG = daemons.TINY_CFG
-
-
 def swarm_of(a, prefix: str, n: int, rounds: int, steps: int, group_size: int, wait_all: bool = False):
     """daemons.tiny_swarm's LocalSwarm, averaging in groups of at most group_size."""
-    trajectory = {} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}
-    return daemons.tiny_swarm(
-        prefix,
-        n,
-        a.data_dir,
-        rounds,
-        steps,
-        30.0,
-        group_size=group_size,
-        group_layout=a.group_layout,
-        wait_all=wait_all,
-        **trajectory,
-    )
+    kw = {} if a.trajectory_prob is None else {"trajectory_prob": a.trajectory_prob}
+    kw |= {"group_size": group_size, "group_layout": a.group_layout, "wait_all": wait_all}
+    return daemons.tiny_swarm(prefix, n, a.data_dir, rounds, steps, 30.0, **kw)
 
 
 def retried(what: str, run, tries: int = 3) -> dict:
@@ -98,28 +69,13 @@ def retried(what: str, run, tries: int = 3) -> dict:
 
 def run_size(a, n: int) -> dict:
     with swarm_of(a, f"scale-{n}-", n, a.rounds, a.steps, a.group_size) as swarm:
-        start = time.monotonic()
-        try:
-            daemons.start_staggered(swarm, timeout_s=600)
-            ready_s = time.monotonic() - start
-            finished = swarm.wait(timeout_s=900)
-        finally:
-            swarm.stop()
+        ready_s = sweeps.run_to_end(swarm, f"N={n}", start_s=600, wait_s=900, staggered=True)[0]
         sums = swarm.summaries()
-        failed = [p.index for p in swarm.peers if p.proc.returncode != 0]
-    if not finished or failed:
-        raise SystemExit(f"N={n}: peers {failed} failed or timed out")
-    first, later, exchange = [], [], []
-    for s in sums:
-        hist = sorted(s["history"], key=lambda h: h["round"])
-        first.append(hist[0]["at_s"] - s["discovery_s"])
-        later += [b["at_s"] - a_["at_s"] for a_, b in itertools.pairwise(hist)]
-        exchange += [h["seconds"] for h in hist]
+    hists, later, exchange = sweeps.round_times(sums)
     last_start = max(s["started_wall"] for s in sums) if all("started_wall" in s for s in sums) else None
     lag = max(s["started_wall"] + s["discovery_s"] for s in sums) - last_start if last_start else None
     later_median = statistics.median(later) if later else None
     bytes_per_round = sum(s["bytes_sent"] for s in sums) / len(sums) / a.rounds
-    participation = sum(s["participation"] for s in sums) / len(sums)
     return {
         "daemons": n,
         "group_size": a.group_size,
@@ -131,10 +87,10 @@ def run_size(a, n: int) -> dict:
         "all_ready_s": ready_s,
         "discovery_s_max": max(s["discovery_s"] for s in sums),
         "discovery_s_median": statistics.median(s["discovery_s"] for s in sums),
-        "first_round_s_max": max(first),
+        "first_round_s_max": max(h[0]["at_s"] - s["discovery_s"] for h, s in zip(hists, sums)),
         "round_s_median": later_median,
         "exchange_s_median": statistics.median(exchange),
-        "participation": participation,
+        "participation": sum(s["participation"] for s in sums) / len(sums),
         "rounds": min(s["round"] for s in sums),
         "bytes_sent_per_peer_round": bytes_per_round,
     }
@@ -146,30 +102,19 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
     from swarmd.core import checkpoint as ck
     from swarmd.core.evaluate import from_noise_ce
 
-    rounds, steps = a.quality_rounds, a.quality_steps
+    rounds, steps, B = a.quality_rounds, a.quality_steps, CFG.blocks
     with swarm_of(a, f"scale-q{group_size}-", n, rounds, steps, group_size, a.wait_all) as swarm:
-        start = time.monotonic()
-        try:
-            daemons.start_staggered(swarm, timeout_s=600)
-            finished = swarm.wait(timeout_s=1800)
-        finally:
-            swarm.stop()
-        wall = time.monotonic() - start
-        failed = [p.index for p in swarm.peers if p.proc.returncode != 0]
-        if not finished or failed:
-            raise SystemExit(f"quality run k={group_size}: peers {failed} failed or timed out")
-        B = CFG.blocks
-        ces, spread = [], 0.0
+        wall = sweeps.run_to_end(swarm, f"quality run k={group_size}", start_s=600, staggered=True)[1]
+        ces = []
         for j in range(n // B):
             peers = [swarm.peers[j * B + b] for b in range(B)]
             blocks = [ck.load_block(p.checkpoint_dir, CFG, p.block)[0] for p in peers]
-            emb = ck.load_embedding(peers[0].checkpoint_dir, CFG)
-            ces.append(from_noise_ce(blocks, emb, *eval_xy, CFG)["ce"])
+            ces.append(from_noise_ce(blocks, ck.load_embedding(peers[0].checkpoint_dir, CFG), *eval_xy, CFG)["ce"])
+        spread = 0.0
         for b in range(B):
             states = [ck.load_block(p.checkpoint_dir, CFG, b)[0].state_dict() for p in swarm.peers if p.block == b]
             spread = max([spread, *(relative_distance(states[0], s) for s in states[1:])])
         tables = [ck.load_embedding(p.checkpoint_dir, CFG).state_dict() for p in swarm.peers]
-        table_spread = max(relative_distance(tables[0], t) for t in tables[1:])
         sums = swarm.summaries()
     return {
         "daemons": n,
@@ -182,7 +127,7 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
         "ce_max": max(ces),
         "ce_per_replica_set": ces,
         "replica_distance_max": spread,
-        "table_distance_max": table_spread,
+        "table_distance_max": max(relative_distance(tables[0], t) for t in tables[1:]),
         "wait_all": a.wait_all,
         "participation": sum(s["participation"] for s in sums) / len(sums),
         "bytes_per_peer_round": sum(s["bytes_sent"] for s in sums) / len(sums) / rounds,
@@ -207,11 +152,16 @@ COLUMNS_NOTE = (
 def main(argv=None) -> None:
     print("command: " + results.command_line("scale.py", argv), flush=True)
     a = parse_args(argv)
-    rows: list[dict] = []
+    command = results.command_line("scale.py", argv)
     logged: list[dict] = []
     if a.from_log is not None:  # the lines a run printed: rows carry "bytes_per_peer_round", quality "ce_mean"
-        logged = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
-        rows = [r for r in logged if "ce_mean" not in r]
+        text = a.from_log.read_text().splitlines()
+        logged = [json.loads(line) for line in text if line.startswith("{")]
+        first = next((line for line in text if line.startswith("command: ")), "")
+        command = first.removeprefix("command: ") or command.replace(f" --from-log {a.from_log}", "")
+    rows = [r for r in logged if "ce_mean" not in r]
+    quality = [r for r in logged if "ce_mean" in r]
+    if a.from_log is not None:
         a.sizes, a.quality_daemons = [r["daemons"] for r in rows], 0
     for n in [] if a.from_log is not None else a.sizes:
         try:
@@ -220,29 +170,13 @@ def main(argv=None) -> None:
             row = {"daemons": n, "group_size": a.group_size, "failed": str(exc)[:500]}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    quality = [r for r in logged if "ce_mean" in r]
     if a.quality_daemons:
-        from swarmd.core.data import ByteData
-
-        eval_xy = ByteData.from_path(a.data_dir / "eval.txt", CFG.seq_len).eval_windows(a.eval_tokens)
+        eval_xy = sweeps.eval_windows(a, CFG.seq_len)
         for k in (a.group_size, 0):
-            q = retried(f"quality k={k}", lambda k=k: run_quality(a, a.quality_daemons, k, eval_xy))
-            quality.append(q)
-            print(json.dumps(q), flush=True)
-    command = results.command_line("scale.py", argv)
-    if a.from_log is not None:
-        first = next((line for line in a.from_log.read_text().splitlines() if line.startswith("command: ")), "")
-        command = first.removeprefix("command: ") or command.replace(f" --from-log {a.from_log}", "")
-    out = {
-        "command": command,
-        "config": CFG.to_dict(),
-        "rounds": a.rounds,
-        "steps_per_round": a.steps,
-        "group_size": a.group_size,
-        "rows": rows,
-        "quality": quality,
-        "machine": results.machine(),
-    }
+            quality.append(retried(f"quality k={k}", lambda k=k: run_quality(a, a.quality_daemons, k, eval_xy)))
+            print(json.dumps(quality[-1]), flush=True)
+    out = {"command": command, "config": CFG.to_dict(), "rounds": a.rounds, "steps_per_round": a.steps}
+    out |= {"group_size": a.group_size, "rows": rows, "quality": quality, "machine": results.machine()}
     if len(quality) == 2:
         out["quality_ce_groups_minus_all_to_all"] = quality[0]["ce_mean"] - quality[1]["ce_mean"]
     done = [r for r in rows if "failed" not in r]
@@ -250,31 +184,31 @@ def main(argv=None) -> None:
     for r in done:
         r["bytes_vs_first"] = r["bytes_per_peer_round"] / base if base else None
     results.write_json(a.out, out)
-    sizes = [
-        f"### Scale: bytes, round time and discovery with {', '.join(map(str, a.sizes))} daemons (one machine), "
-        f"groups of at most {a.group_size}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, "
-        f"group averaging with --group-size {a.group_size} (0 = all-to-all), every daemon a separate process "
-        f"on loopback, all on {out['machine']} (shared with other jobs)"
-        + (
-            "."
-            if a.trajectory_prob is None
-            else f"; trajectory_prob {a.trajectory_prob} (0: no predecessor pulls, the bytes are the averaging's)."
-        ),
-        "",
-        "| daemons | bytes sent per peer per round | vs the first row | later rounds s (median) "
-        "| discovery s after the last peer started | participation | all ready s | discovery s (max / median) "
-        "| first round s (max) | exchange s (median) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines = (
-        sizes
-        if rows
-        else [f"### Scale: quality with groups of at most {a.group_size}", "", f"Command: `{command}`", ""]
-    )
+    results.replace_section(a.md, a.section, markdown(a, out))
+
+
+def markdown(a, out: dict) -> list[str]:
+    rows, quality = out["rows"], out["quality"]
+    if not rows:
+        lines = [f"### Scale: quality with groups of at most {a.group_size}", "", f"Command: `{out['command']}`", ""]
+    else:
+        pulls = f"; trajectory_prob {a.trajectory_prob} (0: no predecessor pulls, the bytes are the averaging's)."
+        lines = [
+            f"### Scale: bytes, round time and discovery with {', '.join(map(str, a.sizes))} daemons (one machine), "
+            f"groups of at most {a.group_size}",
+            "",
+            f"Command: `{out['command']}`",
+            "",
+            f"Tiny model (B=3, L_b=1, d=32, seq=32, batch 8), {a.rounds} rounds x H={a.steps} steps, int8 codec, "
+            f"group averaging with --group-size {a.group_size} (0 = all-to-all), every daemon a separate process "
+            f"on loopback, all on {out['machine']} (shared with other jobs)"
+            + ("." if a.trajectory_prob is None else pulls),
+            "",
+            "| daemons | bytes sent per peer per round | vs the first row | later rounds s (median) "
+            "| discovery s after the last peer started | participation | all ready s | discovery s (max / median) "
+            "| first round s (max) | exchange s (median) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for r in rows:
         if "failed" in r:
             lines.append(f"| {r['daemons']} | failed: {r['failed'][:200]} |||||||||")
@@ -288,35 +222,35 @@ def main(argv=None) -> None:
             f"| {r['exchange_s_median']:.2f} |"
         )
     lines += ["", COLUMNS_NOTE, ""] if rows else []
-    if quality:
-        lines += [
-            f"Quality, {quality[0]['daemons']} daemons, {quality[0]['rounds']} rounds x "
-            f"H={quality[0]['steps_per_round']}: from-noise CE "
-            f"(nats/byte, {a.eval_tokens} bytes of eval.txt) of the model each replica set assembles "
-            "(replica j: block b from peer j x B + b); distances: the largest relative distance between two "
-            "same-block replicas' blocks, and between two peers' byte tables, at the end"
-            + (
-                "; every round waits for all expected deltas (up to its 30 s deadline)."
-                if a.wait_all
-                else "; rounds close at the daemons' adaptive deadlines."
-            ),
-            "",
-            "| averaging | CE mean | CE min / max over replica sets | max distance: blocks / tables "
-            "| participation | bytes sent per peer per round |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for q in quality:
-            layout = f", {q['group_layout']} layout" if q.get("group_layout") else ""
-            name = f"groups of at most {q['group_size']}{layout}" if q["group_size"] else "all-to-all"
-            lines.append(
-                f"| {name} | {q['ce_mean']:.4f} | {q['ce_min']:.4f} / {q['ce_max']:.4f} "
-                f"| {q['replica_distance_max']:.1e} / {q.get('table_distance_max', float('nan')):.1e} "
-                f"| {q['participation']:.3f} | {q['bytes_per_peer_round']:,.0f} |"
-            )
-        if "quality_ce_groups_minus_all_to_all" in out:
-            lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]
-        lines.append("")
-    results.replace_section(a.md, a.section, lines)
+    if not quality:
+        return lines
+    q0 = quality[0]
+    lines += [
+        f"Quality, {q0['daemons']} daemons, {q0['rounds']} rounds x H={q0['steps_per_round']}: from-noise CE "
+        f"(nats/byte, {a.eval_tokens} bytes of eval.txt) of the model each replica set assembles "
+        "(replica j: block b from peer j x B + b); distances: the largest relative distance between two "
+        "same-block replicas' blocks, and between two peers' byte tables, at the end"
+        + (
+            "; every round waits for all expected deltas (up to its 30 s deadline)."
+            if a.wait_all
+            else "; rounds close at the daemons' adaptive deadlines."
+        ),
+        "",
+        "| averaging | CE mean | CE min / max over replica sets | max distance: blocks / tables "
+        "| participation | bytes sent per peer per round |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for q in quality:
+        layout = f", {q['group_layout']} layout" if q.get("group_layout") else ""
+        name = f"groups of at most {q['group_size']}{layout}" if q["group_size"] else "all-to-all"
+        lines.append(
+            f"| {name} | {q['ce_mean']:.4f} | {q['ce_min']:.4f} / {q['ce_max']:.4f} "
+            f"| {q['replica_distance_max']:.1e} / {q.get('table_distance_max', float('nan')):.1e} "
+            f"| {q['participation']:.3f} | {q['bytes_per_peer_round']:,.0f} |"
+        )
+    if "quality_ce_groups_minus_all_to_all" in out:
+        lines += ["", f"CE with groups minus all-to-all: {out['quality_ce_groups_minus_all_to_all']:+.4f} nats."]
+    return [*lines, ""]
 
 
 if __name__ == "__main__":
