@@ -1,29 +1,23 @@
 """Insider rows of the fault matrix (issue 21): signed peers that run the project's own daemon with one line changed.
 
-Every insider is a real `python -m swarmd` (spawned by benchmarks.harness.daemons.Swarm with this file's `insider MODE
-CONFIG` as its program), holding a valid Ed25519 identity and a signed record, speaking the real protocol with the
-real codec; only its Gossip (or its BlockServing) is subclassed here, never in the shipped daemon:
+Every insider is a real `python -m swarmd` (this file's `insider MODE CONFIG` as its program in a
+benchmarks.harness.daemons.Swarm) holding a valid Ed25519 identity and a signed record, speaking the real protocol
+with the real codec; only its Gossip (or its BlockServing) is subclassed here, never in the shipped daemon:
   drift      1 of 4: its own delta + a fixed unit direction v (opposite to its first round's own delta) scaled to
              DRIFT_FACTOR x the delta's norm, every round
-  poison     3 of 5: the same poisoned step from all three (a fixed direction at POISON_FRACTION of the norm bound),
-             every round: under the bound, and a majority of the deltas
-  state      3 of 5: from round STATE_START on, each round re-adopts one poisoned state (the initial weights plus
-             fixed noise, the same bytes in all three), announces it in its signed record STATE_JUMP rounds
-             ahead of the most advanced honest record (all three at one round) and serves it to PullState; an
-             honest joiner arrives mid-run
-  flood      1 of 4: every round, FLOOD_EXCHANGES copies of its signed delta, FLOOD_PULLS PullState and
-             FLOOD_STATUS GetStatus to every honest peer: benchmarks/flood.py's flooder where that file is there
-             (issue 21 item 5's own), else this file's (the evidence says which)
-  forward    a holder of block 1 of a 2-block swarm answers Forward with garbage, then with a small bias (the
-             mode file next to its config says which), first with an honest replica of block 1 present (same
-             base), then as the only holder. The client is `blocktrain score --swarm` itself (CE, exit code,
-             warnings, hops checked)
-Each row is the honest peers' from-noise CE against a clean run of the same honest peers (same seeds, same
-indices: peer seeds are peer indices), the adoptions of an insider's state (a poisoned state scores worse by
-construction: the insiders' own final CE is given), and what the honest peers' logs said (DEFENCE_PATTERNS).
-The rows run from the fault matrix (`python benchmarks/adversary.py --only insider --merge`), which writes
-them into benchmarks/results/adversary.json and its markdown fragment; this file owns the insiders, the rows
-and the insider table of that fragment (insider_table).
+  poison     3 of 5: the same poisoned step from all three, a fixed direction at POISON_FRACTION of the norm bound
+  state      3 of 5: from round STATE_START on, each round re-adopts one poisoned state (initial weights + fixed
+             noise, the same bytes in all three), announces it STATE_JUMP rounds ahead of the most advanced honest
+             record and serves it to PullState; an honest joiner arrives mid-run
+  flood      1 of 4: every round, 40 copies of its signed delta, 40 PullState and 200 GetStatus to every honest
+             peer (benchmarks/flood.py's flooder)
+  forward    a holder of block 1 of a 2-block swarm answers Forward with garbage, then with a small bias, first
+             with an honest replica of block 1 present, then as the only holder; the client is
+             `blocktrain score --swarm` itself (CE, exit code, warnings, hops checked)
+Each row: the honest peers' from-noise CE against a clean run of the same honest peers (same seeds), adoptions of an
+insider's state, and what the honest peers' logs said (DEFENCE_PATTERNS). The rows run from the fault matrix
+(`python benchmarks/adversary.py --only insider --merge`), which writes them into benchmarks/results/adversary.json
+and its markdown; this file owns the insiders, the rows and the insider table of that markdown (insider_table).
 """
 
 from __future__ import annotations
@@ -44,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import flood
 from benchmarks.harness import daemons
 from benchmarks.harness.faults import CFG, Row, signed_delta
 from benchmarks.harness.faults import fmt as _f
@@ -75,9 +70,9 @@ POISON_SEED = 2102
 STATE_START, STATE_JUMP = 2, 2  # the poisoned-state insiders start at this round, announcing this many rounds ahead
 STATE_DEADLINE_S = 1.0  # ... with short rounds of their own (they do not wait for the honest peers' deltas)
 STATE_NOISE, STATE_SEED = 1.5, 2103  # the poisoned state: initial weights + this x max(std, 0.05) x fixed noise
-FLOOD_EXCHANGES, FLOOD_PULLS, FLOOD_STATUS = 40, 40, 200
 FORWARD_MODE_FILE = "forward_mode"  # next to the liar's config: honest | garbage | bias
 FORWARD_BIAS = 0.5  # the bias mode: a fixed per-byte offset of this scale on the final logits
+FORWARD_CFG = replace(daemons.TINY_CFG, blocks=2, pred_input="none", pred_output="none")
 ROOT = Path(__file__).resolve().parent.parent
 _ADOPTED = re.compile(r"adopted the (block|embedding) of (\S+)")
 
@@ -102,31 +97,24 @@ def run_insider(mode: str, config: str) -> int:
     return entry.main(["--config", config, "--verbose"])
 
 
-def insider_program(mode: str) -> list[str]:
-    """The command that runs an insider daemon (this file's `insider MODE CONFIG`) without its config."""
-    return [sys.executable, str(Path(__file__).resolve()), "insider", mode]
-
-
 def _unit(like: dict, seed: int) -> dict:
     """A fixed direction of unit norm over tensors shaped like `like` (sorted names, seeded)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    v = {k: torch.randn(like[k].shape, generator=g) for k in sorted(like)}
-    norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in v.values())))
-    return {k: t / norm for k, t in v.items()}
+    return _scaled({k: torch.randn(like[k].shape, generator=g) for k in sorted(like)}, 1.0)
 
 
-def _against(delta: dict) -> dict:
-    """The unit direction opposite to `delta` (a first step's ascent direction, held fixed from then on)."""
+def _scaled(delta: dict, by: float) -> dict:
+    """`delta` at norm `by` (a negative `by`: the opposite direction); a zero delta stays zero."""
     import torch
 
     norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values()))) or 1.0
-    return {k: -t / norm for k, t in delta.items()}
+    return {k: by * t / norm for k, t in delta.items()}
 
 
 def _insider_gossip(mode: str, crew: Path) -> type:
-    """The Gossip subclass of an insider mode (drift, poison, state, flood).
+    """The Gossip subclass of an insider mode (drift, poison, state).
 
     :param crew: a folder where the insiders of one attacker list their peer ids (to tell each other's records apart)
     """
@@ -137,42 +125,33 @@ def _insider_gossip(mode: str, crew: Path) -> type:
     from swarmd.averaging.context import BLOCK, EMB
     from swarmd.averaging.gossip import Gossip
     from swarmd.averaging.robust import delta_norm
-    from swarmd.protocol import PayloadKind
-    from swarmd.v1 import swarm_pb2 as pb
-
-    log = logging.getLogger("insider")
 
     class Insider(Gossip):
-        def send_instead(self, kind: PayloadKind, bad: dict) -> None:
-            """Sign and send `bad` as this round's delta of `kind`, and merge it as our own (we stay a replica)."""
+        async def publish(self) -> None:
+            await super().publish()
             rs = self.current
             assert rs is not None
-            rs.outgoing[kind] = enc = signed_delta(self, kind, bad)
-            rs.own[kind] = self.decode(enc, kind, self.me.block_index if kind.is_block else -1)
+            for kind, own in list(rs.own.items()):  # sign and send instead, and merge it as our own (a replica)
+                rs.outgoing[kind] = enc = signed_delta(self, kind, self.bad(kind, own))
+                rs.own[kind] = self.decode(enc, kind, self.me.block_index if kind.is_block else -1)
 
     class Drift(Insider):
         v: dict | None = None  # kind -> the fixed direction: against its first round's own delta (unit norm)
 
-        async def publish(self) -> None:
-            await super().publish()
+        def bad(self, kind, own: dict) -> dict:
             rs = self.current
             assert rs is not None
             if self.v is None:
-                self.v = {kind: _against(own) for kind, own in rs.own.items()}
-            for kind, own in list(rs.own.items()):
-                v, n = self.v[kind], delta_norm(own)
-                self.send_instead(kind, {k: t + DRIFT_FACTOR * n * v[k] for k, t in own.items()})
+                self.v = {k: _scaled(o, -1.0) for k, o in rs.own.items()}
+            v, n = self.v[kind], delta_norm(own)
+            return {k: t + DRIFT_FACTOR * n * v[k] for k, t in own.items()}
 
     class Poison(Insider):
-        async def publish(self) -> None:
-            await super().publish()
-            rs = self.current
-            assert rs is not None
-            for kind, own in list(rs.own.items()):
-                u, bound = _unit(own, POISON_SEED + (kind == EMB)), self.norm_bound(kind)
-                self.send_instead(kind, {k: POISON_FRACTION * bound * t for k, t in u.items()})
+        def bad(self, kind, own: dict) -> dict:
+            u, bound = _unit(own, POISON_SEED + (kind == EMB)), self.norm_bound(kind)
+            return {k: POISON_FRACTION * bound * t for k, t in u.items()}
 
-    class PoisonedState(Insider):
+    class PoisonedState(Gossip):
         poisoned: tuple[dict, dict] | None = None
 
         def __init__(self, *args: Any, **kw: Any) -> None:
@@ -213,51 +192,10 @@ def _insider_gossip(mode: str, crew: Path) -> type:
             for kind in (BLOCK, EMB):
                 self.ef[kind].reset()
                 self.anchors[kind].clear()
-            log.info("insider: serving the poisoned state at round %d", new_round)
+            logging.getLogger("insider").info("insider: serving the poisoned state at round %d", new_round)
             return ["block", "embedding"]
 
-    class Flood(Insider):
-        flooding: asyncio.Task | None = None
-
-        async def average(self, records: list):
-            if self.flooding is not None and not self.flooding.done():
-                self.flooding.cancel()
-            self.flooding = asyncio.create_task(self.flood([r for r in self.remember(records) if self.usable(r)]))
-            return await super().average(records)
-
-        async def flood(self, peers: list) -> None:
-            rs = self.current
-            assert rs is not None
-            await rs.ready.wait()
-            codes: dict[str, dict[str, int]] = {"exchange": {}, "pull": {}, "status": {}}
-
-            async def one(what: str, coro) -> None:
-                try:
-                    await coro
-                    code = "OK"
-                except Exception as exc:
-                    code = type(exc).__name__
-                codes[what][code] = codes[what].get(code, 0) + 1
-
-            calls = []
-            for r in peers:
-                if r.block_index == self.me.block_index:
-                    for _ in range(FLOOD_EXCHANGES):
-                        calls.append(one("exchange", self.transport.exchange(r.address, rs.outgoing[BLOCK], 5.0)))
-                    for _ in range(FLOOD_PULLS):
-                        req = pb.PullStateRequest(
-                            swarm_id=self.me.swarm_id,
-                            config_hash=self.me.config_hash,
-                            kind=PayloadKind.BLOCK_STATE.to_pb(),
-                            block_index=r.block_index,
-                        )
-                        calls.append(one("pull", self.transport.pull_state(r.address, req, 5.0)))
-                for _ in range(FLOOD_STATUS):
-                    calls.append(one("status", self.transport.status(r.address, 5.0)))  # type: ignore[attr-defined]
-            await asyncio.gather(*calls)
-            log.warning("insider flood round %d to %d peers: %s", rs.round, len(peers), json.dumps(codes))
-
-    return {"drift": Drift, "poison": Poison, "state": PoisonedState, "flood": Flood}[mode]
+    return {"drift": Drift, "poison": Poison, "state": PoisonedState}[mode]
 
 
 def _lying_serving(mode_file: Path) -> type:
@@ -315,33 +253,25 @@ class Outcome:
         return self.ces.get(0)
 
 
-def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], seed: int = 0, **kw: Any) -> daemons.Swarm:
-    """The fault matrix's tiny swarm (adversary.swarm's options): peers 0..honest-1 honest, then the insiders."""
-    programs = {i: insider_program(mode) for i, mode in insiders.items()}
-    swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, programs=programs, **kw)
-    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **swarm_kw)
+def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], **kw: Any) -> daemons.Swarm:
+    """The fault matrix's tiny swarm (adversary.swarm's options): peers 0..honest-1 honest, then the insiders
+    (this file's `insider MODE`, benchmarks/flood.py's flooder for mode flood)."""
+    programs = {i: flood.flooder_program() if m == "flood" else insider_program(m) for i, m in insiders.items()}
+    kw = dict(model=CFG, trajectory_prob=0.0, seed=0, wait_all=True, programs=programs) | kw
+    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **kw)
 
 
-def flooder() -> list[str] | None:
-    """benchmarks/flood.py's flooder program where that file is there (issue 21 item 5's own), else None (ours)."""
-    try:
-        from benchmarks import flood
-    except ImportError:
-        return None
-    return flood.flooder_program()
+def insider_program(mode: str) -> list[str]:
+    """The command that runs an insider daemon (this file's `insider MODE CONFIG`) without its config."""
+    return [sys.executable, str(Path(__file__).resolve()), "insider", mode]
 
 
-def run_swarm(
-    a, honest: int, insiders: dict[int, str], joiner: tuple[int, int] | None = None, flooder: list[str] | None = None
-) -> Outcome:
-    """Run honest + insider peers to the end of their rounds; joiner: (its peer index, the round it arrives at);
-    flooder: the program of the flood insiders instead of this file's (benchmarks/flood.py's)."""
+def run_swarm(a, honest: int, insiders: dict[int, str], joiner: tuple[int, int] | None = None) -> Outcome:
+    """Run honest + insider peers to the end of their rounds; joiner: (its peer index, the round it arrives at)."""
     began = time.monotonic()
     what = ",".join(sorted(set(insiders.values()))) or "clean"
     with tempfile.TemporaryDirectory(prefix="insider-run-") as wd:
         sw = swarm_of(a, Path(wd), honest, insiders)
-        if flooder is not None:
-            sw.programs.update({i: flooder for i, mode in insiders.items() if mode == "flood"})
         watched = list(range(honest))
         with sw:
             sw.start(300)
@@ -385,8 +315,6 @@ def _read(a, sw: daemons.Swarm, watched: list[int], insiders: list[int], done: d
     hist = [sums[i].get("history", []) for i in watched]
     seconds = [h["seconds"] for hs in hist for h in hs if "seconds" in h]
     gaps = [b["at_s"] - a_["at_s"] for hs in hist for a_, b in itertools.pairwise(hs) if "at_s" in a_ and "at_s" in b]
-    partial = sum(h.get("accepted", 0) < h.get("expected", 0) for hs in hist for h in hs)
-    insider_ce = daemons.replica_ce(sw, insiders[0], a.data_dir, a.eval_tokens) if insiders else None
     reports = [  # ours ("insider: ...") and benchmarks/flood.py's flooder's ("FLOOD {...}")
         line[max(line.find("insider:"), 0) :][:400]
         for i in insiders
@@ -400,10 +328,10 @@ def _read(a, sw: daemons.Swarm, watched: list[int], insiders: list[int], done: d
         logs,
         said,
         adoptions,
-        insider_ce,
+        daemons.replica_ce(sw, insiders[0], a.data_dir, a.eval_tokens) if insiders else None,
         statistics.median(seconds) if seconds else None,
         statistics.median(gaps) if gaps else None,
-        partial,
+        sum(h.get("accepted", 0) < h.get("expected", 0) for hs in hist for h in hs),
         sum(len(hs) for hs in hist),
         {sw.peers[i].index: sums[i].get("round") for i in watched},
         "; ".join(reports[-2:]),
@@ -433,26 +361,19 @@ class InsiderRow(Row):
 
 
 def _row(
-    name: str,
-    run: Outcome,
-    clean: Outcome,
-    tol: float,
-    extra_ok: bool = True,
-    note: str = "",
-    poisoned_states: bool = False,
+    name: str, run: Outcome, clean: Outcome, tol: float, extra_ok: bool = True, note: str = "", poisoned: bool = False
 ) -> InsiderRow:
     """An insider row from its run and its clean run.
 
-    :param poisoned_states: the insiders serve poisoned states (an adoption of theirs is of a worse state); else
-        their states are the honest peers' own (drift, flood: the merge they share), and adoptions only counted
+    :param poisoned: the insiders serve poisoned states (an adoption of theirs is of a worse state); else their
+        states are the honest peers' own (drift, flood: the merge they share), and adoptions only counted
     """
     ce, ce_clean = run.ce, clean.ce
     delta = None if ce is None or ce_clean is None else ce - ce_clean
-    worse = run.adoptions["from an insider"] if poisoned_states else 0
+    worse = run.adoptions["from an insider"] if poisoned else 0
     ended = run.done["exit"] == [0] * len(run.done["exit"]) and not run.done["tracebacks"]
     ok = ended and delta is not None and delta <= tol and worse == 0 and extra_ok
-    per_peer = {i: _f(c) for i, c in run.ces.items()}
-    per_clean = {i: _f(c) for i, c in clean.ces.items()}
+    per_peer, per_clean = ({i: _f(c) for i, c in r.ces.items()} for r in (run, clean))
     evidence = (
         f"honest CE per peer {per_peer} (clean {per_clean}); adoptions in the honest logs {run.adoptions}; "
         f"insider's own final CE {_f(run.insider_ce)}; defence log lines {_nonzero(run.logs)} "
@@ -460,18 +381,10 @@ def _row(
         f"{run.done['exit']}, final rounds {run.final_rounds}, tracebacks {run.done['tracebacks']}, honest "
         f"replicas bit-identical {run.same}; partial merges {run.partial}/{run.rounds}" + (f"; {note}" if note else "")
     )
-    return InsiderRow(
-        name,
-        ok,
-        evidence,
-        ce,
-        ce_clean,
-        tolerance=tol,
-        worse_adoptions=worse,
-        logs=run.logs,
-        timing={"round_s": run.round_s, "interval_s": run.interval_s, "clean_round_s": clean.round_s},
-        seconds=round(run.seconds + clean.seconds, 1),
-    )
+    timing = {"round_s": run.round_s, "interval_s": run.interval_s, "clean_round_s": clean.round_s}
+    seconds = round(run.seconds + clean.seconds, 1)
+    more = dict(tolerance=tol, worse_adoptions=worse, logs=run.logs, timing=timing, seconds=seconds)
+    return InsiderRow(name, ok, evidence, ce, ce_clean, **more)
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:
@@ -489,37 +402,30 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
             cleans[honest, repeat] = run_swarm(a, honest, {})
         return cleans[honest, repeat]
 
+    def add(row: InsiderRow) -> None:
+        rows.append(row)
+        print(json.dumps({"name": row.name, "survived": row.survived, "ce": row.ce, "ce_clean": row.ce_clean}))
+
     noise = ""
     if {"drift", "flood"} & set(which):  # the same clean run twice: what the CE differences can resolve
         first, again = clean(3).ce, clean(3, repeat=1).ce
         noise = "run-to-run noise (the 3-peer clean run again, same seed): " + (
             "-" if first is None or again is None else f"{again - first:+.4f}"
         )
-
-    def add(row: InsiderRow) -> None:
-        rows.append(row)
-        print(json.dumps({"name": row.name, "survived": row.survived, "ce": row.ce, "ce_clean": row.ce_clean}))
-
     if "drift" in which:
-        run = run_swarm(a, 3, {3: "drift"})
-        add(
-            _row(
-                "insider drift (1 of 4): honest delta + a fixed direction v each round",
-                run,
-                clean(3),
-                INSIDER_CE_TOLERANCE,
-                note=f"v: against the insider's first own delta, at {DRIFT_FACTOR}x its delta's norm; {noise}",
-            )
-        )
+        name = "insider drift (1 of 4): honest delta + a fixed direction v each round"
+        note = f"v: against the insider's first own delta, at {DRIFT_FACTOR}x its delta's norm; {noise}"
+        add(_row(name, run_swarm(a, 3, {3: "drift"}), clean(3), INSIDER_CE_TOLERANCE, note=note))
     if "poison" in which:
-        run = run_swarm(a, 2, {2: "poison", 3: "poison", 4: "poison"})
+        name = "insider majority poison (3 of 5): the same poisoned step from all three, under the norm bound"
+        note = f"the step: a fixed direction at {POISON_FRACTION} of the receivers' norm bound, every round"
         add(
             _row(
-                "insider majority poison (3 of 5): the same poisoned step from all three, under the norm bound",
-                run,
+                name,
+                run_swarm(a, 2, {2: "poison", 3: "poison", 4: "poison"}),
                 clean(2),
                 MAJORITY_CE_TOLERANCE,
-                note=f"the step: a fixed direction at {POISON_FRACTION} of the receivers' norm bound, every round",
+                note=note,
             )
         )
     if "state" in which:
@@ -529,85 +435,58 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
         joiner = (5, 3)
         run, c = run_swarm(a, 2, {2: "state", 3: "state", 4: "state"}, joiner), clean(2)
         joined = run.ces.get(5)
-        add(
-            _row(
-                "insider poisoned state (3 of 5): announced ahead of the swarm, served to PullState; a joiner",
-                run,
-                c,
-                MAJORITY_CE_TOLERANCE,
-                poisoned_states=True,
-                extra_ok=joined is not None and c.ce is not None and joined - c.ce <= MAJORITY_CE_TOLERANCE,
-                note=f"the insiders re-adopt the poisoned state every round from round {STATE_START}, "
-                f"{STATE_JUMP} rounds ahead of the honest records; joiner (peer 5, spawned at round {joiner[1]}) "
-                f"CE {_f(joined)} (not started: '-') vs the clean honest {_f(c.ce)}, its final round "
-                f"{run.final_rounds.get(5)}",
-            )
+        note = (
+            f"the insiders re-adopt the poisoned state every round from round {STATE_START}, {STATE_JUMP} rounds "
+            f"ahead of the honest records; joiner (peer 5, spawned at round {joiner[1]}) CE {_f(joined)} (not "
+            f"started: '-') vs the clean honest {_f(c.ce)}, its final round {run.final_rounds.get(5)}"
         )
+        ok = joined is not None and c.ce is not None and joined - c.ce <= MAJORITY_CE_TOLERANCE
+        name = "insider poisoned state (3 of 5): announced ahead of the swarm, served to PullState; a joiner"
+        add(_row(name, run, c, MAJORITY_CE_TOLERANCE, extra_ok=ok, note=note, poisoned=True))
     if "forward" in which:
         rows.extend(forward_rows(a))
     if "flood" in which:
-        run, c = run_swarm(a, 3, {3: "flood"}, flooder=flooder()), clean(3)
+        run, c = run_swarm(a, 3, {3: "flood"}), clean(3)
         ratio = None if not (run.round_s and c.round_s) else run.round_s / c.round_s
-        add(
-            _row(
-                f"insider flood (1 of 4): {FLOOD_EXCHANGES} copies of its delta, {FLOOD_PULLS} PullState, "
-                f"{FLOOD_STATUS} GetStatus per round",
-                run,
-                c,
-                INSIDER_CE_TOLERANCE,
-                extra_ok=ratio is not None and ratio <= FLOOD_ROUND_FACTOR,
-                note=f"honest median round (own delta ready -> merge) {_f(run.round_s, '{:.3f}')} s vs clean "
-                f"{_f(c.round_s, '{:.3f}')} s (x{_f(ratio, '{:.2f}')}), median wall between merges "
-                f"{_f(run.interval_s, '{:.3f}')} s vs {_f(c.interval_s, '{:.3f}')} s; the flooder's last report: "
-                f"{run.insider_log or 'none'}; flooder: {'benchmarks/flood.py' if flooder() else 'insiders.py'}; "
-                f"{noise}",
-            )
+        name = (
+            f"insider flood (1 of 4): {flood.DELTAS} copies of its delta, {flood.PULLS} PullState, "
+            f"{flood.STATUSES} GetStatus per round"
         )
+        note = (
+            f"honest median round (own delta ready -> merge) {_f(run.round_s, '{:.3f}')} s vs clean "
+            f"{_f(c.round_s, '{:.3f}')} s (x{_f(ratio, '{:.2f}')}), median wall between merges "
+            f"{_f(run.interval_s, '{:.3f}')} s vs {_f(c.interval_s, '{:.3f}')} s; the flooder's last report: "
+            f"{run.insider_log or 'none'}; flooder: benchmarks/flood.py; {noise}"
+        )
+        ok = ratio is not None and ratio <= FLOOD_ROUND_FACTOR
+        add(_row(name, run, c, INSIDER_CE_TOLERANCE, extra_ok=ok, note=note))
     return rows
 
 
 # ----------------------------------------------------------------------------------------------
 # the lying Forward: `blocktrain score --swarm` against a frozen 2-block swarm
 # ----------------------------------------------------------------------------------------------
-FORWARD_CFG = replace(daemons.TINY_CFG, blocks=2, pred_input="none", pred_output="none")
-
-
 def score_cli(a, maddr: str, swarm_id: str) -> dict:
     """`blocktrain score EVAL --swarm MADDR --json`: its CE, exit code, warnings and hops (checked, if it says)."""
-    cmd = [  # `blocktrain score`, of this checkout (cwd below), whatever checkout the venv installed
-        sys.executable,
-        "-c",
-        "from cli.main import entry; entry()",
-        "score",
-        str(Path(a.data_dir) / "eval.txt"),
-        "--swarm",
-        maddr,
-        "--swarm-id",
-        swarm_id,
-        "--max-bytes",
-        str(a.score_bytes),
-        "--json",
-    ]
+    # `blocktrain score` of this checkout (cwd below), whatever checkout the venv installed
+    cmd = [sys.executable, "-c", "from cli.main import entry; entry()", "score", str(Path(a.data_dir) / "eval.txt")]
+    cmd += ["--swarm", maddr, "--swarm-id", swarm_id, "--max-bytes", str(a.score_bytes), "--json"]
     began = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     try:
         body = json.loads(proc.stdout[proc.stdout.find("{") :]) if "{" in proc.stdout else {}
     except ValueError:
         body = {}
-    warnings = [
-        _short(line, 160) for line in proc.stderr.splitlines() if re.search(r"warn|unverified|banned|drop", line, re.I)
-    ]
-    checked = {k: v for k, v in body.items() if re.search(r"check|verif|ban|drop", k)}
+    warn = [_short(x, 160) for x in proc.stderr.splitlines() if re.search(r"warn|unverified|banned|drop", x, re.I)]
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
     return {
         "ce": body.get("ce"),
         "exit": proc.returncode,
-        "warnings": warnings[:4],
+        "warnings": warn[:4],
         "hops": body.get("hops"),
-        "checked": checked,
+        "checked": {k: v for k, v in body.items() if re.search(r"check|verif|ban|drop", k)},
         "seconds": round(time.monotonic() - began, 1),
-        "error": ""
-        if proc.returncode == 0
-        else _short(proc.stderr.strip().splitlines()[-1] if proc.stderr else "", 200),
+        "error": "" if proc.returncode == 0 else _short(last, 200),
     }
 
 
@@ -618,18 +497,7 @@ def forward_rows(a) -> list[InsiderRow]:
     began = time.monotonic()
     scores: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ins-forward-") as wd:
-        sw = daemons.tiny(
-            4,
-            a.data_dir,
-            Path(wd),
-            a.rounds,
-            a.steps,
-            a.deadline_max,
-            model=FORWARD_CFG,
-            trajectory_prob=0.0,
-            wait_all=True,
-            programs={1: insider_program("forward")},
-        )
+        sw = swarm_of(a, Path(wd), 3, {1: "forward"}, model=FORWARD_CFG)
         mode = sw.workdir / FORWARD_MODE_FILE
 
         def score(phase: str, what: str) -> None:
@@ -653,7 +521,7 @@ def forward_rows(a) -> list[InsiderRow]:
             daemons.wait_rounds(sw, [0, 1], len(sw.peers[0].rounds_seen) + 2)
             for what in ("honest", "garbage", "bias", "honest again"):
                 score("only holder", what)
-    seconds = time.monotonic() - began
+    seconds = round(time.monotonic() - began, 1)
     rows = []
     for key in ("with replica, garbage", "with replica, bias", "only holder, garbage", "only holder, bias"):
         s, ref = scores[key], scores[key.split(",")[0] + ", honest"]["ce"]
@@ -662,25 +530,19 @@ def forward_rows(a) -> list[InsiderRow]:
             ok = s["exit"] == 0 and delta is not None and abs(delta) <= INSIDER_CE_TOLERANCE
         else:  # the only holder: nothing to compare with; the client must say the answer is unverified
             ok = s["exit"] != 0 or any("unverified" in w for w in s["warnings"])
-        rows.append(
-            InsiderRow(
-                f"insider lying Forward ({key.replace(',', ':')}): `blocktrain score --swarm`",
-                ok,
-                f"score CE {_f(s['ce'])} vs the same swarm answering honestly {_f(ref)} (with the replica: honest "
-                f"{_f(scores['with replica, honest']['ce'])}; the only holder: honest "
-                f"{_f(scores['only holder, honest']['ce'])}, again after the lies "
-                f"{_f(scores['only holder, honest again']['ce'])}); exit code {s['exit']}; "
-                f"warnings {s['warnings'] or 'none'}; "
-                f"hops {s['hops']}, checked/dropped fields of --json {s['checked'] or 'none (not reported)'}"
-                + (f"; error {s['error']}" if s["error"] else "")
-                + f"; swarm trained {a.rounds} rounds x H={a.steps} ({trained}), then frozen (lr 1e-12)",
-                s["ce"],
-                ref,
-                logs={"exit": s["exit"], "warnings": len(s["warnings"])},
-                timing={"score_s": s["seconds"]},
-                seconds=round(seconds, 1),
-            )
+        error = f"; error {s['error']}" if s["error"] else ""
+        evidence = (
+            f"score CE {_f(s['ce'])} vs the same swarm answering honestly {_f(ref)} (with the replica: honest "
+            f"{_f(scores['with replica, honest']['ce'])}; the only holder: honest "
+            f"{_f(scores['only holder, honest']['ce'])}, again after the lies "
+            f"{_f(scores['only holder, honest again']['ce'])}); exit code {s['exit']}; warnings "
+            f"{s['warnings'] or 'none'}; hops {s['hops']}, checked/dropped fields of --json "
+            f"{s['checked'] or 'none (not reported)'}{error}; swarm trained "
+            f"{a.rounds} rounds x H={a.steps} ({trained}), then frozen (lr 1e-12)"
         )
+        name = f"insider lying Forward ({key.replace(',', ':')}): `blocktrain score --swarm`"
+        logs, timing = {"exit": s["exit"], "warnings": len(s["warnings"])}, {"score_s": s["seconds"]}
+        rows.append(InsiderRow(name, ok, evidence, s["ce"], ref, logs=logs, timing=timing, seconds=seconds))
     return rows
 
 
