@@ -1,13 +1,11 @@
 """Asynchronous network simulator sweep (issue 11): the litepaper's Tables 4/5 at CPU scale, and deadline policies.
 
-Runs swarmd.sim (real BlockTrainer steps, real int8 codec + error feedback, the daemon's deadline policy and
-merge; only the network and the clock simulated) on every regime preset with its own policy (its fixed
-deadline, or lockstep), then the deadline policies on the WAN network (lockstep, adaptive, quantile; the
-fixed ones are the wan-tight/mid/loose rows), each policy run until lockstep's simulated wall time. Writes
-benchmarks/results/async_sim.json (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png
-and async_policies.png, and its section of BENCHMARKS.md (#async_sim). Model: the project's default
-ModelConfig/TrainConfig (architecture and objective options untouched) shrunk to d=64, L_b=1, seq 64,
-batch 16 for the 30-minute budget on 2 shared cores; one torch thread.
+Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's deadline policy and merge; only
+the network and the clock simulated) on every regime preset with its own policy, then the deadline policies on the
+WAN network (lockstep, adaptive, quantile; the fixed ones are the wan-* rows), each until lockstep's simulated wall
+time. Writes --out (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png,
+async_policies.png and its section of --md (#async_sim). Model: the default ModelConfig/TrainConfig shrunk to d=64,
+L_b=1, seq 64, batch 16; one torch thread.
 
     python benchmarks/async_sim.py                       # the full sweep (~15-25 min on the 2-core machine)
     python benchmarks/async_sim.py --rounds 2 --steps 2  # a smoke run
@@ -25,10 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from benchmarks.harness import options, results
+from benchmarks.harness import options, results, sweeps
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig
-from swarmd.core.data import ByteData, load_bytes
 from swarmd.node.config import peer_train_config
 from swarmd.protocol import Codec
 from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_fn, merge_label, simulate
@@ -37,6 +34,9 @@ from swarmd.sim.regimes import PRESETS, WAN_REGIMES
 
 CE_TOLERANCE = 0.02  # the issue's target: lockstep's final CE within this ...
 TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall time
+TRIM_HELP = "the robust merge's trim fraction (default: the daemon's GossipConfig; --add-targets: the stored run's)"
+ADD_HELP = "only run the quantile policy at these extra targets, added to --out's JSON (its other runs reused)"
+GOSSIP = GossipConfig()  # the merge rule every run uses (main may change its trim fraction)
 
 
 def parse(argv: list[str] | None):
@@ -46,29 +46,13 @@ def parse(argv: list[str] | None):
     options.add_shape(p, blocks=ModelConfig.blocks, layers_per_block=1)
     options.add_training(p, lr=None, eval_tokens=4096, train_bytes=4_000_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--targets",
-        default=f"{DEFAULT_TARGET}",
-        help="participation targets of the quantile policy, comma-separated (one WAN run each)",
-    )
-    p.add_argument(
-        "--trim-fraction",
-        type=float,
-        help="the robust merge's trim fraction (default: the daemon's GossipConfig; --add-targets: the stored run's)",
-    )
+    p.add_argument("--targets", default=f"{DEFAULT_TARGET}", help="quantile policy targets, comma-separated")
+    p.add_argument("--trim-fraction", type=float, help=TRIM_HELP)
     p.add_argument("--report-only", action="store_true", help="rewrite the plots and markdown of --out, run nothing")
-    p.add_argument(
-        "--add-targets",
-        default="",
-        help="only run the quantile policy at these extra targets and add them to the existing --out JSON "
-        "(its other runs are reused: a seed reproduces them bit for bit)",
-    )
+    p.add_argument("--add-targets", default="", help=ADD_HELP)
     p.add_argument("--max-policy-rounds", type=int, default=0, help="cap on a policy run's rounds (0 = 1.5 x --rounds)")
     options.add_outputs(p, "async_sim.json", results.BENCHMARKS)
     return p.parse_args(argv)
-
-
-GOSSIP = GossipConfig()  # the merge rule every run uses (main may change its trim fraction)
 
 
 def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, until_s=None):
@@ -77,23 +61,23 @@ def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, 
     kind, _, target = policy_name.partition("-")
     policy = make_policy(kind, regime, cfg.steps_per_round, float(target or DEFAULT_TARGET))
     start = time.perf_counter()
-    result = simulate(cfg, regime, policy, data, held_out, until_s=until_s, merge=merge_fn(GOSSIP))
+    r = simulate(cfg, regime, policy, data, held_out, until_s=until_s, merge=merge_fn(GOSSIP))
     took = time.perf_counter() - start
     print(
-        f"{regime_name:15s} {policy_name:9s} ce {result.ce_start:.4f} -> {result.ce:.4f}  participation "
-        f"{result.participation:.3f}  sim {result.sim_wall_s:8.1f}s  {result.wire_bytes / 1e6:7.2f} MB  "
-        f"rounds {len(result.rounds):2d}  ({took:.0f}s real)",
+        f"{regime_name:15s} {policy_name:9s} ce {r.ce_start:.4f} -> {r.ce:.4f}  participation {r.participation:.3f}"
+        f"  sim {r.sim_wall_s:8.1f}s  {r.wire_bytes / 1e6:7.2f} MB  rounds {len(r.rounds):2d}  ({took:.0f}s real)",
         flush=True,
     )
-    return result, took
+    return r, took
 
 
 def from_history(key: str, seed: int, ce_start: float, history: list[dict]) -> SimResult:
     """A stored run (the JSON's history["regime/policy"]) as a SimResult."""
     regime, policy = key.split("/")
     names = {f.name for f in fields(RoundRecord)}
-    rounds = [RoundRecord(**{k: v for k, v in r.items() if k in names}) for r in history]
-    return SimResult(regime, policy, seed, ce_start, rounds)
+    return SimResult(
+        regime, policy, seed, ce_start, [RoundRecord(**{k: r[k] for k in r if k in names}) for r in history]
+    )
 
 
 def time_to(result: SimResult, ce: float) -> float | None:
@@ -127,28 +111,28 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     rows = out["regimes"]
-    names = [r["name"] for r in rows]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    for ax, key, label in zip(
-        axes,
-        ("ce", "participation", "sim_wall_s", "wire_bytes"),
-        ("final from-noise CE (nats/byte)", "participation", "simulated wall time (s)", "bytes moved (MB)"),
-    ):
+    panels = {
+        "ce": "final from-noise CE (nats/byte)",
+        "participation": "participation",
+        "sim_wall_s": "simulated wall time (s)",
+        "wire_bytes": "bytes moved (MB)",
+    }
+    for ax, (key, label) in zip(axes, panels.items()):
         values = [r[key] / 1e6 if key == "wire_bytes" else r[key] for r in rows]
         ax.bar(range(len(rows)), values, color="tab:blue")
-        ax.set_xticks(range(len(rows)), names, rotation=45, ha="right")
+        ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=45, ha="right")
         ax.set_title(label)
         if key == "ce":  # zoomed on the learners; a bar that did not learn is cut and labelled
             learned = [v for v in values if v < out["ce_start"] - 0.5] or values
             top = max(learned) + 0.05
             ax.set_ylim(min(learned) - 0.05, top)
             for i, v in enumerate(values):
-                if v > top:
-                    ax.text(
-                        i, top - 0.01, f"{v:.2f}\n(initial\n{out['ce_start']:.2f})", ha="center", va="top", fontsize=7
-                    )
-                else:
-                    ax.text(i, v + 0.002, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
+                cut = v > top
+                text = f"{v:.2f}\n(initial\n{out['ce_start']:.2f})" if cut else f"{v:.3f}"
+                ax.text(
+                    i, top - 0.01 if cut else v + 0.002, text, ha="center", va="top" if cut else "bottom", fontsize=7
+                )
     fig.suptitle(f"regimes, {out['rounds']} rounds x H={out['steps']}, B={out['blocks']} x K={out['workers']} workers")
     fig.tight_layout()
     fig.savefig(regimes_png, dpi=110)
@@ -157,20 +141,12 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 5))
     lock = out["target"]
     for run in out["policy_curves"]:
-        t, ce = zip(*run["curve"])
         wide = run["policy"] == "lockstep"  # drawn wide and dashed: the adaptive curve may lie on it
-        ax.plot(
-            t,
-            ce,
-            marker=".",
-            lw=4 if wide else 1.5,
-            ls="--" if wide else "-",
-            label=f"{run['policy']} ({run['label']})",
-        )
+        label = f"{run['policy']} ({run['label']})"
+        ax.plot(*zip(*run["curve"]), marker=".", lw=4 if wide else 1.5, ls="--" if wide else "-", label=label)
     ax.axhline(lock["lockstep_ce"] + CE_TOLERANCE, color="grey", ls=":", label=f"lockstep final CE + {CE_TOLERANCE}")
     ax.axvline(TIME_FRACTION * lock["lockstep_wall_s"], color="grey", ls="--", label=f"{TIME_FRACTION} x lockstep time")
-    ax.set_xlabel("simulated wall time (s)")
-    ax.set_ylabel("from-noise CE (nats/byte)")
+    ax.set(xlabel="simulated wall time (s)", ylabel="from-noise CE (nats/byte)")
     ax.set_ylim(lock["lockstep_ce"] - 0.1, lock["lockstep_ce"] + 0.8)
     ax.set_title("deadline policies on the WAN network")
     ax.legend(fontsize=8)
@@ -180,10 +156,12 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
     return [str(regimes_png), str(policies_png)]
 
 
-def markdown(out: dict, cmd: str) -> list[str]:
+def markdown(out: dict) -> list[str]:
     took = "; ".join(f"`{c}`: {t / 60:.1f} min" for c, t in out["real_s_parts"])
-    lines = [f"Commands and real time ({out['machine']}, one torch thread): {took}.", ""]
-    lines += [
+    t = out["target"]
+    lines = [
+        f"Commands and real time ({out['machine']}, one torch thread): {took}.",
+        "",
         f"Model: B={out['blocks']}, L_b={out['layers_per_block']}, d={out['d_model']}, seq {out['seq_len']}, batch "
         f"{out['batch_size']} (every other ModelConfig/TrainConfig option at the project default), K={out['workers']} "
         f"workers per block, H={out['steps']} local steps, codec {out['codec']}, merge `{out['merge']}`, seed "
@@ -198,7 +176,6 @@ def markdown(out: dict, cmd: str) -> list[str]:
             f"| {r['name']} | {r['policy']} | {r['ce']:.4f} | {r['ce'] - base:+.4f} | {r['participation']:.2f} | "
             f"{r['sim_wall_s']:.1f} | {r['wire_bytes'] / 1e6:.2f} |"
         )
-    t = out["target"]
     lines += [
         "",
         f"Deadline policies on the WAN network (wan-* rows share it; lockstep's final CE {t['lockstep_ce']:.4f} at "
@@ -210,55 +187,48 @@ def markdown(out: dict, cmd: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in out["policies"]:
-        reach = (
-            "never"
-            if r["time_to_target_s"] is None
-            else (f"{r['time_to_target_s']:.1f} ({r['time_to_target_s'] / t['lockstep_wall_s']:.2f}x)")
-        )
+        s = r["time_to_target_s"]
+        reach = "never" if s is None else f"{s:.1f} ({s / t['lockstep_wall_s']:.2f}x)"
         lines.append(
             f"| {r['policy']} | {r['regime']} | {r['rounds']} | {r['ce']:.4f} | {r['participation']:.2f} | "
             f"{r['sim_wall_s']:.1f} | {reach} |"
         )
-    winners = ", ".join(t["winners"]) or "none"
-    fastest = t["fastest"]
-    lines += ["", f"Policies meeting the target: {winners}."]
-    if fastest is not None:
-        lines += [
+    lines += ["", f"Policies meeting the target: {', '.join(t['winners']) or 'none'}."]
+    if (fastest := t["fastest"]) is not None:
+        s = fastest["time_to_target_s"]
+        lines.append(
             f"Fastest to lockstep's CE + {CE_TOLERANCE} (lockstep itself aside): {fastest['policy']}, "
-            f"{fastest['time_to_target_s']:.1f} s ({fastest['time_to_target_s'] / t['lockstep_wall_s']:.2f}x lockstep)."
-        ]
+            f"{s:.1f} s ({s / t['lockstep_wall_s']:.2f}x lockstep)."
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
+    global GOSSIP
     args = parse(argv)
     torch.set_num_threads(1)
-    data_dir = Path(args.data_dir)
     model = options.model_of(args)
+    train = peer_train_config(args.steps, batch_size=args.batch_size, seed=args.seed)
     cfg = SimConfig(
-        model,
-        peer_train_config(args.steps, batch_size=args.batch_size, seed=args.seed),
-        workers=args.workers,
-        rounds=args.rounds,
-        steps_per_round=args.steps,
-        codec=GossipConfig().codec,
-        eval_tokens=args.eval_tokens,
-    )
-    data = ByteData(load_bytes(data_dir / "train.txt")[: args.train_bytes], model.seq_len)
-    held_out = ByteData(load_bytes(data_dir / "eval.txt"), model.seq_len)
-    global GOSSIP
+        model, train, workers=args.workers, rounds=args.rounds, steps_per_round=args.steps,
+        codec=GossipConfig().codec, eval_tokens=args.eval_tokens,
+    )  # fmt: skip
+    data, held_out = sweeps.sim_text(args, model.seq_len)
     start = time.perf_counter()
     sims: dict[tuple[str, str], SimResult] = {}
     real: dict[tuple[str, str], float] = {}
     wan = WAN_REGIMES[1]
     policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
-    command, earlier_s = results.command_line("async_sim.py", argv), 0.0
-    parts: list = []
+    this = results.command_line("async_sim.py", argv)
+    command, earlier_s, parts, prev = this, 0.0, [], {}
     if args.add_targets or args.report_only:  # reuse the stored runs (add quantile targets)
         prev = json.loads(args.out.read_text())
-        if args.trim_fraction is None and "trim_fraction" in prev:
-            args.trim_fraction = prev["trim_fraction"]
+        if args.trim_fraction is None:
+            args.trim_fraction = prev.get("trim_fraction")
+    if args.trim_fraction is not None:
+        GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
+    if prev:
         for key, history in prev["history"].items():
             sims[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
         real = {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}  # type: ignore[misc]
@@ -266,40 +236,23 @@ def main(argv: list[str] | None = None) -> dict:
         quantiles = [p for p in dict.fromkeys(r["policy"] for r in prev["policies"]) if p.startswith("quantile-")]
         parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]])
         command = prev["command"] if args.report_only else f"{prev['command']} && {command}"
-        earlier_s = prev["real_s"]
-        lock = sims[wan, "lockstep"]
-        if args.trim_fraction is not None:
-            GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
-        for t in filter(None, args.add_targets.split(",")):
-            policy = f"quantile-{float(t):g}"
-            sims[wan, policy], real[wan, policy] = run_one(
-                policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
-            )
-            quantiles.append(policy)
+        earlier_s, lock = prev["real_s"], sims[wan, "lockstep"]
+        added = [f"quantile-{float(t):g}" for t in filter(None, args.add_targets.split(","))]
+        quantiles += added
     else:
-        if args.trim_fraction is not None:
-            GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
         for name, regime in PRESETS.items():
             policy = regime_policy(regime)
             sims[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
         # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
         lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
         sims[wan, "lockstep"] = lock
-        for policy in ("adaptive", *quantiles):
-            sims[wan, policy], real[wan, policy] = run_one(
-                policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s
-            )
+        added = ["adaptive", *quantiles]
+    for policy in added:
+        sims[wan, policy], real[wan, policy] = run_one(policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s)
     target_ce = lock.ce + CE_TOLERANCE
     regimes = [
-        {
-            "name": name,
-            "policy": policy,
-            "ce": r.ce,
-            "participation": r.participation,
-            "sim_wall_s": r.sim_wall_s,
-            "wire_bytes": r.wire_bytes,
-            "real_s": real.get((name, policy)),
-        }
+        {"name": name, "policy": policy, "ce": r.ce, "participation": r.participation, "sim_wall_s": r.sim_wall_s}
+        | {"wire_bytes": r.wire_bytes, "real_s": real.get((name, policy))}
         for (name, policy), r in sorted(sims.items(), key=lambda kv: list(PRESETS).index(kv[0][0]))
         if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
     ]
@@ -308,19 +261,10 @@ def main(argv: list[str] | None = None) -> dict:
         for policy in ("lockstep", "fixed", "adaptive", *quantiles):
             r = sims[regime, policy] if policy == "fixed" else sims[wan, policy]
             reach = time_to(r, target_ce)
-            policies.append(
-                {
-                    "policy": policy,
-                    "regime": regime,
-                    "ce": r.ce,
-                    "participation": r.participation,
-                    "sim_wall_s": r.sim_wall_s,
-                    "rounds": len(r.rounds),
-                    "time_to_target_s": reach,
-                    "meets_target": reach is not None and reach <= TIME_FRACTION * lock.sim_wall_s,
-                    "shared_run": policy != "fixed",
-                }
-            )
+            row = {"policy": policy, "regime": regime, "ce": r.ce, "participation": r.participation}
+            row |= {"sim_wall_s": r.sim_wall_s, "rounds": len(r.rounds), "time_to_target_s": reach}
+            row["meets_target"] = reach is not None and reach <= TIME_FRACTION * lock.sim_wall_s
+            policies.append(row | {"shared_run": policy != "fixed"})
             if policy == "fixed" or regime == wan:
                 curves.append({"policy": policy, "label": regime if policy == "fixed" else "WAN", "curve": r.curve()})
 
@@ -330,22 +274,18 @@ def main(argv: list[str] | None = None) -> dict:
     winners = sorted({label(p) for p in policies if p["meets_target"]})
     reached = [p for p in policies if p["time_to_target_s"] is not None and p["policy"] != "lockstep"]
     fastest = min(reached, key=lambda p: p["time_to_target_s"], default=None)
+    took = time.perf_counter() - start
     out = {
         "command": command,
         "machine": results.machine(),
-        "real_s": earlier_s + (0.0 if args.report_only else time.perf_counter() - start),
-        "real_s_parts": parts
-        if args.report_only
-        else [*parts, [results.command_line("async_sim.py", argv), time.perf_counter() - start]],
+        "real_s": earlier_s + (0.0 if args.report_only else took),
+        "real_s_parts": parts if args.report_only else [*parts, [this, took]],
         "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
         "rounds": args.rounds,
         "steps": args.steps,
         "workers": args.workers,
-        "blocks": model.blocks,
-        "d_model": model.d_model,
-        "layers_per_block": model.layers_per_block,
-        "seq_len": model.seq_len,
+        **{k: getattr(model, k) for k in ("blocks", "d_model", "layers_per_block", "seq_len")},
         "batch_size": args.batch_size,
         "codec": Codec(cfg.codec).value,
         "merge": merge_label(GOSSIP),
@@ -364,17 +304,14 @@ def main(argv: list[str] | None = None) -> dict:
             "ce_tolerance": CE_TOLERANCE,
             "time_fraction": TIME_FRACTION,
             "winners": winners,
-            "fastest": None
-            if fastest is None
-            else {"policy": label(fastest), "time_to_target_s": fastest["time_to_target_s"]},
+            "fastest": fastest and {"policy": label(fastest), "time_to_target_s": fastest["time_to_target_s"]},
         },
         "history": {f"{name}/{policy}": r.to_dict()["history"] for (name, policy), r in sims.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     results.write_json(args.out, out)  # before the plots: a plotting failure keeps the measurements
     out["plots"] = plots(out, args.out.with_name("async_regimes.png"), args.out.with_name("async_policies.png"))
     results.write_json(args.out, out)
-    results.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out, out["command"])])
+    results.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out)])
     print(
         f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {', '.join(winners) or 'none'}"
     )
