@@ -1,24 +1,14 @@
 """Averaging benchmark: one fp32 tensor averaged among N loopback peers by hivemind's DecentralizedAverager and by ours.
 
-For each N (default 2, 6, 12) and each system, N peers run as N separate processes (each with its own
-servers: hivemind's DHT + p2p daemon, or our gRPC server and client), every peer holding its own Gaussian
-tensor of --numel fp32 values (default 2,000,000 = 8 MB). Each round: the peers get ready (hivemind: the
-group is matched by its matchmaking, stopped at AWAITING_TRIGGER; ours: the group's addresses are known,
-as after discovery), the parent says go, and the time is measured from go to the last peer holding the
-averaged tensor: the all-reduce itself, matchmaking and discovery excluded on both sides (hivemind's
-matchmaking time is reported beside it). The relative error is ||result - exact mean|| / ||exact mean||,
-float64, the worst peer.
-Systems:
-  - hivemind: DecentralizedAverager(target_group_size=N, min_group_size=N), butterfly all-reduce in
-    parts of 512 KiB, NoCompression (fp32), in-place average;
-  - blocktrain butterfly: swarmd.averaging.allreduce.ButterflyRound (reduce-scatter + all-gather over
-    ExchangeDeltas: signed fp32 parts, each verified and size-checked before it is decoded); butterfly-fp16:
-    the same with the fp16 codec (half the bytes; the error stays far below 1e-3);
-  - blocktrain all-to-all: today's exchange pattern: every peer encodes and signs its whole tensor, each pair
-    of peers swaps them on one ExchangeDeltas stream, every peer verifies, decodes and averages N - 1 tensors.
-zstd is off for our fp32 payloads (it saves ~7% of Gaussian fp32 for a full pass over the bytes).
-All systems run in the same script run, N by N, so they see the same background load. With 12 peers (or
-6) on a 2-core machine every system is CPU-bound: ratios are the figures to quote, not absolute times.
+For each N in --peers and each system, N peers run as N processes (each with its own servers), each holding its own
+Gaussian tensor of --numel fp32 values. Each round the peers get ready (hivemind: its matchmaking done, stopped at
+AWAITING_TRIGGER; ours: the group's addresses known), the parent says go, and the time runs from go to the last peer
+holding the average (matchmaking's time reported beside it). Error: ||result - exact mean|| / ||exact mean||
+(float64), the worst peer. Systems: hivemind (DecentralizedAverager, butterfly all-reduce, NoCompression);
+butterfly (swarmd.averaging.allreduce.ButterflyRound: signed fp32 parts, each verified before decoding);
+butterfly-fp16 (the same, fp16 codec); all-to-all (every peer's whole signed tensor swapped with each other peer,
+N - 1 decoded and averaged). zstd is off for our fp32 payloads. All systems run N by N in one run, so they share
+the background load; on 2 cores they are CPU-bound at 6 and 12 peers: quote the ratios.
 
     python benchmarks/averaging_vs_hivemind.py
 """
@@ -27,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import statistics
@@ -87,6 +78,16 @@ def _recv(conn):
     return conn.recv()
 
 
+def timed(system: str, n: int, repeats: int, one_round) -> dict:
+    """repeats rounds of one_round() -> (seconds to get ready, seconds from go to done, worst error), summed up."""
+    matched, times, errors = [], [], []
+    for _ in range(repeats):
+        for got, x in zip((matched, times, errors), one_round()):
+            got.append(x)
+        print(f"  {system:10s} N={n:2d}: {times[-1]:.3f} s, rel error {errors[-1]:.2e}", flush=True)
+    return {"seconds": times, "median_s": statistics.median(times), "rel_error": max(errors), "ready_s": matched}
+
+
 # ---- hivemind peers -------------------------------------------------------------------------------------
 def run_hivemind(n: int, numel: int, repeats: int) -> dict:
     """N DHT nodes and N DecentralizedAveragers, each its own process (hivemind starts them so), driven from here."""
@@ -95,47 +96,37 @@ def run_hivemind(n: int, numel: int, repeats: int) -> dict:
 
     vectors, mean = tensors(n, numel)
     dhts, averagers = [], []
+
+    def one_round() -> tuple[float, float, float]:
+        for k, averager in enumerate(averagers):
+            with averager.get_tensors() as held:
+                held[0].copy_(vectors[k])
+        started = time.monotonic()
+        steps = [a.step(wait=False, require_trigger=True, timeout=240.0) for a in averagers]
+        while any(s.stage != AveragingStage.AWAITING_TRIGGER and not s.done() for s in steps):
+            time.sleep(0.01)
+        go = time.monotonic()
+        for s in steps:
+            s.allow_allreduce()
+        for s in steps:
+            s.result()
+        seconds, worst = time.monotonic() - go, 0.0
+        for averager in averagers:
+            with averager.get_tensors() as held:
+                worst = max(worst, _rel_error(held[0], mean))
+        return go - started, seconds, worst
+
     try:
         for _ in range(n):
             initial = [str(a) for a in dhts[0].get_visible_maddrs()] if dhts else []
             dhts.append(hivemind.DHT(start=True, initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+        group = dict(prefix="bench", target_group_size=n, min_group_size=n, min_matchmaking_time=2.0)
+        group |= dict(request_timeout=1.0, allreduce_timeout=240.0)
         for k in range(n):
             averagers.append(
-                hivemind.averaging.DecentralizedAverager(
-                    [vectors[k].clone()],
-                    dhts[k],
-                    start=True,
-                    prefix="bench",
-                    target_group_size=n,
-                    min_group_size=n,
-                    min_matchmaking_time=2.0,
-                    request_timeout=1.0,
-                    allreduce_timeout=240.0,
-                )
+                hivemind.averaging.DecentralizedAverager([vectors[k].clone()], dhts[k], start=True, **group)
             )
-        times, errors, matched = [], [], []
-        for _ in range(repeats):
-            for k, averager in enumerate(averagers):
-                with averager.get_tensors() as held:
-                    held[0].copy_(vectors[k])
-            started = time.monotonic()
-            steps = [a.step(wait=False, require_trigger=True, timeout=240.0) for a in averagers]
-            while any(s.stage != AveragingStage.AWAITING_TRIGGER and not s.done() for s in steps):
-                time.sleep(0.01)
-            matched.append(time.monotonic() - started)
-            go = time.monotonic()
-            for s in steps:
-                s.allow_allreduce()
-            for s in steps:
-                s.result()
-            times.append(time.monotonic() - go)
-            worst = 0.0
-            for averager in averagers:
-                with averager.get_tensors() as held:
-                    worst = max(worst, _rel_error(held[0], mean))
-            errors.append(worst)
-            print(f"  {'hivemind':10s} N={n:2d}: {times[-1]:.3f} s, rel error {errors[-1]:.2e}", flush=True)
-        return {"seconds": times, "median_s": statistics.median(times), "rel_error": max(errors), "ready_s": matched}
+        return timed("hivemind", n, repeats, one_round)
     finally:
         for averager in averagers:
             averager.shutdown()
@@ -170,9 +161,8 @@ class _AllToAll:
         from swarmd.membership.trust import sign_payload
 
         if self.enc is None:
-            enc = encode(
-                {"delta": self.vector}, "fp32", **META, round=self.round, peer_id=self.identity.peer_id, zstd=False
-            )
+            me = self.identity.peer_id
+            enc = encode({"delta": self.vector}, "fp32", **META, round=self.round, peer_id=me, zstd=False)
             self.enc = sign_payload(enc, self.identity)
         return self.enc
 
@@ -228,11 +218,11 @@ def blocktrain_peer(rank: int, n: int, numel: int, repeats: int, system: str, co
         for peer, address in addresses.items():  # dial every channel first, as hivemind's matchmaking has
             if peer != identity.peer_id:
                 await client.health(address, timeout_s=60)
+        codec = "fp16" if system.endswith("fp16") else "fp32"
         try:
             for r in range(repeats):
                 handler.opened.clear()
                 if system.startswith("butterfly"):
-                    codec = "fp16" if system.endswith("fp16") else "fp32"
                     handler.round = ButterflyRound(
                         mine, identity=identity, peers=peers, round=r, meta=META, codec=codec, timeout_s=120.0
                     )
@@ -258,33 +248,27 @@ def run_group(system: str, n: int, numel: int, repeats: int) -> dict:
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
 
-    def spawn(target, *args):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(*args, child), daemon=True)
-        proc.start()
-        procs.append(proc)
-        pipes.append(parent)
-        return parent
+    def one_round() -> tuple[float, float, float]:
+        ready = max(_recv(pipe)[1] for pipe in pipes)
+        go = time.monotonic()
+        for pipe in pipes:
+            pipe.send("go")
+        done = [_recv(pipe) for pipe in pipes]
+        return ready, max(d[1] for d in done) - go, max(d[2] for d in done)
 
     try:
         for k in range(n):
-            spawn(blocktrain_peer, k, n, numel, repeats, system)
+            parent, child = ctx.Pipe()
+            procs.append(ctx.Process(target=blocktrain_peer, args=(k, n, numel, repeats, system, child), daemon=True))
+            procs[-1].start()
+            pipes.append(parent)
         addresses = dict(_recv(pipe)[1] for pipe in pipes)
         for pipe in pipes:
             pipe.send(addresses)
-        times, errors, matched = [], [], []
-        for _ in range(repeats):
-            matched.append(max(_recv(pipe)[1] for pipe in pipes))
-            go = time.monotonic()
-            for pipe in pipes:
-                pipe.send("go")
-            done = [_recv(pipe) for pipe in pipes]
-            times.append(max(d[1] for d in done) - go)
-            errors.append(max(d[2] for d in done))
-            print(f"  {system:10s} N={n:2d}: {times[-1]:.3f} s, rel error {errors[-1]:.2e}", flush=True)
+        result = timed(system, n, repeats, one_round)
         for pipe in pipes:
             pipe.send("stop")
-        return {"seconds": times, "median_s": statistics.median(times), "rel_error": max(errors), "ready_s": matched}
+        return result
     finally:
         for proc in procs:
             proc.join(30)
@@ -309,19 +293,12 @@ def markdown(result: dict) -> str:
         "| butterfly fp16 s | fp16 error | fp16 / hivemind | all-to-all s | all-to-all error | all-to-all / hivemind |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-
-    def cell(row, key, fmt):
-        return format(row[key], fmt) if row.get(key) is not None else "-"
-
+    cells = [("hivemind_s", ".2f"), ("hivemind_rel_error", ".1e")]
+    for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
+        cells += [(f"{key}_s", ".2f"), (f"{key}_rel_error", ".1e"), (f"{key}_over_hivemind", ".2f")]
     for row in result["rows"]:
-        lines.append(
-            f"| {row['peers']} | {cell(row, 'hivemind_s', '.2f')} | {cell(row, 'hivemind_rel_error', '.1e')} "
-            f"| {cell(row, 'blocktrain_s', '.2f')} | {cell(row, 'blocktrain_rel_error', '.1e')} "
-            f"| {cell(row, 'blocktrain_over_hivemind', '.2f')} | {cell(row, 'blocktrain_fp16_s', '.2f')} "
-            f"| {cell(row, 'blocktrain_fp16_rel_error', '.1e')} | {cell(row, 'blocktrain_fp16_over_hivemind', '.2f')} "
-            f"| {cell(row, 'all_to_all_s', '.2f')} "
-            f"| {cell(row, 'all_to_all_rel_error', '.1e')} | {cell(row, 'all_to_all_over_hivemind', '.2f')} |"
-        )
+        values = [format(row[k], f) if row.get(k) is not None else "-" for k, f in cells]
+        lines.append(f"| {row['peers']} | " + " | ".join(values) + " |")
     lines += [
         "",
         "blocktrain_s is the butterfly (swarmd.averaging.allreduce: each peer sends ~2 (N-1)/N of the tensor, in "
@@ -341,13 +318,10 @@ def main(argv: list[str] | None = None) -> dict:
     for n in args.peers:
         row: dict = {"peers": n}
         for system in args.systems:
-            if system == "hivemind":
-                r = run_hivemind(n, args.numel, args.repeats)
-            else:
-                r = run_group(system, n, args.numel, args.repeats)
+            run = run_hivemind if system == "hivemind" else functools.partial(run_group, system)
+            r = run(n, args.numel, args.repeats)
             key = KEYS[system]
-            row[f"{key}_s"], row[f"{key}_rel_error"] = r["median_s"], r["rel_error"]
-            row[f"{key}_runs"] = r
+            row |= {f"{key}_s": r["median_s"], f"{key}_rel_error": r["rel_error"], f"{key}_runs": r}
         for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
             if row.get("hivemind_s") and row.get(f"{key}_s") is not None:
                 row[f"{key}_over_hivemind"] = row[f"{key}_s"] / row["hivemind_s"]
