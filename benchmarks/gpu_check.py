@@ -1,53 +1,41 @@
 """GPU check: train one block on --device in bf16, a two-peer swarm with one peer there, serving.py at 50 ms.
 
-Three stages, each timed and bounded (all together by --budget-s, default 540 s, so the script ends
-inside 10 minutes even when a stage hangs; a stage that fails records its error and the next runs):
+Three stages, each timed and bounded (all together by --budget-s, 540 s, so the script ends inside 10 minutes even
+when a stage hangs; a stage that fails records its error and the next runs):
 
-1. train: a real BlockTrainer (default B=3, L_b=4, d=512, FFN 2048, seq 128, batch 32, block 0) takes
-   --warmup-steps, then --train-steps timed AdamW steps on --device, under bf16 autocast where the device
-   has it (--dtype auto: what BlockTrainer picks, bf16 on CUDA and fp32 on the CPU; bf16 / fp32 force it).
-   Reports training tokens/s (batch * seq / median step), peak memory (torch.cuda.max_memory_allocated on
-   CUDA, the peak RSS that training added on the CPU) and the bytes of the AdamW state actually held
-   (params + grads + both moments), against the seed's figures: a few GiB observed, 0.198 GiB of AdamW
-   state for B=3, L_b=4, d=512 (`blocktrain model-info`). It runs in a child process of this script
-   (killed at its time bound), so its peak memory is its own.
-2. swarm: two real daemons (swarmd.tools.launch.LocalSwarm, `python -m swarmd` processes on loopback, the
-   hivemind DHT), peer 0 on --device and peer 1 on the CPU, by default 1 block x 2 replicas (the GPU
-   peer's block is averaged with the CPU peer's every round); both must reach --swarm-rounds. Reports
-   rounds, participation, train CE of the first and last round, and the from-noise CE of the initial and
-   of the trained model (assembled from the checkpoints) on held-out text: CE must go down.
-3. serving: `python benchmarks/serving.py` as a subprocess with its own flags (the size ladder off by
-   default: --serving-args "--max-weight-gib 0"; --serving-quick adds --quick), on --device if serving.py
-   has a --device flag (today it has none: its peers run on the CPU). Reports the one-sweep / AR tok/s
-   ratio at --serving-delay-ms (50; goal >= 100x; 70x on 2 CPU cores, compute-bound) for the longest
-   output, read from its JSON, or from its printed lines when it ran out of time. --serving-quick
-   measures only 0 and 5 ms: the largest delay measured is reported then.
+1. train: a real BlockTrainer (default B=3, L_b=4, d=512, FFN 2048, seq 128, batch 32, block 0), --warmup-steps then
+   --train-steps timed AdamW steps on --device under --dtype (auto: bf16 on CUDA, fp32 on the CPU), in a child
+   process (killed at its bound). Reports tokens/s (batch * seq / median step), peak memory (CUDA's
+   max_memory_allocated, or the peak RSS training added) and the AdamW state held, against the seed's figures
+   (a few GiB observed, 0.198 GiB of AdamW state for B=3, L_b=4, d=512: `blocktrain model-info`).
+2. swarm: two real daemons (LocalSwarm on loopback), peer 0 on --device and peer 1 on the CPU, 1 block x 2 replicas
+   by default; both must reach --swarm-rounds. Reports rounds, participation, train CE of the first and last round
+   and the from-noise CE of the initial and the trained model on held-out text: CE must go down.
+3. serving: `python benchmarks/serving.py` with --serving-args (the size ladder off: "--max-weight-gib 0";
+   --serving-quick adds --quick; --device if serving.py has that flag, today its peers run on the CPU). Reports the
+   one-sweep / AR tok/s ratio at --serving-delay-ms (goal >= 100x; 70x on 2 CPU cores) for the longest output,
+   from its JSON or, when it ran out of time, its printed lines; with --quick, at the largest delay measured (5 ms).
 
-Data: --data-dir (default $BLOCKTRAIN_DATA), a folder with train.txt (and eval.txt, else train.txt is
-scored), e.g. /work/shared/data/wikitext-2; without one, a small corpus is generated from the Python
-standard library's sources (swarmd.core.corpus.stdlib_corpus, held out by file), so a fresh clone runs.
-Writes benchmarks/results/gpu_check.json (--out): device name, torch and CUDA versions, every stage's
-figures and seconds; prints a short table.
+Data: --data-dir (default $BLOCKTRAIN_DATA) with train.txt (and eval.txt, else train.txt is scored); without one, a
+small corpus from the Python standard library's sources (swarmd.core.corpus.stdlib_corpus). Writes --out
+(benchmarks/results/gpu_check.json): device, torch and CUDA versions, every stage's figures and seconds.
 
     python benchmarks/gpu_check.py                     # the GPU config, on cuda
     python benchmarks/gpu_check.py --device cpu --d-model 64 --layers-per-block 1 --train-steps 3 \\
         --swarm-rounds 2 --swarm-steps 5 --serving-quick # a CPU smoke run
 
-On the device machine (an H200 box given a copy of the working tree, no internet): a venv cannot travel
-there (this checkout's is CPU torch on Python 3.11; a CUDA torch is far over the 64 MiB carry limit), so
-the command uses the box's own python3 (Python 3.12 with a CUDA torch) and installs, from wheels carried
-in .whl (/work/.library/device/README.md, Notes: `pip download --no-deps --only-binary=:all:
---python-version 3.12 ... -d .whl`), what that image lacks: hivemind and its base58, configargparse,
-netaddr, prefetch_generator, py-cid, py-multihash, varint, pydantic (+ pydantic-core, annotated-types,
-typing-inspection), cryptography (+ cffi, pycparser), zstandard, grpcio-health-checking and
-grpcio-reflection (with grpcio and protobuf of this checkout's versions). Then, with carry=[".whl"]:
+On the device machine (no internet, its own python3 3.12 with a CUDA torch; this checkout's venv cannot travel),
+carry wheels in .whl (/work/.library/device/README.md: `pip download --no-deps --only-binary=:all:
+--python-version 3.12 ... -d .whl`) of what that image lacks: hivemind and its base58, configargparse, netaddr,
+prefetch_generator, py-cid, py-multihash, varint, pydantic (+ pydantic-core, annotated-types, typing-inspection),
+cryptography (+ cffi, pycparser), zstandard, grpcio-health-checking and grpcio-reflection (grpcio and protobuf of
+this checkout's versions). Then, with carry=[".whl"] and timeout_s 600:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+      .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
       python3 benchmarks/gpu_check.py --device cuda --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
 
-(timeout_s 600; it ends within --budget-s 540). Without the wheels the train stage still runs and the
-swarm and serving stages record their import errors.
+Without the wheels the train stage still runs and the swarm and serving stages record their import errors.
 """
 
 from __future__ import annotations
@@ -89,6 +77,7 @@ SEED_FIGURES = {
 }
 STAGES = ("train", "swarm", "serving")
 RESERVE_S = 10.0  # kept back from the budget for the stages' own teardown and writing the result
+SPEC = ("batch_size", "block", "device", "dtype", "threads", "seed", "warmup_steps", "train_steps")  # the child's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,25 +125,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def model(blocks: int, layers: int, d: int, seq_len: int, heads: int, hidden: int) -> ModelConfig:
-    """A ModelConfig of this shape (hidden 0: FFN 4 d)."""
-    return ModelConfig(
-        blocks=blocks, layers_per_block=layers, d_model=d, n_heads=heads, hidden=hidden or 4 * d, seq_len=seq_len
-    )
+def model(blocks: int, layers: int, d: int, seq_len: int, head_width: int, heads: int = 0, hidden: int = 0):
+    """A ModelConfig of this shape: heads 0 = d // head_width (at least 1), hidden 0 = FFN 4 d."""
+    heads, hidden = heads or max(1, d // head_width), hidden or 4 * d
+    return ModelConfig(blocks=blocks, layers_per_block=layers, d_model=d, n_heads=heads, hidden=hidden, seq_len=seq_len)
 
 
-def train_model(a: argparse.Namespace) -> ModelConfig:
-    """The train stage's model (64-wide heads unless --n-heads)."""
-    return model(a.blocks, a.layers_per_block, a.d_model, a.seq_len, a.n_heads or max(1, a.d_model // 64), a.hidden)
-
-
-def swarm_model(a: argparse.Namespace) -> ModelConfig:
-    """The swarm stage's tiny model (32-wide heads)."""
-    d = a.swarm_d_model
-    return model(a.swarm_blocks, a.swarm_layers, d, a.swarm_seq_len, max(1, d // 32), 0)
-
-
-# -- data ------------------------------------------------------------------------------------------
 def find_data(a: argparse.Namespace, workdir: Path) -> dict:
     """{"train", "eval", "source"}: --data-dir / $BLOCKTRAIN_DATA, else the stdlib corpus built under workdir."""
     if a.data_dir:
@@ -174,21 +150,20 @@ def maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
 
 
+def nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 def adamw_state_bytes(trainer) -> dict:
     """Bytes held for the trainable parameters: fp32 params, their grads and AdamW's two moments."""
     params = [p for g in trainer.opt.param_groups for p in g["params"] if p.requires_grad]
-    out = {"params": 0, "grads": 0, "moments": 0}
-    for p in params:
-        out["params"] += p.numel() * p.element_size()
-        if p.grad is not None:
-            out["grads"] += p.grad.numel() * p.grad.element_size()
-        for key in ("exp_avg", "exp_avg_sq"):
-            t = trainer.opt.state.get(p, {}).get(key)
-            if t is not None:
-                out["moments"] += t.numel() * t.element_size()
-    out["total"] = sum(out.values())
-    out["trainable_params"] = sum(p.numel() for p in params)
-    return out
+    state = [trainer.opt.state.get(p, {}) for p in params]
+    out = {
+        "params": sum(map(nbytes, params)),
+        "grads": sum(nbytes(p.grad) for p in params),
+        "moments": sum(nbytes(s.get(k)) for s in state for k in ("exp_avg", "exp_avg_sq")),
+    }
+    return out | {"total": sum(out.values()), "trainable_params": sum(p.numel() for p in params)}
 
 
 def autocast_for(dtype: str, device: str) -> torch.dtype | None:
@@ -215,9 +190,8 @@ def train_block(spec: dict) -> dict:
     cfg = ModelConfig(**spec["model"])
     tcfg = TrainConfig(batch_size=spec["batch_size"], seed=spec["seed"])
     cuda = torch.device(device).type == "cuda"
-    n = spec["warmup_steps"] + spec["train_steps"]
     stream = ByteData.from_path(spec["train"], cfg.seq_len).stream(spec["seed"], tcfg.batch_size)
-    batches = [next(stream) for _ in range(n)]
+    batches = [next(stream) for _ in range(spec["warmup_steps"] + spec["train_steps"])]
     if cuda:
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
@@ -239,10 +213,7 @@ def train_block(spec: dict) -> dict:
             times.append(time.perf_counter() - t0)
         if time.perf_counter() - t_start > budget_s and times:
             break  # out of time: what was measured stands
-    tokens = tcfg.batch_size * cfg.seq_len
-    median = statistics.median(times)
-    info = model_info(cfg)
-    adamw = adamw_state_bytes(trainer)
+    tokens, median, adamw = tcfg.batch_size * cfg.seq_len, statistics.median(times), adamw_state_bytes(trainer)
     out: dict[str, Any] = {
         "model": cfg.to_dict(),
         "block": spec["block"],
@@ -259,12 +230,12 @@ def train_block(spec: dict) -> dict:
         "ce_last": ces[-1],
         "adamw_state_bytes": adamw,
         "adamw_state_gib": adamw["total"] / GIB,
-        "model_info_active_adamw_gib": info["active_adamw_gib"],
+        "model_info_active_adamw_gib": model_info(cfg)["active_adamw_gib"],
         "adamw_vs_seed": adamw["total"] / GIB / SEED_FIGURES["active_adamw_gib"],
     }
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
-        out |= {
+        return out | {
             "peak_memory_kind": "torch.cuda.max_memory_allocated",
             "peak_memory_bytes": peak,
             "peak_memory_gib": peak / GIB,
@@ -272,44 +243,32 @@ def train_block(spec: dict) -> dict:
             "memory_before_model_bytes": cuda_before,
             "device_name": torch.cuda.get_device_name(device),
         }
-    else:
-        after = maxrss_bytes()
-        out |= {
-            "peak_memory_kind": "peak RSS added by training (ru_maxrss after - before building the model)",
-            "peak_memory_bytes": after - rss_before,
-            "peak_memory_gib": (after - rss_before) / GIB,
-            "peak_rss_gib": after / GIB,
-        }
-    return out
+    after = maxrss_bytes()
+    return out | {
+        "peak_memory_kind": "peak RSS added by training (ru_maxrss after - before building the model)",
+        "peak_memory_bytes": after - rss_before,
+        "peak_memory_gib": (after - rss_before) / GIB,
+        "peak_rss_gib": after / GIB,
+    }
 
 
 def stage_train(a: argparse.Namespace, data: dict, budget_s: float, workdir: Path) -> dict:
     """Run train_block in a child process (this script with --child), killed at budget_s."""
-    spec_path, out_path = workdir / "train_spec.json", workdir / "train_out.json"
-    spec = {
-        "model": train_model(a).to_dict(),
-        "batch_size": a.batch_size,
-        "block": a.block,
-        "device": a.device,
-        "dtype": a.dtype,
-        "threads": a.threads,
-        "seed": a.seed,
-        "warmup_steps": a.warmup_steps,
-        "train_steps": a.train_steps,
-        "train": str(data["train"]),
-        "budget_s": max(0.5 * budget_s, budget_s - 30.0),  # stepping stops here: start and report fit after
-        "out": str(out_path),
-    }
+    spec_path, out_path, log = workdir / "train_spec.json", workdir / "train_out.json", workdir / "train_child.log"
+    cfg = model(a.blocks, a.layers_per_block, a.d_model, a.seq_len, 64, a.n_heads, a.hidden)
+    spec = options.picked(a, SPEC) | {"model": cfg.to_dict(), "train": str(data["train"]), "out": str(out_path)}
+    spec["budget_s"] = max(0.5 * budget_s, budget_s - 30.0)  # stepping stops here: start and report fit after
     spec_path.write_text(json.dumps(spec))
-    log = workdir / "train_child.log"
     with open(log, "wb") as f:
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(spec_path)], stdout=f, stderr=subprocess.STDOUT, timeout=budget_s
-        )
+        cmd = [sys.executable, __file__, "--child", str(spec_path)]
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=budget_s)
     if proc.returncode != 0 or not out_path.is_file():
-        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-        raise RuntimeError(f"train child exited with {proc.returncode}: {tail}")
+        raise RuntimeError(f"train child exited with {proc.returncode}: {tail(log.read_text(errors='replace'))}")
     return json.loads(out_path.read_text())
+
+
+def tail(text: str, n: int = 5) -> str:
+    return " | ".join(text.strip().splitlines()[-n:])
 
 
 class StageError(RuntimeError):
@@ -322,10 +281,8 @@ class StageError(RuntimeError):
 
 # -- stage 2: two daemons ---------------------------------------------------------------------------
 def mixed_swarm(*args: Any, devices: list[str], **kw: Any):
-    """A LocalSwarm(*args, **kw) whose peer i runs on devices[i] (the rest of its config as LocalSwarm writes it).
-
-    Imported here, not at the top: the train stage must run where the swarm's packages (grpc, hivemind) are missing.
-    """
+    """A LocalSwarm(*args, **kw) whose peer i runs on devices[i] (imported here: the train stage must run where
+    the swarm's packages, grpc and hivemind, are missing)."""
     from swarmd.tools.launch import LocalSwarm
 
     class MixedSwarm(LocalSwarm):
@@ -344,27 +301,15 @@ def stage_swarm(a: argparse.Namespace, data: dict, budget_s: float, workdir: Pat
     from swarmd.core.train import init_block, init_embedding
 
     deadline = time.monotonic() + budget_s
-    cfg = swarm_model(a)
+    cfg = model(a.swarm_blocks, a.swarm_layers, a.swarm_d_model, a.swarm_seq_len, 32)
     devices = [a.device, "cpu"]
     eval_xy = ByteData.from_path(data["eval"], cfg.seq_len).eval_windows(a.eval_tokens)
     eval_steps = max(4, cfg.blocks)  # B=1's default plan is a single step: score a few
-    init = [init_block(cfg, b, a.seed) for b in range(cfg.blocks)]
-    ce_before = float(from_noise_ce(init, init_embedding(cfg, a.seed), *eval_xy, cfg, steps=eval_steps)["ce"])
-    swarm = mixed_swarm(
-        2,
-        cfg,
-        data["train"],
-        workdir / "swarm",
-        rounds=a.swarm_rounds,
-        steps_per_round=a.swarm_steps,
-        codec="int8",
-        batch_size=a.swarm_batch_size,
-        lr=3e-3,
-        seed=a.seed,
-        deadline_max_s=30.0,
-        swarm_id="gpucheck",
-        devices=devices,
-    )
+    ce = lambda blocks, emb: float(from_noise_ce(blocks, emb, *eval_xy, cfg, steps=eval_steps)["ce"])
+    ce_before = ce([init_block(cfg, b, a.seed) for b in range(cfg.blocks)], init_embedding(cfg, a.seed))
+    schedule = dict(rounds=a.swarm_rounds, steps_per_round=a.swarm_steps, batch_size=a.swarm_batch_size)
+    kw = dict(codec="int8", lr=3e-3, seed=a.seed, deadline_max_s=30.0, swarm_id="gpucheck", devices=devices)
+    swarm = mixed_swarm(2, cfg, data["train"], workdir / "swarm", **schedule, **kw)
     t0 = time.monotonic()
     try:
         try:
@@ -381,27 +326,13 @@ def stage_swarm(a: argparse.Namespace, data: dict, budget_s: float, workdir: Pat
             raise RuntimeError(f"peers exited with (peer, code) {bad}")
     except Exception as exc:  # the peers' logs go with the temporary folder: keep their ends in the record
         raise StageError(str(exc), peer_logs={p.index: swarm.tail(p, 25) for p in swarm.peers}) from exc
-    sums = swarm.summaries()
-    blocks, emb = swarm.assemble()
-    ce_after = float(from_noise_ce(blocks, emb, *eval_xy, cfg, steps=eval_steps)["ce"])
+    ce_after = ce(*swarm.assemble())
     peers = []
-    for p, s in zip(swarm.peers, sums):
-        lines = [m.groups() for m in map(ROUND_LINE.match, p.rounds_seen) if m]
-        ces = [float(g[2]) for g in lines]
-        peers.append(
-            {
-                "peer": p.index,
-                "device": devices[p.index],
-                "block": p.block,
-                "round": s.get("round"),
-                "round_lines": len(lines),
-                "rounds_merged": s.get("rounds_merged"),
-                "participation": s.get("participation"),
-                "train_ce_first_round": ces[0] if ces else None,
-                "train_ce_last_round": ces[-1] if ces else None,
-                "bytes_sent": s.get("bytes_sent"),
-            }
-        )
+    for p, s in zip(swarm.peers, swarm.summaries()):
+        ces = [float(m.group(3)) for m in map(ROUND_LINE.match, p.rounds_seen) if m]
+        peer = dict(peer=p.index, device=devices[p.index], block=p.block, round_lines=len(ces))
+        peer |= {k: s.get(k) for k in ("round", "rounds_merged", "participation", "bytes_sent")}
+        peers.append(peer | dict(train_ce_first_round=(ces or [None])[0], train_ce_last_round=(ces or [None])[-1]))
     return {
         "model": cfg.to_dict(),
         "layout": f"{cfg.blocks} block(s) x {2 // cfg.blocks} replica(s)",
@@ -424,25 +355,15 @@ def stage_swarm(a: argparse.Namespace, data: dict, budget_s: float, workdir: Pat
 TRAVERSAL_LINE = re.compile(
     r"traversal delay\s+(\d+) ms\s+(\d+) bytes: one sweep\s+([0-9.]+) tok/s\s+AR\s+([0-9.]+) tok/s\s+ratio\s+([0-9.]+)x"
 )
+TRAVERSAL_KEYS = (("delay_ms", int), ("output_bytes", int), ("one_sweep_tok_s", float), ("ar_tok_s", float))
 
 
 def traversal_rows(result: dict | None, stdout: str) -> list[dict]:
     """serving.py's traversal rows: from its JSON, else parsed from the lines it printed."""
     if result and result.get("traversal"):
         return result["traversal"]
-    rows = []
-    for m in TRAVERSAL_LINE.finditer(stdout):
-        delay, n, one, ar, ratio = m.groups()
-        rows.append(
-            {
-                "delay_ms": int(delay),
-                "output_bytes": int(n),
-                "one_sweep_tok_s": float(one),
-                "ar_tok_s": float(ar),
-                "ratio": float(ratio),
-            }
-        )
-    return rows
+    keys = (*TRAVERSAL_KEYS, ("ratio", float))
+    return [{k: kind(v) for (k, kind), v in zip(keys, m.groups())} for m in TRAVERSAL_LINE.finditer(stdout)]
 
 
 def pick_ratio(rows: list[dict], delay_ms: float) -> dict:
@@ -452,26 +373,17 @@ def pick_ratio(rows: list[dict], delay_ms: float) -> dict:
     delays = {r["delay_ms"] for r in rows}
     used = delay_ms if delay_ms in delays else max(delays)
     row = max((r for r in rows if r["delay_ms"] == used), key=lambda r: r["output_bytes"])
-    return {
-        "delay_ms": used,
-        "requested_delay_ms": delay_ms,
-        "output_bytes": row["output_bytes"],
-        "one_sweep_tok_s": row["one_sweep_tok_s"],
-        "ar_tok_s": row["ar_tok_s"],
-        "ratio": row["ratio"],
-        "meets_goal": row["ratio"] >= SEED_FIGURES["serving_ratio_goal"],
-    }
+    out = {k: row[k] for k in ("output_bytes", "one_sweep_tok_s", "ar_tok_s", "ratio")}
+    goal = row["ratio"] >= SEED_FIGURES["serving_ratio_goal"]
+    return out | {"delay_ms": used, "requested_delay_ms": delay_ms, "meets_goal": goal}
 
 
 def stage_serving(a: argparse.Namespace, budget_s: float, workdir: Path) -> dict:
-    out_json = workdir / "serving.json"
+    out_json, log = workdir / "serving.json", workdir / "serving.log"
     cmd = [sys.executable, str(SERVING), "--out", str(out_json), *shlex.split(a.serving_args)]
-    if a.serving_quick:
-        cmd.append("--quick")
+    cmd += ["--quick"] if a.serving_quick else []
     has_device = '"--device"' in SERVING.read_text()
-    if has_device:
-        cmd += ["--device", a.device]
-    log = workdir / "serving.log"
+    cmd += ["--device", a.device] if has_device else []
     timed_out = False
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -484,8 +396,7 @@ def stage_serving(a: argparse.Namespace, budget_s: float, workdir: Path) -> dict
     result = json.loads(out_json.read_text()) if out_json.is_file() and rc == 0 else None
     rows = traversal_rows(result, stdout)
     if not rows:
-        tail = " | ".join(stdout.strip().splitlines()[-5:])
-        raise RuntimeError(f"serving.py {'timed out' if timed_out else f'exited with {rc}'}: {tail}")
+        raise RuntimeError(f"serving.py {'timed out' if timed_out else f'exited with {rc}'}: {tail(stdout)}")
     out = {
         "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", "").replace(str(workdir), "<tmp>"),
         "device": a.device if has_device else "cpu (serving.py has no --device flag)",
@@ -496,10 +407,10 @@ def stage_serving(a: argparse.Namespace, budget_s: float, workdir: Path) -> dict
         "traversal": rows,
     }
     if result:
+        setup = result.get("setup", {})
         out["generation"] = result.get("generation")
         out["failover"] = {k: result["failover"].get(k) for k in ("completed", "same_text", "added_latency_s")}
-        out["serving_seconds"] = result.get("setup", {}).get("seconds")
-        out["torch_threads"] = result.get("setup", {}).get("torch_threads")
+        out |= {"serving_seconds": setup.get("seconds"), "torch_threads": setup.get("torch_threads")}
     return out
 
 
@@ -520,53 +431,37 @@ def run_stage(name: str, fn: Callable[[float], dict], budget_s: float) -> dict:
 
 
 def device_info(device: str) -> dict:
-    info: dict[str, Any] = {
-        "requested": device,
-        "torch": torch.__version__,
-        "cuda_build": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "cpu": platform.processor() or platform.machine(),
-        "machine": results.machine(),
-    }
+    cpu = platform.processor() or platform.machine()
+    info = dict(requested=device, torch=torch.__version__, cuda_build=torch.version.cuda, cpu=cpu)
+    info |= {"cuda_available": torch.cuda.is_available(), "machine": results.machine(), "name": f"cpu: {cpu}"}
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["name"] = torch.cuda.get_device_name(device)
         info["bf16_supported"] = torch.cuda.is_bf16_supported()
         info["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
-    else:
-        info["name"] = f"cpu: {info['cpu']}"
     return info
 
 
-def summary_lines(result: dict) -> list[str]:
-    rows = [f"device: {result['device']['name']} (torch {result['device']['torch']})"]
-    st = result["stages"]
-    for name in STAGES:
-        if name not in st:
-            continue
-        s = st[name]
-        head = f"{name:8s} {'ok' if s['ok'] else 'FAILED':6s} {s['seconds']:7.1f}s  "
-        if not s["ok"]:
-            rows.append(head + s["error"][:200])
-        elif name == "train":
-            rows.append(
-                head + f"{s['tokens_per_s']:,.0f} tok/s ({s['autocast']}, {s['steps_timed']} steps), peak "
-                f"{s['peak_memory_gib']:.3f} GiB (seed: a few GiB), AdamW state {s['adamw_state_gib']:.3f} GiB "
-                f"(seed 0.198 GiB for B=3, L_b=4, d=512)"
-            )
-        elif name == "swarm":
-            rounds = "/".join(str(q["round"]) for q in s["peers"])
-            rows.append(
-                head + f"rounds {rounds} of {s['rounds_asked']} ({'/'.join(s['devices'])}), participation "
-                f"{s['participation']:.2f}, from-noise CE {s['from_noise_ce_before']:.3f} -> "
-                f"{s['from_noise_ce_after']:.3f}"
-            )
-        else:
-            h = s["headline"]
-            rows.append(
-                head + f"{h['delay_ms']:g} ms, {h['output_bytes']} bytes: one sweep {h['one_sweep_tok_s']:.1f} / AR "
-                f"{h['ar_tok_s']:.1f} tok/s = {h['ratio']:.1f}x (goal >= 100x; 70x on 2 CPU cores)"
-            )
-    return rows
+def summary_line(name: str, s: dict) -> str:
+    head = f"{name:8s} {'ok' if s['ok'] else 'FAILED':6s} {s['seconds']:7.1f}s  "
+    if not s["ok"]:
+        return head + s["error"][:200]
+    if name == "train":
+        return head + (
+            f"{s['tokens_per_s']:,.0f} tok/s ({s['autocast']}, {s['steps_timed']} steps), peak "
+            f"{s['peak_memory_gib']:.3f} GiB (seed: a few GiB), AdamW state {s['adamw_state_gib']:.3f} GiB "
+            f"(seed 0.198 GiB for B=3, L_b=4, d=512)"
+        )
+    if name == "swarm":
+        rounds = "/".join(str(q["round"]) for q in s["peers"])
+        return head + (
+            f"rounds {rounds} of {s['rounds_asked']} ({'/'.join(s['devices'])}), participation "
+            f"{s['participation']:.2f}, from-noise CE {s['from_noise_ce_before']:.3f} -> {s['from_noise_ce_after']:.3f}"
+        )
+    h = s["headline"]
+    return head + (
+        f"{h['delay_ms']:g} ms, {h['output_bytes']} bytes: one sweep {h['one_sweep_tok_s']:.1f} / AR "
+        f"{h['ar_tok_s']:.1f} tok/s = {h['ratio']:.1f}x (goal >= 100x; 70x on 2 CPU cores)"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -583,16 +478,13 @@ def main(argv: list[str] | None = None) -> dict:
         workdir = Path(tmp)
         data = find_data(a, workdir)
         print(f"data: {data['source']}", flush=True)
-        if "train" in a.stage_list:
-            stages["train"] = run_stage(
-                "train", lambda b: stage_train(a, data, b, workdir), min(a.train_budget_s, left())
-            )
-        if "swarm" in a.stage_list:
-            stages["swarm"] = run_stage(
-                "swarm", lambda b: stage_swarm(a, data, b, workdir), min(a.swarm_budget_s, left())
-            )
-        if "serving" in a.stage_list:
-            stages["serving"] = run_stage("serving", lambda b: stage_serving(a, b, workdir), left())
+        runs = {  # stage -> (its body, its bound)
+            "train": (lambda b: stage_train(a, data, b, workdir), a.train_budget_s),
+            "swarm": (lambda b: stage_swarm(a, data, b, workdir), a.swarm_budget_s),
+            "serving": (lambda b: stage_serving(a, b, workdir), float("inf")),
+        }
+        for name in (s for s in STAGES if s in a.stage_list):
+            stages[name] = run_stage(name, runs[name][0], min(runs[name][1], left()))
     result = {
         "device": device_info(a.device),
         "seed_figures": SEED_FIGURES,
@@ -605,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict:
         "threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
     results.write_json(a.out, result)
-    print("\n".join(summary_lines(result)), flush=True)
+    info = result["device"]
+    print("\n".join([f"device: {info['name']} (torch {info['torch']})", *map(summary_line, stages, stages.values())]))
     print(f"wrote {a.out} in {result['seconds']:.1f}s", flush=True)
     return result
 
