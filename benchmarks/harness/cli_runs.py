@@ -34,7 +34,8 @@ def killpg(pgid: int, sig: int) -> None:
 
 class Spawned:
     """cmd started now (stdin closed; its own process group with session=True), its output read by two threads:
-    out and err, each [(seconds since the spawn, line)]; first_byte_s: seconds to its first stdout byte."""
+    out and err, each [(seconds since the spawn, line)] (any newline ends a line, as in text mode); first_byte_s:
+    seconds to its first stdout byte."""
 
     def __init__(self, cmd: list[str], env: dict, cwd: Path, session: bool = False):
         self.wall0, self.t0 = time.time(), time.monotonic()
@@ -66,7 +67,7 @@ class Spawned:
             t = self.since()
             if into is self.out and self.first_byte_s is None:
                 self.first_byte_s = t
-            *lines, pending = (pending + chunk).split(b"\n")
+            *lines, pending = (pending + chunk).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
             into.extend((t, line.decode(errors="replace")) for line in lines)
         if pending:
             into.append((self.since(), pending.decode(errors="replace")))
