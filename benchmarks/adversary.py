@@ -1,29 +1,18 @@
 """Fault matrix: a real swarm of daemon processes attacked and broken in every way issue 9 lists; did it survive?
 
-Every row runs real daemons (`python -m swarmd` via swarmd.tools.launch.LocalSwarm, real hivemind DHT on loopback;
-the partition row: three network namespaces, tests/netns_utils.py) on a tiny model (one block, d=32) and short runs;
-the attacks speak the real protocol with the real codec:
-  clean             4 honest replicas of block 0: the reference from-noise CE
-  byzantine MODE    3 honest replicas + 1 same-block daemon whose Gossip (ByzantineGossip, never in the shipped
-                    daemon) signs and sends, every round, its delta x1000 / sign-flipped / random noise / x1e36 / a
-                    replay of an old round's payload; final CE within 0.02 nats of the clean run?
-  public swarm      a stranger (made-up peer id) sends deltas x1000 and x1e36 to every replica, stores a DHT record
-                    claiming round 1,000,000 (unsigned, and signed by a fresh key of its own) and 10 Sybil records,
-                    opens 6 ExchangeDeltas streams declaring 500 MiB each and never finishing, and runs one Forward
-                    session over 400 step_index values (daemon RSS before and after)
-  swarm key         4 honest replicas with --swarm-key; a stranger without it calls every RPC
-  partition         3 namespaced hosts, one cut off for 30 s (its bridge port down), then healed
-  checkpoint dir    a replica's checkpoint dir on a small tmpfs, remounted read-only for a while
-  SIGTERM / kill -9 to a daemon's process group / its main process / its DHT process; kill -9 during checkpoint
-                    writes, N times, each followed by a restart from the checkpoint dir
-  insider ROW       signed insiders running the real daemon with a changed line: benchmarks/insiders.py's rows
-                    (`--only insider --merge`; `--insiders drift,poison,state,forward,flood` picks some)
-Writes benchmarks/results/adversary.json (one row per fault: name, survived, evidence, ce, ce_clean, ce_delta,
-data_lost) and the markdown fragment benchmarks/results/adversary.md:
+Real daemons (`python -m swarmd` via LocalSwarm, real hivemind DHT on loopback; the partition row: three network
+namespaces) on a tiny model (one block, d=32); the attacks speak the real protocol with the real codec. Row groups
+(`--only NAME[,NAME]` runs some): clean (4 honest replicas: the reference CE); byzantine (3 honest + 1 same-block
+ByzantineGossip daemon sending its delta x1000 / sign-flipped / noise / x1e36 / an old round's signed payload: final
+CE within 0.02 nats of the clean run?); public (a stranger's deltas x1000 and x1e36, a forged DHT record claiming
+round 1,000,000, 10 Sybil records); key (a stranger without --swarm-key calls every RPC); partition (one of 3
+namespaced hosts cut off 30 s); readonly (a checkpoint dir on a tmpfs remounted read-only); process (6 never-ending
+500 MiB streams, a 400-step Forward session, SIGTERM / kill -9 of a daemon, its process group, its DHT process, and
+during checkpoint writes); insider (benchmarks/insiders.py's rows; `--insiders drift,...` picks some). The partition
+and readonly rows need root (reported as not run otherwise). Writes benchmarks/results/adversary.json (one row per
+fault: name, survived, evidence, ce, ce_clean, ce_delta, data_lost) and benchmarks/results/adversary.md:
 
     python benchmarks/adversary.py
-
-`--only NAME[,NAME]` runs some row groups. The partition and tmpfs rows need root (reported as not run otherwise).
 """
 
 from __future__ import annotations
@@ -114,9 +103,7 @@ def rpc_code(exc: BaseException) -> str:
     return text.split(": ", 2)[1] if text.count(": ") >= 2 else text[:80]
 
 
-# ----------------------------------------------------------------------------------------------
-# the Byzantine rows
-# ----------------------------------------------------------------------------------------------
+# ---- the Byzantine rows
 @dataclass
 class Run:
     """One swarm run's outcome: an honest replica's final CE, whether the honest peers ended well, what was seen."""
@@ -225,15 +212,10 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
         f"(run-to-run noise); {_drop_note(clean3)}; {evidence(clean3)}"
     )
     ok3 = all(r.ok for r in clean3.values()) and repeat is not None and repeat.ok
+    name3 = f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(clean3)} seeds"
     rows = [
         Row(f"clean run (4 honest replicas), {len(clean4)} seeds", all(r.ok for r in clean4.values()), ev4, c4, c4),
-        Row(
-            f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(clean3)} seeds",
-            ok3,
-            ev3,
-            c3,
-            c3,
-        ),
+        Row(name3, ok3, ev3, c3, c3),
     ]
     for mode in BYZANTINE_MODES:
         runs = {s: r for s in seeds if (r := run(("byzantine", mode, s))) is not None and s in clean3 and s in clean4}
@@ -253,9 +235,7 @@ def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = Non
     return rows, clean4
 
 
-# ----------------------------------------------------------------------------------------------
-# the stranger: made-up deltas, records, streams and Forward sessions
-# ----------------------------------------------------------------------------------------------
+# ---- the stranger: made-up deltas, records, streams and Forward sessions
 def _shapes() -> dict:
     from swarmd.core.model import DenoisingBlock
 
@@ -573,9 +553,7 @@ async def _every_rpc(address: str) -> dict[str, str]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# processes, disks and networks
-# ----------------------------------------------------------------------------------------------
+# ---- processes, disks and networks
 def _dht_rows(sw: daemons.Swarm) -> list[Row]:
     """kill -9 of peer 1's DHT process alone: its p2pd ends; the daemon starts its DHT again and rejoins."""
     p = sw.peers[1]
@@ -729,9 +707,8 @@ def readonly_row(a) -> Row:
                 health = []
 
                 async def poll(seconds: float) -> None:
-                    client = PeerClient()
+                    client, end = PeerClient(), time.monotonic() + seconds
                     try:
-                        end = time.monotonic() + seconds
                         while time.monotonic() < end:
                             with contextlib.suppress(Exception):
                                 h = await client.health(p.address, 2.0)
@@ -762,10 +739,8 @@ def readonly_row(a) -> Row:
 
 
 def partition_row(a) -> Row:
-    try:
-        from tests.netns_utils import NetnsLab, _ip, unavailable
-    except ImportError as exc:
-        return Row("partition 30 s then heal", False, f"not run: {exc}")
+    from tests.netns_utils import NetnsLab, _ip, unavailable
+
     if unavailable():
         return Row("partition 30 s then heal", False, f"not run: {unavailable()}")
 
@@ -800,7 +775,6 @@ def partition_row(a) -> Row:
     )
 
 
-# ----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = options.parser(__doc__)
     options.add_schedule(p, rounds=12, steps=4)
@@ -821,11 +795,7 @@ def parse_args(argv=None):
     options.add_from_log(
         p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early"
     )
-    p.add_argument(
-        "--merge",
-        action="store_true",
-        help="keep the rows of --out that this run does not produce (each row names the command that made it)",
-    )
+    p.add_argument("--merge", action="store_true", help="keep the rows of --out that this run does not produce")
     options.add_outputs(p, "adversary.json", "adversary.md")
     return p.parse_args(argv)
 

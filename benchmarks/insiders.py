@@ -77,9 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _ADOPTED = re.compile(r"adopted the (block|embedding) of (\S+)")
 
 
-# ----------------------------------------------------------------------------------------------
-# The insiders: a real daemon with one changed line (child processes of the rows)
-# ----------------------------------------------------------------------------------------------
+# ---- The insiders: a real daemon with one changed line (child processes of the rows)
 def run_insider(mode: str, config: str) -> int:
     """Run one daemon whose Gossip (or BlockServing, mode forward) is the insider `mode` of this file."""
     from swarmd import __main__ as entry
@@ -226,9 +224,7 @@ def _lying_serving(mode_file: Path) -> type:
     return Lying
 
 
-# ----------------------------------------------------------------------------------------------
-# runs and what is read off them
-# ----------------------------------------------------------------------------------------------
+# ---- runs and what is read off them
 @dataclass
 class Outcome:
     """One swarm run: the honest peers' CEs (peer index -> CE), how they ended, what their logs said."""
@@ -346,9 +342,7 @@ def _short(line: str, n: int = 160) -> str:
     return line[at:].strip()[:n]
 
 
-# ----------------------------------------------------------------------------------------------
-# rows
-# ----------------------------------------------------------------------------------------------
+# ---- rows
 @dataclass
 class InsiderRow(Row):
     """A fault-matrix row with what the insider rows measure besides the CE."""
@@ -463,9 +457,7 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
     return rows
 
 
-# ----------------------------------------------------------------------------------------------
-# the lying Forward: `blocktrain score --swarm` against a frozen 2-block swarm
-# ----------------------------------------------------------------------------------------------
+# ---- the lying Forward: `blocktrain score --swarm` against a frozen 2-block swarm
 def score_cli(a, maddr: str, swarm_id: str) -> dict:
     """`blocktrain score EVAL --swarm MADDR --json`: its CE, exit code, warnings and hops (checked, if it says)."""
     # `blocktrain score` of this checkout (cwd below), whatever checkout the venv installed
