@@ -1,28 +1,21 @@
 """The Docker image, built and run for real: build time, image size, time to healthy, time to join.
 
-Where Docker Hub cannot be reached (this machine), the image's base is built from Debian's own
-packages: `debootstrap --variant=minbase bookworm` with python3, python3-venv and ca-certificates
-(plus this host's extra CA certificates from /usr/local/share/ca-certificates, so pip in the
-build trusts the TLS proxy the host trusts), imported with `docker import` as --base-tag (kept:
-skipped when the tag exists, --rebuild-base forces it). The project image is then built from a
-staged copy of the build context (the files the Dockerfile copies, plus wheels/ holding the local
-torch wheel) with --build-arg BASE_IMAGE=--base-tag TORCH_INDEX= TORCH_WHEELS=wheels, without the
-layer cache unless --cache (a cold build of every project layer; the other dependencies come from
-PyPI). Then, on a fresh user-defined docker network:
+Where Docker Hub cannot be reached, the base is built from Debian's packages (`debootstrap --variant=minbase
+bookworm` + python3, python3-venv, ca-certificates and this host's extra CA certificates, so pip trusts the TLS proxy
+the host trusts), `docker import`ed as --base-tag (reused unless --rebuild-base). The project image is built from a
+staged copy of the build context (the files the Dockerfile copies, wheels/ with the local torch wheel:
+--build-arg BASE_IMAGE=--base-tag TORCH_INDEX= TORCH_WHEELS=wheels), cold (--no-cache) unless --cache. Then, on a
+fresh docker network:
 
-  A  the image's own CMD (`blocktrain run --data /data/train.txt --listen 0.0.0.0:50051 --dht-host
-     0.0.0.0 --dht-port 31337 --checkpoint-dir /data/checkpoint`), a small generated text mounted at
-     /data/train.txt, run until `docker inspect` reports its HEALTHCHECK healthy (interval and start
-     period shortened with docker run's --health-interval / --health-start-period);
-  B  `blocktrain join MULTIADDR --block N` with the multiaddr and block from A's `join with:` and
-     `block:` lines (the container's address on the network), no --data (the stdlib corpus the image's
-     own Python provides), until it prints a merged round with both peers in it (participation 1.00)
-     and `blocktrain status --swarm MULTIADDR`, run inside A, lists 2 peers.
+  A  the image's own CMD (`blocktrain run --data /data/train.txt ...`, a small generated text mounted there) until
+     `docker inspect` reports its HEALTHCHECK healthy (interval and start period shortened with docker run's flags);
+  B  `blocktrain join MULTIADDR --block N` with A's `join with:` and `block:` lines, no --data (the stdlib corpus),
+     until it prints a merged round with both peers in it (participation 1.00) and `blocktrain status --swarm
+     MULTIADDR`, run inside A, lists 2 peers.
 
-Both containers are stopped (SIGTERM, the seconds to exit recorded), removed with their volumes,
-and the network removed, always. Everything is bounded by --timeout-s. Needs root (debootstrap,
-chroot, the docker socket); starts dockerd (`dockerd > /tmp/dockerd.log 2>&1 &`) when none runs.
-Writes --out (JSON) and prints a markdown table.
+Both containers are stopped (SIGTERM, the seconds to exit recorded) and removed with their volumes, and the network
+removed, always; everything is bounded by --timeout-s. Needs root (debootstrap, chroot, the docker socket); starts
+dockerd (`dockerd > /tmp/dockerd.log 2>&1 &`) when none runs. Writes --out (JSON) and prints a markdown table.
 
     python benchmarks/docker_image.py
 """
@@ -43,6 +36,10 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -107,33 +104,22 @@ def ensure_dockerd(wait_s: float = 60.0) -> bool:
         return False
     with open("/tmp/dockerd.log", "ab") as log:
         subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if docker_ok():
-            return True
-        time.sleep(1)
-    raise Failed(f"started dockerd, but `docker info` failed for {wait_s:.0f}s (see /tmp/dockerd.log)")
+    return wait_for("`docker info` from the dockerd started (see /tmp/dockerd.log)", docker_ok, None, wait_s, 1.0)
 
 
-def image_exists(tag: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
-
-
-def image_size(tag: str) -> int:
-    return int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", tag], 30).stdout.strip())
+def image_size(tag: str, check: bool = True) -> int | None:
+    """The image's bytes (None when there is no such image and not check)."""
+    res = sh(["docker", "image", "inspect", "-f", "{{.Size}}", tag], 30, check=check)
+    return int(res.stdout.strip()) if res.returncode == 0 else None
 
 
 def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget) -> float:
-    """debootstrap a minimal Debian with python3 + venv into a temporary folder, `docker import` it as tag.
-
-    :returns: seconds it took
-    """
+    """debootstrap a minimal Debian with python3 + venv into a temporary folder, `docker import` it as tag; seconds."""
     if shutil.which("debootstrap") is None:
         raise Failed("no debootstrap (apt-get install debootstrap) to build the base image")
     started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="blocktrain-rootfs-", dir="/var/tmp"))
-    rootfs = work / "rootfs"
-    try:
+    with tempfile.TemporaryDirectory(prefix="blocktrain-rootfs-", dir="/var/tmp", ignore_cleanup_errors=True) as work:
+        rootfs = Path(work) / "rootfs"
         include = "python3,python3-venv,ca-certificates"
         sh(["debootstrap", "--variant=minbase", f"--include={include}", suite, str(rootfs), mirror], budget.left())
         extra = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")) if host_ca else []
@@ -141,10 +127,9 @@ def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget)
             shutil.copy2(crt, rootfs / "usr/local/share/ca-certificates" / Path(crt).name)
         if extra:
             sh(["chroot", str(rootfs), "update-ca-certificates"], budget.left())
-        for leftovers in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for p in (rootfs / leftovers).glob("*"):
-                if p.is_file():
-                    p.unlink()
+        for p in [*(rootfs / "var/cache/apt/archives").glob("*"), *(rootfs / "var/lib/apt/lists").glob("*")]:
+            if p.is_file():
+                p.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         try:
             changes = ["--change", f"ENV {PATH_ENV}", "--change", 'CMD ["/bin/bash"]']
@@ -154,15 +139,11 @@ def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget)
             tar.stdout.close()
             tar.wait()
         return time.monotonic() - started
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def stage_context(ctx: Path, wheel: Path | None) -> int:
-    """The build context: the files the Dockerfile copies (no bytecode), wheels/ with the torch wheel.
-
-    :returns: the context's bytes without the wheel
-    """
+    """The build context: the files the Dockerfile copies (no bytecode), wheels/ with the torch wheel; its bytes
+    without the wheel."""
     for name in CONTEXT_FILES:
         shutil.copy2(ROOT / name, ctx / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache")
@@ -195,11 +176,11 @@ def layers(tag: str) -> list[dict]:
     """The image's layers that hold bytes, top first: size and the instruction that made it."""
     res = sh(["docker", "history", "--no-trunc", "--format", "{{json .}}", tag], 30)
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
-    out = []
-    for row in rows:
-        if row.get("Size") not in ("0B", "0"):
-            out.append({"size": row.get("Size"), "created_by": row.get("CreatedBy", "")[:160]})
-    return out
+    return [
+        {"size": row.get("Size"), "created_by": row.get("CreatedBy", "")[:160]}
+        for row in rows
+        if row.get("Size") not in ("0B", "0")
+    ]
 
 
 def build_image(a, budget: Budget, log_path: Path) -> dict:
@@ -247,8 +228,8 @@ def check_running(name: str) -> dict:
     return st
 
 
-def wait_for(what: str, probe, budget: Budget, limit_s: float, every_s: float = 0.5):
-    """Poll probe() (returns a truthy value when done) until it is done, limit_s or the budget run out."""
+def wait_for(what: str, probe, budget: Budget | None, limit_s: float, every_s: float = 0.5):
+    """Poll probe() (returns a truthy value when done) until it is done, limit_s or the budget (if any) run out."""
     deadline = time.monotonic() + limit_s
     while True:
         value = probe()
@@ -256,7 +237,8 @@ def wait_for(what: str, probe, budget: Budget, limit_s: float, every_s: float = 
             return value
         if time.monotonic() > deadline:
             raise Failed(f"timed out after {limit_s:.0f}s waiting for {what}")
-        budget.left()
+        if budget:
+            budget.left()
         time.sleep(every_s)
 
 
@@ -284,22 +266,15 @@ def docker_run(name: str, net: str, a, extra: list[str], cmd: list[str]) -> None
 def swarm_status(container: str, multiaddr: str, swarm_id: str) -> dict | None:
     cmd = ["blocktrain", "status", "--swarm", multiaddr, "--swarm-id", swarm_id, "--json", "--timeout-s", "10"]
     res = sh(["docker", "exec", container, *cmd], 90, check=False)
-    if res.returncode != 0:
-        return None
-    try:
-        return json.loads(res.stdout)
-    except json.JSONDecodeError:
-        return None
+    with contextlib.suppress(json.JSONDecodeError):
+        return json.loads(res.stdout) if res.returncode == 0 else None
+    return None
 
 
 def round_line(match: tuple[str, ...]) -> dict:
     """A `round R: block B train ce X participation P` line's numbers."""
-    return {
-        "round": int(match[0]),
-        "block": int(match[1]),
-        "train_ce": float(match[2]),
-        "participation": float(match[3]),
-    }
+    kinds = {"round": int, "block": int, "train_ce": float, "participation": float}
+    return {k: kind(v) for (k, kind), v in zip(kinds.items(), match)}
 
 
 class Watch:
@@ -415,9 +390,7 @@ def stop(name: str, timeout_s: float) -> dict:
 
 def default_wheel() -> Path | None:
     env = os.environ.get("BLOCKTRAIN_TORCH_WHEEL")
-    if env:
-        return Path(env)
-    found = sorted(glob.glob("/opt/wheels/torch-*-cp311-cp311-*x86_64.whl"))
+    found = [env] if env else sorted(glob.glob("/opt/wheels/torch-*-cp311-cp311-*x86_64.whl"))
     return Path(found[-1]) if found else None
 
 
@@ -443,7 +416,7 @@ def table(r: dict) -> list[str]:
         ("base image (debootstrap bookworm + python3, `docker import`)", f"{base}, built in {base_build}"),
         ("project image (`docker image inspect` Size)", size),
         (
-            "build time, project layers" + (" (layer cache on)" if r.get("cache") else " (--no-cache: cold)"),
+            "build time, project layers " + ("(layer cache on)" if r.get("cache") else "(--no-cache: cold)"),
             fig("build_s"),
         ),
         ("rebuild after a change of the code (layer cache on)", fig("rebuild_after_code_change_s")),
@@ -470,25 +443,15 @@ def parse_args(argv=None):
     p.add_argument("--rebuild-base", action="store_true", help="rebuild the base even if --base-tag exists")
     p.add_argument("--suite", default="bookworm")
     p.add_argument("--mirror", default="http://deb.debian.org/debian")
-    p.add_argument(
-        "--no-host-ca",
-        dest="host_ca",
-        action="store_false",
-        help="do not copy /usr/local/share/ca-certificates/*.crt into the base",
-    )
+    host_ca = "do not copy /usr/local/share/ca-certificates/*.crt into the base"
+    p.add_argument("--no-host-ca", dest="host_ca", action="store_false", help=host_ca)
     p.add_argument("--image-tag", default="blocktrain:local")
-    p.add_argument(
-        "--torch-wheel",
-        type=Path,
-        default=default_wheel(),
-        help="a local torch wheel (default: $BLOCKTRAIN_TORCH_WHEEL, else /opt/wheels/torch-*cp311*.whl)",
-    )
+    wheel = "a local torch wheel (default: $BLOCKTRAIN_TORCH_WHEEL, else /opt/wheels/torch-*cp311*.whl)"
+    p.add_argument("--torch-wheel", type=Path, default=default_wheel(), help=wheel)
     p.add_argument("--torch-index", default="", help="without a wheel: the index torch comes from (else the default)")
     p.add_argument("--build-network", default="", help="docker build --network (host: where the bridge has no way out)")
     p.add_argument("--cache", action="store_true", help="let docker build use its layer cache (not a cold build)")
-    p.add_argument(
-        "--no-rebuild", dest="rebuild", action="store_false", help="skip the rebuild after a change of the code"
-    )
+    p.add_argument("--no-rebuild", dest="rebuild", action="store_false", help="skip the rebuild after a code change")
     p.add_argument("--skip-build", action="store_true", help="run the containers on an existing --image-tag")
     p.add_argument("--health-interval-s", type=float, default=2.0, help="docker run --health-interval (image: 30s)")
     p.add_argument("--health-start-s", type=float, default=120.0, help="docker run --health-start-period")
@@ -524,7 +487,7 @@ def main(argv=None) -> int:
     try:
         r["started_dockerd"] = ensure_dockerd()
         r["docker"] = sh(["docker", "version", "-f", "{{.Server.Version}}"], 30).stdout.strip()
-        r["base_cached"] = image_exists(a.base_tag) and not a.rebuild_base
+        r["base_cached"] = image_size(a.base_tag, check=False) is not None and not a.rebuild_base
         if not r["base_cached"]:
             r["base_build_s"] = round(build_base(a.base_tag, a.suite, a.mirror, a.host_ca, budget), 1)
         r["base_size_bytes"] = image_size(a.base_tag)
@@ -540,8 +503,7 @@ def main(argv=None) -> int:
         r["error"] = str(e)
     r["total_s"] = round(time.monotonic() - started, 1)
     r["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(r, indent=2) + "\n")
+    results.write_json(a.out, r, sort_keys=False)
     print("\n".join(table(r)))
     print(f"-> {a.out}" + ("" if r["ok"] else f"\nFAILED: {r['error']}"))
     return 0 if r["ok"] else 1
