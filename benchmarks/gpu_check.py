@@ -24,12 +24,12 @@ small corpus from the Python standard library's sources (swarmd.core.corpus.stdl
     python benchmarks/gpu_check.py --device cpu --d-model 64 --layers-per-block 1 --train-steps 3 \\
         --swarm-rounds 2 --swarm-steps 5 --serving-quick # a CPU smoke run
 
-On the device machine (no internet, its own python3 3.12 with a CUDA torch; this checkout's venv cannot travel),
-carry wheels in .whl (/work/.library/device/README.md: `pip download --no-deps --only-binary=:all:
---python-version 3.12 ... -d .whl`) of what that image lacks: hivemind and its base58, configargparse, netaddr,
-prefetch_generator, py-cid, py-multihash, varint, pydantic (+ pydantic-core, annotated-types, typing-inspection),
-cryptography (+ cffi, pycparser), zstandard, grpcio-health-checking and grpcio-reflection (grpcio and protobuf of
-this checkout's versions). Then, with carry=[".whl"] and timeout_s 600:
+On the device machine (no internet; its own python3 3.12 with a CUDA torch: this venv cannot travel), carry in .whl
+what its image lacks (/work/.library/device/README.md: `pip download --no-deps --only-binary=:all: --python-version
+3.12 ... -d .whl`): hivemind, base58, configargparse, netaddr, prefetch_generator, py-cid, py-multihash, varint,
+pydantic, pydantic-core, annotated-types, typing-inspection, cryptography, cffi, pycparser, zstandard,
+grpcio-health-checking, grpcio-reflection (grpcio and protobuf at this checkout's versions); with carry=[".whl"],
+timeout_s 600:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
       .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
@@ -90,12 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_check.json"))
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("train stage (defaults: the GPU config)")
-    g.add_argument("--blocks", type=int, default=3)
-    g.add_argument("--layers-per-block", type=int, default=4)
-    g.add_argument("--d-model", type=int, default=512)
+    options.add_shape(g, blocks=3, d_model=512, seq_len=128, layers_per_block=4)
     g.add_argument("--n-heads", type=int, default=0, help="0 = d_model // 64 (at least 1)")
     g.add_argument("--hidden", type=int, default=0, help="0 = 4 * d_model")
-    g.add_argument("--seq-len", type=int, default=128)
     g.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     g.add_argument("--block", type=int, default=0, help="block trained (> 0: frozen predecessors feed it)")
     g.add_argument("--warmup-steps", type=int, default=3)
@@ -167,13 +164,10 @@ def adamw_state_bytes(trainer) -> dict:
 
 
 def autocast_for(dtype: str, device: str) -> torch.dtype | None:
-    from swarmd.core.train import autocast_dtype_for
-
+    """bf16 or None (fp32); auto: bf16 on a CUDA device that has it (as BlockTrainer picks), else fp32."""
     if dtype == "auto":
-        auto = autocast_dtype_for(device)
-        if auto is torch.bfloat16 and torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
-            return None  # a GPU without bf16: fp32
-        return auto
+        cuda = torch.device(device).type == "cuda"
+        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else None
     return torch.bfloat16 if dtype == "bf16" else None
 
 
