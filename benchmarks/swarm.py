@@ -277,13 +277,6 @@ def write_replica_md(a, sec: dict) -> None:
     results.replace_section(a.replica_md, "swarm.py replicas", lines)
 
 
-TRAJECTORY_NOTE = (
-    "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) "
-    "at the start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes above, "
-    "which is why wire / raw is higher than for the block deltas alone."
-)
-
-
 def write_md(a, out: dict) -> None:
     cfg, train = out["config"], out["train"]
     lines = [
@@ -331,8 +324,14 @@ def write_md(a, out: dict) -> None:
         "The swarm trains each block on two data streams per round (two replicas) and averages them, "
         "so per block it sees twice the samples of the single-process run at the same step count.",
         "",
-        *([TRAJECTORY_NOTE, ""] if a.trajectory_prob else []),
     ]
+    if a.trajectory_prob:
+        lines += [
+            "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the "
+            "start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes "
+            "above, which is why wire / raw is higher than for the block deltas alone.",
+            "",
+        ]
     results.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
 
 
