@@ -574,19 +574,17 @@ def _dht_rows(sw: daemons.Swarm) -> list[Row]:
         history = [h for h in daemons.history(p) if h["wall"] > killed and h["expected"] == h["accepted"] == 2]
         back = history[0]["wall"] - killed if history and "restarted" in log else None
     comms = [x.split()[1] for x in process_group(p.process.pid)]
+    name = "kill -9 of a daemon's DHT process alone:"
+    ok = back is not None and p.alive() and comms.count("python") == 2 and "p2pd" in comms
+    rejoin = (
+        f"DHT restart lines {log.count('restarted (')}; seconds from the kill until the peer merged a round with "
+        f"both expected (peer, kind) deltas again: {_f(back, '{:.1f}') if back is not None else 'not within 90 s'}"
+        f"; its process group now {sorted(comms)}"
+    )
+    left = f"the killed DHT process's p2pd left 10 s later: {p2pd_left or 'none'}"
     return [
-        Row(
-            "kill -9 of a daemon's DHT process alone: its p2pd ends",
-            not p2pd_left,
-            f"the killed DHT process's p2pd left 10 s later: {p2pd_left or 'none'}",
-        ),
-        Row(
-            "kill -9 of a daemon's DHT process alone: the daemon starts its DHT again and rejoins",
-            back is not None and p.alive() and comms.count("python") == 2 and "p2pd" in comms,
-            f"DHT restart lines {log.count('restarted (')}; seconds from the kill until the peer merged a round with "
-            f"both expected (peer, kind) deltas again: {_f(back, '{:.1f}') if back is not None else 'not within 90 s'}"
-            f"; its process group now {sorted(comms)}",
-        ),
+        Row(f"{name} its p2pd ends", not p2pd_left, left),
+        Row(f"{name} the daemon starts its DHT again and rejoins", ok, rejoin),
     ]
 
 
@@ -644,17 +642,11 @@ def process_rows(a) -> list[Row]:
             streams = asyncio.run(_oversized_streams(target.address, target.process.pid))
             forward = asyncio.run(_forward_flood(target.address, target.process.pid))
             print(f"resources: {streams}; {forward}", file=sys.stderr, flush=True)
+            ok_streams = target.alive() and "still open" not in streams and _growth(streams) < 200
+            ok_forward = target.alive() and _growth(forward) < 300
             rows = [
-                Row(
-                    "6 ExchangeDeltas streams each declaring 500 MiB, never finishing",
-                    target.alive() and "still open" not in streams and _growth(streams) < 200,
-                    streams,
-                ),
-                Row(
-                    "one Forward session with 400 distinct step_index values",
-                    target.alive() and _growth(forward) < 300,
-                    forward,
-                ),
+                Row("6 ExchangeDeltas streams each declaring 500 MiB, never finishing", ok_streams, streams),
+                Row("one Forward session with 400 distinct step_index values", ok_forward, forward),
             ]
             p = sw.peers[1]
             for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGINT", signal.SIGINT)):
@@ -873,35 +865,17 @@ def main(argv=None) -> None:
 
 
 ROW_ORDER = (  # the table's order, by how a row's name starts (rows of several commands merged)
-    "clean run (4",
-    "clean run (3",
-    "Byzantine",
-    "stranger sends",
-    "forged",
-    "Sybil",
-    "stranger without",
-    "partition",
-    "checkpoint dir",
-    "6 ExchangeDeltas",
-    "one Forward",
-    "SIGTERM",
-    "SIGINT",
-    "kill -9",
-    "insider drift",  # benchmarks/insiders.py's rows, in its ROWS order
-    "insider majority",
-    "insider poisoned",
-    "insider lying",
-    "insider flood",
+    *("clean run (4", "clean run (3", "Byzantine", "stranger sends", "forged", "Sybil", "stranger without"),
+    *("partition", "checkpoint dir", "6 ExchangeDeltas", "one Forward", "SIGTERM", "SIGINT", "kill -9"),
+    *("insider drift", "insider majority", "insider poisoned", "insider lying", "insider flood"),  # insiders.ROWS
 )
 
 
 def _byz_row(row: dict) -> bool:
     """A row byzantine_rows writes (the attacks and their two clean references)."""
     name = row["name"]
-    return (
-        name.startswith(("Byzantine same-block", "clean run (3 honest"))
-        or re.fullmatch(r"clean run \(4 honest replicas\), \d+ seeds", name) is not None
-    )
+    four = re.fullmatch(r"clean run \(4 honest replicas\), \d+ seeds", name)
+    return name.startswith(("Byzantine same-block", "clean run (3 honest")) or four is not None
 
 
 def _order(name: str) -> int:
