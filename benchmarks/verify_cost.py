@@ -1,22 +1,20 @@
 """Cost of verified inference per sweep, and the divergence honest replicas show (issue 21 item 3).
 
-Starts a local swarm of real gRPC servers on 127.0.0.1 (BlockServing behind ServingOnlyHandler), every block
-held by two replicas, and scores the same windows with --verify-share 0 (range checks only), the default 0.5
-and 1.0: extra Forward calls and seconds per sweep. Then measures how far honest answers to one hop lie apart
-(swarmd.serve.verify.divergence, D units): batched vs alone and cached vs uncached on one device, CPU vs
---device (cuda: fp32, TF32 and bf16 autocast), and one base vs a base one short training round later. Last, the
-cost of one tie-break by recomputation (swarmd.serve.tiebreak): two signed replicas of block 1, one of them a liar
-that turns after its first hop, and no third.
+Serves every block from two replicas (real gRPC servers on 127.0.0.1) and scores the same windows with
+--verify-share 0 (range checks only), 0.5 and 1.0: extra Forward calls and seconds per sweep. Then how far honest
+answers to one hop lie apart (swarmd.serve.verify.divergence, D units): batched vs alone, cached vs uncached, CPU
+vs --device (fp32, TF32, bf16 autocast) and one base vs a base one short training round later. Last, one
+tie-break by recomputation (swarmd.serve.tiebreak): two signed replicas of block 1, one a liar, and no third.
 
     python benchmarks/verify_cost.py [--device cuda] [--d-model 64] [--blocks 4] [--windows 256]
-
-Prints and writes the report to benchmarks/results/verify_cost.json (--out).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import random
 import sys
@@ -33,113 +31,103 @@ from swarmd.serve.verify import Answer, Hop, VerifyPolicy, divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.test_verified_inference: the signed replicas
 
+DEVICE_MODES = (("fp32", False, None), ("tf32", True, None), ("bf16_autocast", False, torch.bfloat16))  # name, tf32
+INT_OPTIONS = {"--blocks": 4, "--d-model": 64, "--seq-len": 64, "--windows": 128, "--batch-size": 16}
 
-async def sweep_cost(cfg, blocks, emb, x, y, share: float, batch_size: int) -> dict:
+
+@contextlib.asynccontextmanager
+async def replicas(cfg, make_handler, status_s: float = 5.0):
+    """Two servers per block, make_handler(i, block) -> host i's handler; yields (addresses, client, model config,
+    router) with the coverage checked."""
     from swarmd.membership.discovery import StaticDiscovery
-    from swarmd.serve.remote import BlockRouter, RemoteSweeper, check_coverage, swarm_model_config
-    from swarmd.serve.serving import BlockServing, ServingOnlyHandler
+    from swarmd.serve.remote import BlockRouter, check_coverage, swarm_model_config
     from swarmd.transport.client import PeerClient
     from swarmd.transport.server import start_server
 
     hosts = []
-    for i, b in enumerate(b for b in range(cfg.blocks) for _ in range(2)):
-        serving = BlockServing(cfg, b, peer_id=f"host{i}")
-        serving.update_weights(blocks[b].state_dict(), emb.table)
-        handler = ServingOnlyHandler(serving, swarm_id="bench")
-        server = await start_server(handler)
-        handler.address = server.address
-        hosts.append(server)
     client = PeerClient()
     try:
-        discovery = StaticDiscovery([s.address for s in hosts], lambda a: client.status(a, timeout_s=2.0), "bench")
+        for i, b in enumerate(b for b in range(cfg.blocks) for _ in range(2)):
+            handler = make_handler(i, b)
+            hosts.append(await start_server(handler))
+            handler.address = hosts[-1].address
+        addresses = [s.address for s in hosts]
+        discovery = StaticDiscovery(addresses, lambda a: client.status(a, timeout_s=status_s), "bench")
         cfg2, records = await swarm_model_config(discovery, client, swarm_id="bench")
         router = BlockRouter(discovery, client, cfg2.config_hash(), "bench")
         await check_coverage(router, cfg2, records)
-        sweeper = RemoteSweeper(cfg2, router, client, verify=VerifyPolicy(share, rng=random.Random(0)))
-        await score_windows(sweeper, x[:batch_size], y[:batch_size], seed=1, batch_size=batch_size)  # warm up
-        sweeper.stats.__init__()
-        t0 = time.perf_counter()
-        got = await score_windows(sweeper, x, y, seed=1, batch_size=batch_size)
-        seconds = time.perf_counter() - t0
-        s = sweeper.stats
-        await sweeper.close()
-        return {
-            "share": share,
-            "sweeps": got["sweeps"],
-            "hops_per_sweep": s.hops / got["sweeps"],
-            "extra_calls_per_sweep": s.extra_calls / got["sweeps"],
-            "s_per_sweep": seconds / got["sweeps"],
-            "ce": got["ce"],
-        }
+        yield addresses, client, cfg2, router
     finally:
         await client.close()
         for server in hosts:
             await server.stop(0)
 
 
+async def sweep_cost(cfg, blocks, emb, x, y, share: float, batch_size: int) -> dict:
+    from swarmd.serve.remote import RemoteSweeper
+    from swarmd.serve.serving import BlockServing, ServingOnlyHandler
+
+    def handler(i: int, b: int):
+        serving = BlockServing(cfg, b, peer_id=f"host{i}")
+        serving.update_weights(blocks[b].state_dict(), emb.table)
+        return ServingOnlyHandler(serving, swarm_id="bench")
+
+    async with replicas(cfg, handler, status_s=2.0) as (_, client, cfg2, router):
+        sweeper = RemoteSweeper(cfg2, router, client, verify=VerifyPolicy(share, rng=random.Random(0)))
+        await score_windows(sweeper, x[:batch_size], y[:batch_size], seed=1, batch_size=batch_size)  # warm up
+        sweeper.stats.__init__()
+        t0 = time.perf_counter()
+        got = await score_windows(sweeper, x, y, seed=1, batch_size=batch_size)
+        seconds, s, n = time.perf_counter() - t0, sweeper.stats, got["sweeps"]
+        await sweeper.close()
+    return {
+        "share": share,
+        "sweeps": n,
+        "hops_per_sweep": s.hops / n,
+        "extra_calls_per_sweep": s.extra_calls / n,
+        "s_per_sweep": seconds / n,
+        "ce": got["ce"],
+    }
+
+
 async def tiebreak_cost(cfg, blocks, emb, x, y, batch_size: int) -> dict:
-    """Two replicas of every block, signed (records announce base/emb hashes; PullState answered, signed); the second
-    replica of block 1 answers its first hop honestly, then with a 0.02 bias, and is the fastest (routed to first).
-    share 1.0 checks every hop, so the lie is disputed on its second hop and, with no third replica, broken by
-    recomputation: one pull of block 1 and of the byte table, a local build, one recomputed hop. Run twice, the
-    second without the liar: the extra seconds of the tie-break (its own timer and the whole run's difference)."""
-    from swarmd.membership.discovery import StaticDiscovery
-    from swarmd.serve.remote import BlockRouter, RemoteSweeper, check_coverage, swarm_model_config
+    """Two signed replicas of every block (records announce base/emb hashes; PullState answered); the second replica
+    of block 1 answers its first hop honestly, then with a 0.02 bias, and is the fastest (routed to first). Share
+    1.0 checks every hop, so the lie is disputed on its second hop and, with no third replica, broken by
+    recomputation (pulls of block 1 and the byte table, a local build, one recomputed hop). Run twice, the second
+    without the liar: the tie-break's own timer and the whole run's difference."""
+    from swarmd.serve.remote import RemoteSweeper
     from swarmd.serve.serving import BlockServing
-    from swarmd.transport.client import PeerClient
-    from swarmd.transport.server import start_server
     from tests.test_verified_inference import LyingServing, SignedHandler, state_checks
 
-    out = {}
+    out, liar = {}, 3  # the second replica of block 1
+
+    def signed(case: str, handlers: list, i: int, b: int):
+        if case == "liar" and i == liar:
+            serving = LyingServing(cfg, b, peer_id=f"host{i}", lie="bias", bias=0.02, honest_first=1)
+        else:
+            serving = BlockServing(cfg, b, peer_id=f"host{i}")
+        state = blocks[b].state_dict()
+        serving.update_weights(state, emb.table)
+        handlers.append(SignedHandler(serving, state, emb.table, seed=i, swarm_id="bench"))
+        return handlers[-1]
+
     for case in ("liar", "honest"):
-        hosts, handlers = [], []
-        layout = [b for b in range(cfg.blocks) for _ in range(2)]
-        liar = 3  # the second replica of block 1
-        for i, b in enumerate(layout):
-            if case == "liar" and i == liar:
-                serving = LyingServing(cfg, b, peer_id=f"host{i}", lie="bias", bias=0.02, honest_first=1)
-            else:
-                serving = BlockServing(cfg, b, peer_id=f"host{i}")
-            state = blocks[b].state_dict()
-            serving.update_weights(state, emb.table)
-            handler = SignedHandler(serving, state, emb.table, seed=i, swarm_id="bench")
-            server = await start_server(handler)
-            handler.address = server.address
-            hosts.append(server)
-            handlers.append(handler)
-        client = PeerClient()
-        try:
-            discovery = StaticDiscovery([s.address for s in hosts], client.status, "bench")
-            cfg2, records = await swarm_model_config(discovery, client, swarm_id="bench")
-            router = BlockRouter(discovery, client, cfg2.config_hash(), "bench")
-            await check_coverage(router, cfg2, records)
+        handlers: list = []
+        async with replicas(cfg, functools.partial(signed, case, handlers)) as (addresses, client, cfg2, router):
             for r in router.known(1):
-                if r.address == hosts[liar].address:
+                if r.address == addresses[liar]:
                     r.latency_s = 0.0
-            sweeper = RemoteSweeper(
-                cfg2, router, client, verify=VerifyPolicy(1.0, rng=random.Random(0)), state_checks=state_checks()
-            )
+            verify = VerifyPolicy(1.0, rng=random.Random(0))
+            sweeper = RemoteSweeper(cfg2, router, client, verify=verify, state_checks=state_checks())
             t0 = time.perf_counter()
             got = await score_windows(sweeper, x, y, seed=1, batch_size=batch_size)
-            seconds = time.perf_counter() - t0
-            s = sweeper.stats
+            seconds, s = time.perf_counter() - t0, sweeper.stats
             await sweeper.close()
-            out[case] = {
-                "s": seconds,
-                "sweeps": got["sweeps"],
-                "ce": got["ce"],
-                "dropped": len(s.dropped),
-                "tiebreaks": s.tiebreaks,
-                "tiebreak_s": s.tiebreak_s,
-                "state_downloads": s.state_downloads,
-                "state_download_bytes": s.state_download_bytes,
-                "redone_sweeps": s.redone_sweeps,
-                "pulls_served": sum(h.pulls for h in handlers),
-            }
-        finally:
-            await client.close()
-            for server in hosts:
-                await server.stop(0)
+        out[case] = {"s": seconds, "sweeps": got["sweeps"], "ce": got["ce"], "dropped": len(s.dropped)}
+        for key in ("tiebreaks", "tiebreak_s", "state_downloads", "state_download_bytes", "redone_sweeps"):
+            out[case][key] = getattr(s, key)
+        out[case]["pulls_served"] = sum(h.pulls for h in handlers)
     out["extra_s_whole_run"] = out["liar"]["s"] - out["honest"]["s"]
     out["ce_liar_minus_honest"] = out["liar"]["ce"] - out["honest"]["ce"]
     return out
@@ -162,35 +150,28 @@ def honest_divergence(cfg, blocks, emb, x, device: str) -> dict:
     batched = hop_answers(cfg, blocks[b], th, x, z, sigma, nxt, "cpu")
     batched = Answer(batched.out[:1], None if batched.message is None else batched.message[:1])
     out = {"cpu_batched_vs_alone": divergence(hop, alone, batched)}
-    cache = blocks[b].new_cache()
     with torch.no_grad():  # cached: positions one by one
+        cache = blocks[b].new_cache()
         parts = [
             euler_step(blocks[b], th, x[:1, p : p + 1], z[:1, p : p + 1], sigma, nxt, cache)[1]
             for p in range(x.shape[1])
         ]
-    out["cpu_cached_vs_uncached"] = divergence(hop, alone, Answer(torch.cat(parts, 1), alone.message))
-    if cfg.message_dim:
-        out["cpu_cached_vs_uncached"] = divergence(hop, Answer(alone.out, None), Answer(torch.cat(parts, 1), None))
+    message = None if cfg.message_dim else alone.message
+    out["cpu_cached_vs_uncached"] = divergence(hop, Answer(alone.out, message), Answer(torch.cat(parts, 1), message))
     if device != "cpu":
+        for name, tf32, autocast in DEVICE_MODES:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            there = hop_answers(cfg, blocks[b], th, x[:1], z[:1], sigma, nxt, device, autocast)
+            out[f"cpu_vs_{device}_{name}"] = divergence(hop, alone, there)
         torch.backends.cuda.matmul.allow_tf32 = False
-        out[f"cpu_vs_{device}_fp32"] = divergence(
-            hop, alone, hop_answers(cfg, blocks[b], th, x[:1], z[:1], sigma, nxt, device)
-        )
-        torch.backends.cuda.matmul.allow_tf32 = True
-        out[f"cpu_vs_{device}_tf32"] = divergence(
-            hop, alone, hop_answers(cfg, blocks[b], th, x[:1], z[:1], sigma, nxt, device)
-        )
-        torch.backends.cuda.matmul.allow_tf32 = False
-        bf16 = hop_answers(cfg, blocks[b], th, x[:1], z[:1], sigma, nxt, device, torch.bfloat16)
-        out[f"cpu_vs_{device}_bf16_autocast"] = divergence(hop, alone, bf16)
         for blk in blocks:
             blk.cpu()
     # a base one round later: the block after H = 10 more AdamW steps on wikitext bytes, at several stages
-    out.update(round_apart(cfg, blocks[b], emb, hop, x[:1], z[:1], th, sigma, nxt, alone))
+    out.update(round_apart(cfg, blocks[b], emb, hop, x[:1], z[:1], th, sigma, nxt))
     return out
 
 
-def round_apart(cfg, block, emb, hop, x, z, th, sigma, nxt, alone, stages=(0, 300, 1000), h=10) -> dict:
+def round_apart(cfg, block, emb, hop, x, z, th, sigma, nxt, stages=(0, 300, 1000), h=10) -> dict:
     """Divergence between a block and the same block H steps later, after `stage` steps of training."""
     from swarmd.core.model import block_loss
 
@@ -213,10 +194,9 @@ def round_apart(cfg, block, emb, hop, x, z, th, sigma, nxt, alone, stages=(0, 30
     result, done = {}, 0
     for stage in stages:
         train(stage - done)
-        done = stage
         before = hop_answers(cfg, moved, th, x, z, sigma, nxt, "cpu")
         train(h)
-        done += h
+        done = stage + h
         after = hop_answers(cfg, moved, th, x, z, sigma, nxt, "cpu")
         result[f"round_apart_H{h}_after_{stage}_steps"] = divergence(hop, before, after)
     return result
@@ -225,11 +205,8 @@ def round_apart(cfg, block, emb, hop, x, z, th, sigma, nxt, alone, stages=(0, 30
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--blocks", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--windows", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=16)
+    for flag, default in INT_OPTIONS.items():
+        ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--tiebreak-only", action="store_true", help="only the two-replica liar case (tie-break cost)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "verify_cost.json")
     a = ap.parse_args()
@@ -238,15 +215,13 @@ def main() -> None:
     )
     blocks = [init_block(cfg, b, 0).eval() for b in range(cfg.blocks)]
     emb = init_embedding(cfg, 0)
-    gen = torch.Generator().manual_seed(2)
-    data = torch.randint(0, 256, (a.windows, cfg.seq_len + 1), generator=gen)
+    data = torch.randint(0, 256, (a.windows, cfg.seq_len + 1), generator=torch.Generator().manual_seed(2))
     x, y = data[:, :-1], data[:, 1:]
     report = {"config": {"blocks": a.blocks, "d_model": a.d_model, "seq_len": a.seq_len, "windows": a.windows}}
     if not a.tiebreak_only:
         report["divergence_D_units"] = honest_divergence(cfg, blocks, emb, x[:4], a.device)
-        report["cost"] = [
-            asyncio.run(sweep_cost(cfg, blocks, emb, x, y, share, a.batch_size)) for share in (0.0, 0.5, 1.0)
-        ]
+        cost = [asyncio.run(sweep_cost(cfg, blocks, emb, x, y, s, a.batch_size)) for s in (0.0, 0.5, 1.0)]
+        report["cost"] = cost
     report["two_replica_liar_tiebreak"] = asyncio.run(tiebreak_cost(cfg, blocks, emb, x, y, a.batch_size))
     print(json.dumps(report, indent=2))
     a.out.parent.mkdir(parents=True, exist_ok=True)
