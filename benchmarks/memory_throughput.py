@@ -1,19 +1,11 @@
 """Memory and throughput benchmark: one BlockTrain block worker versus the E2E model of equal depth.
 
-Three measurements, written to benchmarks/results/memory_throughput.json:
-
-1. Peak memory. Each case trains in a fresh subprocess (so nothing is shared between cases) for
-   a few optimiser steps at the CPU config (B=3, L_b=2, d=128, seq 128, batch 32). The figure is
-   resource.getrusage(RUSAGE_SELF).ru_maxrss (peak resident set, kB on Linux) after training,
-   minus the same figure taken just before the model is built (after torch and the data are
-   loaded), i.e. the peak memory that training added. Cases: one block (documented noisy-target
-   training), the last block with trajectory inputs (two frozen predecessor blocks run forward
-   only), and the E2E model.
-2. Throughput. In one process, block and E2E optimiser steps are timed interleaved (same
-   threads, same moment), training tokens/s = batch * seq / median step time.
-3. Accounting. `blocktrain model-info` for the litepaper config (B=3, L_b=4, d=512, hidden
-   2048), plus what trajectory training costs a swarm peer: bytes per round to download the
-   other blocks' weights and the memory of holding them frozen.
+1. Peak memory: each case (one block with noisy targets, the last block with two frozen predecessors run forward
+   for trajectory inputs, the E2E model) trains --mem-steps steps in a fresh subprocess at the CPU config (B=3,
+   L_b=2, d=128, seq 128, batch 32); the figure is ru_maxrss after training minus before building the model.
+2. Throughput: block and E2E optimiser steps timed interleaved in one process; tokens/s = batch * seq / median step.
+3. Accounting: `blocktrain model-info` for the litepaper config (B=3, L_b=4, d=512, hidden 2048), and what
+   trajectory training costs a peer (bytes per round to download the other blocks, memory to hold them frozen).
 
     python benchmarks/memory_throughput.py --data-dir $BLOCKTRAIN_DATA
 """
@@ -42,6 +34,10 @@ from swarmd.core.train import BlockTrainer, E2ETrainer, init_block
 
 CPU_CFG = dict(blocks=3, layers_per_block=2, d_model=128, n_heads=4, hidden=512, seq_len=128)
 PAPER_CFG = dict(blocks=3, layers_per_block=4, d_model=512, n_heads=8, hidden=2048)
+CASES = ("block", "block_trajectory", "e2e")
+INFO_KEYS = ("block_params", "embedding_params", "active_trainable_params", "active_adamw_bytes", "active_adamw_gib")
+INFO_KEYS += ("full_stack_adamw_bytes", "full_stack_adamw_gib", "e2e_params", "stack_params")
+PAPER_ADAMW_GIB = 0.198
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-steps", type=int, default=5, help="optimiser steps per memory case")
     p.add_argument("--tput-steps", type=int, default=12, help="timed steps per model (after 2 warm-up steps)")
     options.add_torch(p)
-    p.add_argument("--case", choices=("block", "block_trajectory", "e2e"), help=argparse.SUPPRESS)  # subprocess mode
+    p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # subprocess mode
     return options.parse_checked(p, argv, holds="train.txt")
 
 
@@ -69,39 +65,30 @@ def make_trainer(case: str, mcfg: ModelConfig, seed: int):
     return trainer
 
 
+def batches(args: argparse.Namespace, mcfg: ModelConfig):
+    torch.set_num_threads(args.threads)
+    return ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(args.seed, TrainConfig.batch_size)
+
+
 def run_case(args: argparse.Namespace) -> None:
     """Subprocess body: print one JSON line with the peak-RSS increase of training one case."""
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     mcfg = ModelConfig(**CPU_CFG)
-    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(
-        args.seed, TrainConfig.batch_size
-    )
-    batches = [next(stream) for _ in range(args.mem_steps)]
+    stream = batches(args, mcfg)
+    steps = [next(stream) for _ in range(args.mem_steps)]
     before = maxrss_bytes()
     trainer = make_trainer(args.case, mcfg, args.seed)
-    for x, y in batches:
+    for x, y in steps:
         trainer.step(x, y)
     after = maxrss_bytes()
-    print(
-        json.dumps(
-            {
-                "case": args.case,
-                "maxrss_before_bytes": before,
-                "maxrss_after_bytes": after,
-                "peak_added_bytes": after - before,
-            }
-        )
-    )
+    rss = {"maxrss_before_bytes": before, "maxrss_after_bytes": after, "peak_added_bytes": after - before}
+    print(json.dumps({"case": args.case, **rss}))
 
 
 def throughput(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads)
     mcfg = ModelConfig(**CPU_CFG)
-    stream = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len).stream(
-        args.seed, TrainConfig.batch_size
-    )
-    trainers = {case: make_trainer(case, mcfg, args.seed) for case in ("block", "block_trajectory", "e2e")}
+    stream = batches(args, mcfg)
+    trainers = {case: make_trainer(case, mcfg, args.seed) for case in CASES}
     times: dict[str, list[float]] = {case: [] for case in trainers}
     for i in range(args.tput_steps + 2):
         for case, trainer in trainers.items():  # interleaved, so load changes hit every case alike
@@ -112,11 +99,11 @@ def throughput(args: argparse.Namespace) -> dict:
                 times[case].append(time.perf_counter() - t0)
     tokens = TrainConfig.batch_size * mcfg.seq_len
     out = {
-        case: {"median_step_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
-        for case, t in times.items()
+        c: {"median_step_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
+        for c, t in times.items()
     }
-    out["block_over_e2e_tokens_per_s"] = out["block"]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
-    out["block_trajectory_over_e2e_tokens_per_s"] = out["block_trajectory"]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
+    for case in CASES[:2]:
+        out[f"{case}_over_e2e_tokens_per_s"] = out[case]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
     out["timed_steps"] = args.tput_steps
     return out
 
@@ -124,19 +111,16 @@ def throughput(args: argparse.Namespace) -> dict:
 def trajectory_cost(cfg: ModelConfig) -> dict:
     """What a block-b peer holds/downloads to run blocks 0..b-1 frozen (worst case b = B-1)."""
     info = model_info(cfg)
-    others = cfg.blocks - 1
-    fp32 = others * info["block_params"] * 4
+    fp32 = (cfg.blocks - 1) * info["block_params"] * 4
     return {
-        "frozen_blocks": others,
+        "frozen_blocks": cfg.blocks - 1,
         "download_bytes_per_round_fp32": fp32,
         "download_bytes_per_round_bf16": fp32 // 2,
         "frozen_weights_bytes_fp32": fp32,
         "frozen_weights_gib_fp32": fp32 / GIB,
         "vs_active_adamw_bytes": fp32 / info["active_adamw_bytes"],
-        "note": (
-            "a block-b peer needs blocks 0..b-1 (block 0 needs none); worst case b = B-1 shown; "
-            "weights only, no grads or optimizer state"
-        ),
+        "note": "a block-b peer needs blocks 0..b-1 (block 0 needs none); worst case b = B-1 shown; "
+        "weights only, no grads or optimizer state",
     }
 
 
@@ -146,46 +130,24 @@ def main(argv: list[str] | None = None) -> dict:
         run_case(args)
         return {}
     memory = {}
-    for case in ("block", "block_trajectory", "e2e"):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--data-dir",
-            str(args.data_dir),
-            "--case",
-            case,
-            "--mem-steps",
-            str(args.mem_steps),
-            "--threads",
-            str(args.threads),
-            "--seed",
-            str(args.seed),
-        ]
-        line = (
-            subprocess.run(
-                cmd,
-                check=True,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    for case in CASES:
+        flags = ["--data-dir", str(args.data_dir), "--case", case, "--mem-steps", str(args.mem_steps)]
+        flags += ["--threads", str(args.threads), "--seed", str(args.seed)]
+        run = subprocess.run([sys.executable, __file__, *flags], check=True, capture_output=True, text=True, env=env)
+        line = run.stdout.strip().splitlines()[-1]
         memory[case] = json.loads(line)
         print(line, flush=True)
-    memory["block_over_e2e_peak_added"] = memory["block"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
-    memory["block_trajectory_over_e2e_peak_added"] = (
-        memory["block_trajectory"]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
-    )
+    for case in CASES[:2]:
+        memory[f"{case}_over_e2e_peak_added"] = memory[case]["peak_added_bytes"] / memory["e2e"]["peak_added_bytes"]
     memory["method"] = (
         "resource.getrusage(RUSAGE_SELF).ru_maxrss after training minus before building the model, "
         "one fresh subprocess per case"
     )
     tput = throughput(args)
     print(json.dumps(tput), flush=True)
-    paper_flags = [arg for k, v in PAPER_CFG.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
-    info_cmd = ["blocktrain", "model-info", *paper_flags, "--json"]
+    info_cmd = ["blocktrain", "model-info"]
+    info_cmd += [arg for k, v in PAPER_CFG.items() for arg in (f"--{k.replace('_', '-')}", str(v))] + ["--json"]
     cli = subprocess.run(info_cmd, capture_output=True, text=True)
     paper_info = json.loads(cli.stdout) if cli.returncode == 0 else model_info(ModelConfig(**PAPER_CFG))
     result = {
@@ -193,23 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
         | {"batch_size": TrainConfig.batch_size, "threads": args.threads, "mem_steps": args.mem_steps},
         "peak_memory": memory,
         "throughput": tput,
-        "model_info_paper_config": {
-            k: paper_info[k]
-            for k in (
-                "block_params",
-                "embedding_params",
-                "active_trainable_params",
-                "active_adamw_bytes",
-                "active_adamw_gib",
-                "full_stack_adamw_bytes",
-                "full_stack_adamw_gib",
-                "e2e_params",
-                "stack_params",
-            )
-        },
+        "model_info_paper_config": {k: paper_info[k] for k in INFO_KEYS},
         "model_info_command": " ".join(info_cmd),
-        "paper_active_adamw_gib": 0.198,
-        "active_adamw_vs_paper": paper_info["active_adamw_gib"] / 0.198,
+        "paper_active_adamw_gib": PAPER_ADAMW_GIB,
+        "active_adamw_vs_paper": paper_info["active_adamw_gib"] / PAPER_ADAMW_GIB,
         "trajectory_cost_paper_config": trajectory_cost(ModelConfig(**PAPER_CFG)),
         "trajectory_cost_cpu_config": trajectory_cost(ModelConfig(**CPU_CFG)),
         "command": results.command_line("memory_throughput.py", argv),
