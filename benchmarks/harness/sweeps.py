@@ -23,7 +23,10 @@ def run_to_end(
     daemons.start_staggered), waited for and stopped; SystemExit "<what>: ..." unless every peer finished."""
     start = time.monotonic()
     try:
-        (daemons.start_staggered if staggered else LocalSwarm.start)(swarm, timeout_s=start_s)
+        if staggered:
+            daemons.start_staggered(swarm, timeout_s=start_s)
+        else:
+            swarm.start(timeout_s=start_s)
         ready_s = time.monotonic() - start
         finished = swarm.wait(timeout_s=wait_s)
     finally:
