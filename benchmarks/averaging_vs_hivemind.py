@@ -1,14 +1,11 @@
 """Averaging benchmark: one fp32 tensor averaged among N loopback peers by hivemind's DecentralizedAverager and by ours.
 
-For each N in --peers and each system, N peers run as N processes (each with its own servers), each holding its own
-Gaussian tensor of --numel fp32 values. Each round the peers get ready (hivemind: its matchmaking done, stopped at
-AWAITING_TRIGGER; ours: the group's addresses known), the parent says go, and the time runs from go to the last peer
-holding the average (matchmaking's time reported beside it). Error: ||result - exact mean|| / ||exact mean||
-(float64), the worst peer. Systems: hivemind (DecentralizedAverager, butterfly all-reduce, NoCompression);
-butterfly (swarmd.averaging.allreduce.ButterflyRound: signed fp32 parts, each verified before decoding);
-butterfly-fp16 (the same, fp16 codec); all-to-all (every peer's whole signed tensor swapped with each other peer,
-N - 1 decoded and averaged). zstd is off for our fp32 payloads. All systems run N by N in one run, so they share
-the background load; on 2 cores they are CPU-bound at 6 and 12 peers: quote the ratios.
+Per N in --peers and system in --systems, N peer processes each hold their own Gaussian tensor of --numel values;
+once ready (hivemind: matched, at AWAITING_TRIGGER; ours: addresses known) the parent says go, and the time runs
+to the last peer holding the average; error: the worst peer's ||result - mean|| / ||mean||. Systems: hivemind
+(butterfly all-reduce, NoCompression), butterfly (swarmd.averaging.allreduce.ButterflyRound, signed fp32 parts;
+butterfly-fp16: the fp16 codec), all-to-all (every peer's whole signed tensor to each other peer). zstd is off
+for our payloads. On 2 cores every system is CPU-bound at 6 and 12 peers: quote the ratios.
 
     python benchmarks/averaging_vs_hivemind.py
 """

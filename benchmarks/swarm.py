@@ -1,13 +1,10 @@
 """Swarm quality and communication: 6 daemons (B=3 x 2 replicas) versus the single-process run.
 
-Codecs (default --only codecs part): per codec in --codecs a LocalSwarm of --peers daemons on loopback (block i mod
-B, --rounds x --steps), its assembled model's from-noise CE against swarmd.core.local_run.train_blocktrain with
-the same config and per-block steps; also participation, wire / raw bytes and the replicas' pre-merge distance.
-Replica efficiency (key `replica_efficiency`): B x K daemons per K in --replicas and outer in --outers, against
-single-replica swarms at --single-mults x the rounds: efficiency = (single-replica steps to reach its CE,
-interpolated in log-steps) / (K x steps per replica). --sync-lrs adds, per K > 1, the synchronous data-parallel
-reference (B daemons at K x the batch, at each lr multiple; replica_sim.sync_dp_summary's keys). Writes --out
-(JSON) and --md / --replica-md (markdown fragments).
+Codecs: per codec in --codecs a LocalSwarm of --peers daemons (--rounds x --steps), its assembled model's CE against
+swarmd.core.local_run.train_blocktrain at the same per-block steps; participation, wire / raw bytes, pre-merge
+replica distance. Replicas (`replica_efficiency`): B x K daemons per K in --replicas and outer in --outers against
+single-replica swarms at --single-mults x the rounds; efficiency = (single-replica steps to its CE) / (K x steps).
+--sync-lrs adds per K > 1 sync data parallel (B daemons at K x the batch, each lr multiple). --only runs one part.
 
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2
     python benchmarks/swarm.py --data-dir /work/shared/data/wikitext-2 --only replicas --replicas 1 2 4
