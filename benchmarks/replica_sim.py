@@ -1,45 +1,32 @@
-"""Replica efficiency in the simulator: outer optimizer and learning-rate scaling sweeps.
+"""Replica efficiency in the simulator: outer optimizer and learning-rate scaling sweeps, and sync DP beside the swarm.
 
-Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's merge and the daemon's
-outer optimizer through BlockState.apply_merge; lockstep network, so every delta is accepted) for
-benchmarks/swarm.py's model and schedule. The reference is the same simulator with one replica per block
-and plain averaging (a merge of one delta is that delta) at 1x, 2x and 4x the rounds, each a separate run;
-every variant ("--variants": K replicas, outer none|nesterov, outer lr, momentum, inner-lr scale) runs
---rounds rounds and its replica efficiency is
+swarmd.sim runs benchmarks/swarm.py's model and schedule (real BlockTrainer steps, int8 codec + error feedback, the
+daemon's merge and outer optimizer; lockstep network, so every delta is accepted). Each variant of --variants
+(parse_variant: K replicas, outer none|nesterov, outer lr, momentum, inner-lr scale, ...) runs --rounds rounds, its
+CE measured every --eval-every rounds; its replica efficiency is
 
     (single-replica steps to reach its final CE, interpolated in log-steps) / (K x its steps per replica)
 
-(extrapolated past 4x on the last segment's slope; flagged). The from-noise CE is measured every
---eval-every rounds so the curves over the budget can be compared, not just the end point. Writes --out
-(JSON, every curve) and its section of --md.
+against one replica with plain averaging at 1x, 2x and 4x the rounds, separate runs (extrapolated past 4x on the
+last segment's slope; flagged). Writes --out (JSON, every curve) and its section of --md.
 
     python benchmarks/replica_sim.py --variants K=2,outer=none K=2,outer=nesterov K=4,outer=nesterov,lr=2
 
---sync-dp: a synchronous data-parallel reference. For each K of --ks, in the same run and with the
-same seeds, the swarm (K replicas per block, plain averaging: "K=<K>") and one replica at K x --batch-size
-for the same steps, at each inner-lr multiplier of --sync-lrs (the best CE is the reference: sync DP's CE at
-that batch, as far as the sweep finds it). Both go through the same simulator (a one-replica run still
-sends its delta through the int8 codec + error feedback and the merge of one delta, as the single-replica
-reference does). Each K is a row of the JSON's "sync_dp" list with K, steps_per_replica, ce (the swarm's),
-sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency (the swarm's, as above;
-sync_dp_efficiency: the same for the reference), the lr chosen and the sweep; its section of --md (default
-BENCHMARKS.md, #replica_sim) has the table and the commands. Its single-replica runs (1x / 2x / 4x the rounds at
---batch-size) are its own, in the JSON's "sync_dp_single" (run when missing, unless --no-single): the earlier
-ones in "single" were measured before later merge changes and no longer reproduce to the last digit.
+--sync-dp: per K of --ks, each swarm of --swarm-variants (variant keys without K; '' = plain averaging with AdamW at
+--steps) beside one replica per block at K x --batch-size for the same steps and the swarm's H, at each inner-lr
+multiplier of --sync-lrs (the best CE is sync DP's). A row of the JSON's "sync_dp" per swarm: K, steps_per_replica,
+ce, sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency and sync_dp_efficiency (against its own
+single-replica runs, "sync_dp_single", run when missing unless --no-single), the lr chosen and the sweep. Every run
+is stored in "sync_dp_runs" and read, not rerun, later (--sweeps-from: those of other JSONs too). --report rewrites
+--md from --out; --sync-dp --report --merge A.json B.json adds the sync-DP rows of runs written to other files.
 
-    python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2
-    python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --rounds 64   # 1,600 steps per replica
-
---swarm-variants: several swarms per K, each a variant without K ('' = plain AdamW at --steps;
-'H=1,ra=1' = averaging every step with ReplicaAdamW), each beside sync DP at its own H (one sweep per H: the
-reference refreshes its trajectory predecessors and averages the byte table as often as that swarm does).
---report --merge A.json B.json gathers the sync-DP rows of runs written to other --out files into --out.
-
+    python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2 --rounds 64   # 1,600 steps per replica
     python benchmarks/replica_sim.py --sync-dp --ks 4 --swarm-variants '' ra=1 H=1,ra=1
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -49,8 +36,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import itertools
 
 from benchmarks.harness import options, results
 from swarmd.averaging.config import GossipConfig
@@ -64,15 +49,15 @@ from swarmd.sim.regimes import regime_named
 VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
 VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
+SAVED_RUN = ("ce", "curve", "wall_s")  # what "sync_dp_runs" keeps of a run
 
 
 def parse_variant(text: str) -> dict:
-    """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict (lr: inner-lr multiplier; H: local steps per
-    round, 0 = --steps, the rounds scaled to keep the steps per replica; ra=1: ReplicaAdamW; codec=fp32 and
-    merge=mean: the deltas' codec and the merge rule, default the swarm's int8 and robust; m1=3,m2=6: AdamW's first and
-    second moments averaged across a block's replicas every 3 and 6 rounds, swarmd.sim.moments; tp=0: no trajectory
-    training (TrainConfig.trajectory_prob), pp=1: predecessors pulled once a round (TrainConfig.predecessor_pulls));
-    defaults filled in."""
+    """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict, defaults filled in. lr: inner-lr multiplier;
+    H: local steps per round (0 = --steps; the rounds scaled to keep the steps per replica); ra=1: ReplicaAdamW;
+    codec, merge: the deltas' codec and merge rule (default int8, robust); m1=3,m2=6: AdamW's moments averaged
+    across a block's replicas every 3 and 6 rounds (swarmd.sim.moments); tp: TrainConfig.trajectory_prob; pp:
+    TrainConfig.predecessor_pulls."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -120,59 +105,24 @@ def parse_args(argv=None):
     options.add_swarm_config(p)
     p.add_argument("--variants", nargs="+", default=["K=2", "K=2,outer=nesterov", "K=4", "K=4,outer=nesterov"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument(
-        "--cosine",
-        type=float,
-        default=0.0,
-        help="every run's inner lr decays on a cosine to this fraction of its peak over the run (DiLoCo: 0.05); "
-        "0 = constant after warmup",
-    )
+    cosine = "every run's inner lr decays on a cosine to this fraction of its peak (DiLoCo: 0.05); 0 = constant"
+    p.add_argument("--cosine", type=float, default=0.0, help=cosine)
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the single-replica reference runs")
     p.add_argument("--report", action="store_true", help="run nothing: rewrite --md from the rows in --out")
-    p.add_argument(
-        "--merge",
-        type=Path,
-        nargs="+",
-        default=[],
-        help="with --sync-dp --report: add the sync-DP rows of these JSONs (runs with another --out) to --out",
-    )
-    p.add_argument(
-        "--sync-dp",
-        action="store_true",
-        help="per K of --ks: the swarm and one replica at K x the batch (best of --sync-lrs), side by side",
-    )
+    merge = "with --sync-dp --report: add the sync-DP rows of these JSONs (runs with another --out) to --out"
+    p.add_argument("--merge", type=Path, nargs="+", default=[], help=merge)
+    sync = "per K of --ks: the swarm and one replica at K x the batch (best of --sync-lrs), side by side"
+    p.add_argument("--sync-dp", action="store_true", help=sync)
     p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8], help="replica counts of --sync-dp")
-    p.add_argument(
-        "--swarm-variants",
-        nargs="+",
-        default=[""],
-        help="--sync-dp's swarms per K, each a row beside the same sync-DP sweep: variant keys without K "
-        "(e.g. 'H=1,ra=1'; '' = plain averaging at --steps with AdamW)",
-    )
-    p.add_argument(
-        "--sweeps-from",
-        type=Path,
-        nargs="+",
-        default=[],
-        help='with --sync-dp: reuse the sync-DP reference runs stored in these JSONs (their "sync_dp_runs")',
-    )
-    p.add_argument(
-        "--sync-lrs",
-        type=parse_lrs,
-        default=[1.0, 1.41, 2.0],
-        help="inner-lr multipliers of the sync-DP reference's sweep (comma-separated); best CE wins",
-    )
-    options.add_outputs(p, "replica_sim.json")
-    p.add_argument(
-        "--md",
-        type=Path,
-        default=None,
-        help="default BENCHMARKS.md (its replica_sim.py or, --sync-dp, replica_sim.py sync-dp section)",
-    )
+    swarms = "--sync-dp's swarms per K: variant keys without K (e.g. 'H=1,ra=1'; '' = plain averaging at --steps)"
+    p.add_argument("--swarm-variants", nargs="+", default=[""], help=swarms)
+    sweeps = 'with --sync-dp: reuse the runs stored in these JSONs (their "sync_dp_runs")'
+    p.add_argument("--sweeps-from", type=Path, nargs="+", default=[], help=sweeps)
+    lrs = "inner-lr multipliers of the sync-DP reference's sweep (comma-separated); best CE wins"
+    p.add_argument("--sync-lrs", type=parse_lrs, default=[1.0, 1.41, 2.0], help=lrs)
+    options.add_outputs(p, "replica_sim.json", results.BENCHMARKS)  # --md: its replica_sim.py[ sync-dp] section
     a = p.parse_args(argv)
-    if a.md is None:
-        a.md = results.BENCHMARKS
     if a.merge and not (a.report and a.sync_dp):
         raise SystemExit("--merge goes with --sync-dp --report")
     if not 0 <= a.cosine < 1:
@@ -184,51 +134,27 @@ def parse_args(argv=None):
 
 
 def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_size: int | None = None) -> dict:
-    """One simulator run of variant v for `rounds` rounds; batch_size: per replica (default --batch-size)."""
+    """One simulator run of variant v for `rounds` rounds of --steps (a variant's own H: as many steps per replica,
+    the same warmup); batch_size: per replica (default --batch-size)."""
     batch = a.batch_size if batch_size is None else batch_size
-    h = v.get("H") or a.steps  # a variant's own H: as many steps per replica, the same warmup (that of --steps)
+    h = v.get("H") or a.steps
     rounds, eval_every = rounds * a.steps // h, max(1, a.eval_every * a.steps // h)
-    schedule = {"total_steps": rounds * h, "min_lr_ratio": a.cosine} if a.cosine else {}
-    trajectory = {k: v[key] for key, k in (("tp", "trajectory_prob"), ("pp", "predecessor_pulls")) if key in v}
-    train = peer_train_config(
-        a.steps,
-        batch_size=batch,
-        lr=a.lr * v["lr"],
-        seed=seed,
-        replica_adam=bool(v.get("ra")),
-        **schedule,
-        **trajectory,
-    )
-    sim_cfg = SimConfig(
-        options.model_of(a),
-        train,
-        workers=v["K"],
-        rounds=rounds,
-        steps_per_round=h,
-        eval_every=eval_every,
-        codec=v.get("codec", "int8"),
-        sync_first_moment=v.get("m1", 0),
-        sync_second_moment=v.get("m2", 0),
-    )
+    train = {"batch_size": batch, "lr": a.lr * v["lr"], "seed": seed, "replica_adam": bool(v.get("ra"))}
+    train |= {"total_steps": rounds * h, "min_lr_ratio": a.cosine} if a.cosine else {}
+    train |= {k: v[key] for key, k in (("tp", "trajectory_prob"), ("pp", "predecessor_pulls")) if key in v}
+    sim_kw = {"workers": v["K"], "rounds": rounds, "steps_per_round": h, "eval_every": eval_every}
+    sim_kw |= {"sync_first_moment": v.get("m1", 0), "sync_second_moment": v.get("m2", 0)}
+    train_cfg = peer_train_config(a.steps, **train)
+    sim_cfg = SimConfig(options.model_of(a), train_cfg, codec=v.get("codec", "int8"), **sim_kw)
     outer = {"outer": v["outer"], "outer_lr": v["olr"], "outer_momentum": v["mom"]}
     gossip = GossipConfig(steps_per_round=h, **outer, group_size=0, merge=v.get("merge", "robust"))
     regime = regime_named("lockstep")
     start = time.perf_counter()
-    sim = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, gossip=gossip)
-    result = sim.run()
+    result = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, gossip=gossip).run()
     curve = [(0, result.ce_start)] + [(r.round * h, r.ce) for r in result.rounds if r.ce is not None]
-    return {
-        **v,
-        "command": results.command_line("replica_sim.py", a.argv),
-        "label": label(v),
-        "seed": seed,
-        "rounds": rounds,
-        "steps_per_replica": rounds * h,
-        "ce": result.ce,
-        "curve": curve,
-        **({} if batch_size is None else {"batch_size": batch}),
-        "wall_s": time.perf_counter() - start,
-    }
+    row = {**v, "command": results.command_line("replica_sim.py", a.argv), "label": label(v), "seed": seed}
+    row |= {"rounds": rounds, "steps_per_replica": rounds * h, "ce": result.ce, "curve": curve}
+    return row | ({} if batch_size is None else {"batch_size": batch}) | {"wall_s": time.perf_counter() - start}
 
 
 def steps_to_reach(ce: float, single: list[tuple[int, float]]) -> tuple[float, bool]:
@@ -246,34 +172,26 @@ def steps_to_reach(ce: float, single: list[tuple[int, float]]) -> tuple[float, b
 
 def efficiency(row: dict, single: list[tuple[int, float]]) -> dict:
     steps, extrapolated = steps_to_reach(row["ce"], single)
-    return {
-        "single_steps_equiv": steps,
-        "extrapolated": extrapolated,
-        "efficiency": steps / (row["K"] * row["steps_per_replica"]),
-    }
+    efficiency = steps / (row["K"] * row["steps_per_replica"])
+    return {"single_steps_equiv": steps, "extrapolated": extrapolated, "efficiency": efficiency}
 
 
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = options.model_of(a)
-    data, eval_xy = options.swarm_text(a, cfg)
+    data, eval_xy = options.swarm_text(a, options.model_of(a))
     variants = [] if a.report or a.sync_dp else [parse_variant(t) for t in a.variants]
     out: dict = {"command": results.command_line("replica_sim.py", argv), "single": {}, "rows": []}
     if a.out.exists():  # keep earlier rows of other commands (the sweep is run in pieces)
-        out["single"] = json.loads(a.out.read_text()).get("single", {})
-        out["rows"] = json.loads(a.out.read_text()).get("rows", [])
         earlier = json.loads(a.out.read_text())
-        out.update({k: earlier[k] for k in ("sync_dp", "sync_dp_single", "sync_dp_runs") if k in earlier})
+        out |= {k: earlier[k] for k in ("single", "rows", "sync_dp", "sync_dp_single", "sync_dp_runs") if k in earlier}
     merged = [*out.get("sync_dp", []), *(r for f in a.merge for r in json.loads(f.read_text()).get("sync_dp", []))]
     if merged:  # rows of runs that wrote other files (each keeps its own command); the last of a measurement wins
         out["sync_dp"] = list({sync_id(r): r for r in merged}.values())
     if a.sync_dp:  # its own reference runs, measured by this code (the earlier ones predate merge changes)
         out.setdefault("sync_dp_single", {})
-        out.setdefault("sync_dp_runs", {})
         a.sweeps = {k: v for f in a.sweeps_from for k, v in json.loads(f.read_text()).get("sync_dp_runs", {}).items()}
-        a.sweeps.update(out["sync_dp_runs"])
-        out["sync_dp_runs"] = a.sweeps
+        out["sync_dp_runs"] = a.sweeps = a.sweeps | out.get("sync_dp_runs", {})
         a.store_sweeps = lambda: results.write_json(a.out, out)
     store = out["sync_dp_single"] if a.sync_dp else out["single"]
     for seed in [] if a.report else a.seeds:
@@ -281,18 +199,15 @@ def main(argv=None) -> None:
         if not a.no_single and key not in store:
             runs = []
             for mult in (1, 2, 4):
-                r = run_one(a, parse_variant("K=1"), a.rounds * mult, seed, data, eval_xy)
-                print(f"single x{mult} seed {seed}: ce {r['ce']:.4f} ({r['wall_s']:.0f}s)", flush=True)
-                runs.append(r)
+                runs.append(run_one(a, parse_variant("K=1"), a.rounds * mult, seed, data, eval_xy))
+                print(f"single x{mult} seed {seed}: ce {runs[-1]['ce']:.4f} ({runs[-1]['wall_s']:.0f}s)", flush=True)
             store[key] = runs
             results.write_json(a.out, out)
         single = [(r["steps_per_replica"], r["ce"]) for r in store.get(key, [])]
-        if a.sync_dp:
-            for k in a.ks:
-                for row in sync_dp_rows(a, k, seed, data, eval_xy, single, key):
-                    out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
-                results.write_json(a.out, out)
-            continue
+        for k in a.ks if a.sync_dp else []:
+            for row in sync_dp_rows(a, k, seed, data, eval_xy, single, key):
+                out["sync_dp"] = [r for r in out.get("sync_dp", []) if sync_id(r) != sync_id(row)] + [row]
+            results.write_json(a.out, out)
         for v in variants:
             r = run_one(a, v, a.rounds, seed, data, eval_xy)
             if single:
@@ -300,20 +215,15 @@ def main(argv=None) -> None:
             out["rows"].append(r)
             results.write_json(a.out, out)
             eff = f"efficiency {r['efficiency']:.3f}{' (extrap.)' if r['extrapolated'] else ''}" if single else ""
-            curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
-            print(f"{r['label']} seed {seed}: ce {r['ce']:.4f} {eff} ({r['wall_s']:.0f}s) curve {curve}", flush=True)
+            print(f"{r['label']} seed {seed}: ce {r['ce']:.4f} {eff} ({r['wall_s']:.0f}s) {fmt_curve(r)}", flush=True)
     out["machine"] = f"{results.machine()}, torch {torch.__version__}"
     results.write_json(a.out, out)
-    if a.sync_dp:
-        write_sync_md(a, out)
-    else:
-        write_md(a, out)
+    (write_sync_md if a.sync_dp else write_md)(a, out)
 
 
 def single_key(a, seed: int) -> str:
     """The key of the single-replica reference runs in the JSON's "single": seed, rounds and H only (a run at
-    another --batch-size or --lr reads the stored reference of the same schedule: its efficiency is counted in
-    steps of that reference; pass another --out for a reference of its own)."""
+    another --batch-size or --lr reads the stored reference of the same schedule: pass another --out for its own)."""
     return f"seed{seed}_r{a.rounds}_H{a.steps}"
 
 
@@ -322,16 +232,14 @@ def sync_single_key(a, seed: int) -> str:
     return f"{single_key(a, seed)}_b{a.batch_size}_lr{a.lr:g}_B{a.blocks}_d{a.d_model}_seq{a.seq_len}"
 
 
+def swarm_variant(row: dict) -> str:
+    return row.get("swarm_variant") or f"H={row.get('H')}, AdamW"  # rows from before --swarm-variants
+
+
 def sync_id(row: dict) -> tuple:
     """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
-    variant = row.get("swarm_variant") or f"H={row.get('H')}, AdamW"  # rows from before --swarm-variants
     keys = ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "cosine")
-    return (*(row.get(k) for k in keys), variant)
-
-
-def excess_pct(ce: float, ref_ce: float) -> float:
-    """The swarm's excess loss over the reference, in percent of the reference's CE (negative: the swarm is lower)."""
-    return 100.0 * (ce - ref_ce) / ref_ce
+    return (*(row.get(k) for k in keys), swarm_variant(row))
 
 
 def sync_dp_summary(k: int, swarm: dict, sweep: list[dict], single: list[tuple[int, float]]) -> dict:
@@ -339,37 +247,23 @@ def sync_dp_summary(k: int, swarm: dict, sweep: list[dict], single: list[tuple[i
     (steps, CE) points (empty: no efficiencies)."""
     best = min(sweep, key=lambda r: r["ce"])
     mults = [r["lr_mult"] for r in sweep]
-    row = {
-        "K": k,
-        "steps_per_replica": swarm["steps_per_replica"],
-        "ce": swarm["ce"],
-        "sync_dp_ce": best["ce"],
-        "excess_pct": excess_pct(swarm["ce"], best["ce"]),
-        "sync_dp_lr_mult": best["lr_mult"],
-        "sync_dp_lr": best["lr_abs"],
-        "sync_dp_lr_at_edge": len(mults) > 1 and best["lr_mult"] in (min(mults), max(mults)),
-        "sync_dp_sweep": sweep,
-        "efficiency": None,
-        "sync_dp_efficiency": None,
-    }
+    row = {"K": k, "steps_per_replica": swarm["steps_per_replica"], "ce": swarm["ce"], "sync_dp_ce": best["ce"]}
+    row["excess_pct"] = 100.0 * (swarm["ce"] - best["ce"]) / best["ce"]  # negative: the swarm is lower
+    row |= {"sync_dp_lr_mult": best["lr_mult"], "sync_dp_lr": best["lr_abs"], "sync_dp_sweep": sweep}
+    row["sync_dp_lr_at_edge"] = len(mults) > 1 and best["lr_mult"] in (min(mults), max(mults))
+    row |= {"efficiency": None, "sync_dp_efficiency": None}
     if len(single) >= 2:
-        eff = efficiency({"K": k, "ce": swarm["ce"], "steps_per_replica": swarm["steps_per_replica"]}, single)
-        ref = efficiency({"K": k, "ce": best["ce"], "steps_per_replica": swarm["steps_per_replica"]}, single)
-        row.update(eff)
-        row.update(
-            sync_dp_efficiency=ref["efficiency"],
-            sync_dp_single_steps_equiv=ref["single_steps_equiv"],
-            sync_dp_extrapolated=ref["extrapolated"],
-        )
+        at = {"K": k, "steps_per_replica": swarm["steps_per_replica"]}
+        row.update(efficiency({**at, "ce": swarm["ce"]}, single))
+        ref = efficiency({**at, "ce": best["ce"]}, single)
+        row.update({f"sync_dp_{x}": ref[x] for x in ("efficiency", "single_steps_equiv", "extrapolated")})
     return row
 
 
-def sync_dp_rows(
-    a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str
-) -> list[dict]:
-    """Each swarm of --swarm-variants (K replicas per block) beside one replica at K x the batch for each lr
-    multiplier at the swarm's H (one sweep per H: the reference refreshes its trajectory predecessors and
-    averages the byte table across blocks once a round, as often as the swarm): a row per swarm."""
+def sync_dp_rows(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tuple[int, float]], key: str) -> list:
+    """A row per swarm of --swarm-variants (K replicas per block) beside one replica at K x the batch for each lr
+    multiplier at the swarm's H (one sweep per H: the reference refreshes its trajectory predecessors and averages
+    the byte table across blocks once a round, as often as the swarm)."""
     sweeps: dict[int, list[dict]] = {}
     rows = []
     for text in a.swarm_variants:
@@ -377,18 +271,29 @@ def sync_dp_rows(
         h = v["H"] or a.steps
         if h not in sweeps:
             sweeps[h] = sync_dp_sweep(a, k, seed, data, eval_xy, h)
-        sweep = sweeps[h]
-        run_key = "swarm " + sweep_key(a, k, seed, h, v["lr"]) + " " + label(v)
-        swarm = a.sweeps.get(run_key)
-        if swarm is None:
-            swarm = run_one(a, v, a.rounds, seed, data, eval_xy)
-            a.sweeps[run_key] = {k: swarm[k] for k in ("steps_per_replica", "ce", "curve", "wall_s")}
+        sweep, run_key = sweeps[h], f"swarm {sweep_key(a, k, seed, h, v['lr'])} {label(v)}"
+        if run_key not in a.sweeps:
+            r = run_one(a, v, a.rounds, seed, data, eval_xy)
+            a.sweeps[run_key] = {x: r[x] for x in ("steps_per_replica", *SAVED_RUN)}
             a.store_sweeps()
+        swarm = a.sweeps[run_key]
+        done = f"ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}"
+        print(f"swarm {label(v)} seed {seed}: {done}", flush=True)
+        row = sync_dp_summary(k, swarm, sweep, single)
+        row |= {"seed": seed, "rounds": a.rounds, "H": a.steps, "batch_size": a.batch_size, "lr": a.lr}
+        row |= {"sync_dp_batch_size": k * a.batch_size, "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}"}
+        row |= {"cosine": a.cosine} if a.cosine else {}
+        row |= {"swarm_variant": swarm_label(v, a.steps), "sync_dp_h": h, "swarm_curve": swarm["curve"]}
+        row |= {"swarm_wall_s": swarm["wall_s"], "single_key": key if single else None, "single": single}
+        row["wall_s"] = swarm["wall_s"] + sum(r["wall_s"] for r in sweep)
+        row["command"] = results.command_line("replica_sim.py", a.argv)
+        eff = f"efficiency {row['efficiency']:.3f}" if row["efficiency"] is not None else "no single reference"
         print(
-            f"swarm {label(v)} seed {seed}: ce {swarm['ce']:.4f} ({swarm['wall_s']:.0f}s) {fmt_curve(swarm)}",
+            f"K={k} {row['swarm_variant']} seed {seed}: swarm {row['ce']:.4f} sync DP {row['sync_dp_ce']:.4f} "
+            f"(lr x{row['sync_dp_lr_mult']:g}) excess {row['excess_pct']:+.2f}% {eff} ({row['wall_s']:.0f}s)",
             flush=True,
         )
-        rows.append(sync_dp_row(a, k, seed, v, swarm, sweep, single, key, swarm["wall_s"]))
+        rows.append(row)
     return rows
 
 
@@ -406,69 +311,22 @@ def sync_dp_sweep(a, k: int, seed: int, data: ByteData, eval_xy, h: int) -> list
     sync_dp_rows: a row is rebuilt, not rerun, when its sweep grows) is read, not rerun."""
     sweep = []
     for mult in a.sync_lrs:
-        key = sweep_key(a, k, seed, h, mult)
+        key, run = sweep_key(a, k, seed, h, mult), f"sync DP K={k}"
         if key in a.sweeps:
-            print(f"sync DP K={k} lr x{mult:g} H={h} seed {seed}: ce {a.sweeps[key]['ce']:.4f} (stored)", flush=True)
-            sweep.append(a.sweeps[key])
-            continue
-        v = parse_variant(f"K=1,lr={mult:g}" + (f",H={h}" if h != a.steps else ""))
-        r = run_one(a, v, a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
-        print(
-            f"sync DP K={k} (batch {k * a.batch_size}, lr x{mult:g}, H={h}) seed {seed}: ce {r['ce']:.4f} "
-            f"({r['wall_s']:.0f}s) {fmt_curve(r)}",
-            flush=True,
-        )
-        sweep.append(
-            {"lr_mult": mult, "lr_abs": a.lr * mult, "ce": r["ce"], "curve": r["curve"], "wall_s": r["wall_s"]}
-        )
-        a.sweeps[key] = sweep[-1]
-        a.store_sweeps()
+            print(f"{run} lr x{mult:g} H={h} seed {seed}: ce {a.sweeps[key]['ce']:.4f} (stored)", flush=True)
+        else:
+            v = parse_variant(f"K=1,lr={mult:g}" + (f",H={h}" if h != a.steps else ""))
+            r = run_one(a, v, a.rounds, seed, data, eval_xy, batch_size=k * a.batch_size)
+            run += f" (batch {k * a.batch_size}, lr x{mult:g}, H={h}) seed {seed}"
+            print(f"{run}: ce {r['ce']:.4f} ({r['wall_s']:.0f}s) {fmt_curve(r)}", flush=True)
+            a.sweeps[key] = {"lr_mult": mult, "lr_abs": a.lr * mult, **{x: r[x] for x in SAVED_RUN}}
+            a.store_sweeps()
+        sweep.append(a.sweeps[key])
     return sweep
 
 
-def sync_dp_row(
-    a,
-    k: int,
-    seed: int,
-    v: dict,
-    swarm: dict,
-    sweep: list[dict],
-    single: list[tuple[int, float]],
-    key: str,
-    wall: float,
-) -> dict:
-    """The row of one swarm (variant v, its run `swarm`) beside the sync-DP sweep."""
-    row = {
-        **sync_dp_summary(k, swarm, sweep, single),
-        "seed": seed,
-        "rounds": a.rounds,
-        "H": a.steps,
-        "batch_size": a.batch_size,
-        "sync_dp_batch_size": k * a.batch_size,
-        "lr": a.lr,
-        "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}",
-        **({"cosine": a.cosine} if a.cosine else {}),
-        "swarm_variant": swarm_label(v, a.steps),
-        "sync_dp_h": v["H"] or a.steps,
-        "swarm_curve": swarm["curve"],
-        "swarm_wall_s": swarm["wall_s"],
-        "single_key": key if single else None,
-        "single": single,
-        "wall_s": wall + sum(r["wall_s"] for r in sweep),
-        "command": results.command_line("replica_sim.py", a.argv),
-    }
-    eff = f"efficiency {row['efficiency']:.3f}" if row["efficiency"] is not None else "no single reference"
-    print(
-        f"K={k} {row['swarm_variant']} seed {seed}: swarm {row['ce']:.4f} sync DP {row['sync_dp_ce']:.4f} "
-        f"(lr x{row['sync_dp_lr_mult']:g}) "
-        f"excess {row['excess_pct']:+.2f}% {eff} ({row['wall_s']:.0f}s)",
-        flush=True,
-    )
-    return row
-
-
-def fmt_curve(r: dict) -> str:
-    return "curve " + " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
+def fmt_curve(r: dict, head: str = "curve ") -> str:
+    return head + " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
 
 
 def write_sync_md(a, out: dict) -> None:
@@ -476,13 +334,7 @@ def write_sync_md(a, out: dict) -> None:
     are in the JSON)."""
     rows = sorted(
         out.get("sync_dp", []),
-        key=lambda r: (
-            r["steps_per_replica"],
-            r["K"],
-            r.get("sync_dp_h", r["H"]),
-            r["seed"],
-            r.get("swarm_variant") or "H=25, AdamW",
-        ),
+        key=lambda r: (r["steps_per_replica"], r["K"], r.get("sync_dp_h", r["H"]), r["seed"], swarm_variant(r)),
     )
     lines = [
         "### Swarm vs synchronous data parallelism: one replica at K x the batch",
@@ -499,21 +351,14 @@ def write_sync_md(a, out: dict) -> None:
     for r in rows:
         mults = ", ".join(f"{s['lr_mult']:g}" for s in r["sync_dp_sweep"])
         edge = ", edge" if r.get("sync_dp_lr_at_edge") else ""
+        lr = f", cosine to {r['cosine']:g}" if r.get("cosine") else ", constant lr"
         lines.append(
-            f"| {r['steps_per_replica']} | {r['K']} | {r.get('swarm_variant') or 'H=' + str(r['H']) + ', AdamW'}"
-            f"{schedule_words(r)} "
-            f"| {r['ce']:.4f} | {r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge}) | {mults} "
-            f"| {r['excess_pct']:+.2f} |"
+            f"| {r['steps_per_replica']} | {r['K']} | {swarm_variant(r)}{lr} | {r['ce']:.4f} "
+            f"| {r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge}) | {mults} | {r['excess_pct']:+.2f} |"
         )
     commands = sorted({without_caches(r["command"]) for r in rows})
     lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
-    lines += results.machine_footer(out.get("machine", ""))
-    results.replace_section(a.md, "replica_sim.py sync-dp", lines)
-
-
-def schedule_words(row: dict) -> str:
-    """How a row's inner lr moves after warmup, in words for its table cell."""
-    return f", cosine to {row['cosine']:g}" if row.get("cosine") else ", constant lr"
+    results.replace_section(a.md, "replica_sim.py sync-dp", lines + results.machine_footer(out.get("machine", "")))
 
 
 def without_caches(command: str) -> str:
@@ -531,6 +376,7 @@ def without_caches(command: str) -> str:
 
 
 def write_md(a, out: dict) -> None:
+    singles = "; ".join(f"{k}: " + " / ".join(f"{r['ce']:.4f}" for r in runs) for k, runs in out["single"].items())
     lines = [
         "### Replica efficiency in the simulator: outer optimizer and lr scaling sweeps",
         "",
@@ -538,27 +384,23 @@ def write_md(a, out: dict) -> None:
         f"Model and schedule of benchmarks/swarm.py (B={a.blocks}, d={a.d_model}, seq {a.seq_len}, batch "
         f"{a.batch_size}, lr {a.lr}; H as in the table), lockstep network, int8 + error feedback, robust merge.",
         "",
-        "Single-replica reference (final from-noise CE at 1x / 2x / 4x the rounds, separate runs): "
-        + "; ".join(f"{k}: " + " / ".join(f"{r['ce']:.4f}" for r in runs) for k, runs in out["single"].items()),
+        "Single-replica reference (final from-noise CE at 1x / 2x / 4x the rounds, separate runs): " + singles,
         "",
         "| variant | seed | H | steps/replica | CE | CE curve (measured rounds) | single-replica steps to that CE "
         "| efficiency |",
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in out["rows"]:
-        head = f"| {r['label']} | {r['seed']} | {r['steps_per_replica'] // r['rounds']} | {r['steps_per_replica']}"
+        eff = "- | -"
         if "efficiency" in r:
-            curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
-            lines.append(
-                f"{head} | {r['ce']:.4f} | {curve} "
-                f"| {r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''} | {r['efficiency']:.3f} |"
-            )
-        else:
-            curve = " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
-            lines.append(f"{head} | {r['ce']:.4f} | {curve} | - | - |")
+            eff = f"{r['single_steps_equiv']:.0f}{' (extrap.)' if r['extrapolated'] else ''} | {r['efficiency']:.3f}"
+        lines.append(
+            f"| {r['label']} | {r['seed']} | {r['steps_per_replica'] // r['rounds']} | {r['steps_per_replica']} "
+            f"| {r['ce']:.4f} | {fmt_curve(r, '')} | {eff} |"
+        )
     commands = sorted({r.get("command", out["command"]) for r in out["rows"]})
-    lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands)]
-    results.replace_section(a.md, "replica_sim.py", [*lines, ""])
+    lines += ["", "Commands of the rows: " + "; ".join(f"`{c}`" for c in commands), ""]
+    results.replace_section(a.md, "replica_sim.py", lines)
 
 
 if __name__ == "__main__":
