@@ -1,30 +1,22 @@
-"""Group averaging's quality cost in the simulator (issue 20, item 3): groups of k against all-to-all.
+"""Group averaging's quality cost in the simulator: groups of k against all-to-all.
 
-Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's robust merge, and with
---group-size the daemon's grid groups and anchored offsets: swarmd.averaging.groups) for benchmarks/swarm.py's
-model and schedule (B=3, d=64, 8 rounds x H=25, batch 16, lr 3e-3), K replicas per block for each K of --ks.
-For each K, in the same run with the same seeds, all-to-all averaging and groups of at most --group-size (and
-one row per --full-every value: every that many rounds one round of everybody), under each --regimes
-network (lockstep: every delta arrives; the others drop and delay peers as swarmd.sim.regimes says).
-Reports per row: from-noise CE of every replica set (replica j: block b from worker j of block b, its own
-byte table), their mean and spread, the CE minus all-to-all's, and the consensus distance (the largest
-relative distance between two same-block replicas' bases, or two workers' tables) after each round.
+swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's robust merge, with --group-size the
+daemon's groups and anchored offsets: swarmd.averaging.groups) on benchmarks/swarm.py's model and schedule, K
+replicas per block for each K of --ks. Per K and --regimes network, in the same run with the same seeds: all-to-all
+and groups of at most --group-size (a row per --full-every, --table-group-size and --layouts value; two-phase also
+averages across the groups in the same round, its phase-2 bytes counted in the upload). A row: from-noise CE of
+every replica set (block b from worker j of block b, its own byte table), their mean and spread, the CE minus
+all-to-all's, the consensus distance after each round. --outer and --overlap apply to every row (with groups the
+outer step is the local one of swarmd.averaging.outer).
 
     python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
-    python benchmarks/group_sim.py --ks 4 8 --group-size 2 4 --layouts grid balanced
     python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --outer nesterov --overlap
-    python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --rounds 40 --steps 5 --replica-adam
     python benchmarks/group_sim.py --ks 8 12 --group-size 4 --layouts balanced two-phase --rounds 4 --steps 10
-
-(--layouts two-phase: each round's groups are also averaged across, in the same round: swarmd.averaging.phases;
-its phase-2 bytes count in the row's upload.)
-
---outer and --overlap apply to every row, the all-to-all one included (with groups, the outer optimizer is
-the local one of swarmd.averaging.outer: each worker steps on its own delta before sending).
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -50,16 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--ks", type=int, nargs="+", default=[4, 8], help="replicas per block")
     p.add_argument("--group-size", type=int, nargs="+", default=[4], help="k of the group rows (0 = all-to-all)")
     p.add_argument("--full-every", type=int, nargs="+", default=[0], help="group_full_every of the group rows")
-    p.add_argument(
-        "--table-group-size",
-        type=int,
-        nargs="+",
-        default=[0],
-        help="table_group_size of the group rows (0 = the byte table all-to-all)",
-    )
-    p.add_argument(
-        "--layouts", nargs="+", choices=GROUP_LAYOUTS, default=["grid"], help="group_layout of the group rows"
-    )
+    table = "table_group_size of the group rows (0 = the byte table all-to-all)"
+    p.add_argument("--table-group-size", type=int, nargs="+", default=[0], help=table)
+    p.add_argument("--layouts", nargs="+", choices=GROUP_LAYOUTS, default=["grid"], help="group_layout of group rows")
     p.add_argument("--regimes", nargs="+", default=["lockstep"])
     p.add_argument("--codec", choices=("fp32", "bf16", "int8"), default="int8")
     p.add_argument("--merge", choices=("robust", "mean"), default="robust", help="GossipConfig.merge")
@@ -67,9 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--outer-lr", type=float, default=GossipConfig.outer_lr)
     p.add_argument("--outer-momentum", type=float, default=GossipConfig.outer_momentum)
     p.add_argument("--overlap", action="store_true", help="merges land a round late (SimConfig.overlap, every row)")
-    p.add_argument(
-        "--replica-adam", action="store_true", help="TrainConfig.replica_adam (ReplicaAdamW, K = the merge's members)"
-    )
+    p.add_argument("--replica-adam", action="store_true", help="ReplicaAdamW (K = the merge's members)")
     p.add_argument("--seed", type=int, default=0)
     options.add_outputs(p, "group_sim.json", results.BENCHMARKS)
     options.add_section(p, "group_sim.py")
@@ -81,73 +64,31 @@ def parse_args(argv=None):
 def replica_set_ces(sim: Simulator, eval_xy, cfg) -> list[float]:
     """From-noise CE of each replica set: block b of worker j of every block, worker j of block 0's table."""
     K = sim.cfg.workers
-    ces = []
-    for j in range(K):
-        ws = [sim.workers[b * K + j] for b in range(cfg.blocks)]
-        ces.append(
-            float(from_noise_ce([w.state.trainer.block for w in ws], ws[0].state.trainer.emb, *eval_xy, cfg)["ce"])
-        )
-    return ces
+    sets = [[sim.workers[b * K + j].state.trainer for b in range(cfg.blocks)] for j in range(K)]
+    return [float(from_noise_ce([t.block for t in ts], ts[0].emb, *eval_xy, cfg)["ce"]) for ts in sets]
 
 
 def run_row(a, k: int, group: int, full_every: int, table: int, layout: str, regime_name: str, data, eval_xy) -> dict:
     cfg = options.model_of(a)
     train = peer_train_config(a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, replica_adam=a.replica_adam)
-    sim_cfg = SimConfig(
-        cfg,
-        train,
-        workers=k,
-        rounds=a.rounds,
-        steps_per_round=a.steps,
-        eval_every=1,
-        codec=Codec(a.codec),
-        overlap=a.overlap,
-    )
-    gossip = GossipConfig(
-        steps_per_round=a.steps,
-        group_size=group,
-        group_full_every=full_every,
-        table_group_size=table,
-        group_layout=layout,
-        merge=a.merge,
-        outer=a.outer,
-        outer_lr=a.outer_lr,
-        outer_momentum=a.outer_momentum,
-    )
+    sim_kw = {"workers": k, "rounds": a.rounds, "steps_per_round": a.steps, "eval_every": 1, "overlap": a.overlap}
+    groups = {"group_size": group, "group_full_every": full_every, "table_group_size": table, "group_layout": layout}
+    outer = {"outer": a.outer, "outer_lr": a.outer_lr, "outer_momentum": a.outer_momentum}
+    gossip = GossipConfig(steps_per_round=a.steps, merge=a.merge, **groups, **outer)
     regime = regime_named(regime_name)
+    policy = make_policy("adaptive" if regime_name != "lockstep" else "lockstep", regime, a.steps)
     start = time.perf_counter()
-    sim = Simulator(
-        sim_cfg,
-        regime,
-        make_policy("adaptive" if regime_name != "lockstep" else "lockstep", regime, a.steps),
-        data,
-        eval_xy,
-        gossip=gossip,
-    )
+    sim = Simulator(SimConfig(cfg, train, codec=Codec(a.codec), **sim_kw), regime, policy, data, eval_xy, gossip=gossip)
     result = sim.run()
     ces = replica_set_ces(sim, eval_xy, cfg)
-    return {
-        "K": k,
-        "group_size": group,
-        "full_every": full_every,
-        "table_group_size": table,
-        "layout": layout,
-        "regime": regime_name,
-        "codec": a.codec,
-        "merge": a.merge,
-        "outer": a.outer if a.outer == "none" else f"{a.outer} lr {a.outer_lr} momentum {a.outer_momentum}",
-        "overlap": a.overlap,
-        "replica_adam": a.replica_adam,
-        "steps_per_replica": a.rounds * a.steps,
-        "ce_mean": statistics.mean(ces),
-        "ce_min": min(ces),
-        "ce_max": max(ces),
-        "ce_per_replica_set": ces,
-        "consensus": [r.consensus for r in result.rounds],
-        "participation": result.participation,
-        "upload_bytes_per_worker_round": result.wire_bytes / (k * cfg.blocks * a.rounds),
-        "wall_s": time.perf_counter() - start,
-    }
+    row = {"K": k, "group_size": group, "full_every": full_every, "table_group_size": table, "layout": layout}
+    row |= {"regime": regime_name, "codec": a.codec, "merge": a.merge, "overlap": a.overlap}
+    row["outer"] = a.outer if a.outer == "none" else f"{a.outer} lr {a.outer_lr} momentum {a.outer_momentum}"
+    row |= {"replica_adam": a.replica_adam, "steps_per_replica": a.rounds * a.steps, "ce_mean": statistics.mean(ces)}
+    row |= {"ce_min": min(ces), "ce_max": max(ces), "ce_per_replica_set": ces}
+    row |= {"consensus": [r.consensus for r in result.rounds], "participation": result.participation}
+    row["upload_bytes_per_worker_round"] = result.wire_bytes / (k * cfg.blocks * a.rounds)
+    return row | {"wall_s": time.perf_counter() - start}
 
 
 def label(r: dict) -> str:
@@ -160,6 +101,7 @@ def label(r: dict) -> str:
 
 
 def write_md(a, out: dict) -> None:
+    outer = a.outer != "none"
     lines = [
         "### Group averaging in the simulator: groups of k against all-to-all",
         "",
@@ -168,11 +110,7 @@ def write_md(a, out: dict) -> None:
         f"swarmd.sim: B={a.blocks}, L_b=1, d={a.d_model}, seq {a.seq_len}, batch {a.batch_size} per replica, lr "
         f"{a.lr:g}, {a.rounds} rounds x H={a.steps}, {a.codec} deltas{' with error feedback' * (a.codec == 'int8')}, "
         f"{a.merge} merge, {'ReplicaAdamW' if a.replica_adam else 'AdamW'}, "
-        + (
-            f"outer Nesterov (lr {a.outer_lr:g}, momentum {a.outer_momentum:g}; local in group rows), "
-            if a.outer != "none"
-            else ""
-        )
+        + (f"outer Nesterov (lr {a.outer_lr:g}, momentum {a.outer_momentum:g}; local in group rows), " * outer)
         + ("overlap (merges land a round late), " if a.overlap else "")
         + f"seed {a.seed}. Groups: "
         "the daemon's assignment (grid, or the layout the row names) and anchored offsets "
@@ -187,9 +125,8 @@ def write_md(a, out: dict) -> None:
         "|---:|---|---|---|---:|---|---:|---:|",
     ]
     for r in out["rows"]:
-        ref = next(
-            (x for x in out["rows"] if x["K"] == r["K"] and x["regime"] == r["regime"] and not x["group_size"]), None
-        )
+        same = [x for x in out["rows"] if x["K"] == r["K"] and x["regime"] == r["regime"] and not x["group_size"]]
+        ref = same[0] if same else None
         diff = f"{r['ce_mean'] - ref['ce_mean']:+.4f}" if ref is not None and r is not ref else "-"
         c = r["consensus"]
         cons = " / ".join(f"{x:.1e}" for x in (c[0], c[min(3, len(c) - 1)], c[-1]))
@@ -204,29 +141,18 @@ def write_md(a, out: dict) -> None:
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    cfg = options.model_of(a)
-    data, eval_xy = options.swarm_text(a, cfg)
+    data, eval_xy = options.swarm_text(a, options.model_of(a))
     out = {"command": results.command_line("group_sim.py", argv), "rows": [], "machine": results.machine()}
     for regime in a.regimes:
         for k in a.ks:
-            combos = [(0, 0, 0, "grid")] + [
-                (g, f, t, lay)
-                for g in a.group_size
-                for f in a.full_every
-                for t in a.table_group_size
-                for lay in a.layouts
-                if g or t
-            ]
-            for group, full, table, layout in combos:
+            combos = itertools.product(a.group_size, a.full_every, a.table_group_size, a.layouts)
+            for group, full, table, layout in [(0, 0, 0, "grid"), *((g, f, t, y) for g, f, t, y in combos if g or t)]:
                 r = run_row(a, k, group, full, table, layout, regime, data, eval_xy)
                 out["rows"].append(r)
                 results.write_json(a.out, out)
                 cons = " ".join(f"{x:.1e}" for x in r["consensus"])
-                print(
-                    f"K={k} {regime} {label(r)}: ce {r['ce_mean']:.4f} ({r['ce_min']:.4f}-{r['ce_max']:.4f}) "
-                    f"consensus {cons} ({r['wall_s']:.0f}s)",
-                    flush=True,
-                )
+                ce = f"ce {r['ce_mean']:.4f} ({r['ce_min']:.4f}-{r['ce_max']:.4f})"
+                print(f"K={k} {regime} {label(r)}: {ce} consensus {cons} ({r['wall_s']:.0f}s)", flush=True)
     write_md(a, out)
 
 
