@@ -5,8 +5,14 @@ device), times H, plus the simulator's network and merge. This script checks the
 step costs of the daemons' own training config in this process, pinned to one core (the rest of the machine
 idle), runs the same schedule in the simulator (swarmd.sim.scheduled: concurrent, one peer per block, the lockstep
 regime, loopback-fast), then starts the same swarm as real daemons (`python -m swarmd`), peer i under `taskset -c
-<core i>` with one torch thread, and reads their merge-to-merge round times from their checkpoints. Rows: per
-peer, the measured median round time, the model's, their ratio, and the daemon's own median seconds of exchange.
+<core i>` with one torch thread, and reads their merge-to-merge round times from their checkpoints. A daemon's
+round also pays fixed costs besides its steps and its exchange: record lookups, exchange calls, checkpoint,
+announce (StepCosts.round_s) and the local work of each predecessor pull (pull_s). The first run (H =
+--steps-per-round) measures them from the daemons' round histories (fixed seconds = round - train_s - exchange
+seconds; round_s: block 0's median, which pulls nothing; pull_s: a later block's median rest per pull); a second
+swarm at --check-steps (another H) is then predicted with them and compared. Rows: per run and peer, the measured
+median round time, the model's without and with round_s, their ratios, and the daemon's median train, exchange
+and fixed seconds.
 
     python benchmarks/clock_check.py --data-dir ../shared/data/wikitext-2
 """
@@ -19,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +36,7 @@ from benchmarks.harness.daemons import Swarm, check_exit, history
 from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
 from benchmarks.harness.results import command_line, machine, write_json
 from swarmd.core.data import ByteData
-from swarmd.sim.costs import measure_step_costs, priced_regime
+from swarmd.sim.costs import StepCosts, measure_step_costs, priced_regime
 from swarmd.sim.engine import SimConfig
 from swarmd.sim.policies import make_policy, regime_policy
 from swarmd.sim.regimes import regime_named
@@ -41,7 +48,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     add_shape(p, blocks=2, d_model=64, seq_len=64, layers_per_block=1)
     add_outputs(p, "clock_check.json")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps-per-round", type=int, default=25, help="H")
+    p.add_argument("--steps-per-round", type=int, default=25, help="H of the run that measures round_s")
+    p.add_argument("--check-steps", type=int, default=50, help="H of the run predicted with it (0: none)")
     p.add_argument("--rounds", type=int, default=12, help="rounds each daemon runs (the first is not timed)")
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--cores", type=int, nargs="+", help="the core of each peer (default: 0 .. peers - 1)")
@@ -70,13 +78,18 @@ def daemons(a: argparse.Namespace, workdir: Path) -> Swarm:
     )
 
 
-def modelled_rounds(a: argparse.Namespace, swarm: Swarm) -> tuple[dict, list[float]]:
-    """The cost model's step costs of the daemons' config (measured pinned to the first core) and its round
-    times for the same schedule (concurrent, one peer per block, lockstep)."""
+def step_costs(a: argparse.Namespace, swarm: Swarm) -> StepCosts:
+    """The step costs of the daemons' config, measured pinned to the first core with one thread."""
     os.sched_setaffinity(0, {a.cores[0]})
     torch.set_num_threads(1)
+    costs = measure_step_costs(swarm.config.model, swarm.config.train)
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    return costs
+
+
+def modelled_rounds(a: argparse.Namespace, swarm: Swarm, costs: StepCosts) -> list[float]:
+    """The cost model's round times for the swarm's schedule (concurrent, one peer per block, lockstep)."""
     cfg, train = swarm.config.model, swarm.config.train
-    costs = measure_step_costs(cfg, train)
     regime = priced_regime(regime_named("lockstep"), costs.block_s[0])
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(1024)
@@ -84,9 +97,7 @@ def modelled_rounds(a: argparse.Namespace, swarm: Swarm) -> tuple[dict, list[flo
     policy = make_policy(regime_policy(regime), regime, a.steps_per_round)
     plan = SchedulePlan("concurrent", cfg.blocks, 1, True)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
-    seconds = [sim.step().seconds for _ in range(a.rounds)]
-    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-    return costs.to_dict(), seconds
+    return [sim.step().seconds for _ in range(a.rounds)]
 
 
 def measured_rounds(swarm: Swarm, timeout_s: float) -> list[dict]:
@@ -100,49 +111,75 @@ def measured_rounds(swarm: Swarm, timeout_s: float) -> list[dict]:
     for p in swarm.peers:
         h = history(p)
         at = [r["at_s"] for r in h]
-        out.append(
-            {
-                "each_round_s": [b - a for a, b in itertools.pairwise(at)],
-                "each_exchange_s": [r["seconds"] for r in h[1:]],
-            }
-        )
+        rounds = [b - a for a, b in itertools.pairwise(at)]
+        exchange = [r["seconds"] for r in h[1:]]
+        train = [r.get("train_s", 0.0) for r in h[1:]]
+        fixed = [r - t - x for r, t, x in zip(rounds, train, exchange)]
+        out.append({"each_round_s": rounds, "each_exchange_s": exchange, "each_train_s": train, "each_fixed_s": fixed})
     return out
 
 
-def run(a: argparse.Namespace) -> dict:
+def one_run(
+    a: argparse.Namespace, steps: int, fixed: tuple[float, float] | None
+) -> tuple[list[dict], StepCosts, Swarm]:
+    """A swarm at H=steps: its rows, the model without and with `fixed` (StepCosts.round_s, pull_s; None: measured
+    in this run, from the daemons' fixed seconds a round: block 0's, and a later block's less that, per pull)."""
+    a = argparse.Namespace(**{**vars(a), "steps_per_round": steps})
     with tempfile.TemporaryDirectory(prefix="clock-check-") as tmp:
         swarm = daemons(a, Path(tmp))
-        costs, modelled = modelled_rounds(a, swarm)
+        costs = step_costs(a, swarm)
         measured = measured_rounds(swarm, a.timeout)
-    model_s = statistics.median(modelled[1:])
+    train = swarm.config.train
+    pulls = [train.predecessor_pulls * p.block if train.trajectory_prob else 0 for p in swarm.peers]
+    if fixed is None:  # block 0 pulls nothing: its fixed seconds are round_s; a later block's rest is its pulls'
+        round_s = statistics.median(f for m, n in zip(measured, pulls) if not n for f in m["each_fixed_s"])
+        per_pull = [(f - round_s) / n for m, n in zip(measured, pulls) if n for f in m["each_fixed_s"]]
+        fixed = round_s, max(0.0, statistics.median(per_pull)) if per_pull else 0.0
+    costs = replace(costs, round_s=fixed[0], pull_s=fixed[1])
+    free_s = statistics.median(modelled_rounds(a, swarm, replace(costs, round_s=0.0, pull_s=0.0))[1:])
+    model_s = statistics.median(modelled_rounds(a, swarm, costs)[1:])
     rows = []
     for i, m in enumerate(measured):
         real_s = statistics.median(m["each_round_s"])
+        medians = {f"{k}_s": statistics.median(m[f"each_{k}_s"]) for k in ("train", "exchange", "fixed")}
         rows.append(
             {
+                "steps_per_round": steps,
                 "peer": i,
                 "block": swarm.peers[i].block,
                 "core": a.cores[i],
                 "measured_round_s": real_s,
                 "modelled_round_s": model_s,
                 "measured_over_modelled": real_s / model_s,
-                "exchange_s": statistics.median(m["each_exchange_s"]),
+                "modelled_without_round_s": free_s,
+                "measured_over_modelled_without": real_s / free_s,
+                **medians,
                 "rounds_timed": len(m["each_round_s"]),
                 **m,
             }
         )
         print(
-            f"peer {i} (block {rows[-1]['block']}, core {a.cores[i]}): round {real_s:.3f} s measured, "
-            f"{model_s:.3f} s modelled, ratio {real_s / model_s:.2f}, exchange {rows[-1]['exchange_s']:.3f} s",
+            f"H={steps} peer {i} (block {rows[-1]['block']}, core {a.cores[i]}): round {real_s:.3f} s measured, "
+            f"{model_s:.3f} s modelled with round_s {costs.round_s:.3f} and pull_s {costs.pull_s:.3f} (ratio "
+            f"{real_s / model_s:.2f}), {free_s:.3f} "
+            f"without (ratio {real_s / free_s:.2f}); train {medians['train_s']:.3f}, exchange "
+            f"{medians['exchange_s']:.3f}, fixed {medians['fixed_s']:.3f} s",
             flush=True,
         )
+    return rows, costs, swarm
+
+
+def run(a: argparse.Namespace) -> dict:
+    rows, costs, swarm = one_run(a, a.steps_per_round, None)
+    if a.check_steps:
+        rows += one_run(a, a.check_steps, (costs.round_s, costs.pull_s))[0]
     return {
         "command": command_line("clock_check.py", a.argv),
         "machine": machine(),
         "model": swarm.config.model.to_dict(),
         "steps_per_round": a.steps_per_round,
-        "costs": costs,
-        "modelled_round_s": modelled,
+        "check_steps": a.check_steps,
+        "costs": costs.to_dict(),
         "rows": rows,
     }
 

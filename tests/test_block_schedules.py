@@ -4,6 +4,8 @@ opens, how peers spread over the training blocks, and the open-ended rule; and t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -77,10 +79,10 @@ def _data(seed: int) -> ByteData:
     return ByteData(np.random.default_rng(seed).integers(0, 256, 20_000, dtype=np.uint8), CFG.seq_len)
 
 
-def _sim(plan: SchedulePlan, rounds: int = 4, steps: int = 3) -> ScheduledSimulator:
+def _sim(plan: SchedulePlan, rounds: int = 4, steps: int = 3, costs: StepCosts = COSTS) -> ScheduledSimulator:
     cfg = SimConfig(CFG, TRAIN, workers=1, rounds=rounds, steps_per_round=steps, eval_tokens=64)
     return ScheduledSimulator(
-        cfg, STEADY, make_policy("lockstep", STEADY, steps), _data(0), _data(1).eval_windows(64), plan, COSTS
+        cfg, STEADY, make_policy("lockstep", STEADY, steps), _data(0), _data(1).eval_windows(64), plan, costs
     )
 
 
@@ -95,6 +97,19 @@ def test_pinned_costs_give_the_pinned_clock_and_busy_share():
         assert sched.staffing == [1, 1]
         assert sched.busy_share == pytest.approx((0.03 + 0.06) / (2 * rec.seconds))
         assert sched.pull_bytes == 4 * 1_000  # block 1's four predecessor pulls of block 0
+
+
+def test_a_daemons_fixed_round_and_pull_costs_lengthen_every_round_but_are_not_busy_time():
+    plan = SchedulePlan("concurrent", peers=2, turn=1)
+    torch.manual_seed(0)
+    free = _sim(plan, rounds=2).run()
+    torch.manual_seed(0)
+    sim = _sim(plan, rounds=2, costs=replace(COSTS, round_s=0.5, pull_s=0.1))
+    priced = sim.run()
+    for a, b, sched in zip(free.rounds, priced.rounds, sim.records):
+        assert b.seconds == pytest.approx(a.seconds + 0.5 + 4 * 0.1)  # block 1 pulls block 0 four times a round
+        assert sched.busy_share == pytest.approx((0.03 + 0.06) / (2 * b.seconds))  # the steps only
+    assert priced.ce == free.ce  # the clock moved, the training did not
 
 
 def test_grow_staffs_block_0_with_every_peer_then_splits_and_warm_starts_block_1():
@@ -140,6 +155,10 @@ def test_step_costs_round_trip_and_refuse_nonsense():
     assert COSTS.later_over_first() == pytest.approx(2.0)
     with pytest.raises(ValueError):
         StepCosts((0.0,), 0.1, 1, 1, 1)
+    with pytest.raises(ValueError):
+        StepCosts((0.1,), 0.1, 1, 1, 1, round_s=-1.0)
+    old = {k: v for k, v in COSTS.to_dict().items() if k != "round_s"}  # costs stored before round_s: free rounds
+    assert StepCosts.from_dict(old).round_s == 0.0
 
 
 # -- TrainConfig.grow in one process and in a daemon's plan ------------------------------------------------------

@@ -3,7 +3,8 @@
 Owns StepCosts (seconds per step of each block with its own predecessor work, of the end-to-end model of the same
 depth, and the bytes a peer moves: a block's and the table's fp32 state, one micro-batch's activations),
 measure_step_costs (times real BlockTrainer and E2ETrainer steps on a device, one thread on a CPU), breakdown
-(where a block's step goes: predecessor forwards, the hand-off head, the rest) and the clocks of the references
+(where a block's step goes: predecessor forwards, the hand-off head, the rest; a round's fixed costs, round_s
+and pull_s, come from real daemons) and the clocks of the references
 that need no simulation: one peer training end to end, P-way synchronous data parallel with free communication
 (the ideal), and the end-to-end model pipelined over P peers as SWARM parallelism trains it (8-bit activations
 and their gradients across every stage boundary for every micro-batch); priced_regime puts a network regime on
@@ -36,6 +37,11 @@ class StepCosts:
     :param block_bytes: one block's fp32 state (what a pull or a joiner's download moves)
     :param table_bytes: the byte table's fp32 state
     :param activation_bytes: one micro-batch's activations at a stage boundary, 8-bit (batch x seq x d)
+    :param round_s: a daemon's fixed seconds per round besides its steps, its pulls and its exchange's transfers
+        (record lookups, exchange calls, checkpoint, announce), measured on real daemons (benchmarks/clock_check.py);
+        0 prices rounds as free
+    :param pull_s: a daemon's seconds of local work per predecessor state pulled (the call, decoding, the hash
+        check), besides the transfer; measured with round_s
     """
 
     block_s: tuple[float, ...]
@@ -44,10 +50,14 @@ class StepCosts:
     table_bytes: int
     activation_bytes: int
     device: str = "cpu"
+    round_s: float = 0.0
+    pull_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.block_s or min(self.block_s) <= 0 or self.e2e_s <= 0:
             raise ValueError("step costs must be > 0")
+        if self.round_s < 0 or self.pull_s < 0:
+            raise ValueError("a round's fixed costs must be >= 0")
         object.__setattr__(self, "block_s", tuple(float(s) for s in self.block_s))
 
     @property

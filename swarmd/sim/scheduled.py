@@ -8,7 +8,8 @@ to a block) and ScheduledSimulator, the engine's Simulator with three things add
   - growth: a block's first round warm-starts it from its predecessor's merged state (TrainConfig.block_init
     "predecessor", BlockState.warm_start, as a daemon does);
   - the clock: a worker's compute is H x its block's measured step cost (StepCosts.block_s) times the regime's
-    jitter, stretched to the time its predecessor pulls take on its link; the rest (latency, upload of the real
+    jitter, stretched to the time its predecessor pulls take on its link, plus a daemon's fixed costs of a round
+    (StepCosts.round_s, and pull_s per predecessor pull); the rest (latency, upload of the real
     codec's bytes, deadline, merge) is the engine's.
 Each RoundRecord is followed by a ScheduleRecord: the staffing, the peer-seconds spent training (busy_share) and
 the bytes pulled. Training, codec and merge are the real ones; only the clock and the network are simulated.
@@ -159,8 +160,9 @@ class ScheduledSimulator(Simulator):
 
     # -- the clock ------------------------------------------------------------------------------------
     def _draw(self, n: int, steps: int) -> RoundDraw:
-        """The engine's draw with each worker's compute priced by its block's step cost, and stretched to the time
-        its predecessor pulls (and a newcomer's download of its block and table) take on its link."""
+        """The engine's draw with each worker's compute priced by its block's step cost, stretched to the time its
+        predecessor pulls (and a newcomer's download of its block and table) take on its link, plus the daemon's
+        fixed costs of a round (StepCosts.round_s and pull_s; busy_share counts the steps only)."""
         draw = super()._draw(n, steps)
         median = self.regime.compute_s.median or 1.0
         c = self.costs
@@ -168,13 +170,14 @@ class ScheduledSimulator(Simulator):
         for i, w in enumerate(self.workers):
             draw.compute_s[i] *= c.block_s[w.block] / median
             self._compute[w.id] = float(draw.compute_s[i])
-            pulled = self.cfg.train.predecessor_pulls * w.block * c.block_bytes if self.cfg.train.trajectory_prob else 0
-            pulled = int(pulled * self._pull_ratio)
+            pulls = self.cfg.train.predecessor_pulls * w.block if self.cfg.train.trajectory_prob else 0
+            pulled = int(pulls * c.block_bytes * self._pull_ratio)
             if w.id in self.arrived:
                 pulled += c.block_bytes + c.table_bytes
                 self._downloads += c.block_bytes + c.table_bytes
             self._pulls.append(pulled)
-            draw.compute_s[i] = max(float(draw.compute_s[i]), pulled / float(draw.bandwidth_Bps[i]))
+            fixed = c.round_s + pulls * c.pull_s  # a daemon's own work a round besides steps and transfers
+            draw.compute_s[i] = max(float(draw.compute_s[i]), pulled / float(draw.bandwidth_Bps[i])) + fixed
         return draw
 
     # -- one round ------------------------------------------------------------------------------------
