@@ -8,4 +8,6 @@
 - churn.py: a soak run's seeded fault schedule and the faults it injects into a LocalSwarm (soak.py).
 - procs.py: samples of the daemon processes from /proc (RSS, fds, threads) and their growth (soak.py).
 - rounds.py: the daemons' checkpointed round histories read as merging groups, splits and stuck rounds (soak.py).
+- sweeps.py: a LocalSwarm run to its end and its readings, the simulator's text (swarm, delayed, scale, async_sim).
+- cli_runs.py: a `blocktrain` command run as a process and read line by line (swarm_commands.py, bad_input.py).
 """
