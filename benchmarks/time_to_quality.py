@@ -2,7 +2,8 @@
 
 Every peer its own device. The clock is a cost model measured on the real trainer (swarmd.sim.costs: per-step time
 of each block with its predecessor work and of the end-to-end step, one thread here, --device cuda on a GPU) plus
-the simulator's network regimes with the real codec, merge and deadline (swarmd.sim.scheduled). For P = K x B peers
+the simulator's network regimes with the real codec, merge and deadline (swarmd.sim.scheduled), and with
+--fixed-costs a daemon's own seconds a round and per predecessor pull (clock_check.py). For P = K x B peers
 (K per block for each K of --ks) and every schedule of --schedules, it runs the swarm; beside it, the references:
   e2e one peer     the end-to-end model of the same depth on one peer (its CE at --steps sets the target);
   sync DP ideal    the end-to-end model with P-way synchronous data parallelism (a P-fold batch; free all-reduce);
@@ -71,6 +72,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--train-bytes", type=int, default=0, help="first bytes of train.txt used (0 = all)")
     p.add_argument("--costs", type=Path, help="a saved result (or StepCosts JSON) whose costs pin the clock")
+    p.add_argument("--fixed-costs", type=Path, help="a clock_check.py result whose round_s and pull_s price rounds")
     p.add_argument("--e2e-from", type=Path, help="a saved result whose one-peer E2E curve and target to reuse")
     p.add_argument("--costs-only", action="store_true", help="measure the step costs, with and without replay")
     p.add_argument("--costs-blocks", type=int, nargs="+", help="--costs-only: at each of these B (default --blocks)")
@@ -186,6 +188,9 @@ def run(a: argparse.Namespace) -> dict:
     )
     saved = json.loads(a.costs.read_text()) if a.costs else None
     costs = StepCosts.from_dict(saved.get("costs", saved)) if saved else measure_step_costs(cfg, base, a.device)
+    if a.fixed_costs:  # a daemon's fixed seconds a round and per pull, as clock_check.py measured them
+        fixed = json.loads(a.fixed_costs.read_text())["costs"]
+        costs = replace(costs, round_s=fixed["round_s"], pull_s=fixed["pull_s"])
     H, B = a.steps_per_round, cfg.blocks
     every = H * a.eval_every
     if a.e2e_from:  # the same one-peer reference as an earlier run (same config, same costs)
