@@ -1,15 +1,10 @@
 """Robust merge vs plain mean with honest peers: from-noise CE and the time the merge adds per round.
 
-Runs the simulator's real training, codec (int8 + error feedback) and merge (swarmd.sim.engine: every
-worker a real BlockState, deltas through the daemon's merge function) under the "lockstep" regime (one
-data centre) and policy, so every delta is accepted and only the merge rule differs: merge="mean" (the old
-rule) and merge="robust" (swarmd.averaging.robust: clip to 2x the lower median norm, coordinate-wise
-trimmed mean), for K replicas per block (K=2: the benchmarks/swarm.py layout, 6 peers; K=4: one
-value trimmed per coordinate). The model and schedule are benchmarks/swarm.py's defaults.
-Merge time: wall time of the merge calls of one peer's round (its block merge and the byte-table
-merge over every peer), against that peer's round time (its H local steps and delta encoding, the
-simulator's per-worker training time; the network adds to a real round, so the share is an upper
-bound). Writes --out (JSON) and --md (markdown fragment).
+The simulator's real training, codec (int8 + error feedback) and merge on the "lockstep" regime (every delta
+accepted, only the merge rule differs: --merges, MERGES), K replicas per block, benchmarks/swarm.py's model and
+schedule. Merge time: the merge calls of one peer's round (its block merge and the byte-table merge) against its
+round's training and encoding time (an upper bound on the share: the network adds to a real round). --sign-flip adds
+one replica per block that sends its delta negated. Writes --out (JSON) and --md (markdown fragment).
 
     python benchmarks/robust_merge.py --data-dir /work/shared/data/wikitext-2
 """
@@ -52,11 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--trim-fraction", type=float, default=GossipConfig.trim_fraction)
     p.add_argument("--merges", nargs="+", default=["mean", "robust"], choices=list(MERGES))
-    p.add_argument(
-        "--sign-flip",
-        action="store_true",
-        help="also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest",
-    )
+    flip = "also: per block one more replica whose delta is sign-flipped (K+1 replicas), every merge, vs K honest"
+    p.add_argument("--sign-flip", action="store_true", help=flip)
     p.add_argument("--clip-factor", type=float, default=GossipConfig.clip_factor)
     options.add_outputs(p, "robust_merge.json", "robust_merge.md")
     return p.parse_args(argv)
@@ -81,30 +73,18 @@ def run_one(a, merge: str, workers: int, seed: int, data: ByteData, eval_xy, fli
         return out
 
     sim = Simulator(sim_cfg, regime, make_policy("lockstep", regime, a.steps), data, eval_xy, merge=timed)
-    round_wall: list[float] = []
-    n_workers = len(sim.workers)
+    per_peer_round, merge_peer = [], []
     for _ in range(a.rounds):
-        before = len(merge_s)
-        t0 = time.perf_counter()
+        before, t0 = len(merge_s), time.perf_counter()
         sim.step()
         wall = time.perf_counter() - t0
         calls = merge_s[before:]  # one table merge, then one merge per block
-        table_s, block_s = calls[0], sum(calls[1:]) / max(len(calls) - 1, 1)
-        round_wall.append({"wall": wall, "merge_peer": table_s + block_s, "merge_all": sum(calls)})
-    ce = sim.measure()
-    per_peer_round = [(r["wall"] - r["merge_all"]) / n_workers for r in round_wall]
-    merge_peer = [r["merge_peer"] for r in round_wall]
-    return {
-        "merge": merge,
-        "sign_flip": flip,
-        "replicas": workers,
-        "peers": n_workers,
-        "seed": seed,
-        "ce": ce,
-        "merge_s_per_round_per_peer": median(merge_peer),
-        "train_s_per_round_per_peer": median(per_peer_round),
-        "merge_share": median(m / max(t, 1e-9) for m, t in zip(merge_peer, per_peer_round)),
-    }
+        merge_peer.append(calls[0] + sum(calls[1:]) / max(len(calls) - 1, 1))
+        per_peer_round.append((wall - sum(calls)) / len(sim.workers))
+    row = {"merge": merge, "sign_flip": flip, "replicas": workers, "peers": len(sim.workers), "seed": seed}
+    row |= {"ce": sim.measure(), "merge_s_per_round_per_peer": median(merge_peer)}
+    row["train_s_per_round_per_peer"] = median(per_peer_round)
+    return row | {"merge_share": median(m / max(t, 1e-9) for m, t in zip(merge_peer, per_peer_round))}
 
 
 def attack_table(seed: int = 0, numel: int = 100_000, noise: float = 0.3) -> list[str]:
@@ -179,8 +159,7 @@ def flip_table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)
-    data = ByteData.from_path(a.data_dir / "train.txt", a.seq_len)
-    eval_xy = ByteData.from_path(a.data_dir / "eval.txt", a.seq_len).eval_windows(a.eval_tokens)
+    data, eval_xy = options.swarm_text(a, options.model_of(a))
     rows = []
     for workers in a.replicas:
         for seed in a.seeds:
@@ -190,11 +169,9 @@ def main(argv=None) -> None:
                 row["wall_s"] = time.time() - started
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            if not a.sign_flip:
-                continue
-            if "robust" not in a.merges:  # the flipper's rows are read against the honest robust run
+            if a.sign_flip and "robust" not in a.merges:  # the flipper's rows are read against the honest robust run
                 rows.append(run_one(a, "robust", workers, seed, data, eval_xy))
-            for merge in a.merges:
+            for merge in a.merges if a.sign_flip else []:
                 rows.append(run_one(a, merge, workers + 1, seed, data, eval_xy, flip=True))
                 print(json.dumps(rows[-1]), flush=True)
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "rows": rows}
@@ -218,14 +195,9 @@ def main(argv=None) -> None:
         *attack_table(),
         "",
     ]
-    if a.sign_flip:
-        md += [
-            "One more replica per block whose delta is sign-flipped every round (its own honest delta, negated; the "
-            "merge sees K + 1), against the K honest replicas alone (robust merge), same seed:",
-            "",
-            *flip_table(rows),
-            "",
-        ]
+    flipped = "One more replica per block whose delta is sign-flipped every round (its own honest delta, negated; the "
+    flipped += "merge sees K + 1), against the K honest replicas alone (robust merge), same seed:"
+    md += [flipped, "", *flip_table(rows), ""] if a.sign_flip else []
     a.md.write_text("\n".join(md))
 
 
