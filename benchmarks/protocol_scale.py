@@ -1,12 +1,10 @@
 """Protocol at scale, simulated: group averaging among 1,000 and 10,000 virtual peers (swarmd.sim.protocol).
 
-No training: every virtual peer starts from the shared anchor plus a random delta of the real shapes (the
-tiny model's block and byte table, the ones benchmarks/scale.py's daemons train), replicas 1e-2 apart;
-then rounds of the daemon's grouping (swarmd.averaging.groups.assign), codec with error feedback and robust
-merge, on a virtual clock and dropout drawn from a swarmd.sim regime. Per size: bytes sent per peer per
-round (block + table payloads; all-to-all computed beside it), rounds until the consensus distance (max over
-peers of ||x - mean|| / ||mean||) falls below 1e-3, exchange seconds per round (virtual), and the DHT
-operations per peer per round (counted from the daemon's round: three lookups, one announce).
+No training: every virtual peer starts from the shared anchor plus a random delta of the tiny model's real shapes
+(benchmarks/scale.py's block and byte table), replicas 1e-2 apart; then rounds of the daemon's grouping, codec with
+error feedback and robust merge, on a virtual clock with a swarmd.sim regime's dropout. Per size: bytes sent per peer
+per round (all-to-all's beside it), rounds until the consensus distance (max over peers of ||x - mean|| / ||mean||)
+falls below 1e-3, virtual exchange seconds per round, DHT operations per peer per round (the daemon's, counted).
 
     python benchmarks/protocol_scale.py --sizes 1000 10000
 """
@@ -35,21 +33,14 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--regime", default="wan-mid")
     p.add_argument("--merge", default="robust", choices=["robust", "mean"])
-    p.add_argument(
-        "--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout (default: the grid)"
-    )
+    p.add_argument("--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout")
     options.add_outputs(p, "protocol_scale.json", results.BENCHMARKS)
     options.add_section(p, "protocol_scale.py")
     options.add_from_log(p, "the table from the rows a stopped run printed")
     p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
-    p.add_argument(
-        "--levels-sweep",
-        type=int,
-        default=0,
-        metavar="PEERS",
-        help="instead: the anchored payload's int8 step (rms / 4, 16, 64, absmax / 127) at PEERS peers: bytes "
-        "against the consensus distance (writes protocol_scale_levels.json)",
-    )
+    levels = "instead: the anchored payload's int8 step (rms / 4, 16, 64, absmax / 127) at PEERS peers: bytes against "
+    levels += "the consensus distance (writes protocol_scale_levels.json)"
+    p.add_argument("--levels-sweep", type=int, default=0, metavar="PEERS", help=levels)
     return p.parse_args(argv)
 
 
@@ -61,27 +52,16 @@ def levels_sweep(a) -> None:
     try:
         for levels in (4.0, 16.0, 64.0, None):
             groups.OFFSET_INT8_RMS_LEVELS = levels
-            cfg = ProtocolConfig(
-                peers=a.levels_sweep, group_size=a.group_size, rounds=a.rounds, regime="lockstep", merge=a.merge
-            )
-            out = simulate(cfg, daemons.TINY_CFG)
-            rows.append(
-                {
-                    "levels": levels,
-                    "bytes_per_peer_round": out["bytes_per_peer_round"],
-                    "final_distance_block": out["block"]["rounds"][-1]["consensus_distance"],
-                    "final_distance_table": out["table"]["rounds"][-1]["consensus_distance"],
-                    "rounds_to_1e-3": out["rounds_to_1e-3"],
-                    "rounds_to_1e-4": _max(out["block"]["rounds_to_1e-4"], out["table"]["rounds_to_1e-4"]),
-                }
-            )
+            out = simulate(protocol_config(a, a.levels_sweep, regime="lockstep"), daemons.TINY_CFG)
+            r = {"levels": levels, "bytes_per_peer_round": out["bytes_per_peer_round"], **final_distances(out)}
+            r["rounds_to_1e-3"], to_1e4 = out["rounds_to_1e-3"], [out[k]["rounds_to_1e-4"] for k in ("block", "table")]
+            rows.append(r | {"rounds_to_1e-4": None if None in to_1e4 else max(to_1e4)})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         groups.OFFSET_INT8_RMS_LEVELS = chosen
     command = results.command_line("protocol_scale.py", None)
-    results.write_json(
-        a.out.with_name("protocol_scale_levels.json"), {"command": command, "rows": rows, "chosen": chosen}
-    )
+    levels_json = {"command": command, "rows": rows, "chosen": chosen}
+    results.write_json(a.out.with_name("protocol_scale_levels.json"), levels_json)
     base = rows[0]["bytes_per_peer_round"]
     lines = [
         f"### The anchored payload's int8 step: bytes against agreement ({a.levels_sweep} virtual peers)",
@@ -108,28 +88,27 @@ def levels_sweep(a) -> None:
     results.replace_section(a.md, "protocol_scale.py-levels", lines)
 
 
-def _max(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else max(a, b)
+def protocol_config(a, peers: int, **kw) -> ProtocolConfig:
+    """The ProtocolConfig of --group-size, --rounds, --merge, --regime and --group-layout at `peers` (kw: others)."""
+    kw = {"regime": a.regime, "layout": a.group_layout} | kw
+    return ProtocolConfig(peers=peers, group_size=a.group_size, rounds=a.rounds, merge=a.merge, **kw)
+
+
+def final_distances(out: dict) -> dict:
+    return {f"final_distance_{k}": out[k]["rounds"][-1]["consensus_distance"] for k in ("block", "table")}
 
 
 def row_of(out: dict) -> dict:
     """The table row of one simulated size."""
     cfg = out["config"]
     exchange = [r["exchange_s"] for part in ("block", "table") for r in out[part]["rounds"][1:]]
-    return {
-        "peers": cfg["peers"],
-        "replicas_per_block": out["replicas_per_block"],
-        "grid_block": out["block"]["grid"],
-        "grid_table": out["table"]["grid"],
-        "bytes_per_peer_round": out["bytes_per_peer_round"],
-        "all_to_all_bytes_per_peer_round": out["all_to_all_bytes_per_peer_round"],
-        "rounds_to_1e-3": out["rounds_to_1e-3"],
-        "rounds_to_1e-3_block": out["block"]["rounds_to_1e-3"],
-        "rounds_to_1e-3_table": out["table"]["rounds_to_1e-3"],
-        "final_distance_block": out["block"]["rounds"][-1]["consensus_distance"],
-        "final_distance_table": out["table"]["rounds"][-1]["consensus_distance"],
-        "exchange_s_median": statistics.median(exchange) if exchange else 0.0,
-        "dht_ops_per_peer_round": DHT_OPS_PER_ROUND,  # a count of the daemon's calls, not a measurement
+    row = {"peers": cfg["peers"], "replicas_per_block": out["replicas_per_block"], "grid_block": out["block"]["grid"]}
+    row |= {"grid_table": out["table"]["grid"], "bytes_per_peer_round": out["bytes_per_peer_round"]}
+    row |= {k: out[k] for k in ("all_to_all_bytes_per_peer_round", "rounds_to_1e-3")}
+    row |= {f"rounds_to_1e-3_{k}": out[k]["rounds_to_1e-3"] for k in ("block", "table")} | final_distances(out)
+    row["exchange_s_median"] = statistics.median(exchange) if exchange else 0.0
+    row["dht_ops_per_peer_round"] = DHT_OPS_PER_ROUND  # a count of the daemon's calls, not a measurement
+    return row | {
         "records_per_lookup": out["records_per_lookup"],
         "cpu_s": out["block"]["cpu_s"] + out["table"]["cpu_s"],
     }
@@ -156,10 +135,7 @@ def main(argv=None) -> None:
             r["dht_ops_per_peer_round"] = DHT_OPS_PER_ROUND  # a count of the daemon's calls, not a measurement
         a.sizes = [r["peers"] for r in rows]
     for n in [] if a.render or a.from_log is not None else a.sizes:
-        cfg = ProtocolConfig(
-            peers=n, group_size=a.group_size, rounds=a.rounds, regime=a.regime, merge=a.merge, layout=a.group_layout
-        )
-        out = simulate(cfg, daemons.TINY_CFG)
+        out = simulate(protocol_config(a, n), daemons.TINY_CFG)
         runs.append(out)
         rows.append(row_of(out))
         print(json.dumps(rows[-1]), flush=True)
@@ -179,8 +155,7 @@ def main(argv=None) -> None:
         f"swarmd.sim.protocol: no training; each virtual peer starts 1e-2 (relative) from the others with a "
         f"random delta of the tiny model's real shapes (block and byte table of benchmarks/scale.py), then "
         f"{a.rounds} rounds of the daemon's {a.group_layout} grouping (k = {a.group_size}), int8 codec with error "
-        "feedback "
-        f"and {a.merge} merge; the virtual clock, latency, bandwidth and dropout of regime `{a.regime}`. "
+        f"feedback and {a.merge} merge; the virtual clock, latency, bandwidth and dropout of regime `{a.regime}`. "
         "B = 3: one block's replicas are simulated (peers / 3), the byte table over every peer.",
         "",
         "| peers | grid (block / table) | bytes sent per peer per round | all-to-all would send | rounds to "
@@ -205,9 +180,8 @@ def main(argv=None) -> None:
         "grow with the grid's dimensions, log_k of the peers. The consensus distance is the worst peer's, "
         "dropped peers included (they keep their state that round). DHT operations per peer per round are "
         "constant (the daemon's round makes three lookups and one announce, counted, not simulated; a Kademlia "
-        "lookup itself takes O(log N) hops), but a lookup "
-        "returns every record of the swarm (the grouping needs the membership), so its bytes grow with the "
-        "peers: the one cost here that is not flat.",
+        "lookup itself takes O(log N) hops), but a lookup returns every record of the swarm (the grouping needs the "
+        "membership), so its bytes grow with the peers: the one cost here that is not flat.",
         "",
     ]
     results.replace_section(a.md, a.section, lines)
