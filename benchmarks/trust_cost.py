@@ -1,18 +1,13 @@
-"""What peer identity costs per round (issue 9): signing and verifying payloads and records, the swarm key.
+"""What peer identity costs per round: signing and verifying payloads and records, the swarm key.
 
-At the swarm benchmark's config (benchmarks/swarm.py: B=3 blocks x 2 replicas = 6 peers, d_model 64,
-1 layer per block, seq_len 64, batch 16, H=25 local steps, int8 codec) it measures, on one CPU thread:
-  - a round's compute: H local steps of one block (the denominator: a round is at least this long);
-  - sign_payload / verify_payload on the real int8 block and byte-table deltas and fp32 states;
-  - sign_record / record_problem (an uncached verify) on a peer's discovery record;
-  - the swarm key's proof: make_proof + ProofChecker.problem per RPC;
-  - the re-sync check of a pulled state (weights_hash of a block), paid once per adoption only;
-and the bytes all this adds: the 64-byte signature in each payload header, the record's new fields, the
-proof in each call's metadata. Per round and peer it counts what one peer of the benchmark swarm does:
-2 payloads signed (block and byte-table delta), 1 + 5 payloads verified (the other replica's block delta,
-5 byte-table deltas), 1 + round_s / announce_period records signed, 5 x 2 lookups' records verified
-(uncached: records change every round), ~6 RPCs proved and checked (3 exchanges dialled, 3 answered,
-on average). Writes benchmarks/results/trust_cost.json and the trust_cost.md fragment.
+At the swarm benchmark's config (benchmarks/swarm.py: 3 blocks x 2 replicas = 6 peers, d_model 64, seq_len 64,
+batch 16, H=25, int8), on one CPU thread: a round's compute (H local steps of one block: the denominator),
+sign_payload / verify_payload on the real int8 deltas and an fp32 state, sign_record / record_problem (uncached) on
+a discovery record, the swarm key's make_proof + ProofChecker.problem per RPC, the re-sync hash of a pulled state;
+and the bytes they add (signature, record fields, proof metadata). Per round and peer, what one peer of that swarm
+does: 2 payloads signed, 1 + 5 verified (the other replica's block delta, 5 byte-table deltas), 1 + round_s /
+announce_period records signed, 5 x 2 lookups' records verified, ~6 RPCs proved and checked. Writes
+benchmarks/results/trust_cost.json and the trust_cost.md fragment.
 
     python benchmarks/trust_cost.py
 """
@@ -42,6 +37,7 @@ from swarmd.protocol import Codec
 from swarmd.transport.auth import AUTH_HEADER, ProofChecker, make_proof, new_swarm_key, parse_swarm_key
 
 PEERS, BLOCKS, ANNOUNCE_PERIOD_S = 6, 3, 2.0
+OTHERS, SAME_BLOCK = PEERS - 1, PEERS // BLOCKS - 1  # the peers a peer exchanges with, those of its block
 
 
 def timed(fn, n: int) -> float:
@@ -74,36 +70,24 @@ def main(argv=None) -> None:
     me = Identity.generate()
     block_delta, emb_delta = state.deltas()
     hdr = dict(swarm_id="bench", config_hash=cfg.config_hash(), round=7, peer_id=me.peer_id, weight=float(H))
+    int8 = lambda delta, **kw: ErrorFeedback().compress(delta, Codec.INT8, **kw, **hdr)[0]
     payloads = {
-        "block delta (int8)": ErrorFeedback().compress(
-            block_delta, Codec.INT8, kind="block_delta", block_index=1, base_hash=state.block_hash, **hdr
-        )[0],
-        "byte-table delta (int8)": ErrorFeedback().compress(
-            emb_delta, Codec.INT8, kind="embedding_delta", block_index=-1, base_hash=state.emb_hash, **hdr
-        )[0],
+        "block delta (int8)": int8(block_delta, kind="block_delta", block_index=1, base_hash=state.block_hash),
+        "byte-table delta (int8)": int8(emb_delta, kind="embedding_delta", block_index=-1, base_hash=state.emb_hash),
         "block state (fp32)": encode(state.base_block, "fp32", kind="block_state", block_index=1, **hdr),
     }
     rows = []
     for name, enc in payloads.items():
         sign_payload(enc, me)
-        rows.append(
-            {
-                "payload": name,
-                "payload_bytes": len(enc.payload),
-                "signature_bytes": enc.header.ByteSize() - _unsigned_size(enc),
-                "sign_us": 1e6 * timed(lambda enc=enc: sign_payload(enc, me), a.repeats),
-                "verify_us": 1e6 * timed(lambda enc=enc: verify_payload(enc), a.repeats),
-            }
-        )
+        row = {"payload": name, "payload_bytes": len(enc.payload)}
+        row["signature_bytes"] = enc.header.ByteSize() - _unsigned_size(enc)
+        row["sign_us"] = 1e6 * timed(lambda enc=enc: sign_payload(enc, me), a.repeats)
+        rows.append(row | {"verify_us": 1e6 * timed(lambda enc=enc: verify_payload(enc), a.repeats)})
     record = PeerRecord(me.peer_id, "10.0.0.1:50051", 1, 7, 12.5, cfg.config_hash(), state.block_hash, False, "bench")
     record = record.__class__(**{**record.to_value(), "emb_hash": state.emb_hash})
     signed = sign_record(record, me, 15.0)
-    unsigned_len = len(
-        msgpack.packb(
-            {k: v for k, v in record.to_value().items() if k not in ("expires", "signature", "tls_fingerprint")}
-        )
-    )
-    record_bytes = {"unsigned": unsigned_len, "signed": len(msgpack.packb(signed.to_value()))}
+    unsigned = {k: v for k, v in record.to_value().items() if k not in ("expires", "signature", "tls_fingerprint")}
+    record_bytes = {"unsigned": len(msgpack.packb(unsigned)), "signed": len(msgpack.packb(signed.to_value()))}
     record_sign_us = 1e6 * timed(lambda: sign_record(record, me, 15.0), a.repeats)
     record_verify_us = 1e6 * timed(lambda: record_problem(signed), a.repeats)
 
@@ -114,55 +98,38 @@ def main(argv=None) -> None:
     proof_us = 1e6 * timed(lambda: checker.problem(method, make_proof(key, method)), a.repeats)
     hash_block_ms = 1e3 * timed(lambda: weights_hash(state.base_block), max(5, a.repeats // 20))
 
-    delta_rows = {r["payload"]: r for r in rows}
-    blk, emb = delta_rows["block delta (int8)"], delta_rows["byte-table delta (int8)"]
-    others, same_block = PEERS - 1, PEERS // BLOCKS - 1
+    blk, emb, wire_bytes = delta_rows(rows)
     announces = 1 + round_compute_s / ANNOUNCE_PERIOD_S
-    per_round_s = 1e-6 * (
-        blk["sign_us"]
-        + emb["sign_us"]
-        + same_block * blk["verify_us"]
-        + others * emb["verify_us"]
-        + announces * record_sign_us
-        + 2 * others * record_verify_us
-        + 6 * proof_us
-    )
-    sent_payloads = same_block + others  # each peer's deltas go to every peer that exchanges with it
-    per_round_bytes = (
-        sent_payloads * emb["signature_bytes"]
-        + 2 * announces * (record_bytes["signed"] - record_bytes["unsigned"])  # stored under two keys
-        + 6 * proof_bytes
-    )
-    wire_bytes = same_block * blk["payload_bytes"] + others * emb["payload_bytes"]
-    out = {
-        "command": results.command_line("trust_cost.py", argv),
-        "machine": results.machine(),
-        "config": {
-            "peers": PEERS,
-            "blocks": BLOCKS,
-            "d_model": 64,
-            "seq_len": 64,
-            "batch": 16,
-            "H": H,
-            "codec": "int8",
-        },
-        "round_compute_s": round_compute_s,
-        "payloads": rows,
-        "record_bytes": record_bytes,
-        "record_sign_us": record_sign_us,
-        "record_verify_us": record_verify_us,
-        "swarm_key_proof_us": proof_us,
-        "swarm_key_proof_bytes": proof_bytes,
-        "resync_hash_check_ms": hash_block_ms,
-        "per_round_per_peer": {
-            "seconds": per_round_s,
-            "fraction_of_round_compute": per_round_s / round_compute_s,
-            "bytes": per_round_bytes,
-            "fraction_of_delta_bytes": per_round_bytes / wire_bytes,
-        },
-    }
+    per_round_s = blk["sign_us"] + emb["sign_us"] + SAME_BLOCK * blk["verify_us"] + OTHERS * emb["verify_us"]
+    per_round_s = 1e-6 * (per_round_s + announces * record_sign_us + 2 * OTHERS * record_verify_us + 6 * proof_us)
+    sent_payloads = SAME_BLOCK + OTHERS  # each peer's deltas go to every peer that exchanges with it
+    record_extra = 2 * announces * (record_bytes["signed"] - record_bytes["unsigned"])  # stored under two keys
+    per_round_bytes = sent_payloads * emb["signature_bytes"] + record_extra + 6 * proof_bytes
+    out = {"command": results.command_line("trust_cost.py", argv), "machine": results.machine()}
+    out["config"] = {"peers": PEERS, "blocks": BLOCKS, "d_model": 64, "seq_len": 64, "batch": 16, "H": H}
+    out["config"]["codec"] = "int8"
+    out |= {"round_compute_s": round_compute_s, "payloads": rows, "record_bytes": record_bytes}
+    out |= {"record_sign_us": record_sign_us, "record_verify_us": record_verify_us, "swarm_key_proof_us": proof_us}
+    out |= {"swarm_key_proof_bytes": proof_bytes, "resync_hash_check_ms": hash_block_ms}
+    out["per_round_per_peer"] = {"seconds": per_round_s, "fraction_of_round_compute": per_round_s / round_compute_s}
+    out["per_round_per_peer"] |= {"bytes": per_round_bytes, "fraction_of_delta_bytes": per_round_bytes / wire_bytes}
     results.write_json(a.out, out)
-    md = [
+    md = markdown(out)
+    results.write_text(a.md, "\n".join(md))
+    print("\n".join(md))
+
+
+def delta_rows(rows: list[dict]) -> tuple[dict, dict, int]:
+    """(the block delta's row, the byte-table delta's, the delta bytes a peer sends per round)."""
+    by_name = {r["payload"]: r for r in rows}
+    blk, emb = by_name["block delta (int8)"], by_name["byte-table delta (int8)"]
+    return blk, emb, SAME_BLOCK * blk["payload_bytes"] + OTHERS * emb["payload_bytes"]
+
+
+def markdown(out: dict) -> list[str]:
+    """The trust_cost.md fragment of a result."""
+    rows, record_bytes, per = out["payloads"], out["record_bytes"], out["per_round_per_peer"]
+    return [
         "## Cost of peer identity, signatures and the swarm key (issue 9)",
         "",
         f"`{out['command']}` ({out['machine']}, one torch thread). Benchmark-swarm config: 6 peers = 3 blocks x 2"
@@ -177,18 +144,17 @@ def main(argv=None) -> None:
         ),
         "",
         f"- discovery record: {record_bytes['unsigned']} -> {record_bytes['signed']} bytes (msgpack); sign"
-        f" {record_sign_us:.0f} us, verify {record_verify_us:.0f} us (uncached; a record seen before is not"
-        " re-verified)",
-        f"- swarm key proof: {proof_bytes} bytes of metadata per RPC, {proof_us:.0f} us to make and check",
-        f"- re-sync: hashing a pulled block state against the quorum's hash {hash_block_ms:.2f} ms (once per adoption)",
-        f"- **per round and peer**: {1e3 * per_round_s:.2f} ms ="
-        f" {100 * out['per_round_per_peer']['fraction_of_round_compute']:.2f} % of the round's"
-        f" {round_compute_s:.2f} s of local steps; {per_round_bytes:.0f} bytes ="
-        f" {100 * out['per_round_per_peer']['fraction_of_delta_bytes']:.2f} % of the {wire_bytes} delta bytes it sends",
+        f" {out['record_sign_us']:.0f} us, verify {out['record_verify_us']:.0f} us (uncached; a record seen before is"
+        " not re-verified)",
+        f"- swarm key proof: {out['swarm_key_proof_bytes']} bytes of metadata per RPC, {out['swarm_key_proof_us']:.0f}"
+        " us to make and check",
+        f"- re-sync: hashing a pulled block state against the quorum's hash {out['resync_hash_check_ms']:.2f} ms (once"
+        " per adoption)",
+        f"- **per round and peer**: {1e3 * per['seconds']:.2f} ms = {100 * per['fraction_of_round_compute']:.2f} % of"
+        f" the round's {out['round_compute_s']:.2f} s of local steps; {per['bytes']:.0f} bytes ="
+        f" {100 * per['fraction_of_delta_bytes']:.2f} % of the {delta_rows(rows)[2]} delta bytes it sends",
         "",
     ]
-    results.write_text(a.md, "\n".join(md))
-    print("\n".join(md))
 
 
 def _unsigned_size(enc) -> int:
