@@ -1,13 +1,10 @@
 """Fault tolerance: kill -9 one of 6 daemons mid-exchange; the rest finish the round by the deadline.
 
-Runs a LocalSwarm of 6 daemon processes (`python -m swarmd`) (B=3 x 2 replicas, tiny model, --rounds R).
-Once the victim (peer 5, block 2) has merged --kill-after rounds, the script polls its GetStatus
-every 20 ms and sends SIGKILL the moment it reports state "averaging" (its delta is out, exchanges
-in flight). Then it measures, from the survivors' per-round history: the exchange time of the
-round the victim died in against the deadline in force, the participation of that round and of
-the rounds before and after. The victim is restarted with the same --checkpoint-dir: it resumes
-from its last checkpoint, re-syncs from the reference replica, and trains to round R; the script
-checks that its final block is bit-identical to its replica's.
+A LocalSwarm of 6 daemons (B=3 x 2 replicas, tiny model, --rounds R). Once the victim (peer 5, block 2) has merged
+--kill-after rounds, its GetStatus is polled every 20 ms and it gets SIGKILL the moment it reports "averaging" (its
+delta out, exchanges in flight). From the survivors' round histories: the exchange time of the kill round against
+the deadline in force, and the participation before, in and after it. The victim restarts from its checkpoint,
+re-syncs from its replica and trains to round R; its final block must be bit-identical to its replica's.
 
     python benchmarks/fault.py --data-dir /work/shared/data/wikitext-2
 """
@@ -20,8 +17,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -69,9 +64,8 @@ async def wait_round(swarm: LocalSwarm, survivors: list[int], round: int, timeou
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         sts = await swarm.statuses()
-        if all(sts[i] is not None and sts[i].round >= round for i in survivors) or not any(
-            swarm.peers[i].alive() for i in survivors
-        ):
+        reached = all(sts[i] is not None and sts[i].round >= round for i in survivors)
+        if reached or not any(swarm.peers[i].alive() for i in survivors):
             return
         await asyncio.sleep(0.2)  # polling statuses with a deadline
     raise SystemExit(f"survivors did not reach round {round}")
@@ -93,10 +87,8 @@ def main(argv=None) -> None:
             swarm.start(timeout_s=300)
             killed = asyncio.run(kill_mid_exchange(swarm))
             ckpt_round = ck.read_config(swarm.peers[VICTIM].checkpoint_dir)["round"]
-            print(
-                f"killed peer {VICTIM} during round {killed['round']} (its checkpoint is at round {ckpt_round})",
-                flush=True,
-            )
+            ckpt = f"its checkpoint is at round {ckpt_round}"
+            print(f"killed peer {VICTIM} during round {killed['round']} ({ckpt})", flush=True)
             asyncio.run(wait_round(swarm, survivors, killed["round"] + 1))
             swarm.restart(VICTIM, timeout_s=300)
             resumed_line = swarm.peers[VICTIM].info.get("round")
@@ -106,88 +98,77 @@ def main(argv=None) -> None:
         daemons.check_exit(swarm, finished, "peers failed")
         sums = swarm.summaries()
         replica = VICTIM % CFG.blocks  # peer 2 trains the same block
-        victim_block = ck.load_block(swarm.peers[VICTIM].checkpoint_dir, CFG, replica)[0].state_dict()
-        replica_block = ck.load_block(swarm.peers[replica].checkpoint_dir, CFG, replica)[0].state_dict()
-        identical = all(torch.equal(victim_block[k], replica_block[k]) for k in victim_block)
-        victim_log = swarm.peers[VICTIM].log_path.read_text(errors="replace")
+        identical = daemons.replicas_identical(swarm, [replica, VICTIM], replica)
+        resynced = "adopted the block" in swarm.peers[VICTIM].log_path.read_text(errors="replace")
     kr = killed["round"]
     rows = []
     for i in survivors:
         hist = {h["round"]: h for h in sums[i]["history"]}
-        h = hist.get(kr)
-        rows.append(
-            {
-                "peer": i,
-                "block": i % CFG.blocks,
-                "kill_round_exchange_s": h["seconds"] if h else None,
-                "kill_round_deadline_s": h["deadline_s"] if h else None,
-                "participation_before": hist[kr - 1]["participation"] if kr - 1 in hist else None,
-                "participation_kill_round": h["participation"] if h else None,
-                "participation_after": [hist[r]["participation"] for r in sorted(hist) if r > kr],
-                "final_round": sums[i]["round"],
-            }
-        )
+        h = hist.get(kr) or {}
+        row = {"peer": i, "block": i % CFG.blocks, "kill_round_exchange_s": h.get("seconds")}
+        row["kill_round_deadline_s"] = h.get("deadline_s")
+        row["participation_before"] = hist[kr - 1]["participation"] if kr - 1 in hist else None
+        row["participation_kill_round"] = h.get("participation")
+        row["participation_after"] = [hist[r]["participation"] for r in sorted(hist) if r > kr]
+        rows.append(row | {"final_round": sums[i]["round"]})
     vhist = sorted(sums[VICTIM]["history"], key=lambda h: h["round"])
-    out = {
-        "command": results.command_line("fault.py", argv),
-        "config": CFG.to_dict(),
-        "rounds": a.rounds,
-        "steps_per_round": a.steps,
-        "deadline_max_s": a.deadline_max,
-        "killed_round": kr,
-        "victim_checkpoint_round": ckpt_round,
-        "victim_resumed_at_round": int(resumed_line) if resumed_line else None,
-        "survivors": rows,
-        "all_survivors_within_deadline": all(
-            r["kill_round_exchange_s"] is not None and r["kill_round_exchange_s"] <= r["kill_round_deadline_s"] + 0.5
-            for r in rows
-        ),
-        "victim_rounds_after_restart": [h["round"] for h in vhist],
-        "victim_participation_after_restart": [h["participation"] for h in vhist],
-        "victim_first_merge_after_restart_s": (vhist[0]["at_s"] if vhist else None),
-        "victim_resynced": "adopted the block" in victim_log,
-        "victim_final_round": sums[VICTIM]["round"],
-        "victim_block_identical_to_replica": identical,
-        "machine": results.machine(),
-    }
+    out = {"command": results.command_line("fault.py", argv), "config": CFG.to_dict(), "rounds": a.rounds}
+    out |= {"steps_per_round": a.steps, "deadline_max_s": a.deadline_max, "killed_round": kr}
+    resumed = int(resumed_line) if resumed_line else None
+    out |= {"victim_checkpoint_round": ckpt_round, "victim_resumed_at_round": resumed, "survivors": rows}
+    out["all_survivors_within_deadline"] = all(
+        r["kill_round_exchange_s"] is not None and r["kill_round_exchange_s"] <= r["kill_round_deadline_s"] + 0.5
+        for r in rows
+    )
+    out["victim_rounds_after_restart"] = [h["round"] for h in vhist]
+    out["victim_participation_after_restart"] = [h["participation"] for h in vhist]
+    out["victim_first_merge_after_restart_s"] = vhist[0]["at_s"] if vhist else None
+    out |= {"victim_resynced": resynced, "victim_final_round": sums[VICTIM]["round"]}
+    out |= {"victim_block_identical_to_replica": identical, "machine": results.machine()}
     results.write_json(a.out, out)
     print(json.dumps(out, indent=2))
+    results.replace_section(a.md, "fault.py", markdown(out))
+
+
+def markdown(out: dict) -> list[str]:
+    """The fault.py section of a result."""
+    rows, kr, ckpt_round = out["survivors"], out["killed_round"], out["victim_checkpoint_round"]
     lines = [
         "### Fault tolerance: kill -9 one of 6 daemons mid-exchange",
         "",
         f"Command: `{out['command']}`",
         "",
-        f"6 processes (B=3 x 2 replicas, L_b=1, d=32, seq=32), {a.rounds} rounds x H={a.steps}, int8, "
-        f"deadline_max {a.deadline_max:.0f}s. Peer {VICTIM} (block {replica}) got SIGKILL while its status said "
-        f"`averaging` in round {kr} (its last checkpoint: round {ckpt_round}).",
+        f"6 processes (B=3 x 2 replicas, L_b=1, d=32, seq=32), {out['rounds']} rounds x H={out['steps_per_round']}, "
+        f"int8, deadline_max {out['deadline_max_s']:.0f}s. Peer {VICTIM} (block {VICTIM % out['config']['blocks']}) "
+        f"got SIGKILL while its status said `averaging` in round {kr} (its last checkpoint: round {ckpt_round}).",
         "",
         "| survivor | block | exchange s in kill round | deadline s in force | participation round before "
         "| kill round | rounds after (mean) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    nan = float("nan")
     for r in rows:
-        after = r["participation_after"]
+        after, before = r["participation_after"], r["participation_before"]
         lines.append(
             f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} "
-            f"| {r['kill_round_deadline_s'] or 0:.2f} "
-            f"| {r['participation_before'] if r['participation_before'] is not None else float('nan'):.3f} "
-            f"| {r['participation_kill_round'] or 0:.3f} "
-            f"| {sum(after) / len(after) if after else float('nan'):.3f} |"
+            f"| {r['kill_round_deadline_s'] or 0:.2f} | {before if before is not None else nan:.3f} "
+            f"| {r['participation_kill_round'] or 0:.3f} | {sum(after) / len(after) if after else nan:.3f} |"
         )
-    lines += [
+    participation = ", ".join(f"{p:.2f}" for p in out["victim_participation_after_restart"][:5])
+    return [
+        *lines,
         "",
         f"Every survivor finished the kill round within its deadline: **{out['all_survivors_within_deadline']}**; "
         f"all reached round {min(r['final_round'] for r in rows)}. "
         f"The victim restarted from its checkpoint (round {ckpt_round}), re-synced from its replica "
         f"({'adopted the reference state' if out['victim_resynced'] else 'no pull needed'}), "
         f"merged rounds {out['victim_rounds_after_restart'][:3]}... up to {out['victim_final_round']} "
-        f"with participation {', '.join(f'{p:.2f}' for p in out['victim_participation_after_restart'][:5])}; "
-        f"its final block is bit-identical to its replica's: **{identical}**.",
+        f"with participation {participation}; "
+        f"its final block is bit-identical to its replica's: **{out['victim_block_identical_to_replica']}**.",
         "",
         PARTICIPATION_NOTE,
         "",
     ]
-    results.replace_section(a.md, "fault.py", lines)
 
 
 if __name__ == "__main__":
