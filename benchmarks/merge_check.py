@@ -1,15 +1,12 @@
-"""What the merge loss check (issue 21 item 2, swarmd.averaging.merge.check_merge) costs an honest swarm.
+"""What the merge loss check (swarmd.averaging.merge.check_merge) costs an honest swarm.
 
-At benchmarks/swarm.py's config (B=3 x 2 replicas, d=64, seq 64, batch 16, lr 3e-3, 8 rounds x H=25) it
-trains the six replicas in one process (each its own batch stream, from the bases the swarm shares), and
-each round runs every peer's check_merge (own + the same-block replica's block delta + the five other byte
--table deltas, the default robust rule) on a HeldOutCheck of each sample size in --sequences. The honest
-swarm's next base is the unchecked merge (what the swarm lands when nobody falls back). Reported per sample
-size: the check's seconds per peer and round (check_merge minus the plain merge) against the round's local
-steps (measured here, without trajectory predecessors: a lower bound of a daemon's round) and against the
-median round of benchmarks/swarm.py (BENCHMARKS.md#swarm), how often an honest round fell back (false
-alarms; also without merge.PROGRESS_SLACK) or refused an honest delta, and the largest share of its own
-round's progress an honest merge gave up beyond the tolerance (what PROGRESS_SLACK must exceed).
+At benchmarks/swarm.py's config (B=3 x 2 replicas, d=64, seq 64, batch 16, lr 3e-3, 8 rounds x H=25) the six
+replicas train in one process (each its own batch stream, from the shared bases), and every round runs each peer's
+check_merge (own + the same-block replica's block delta + the other five byte-table deltas, robust rule) on a
+HeldOutCheck of each size in --sequences; the next base is the unchecked merge (what an honest swarm lands). Per
+size: the check's seconds per peer and round (minus the plain merge) against the local steps (a lower bound of a
+daemon's round) and swarm.py's median round, the honest rounds that fell back (also without merge.PROGRESS_SLACK) or
+refused a delta, and the largest share of its own progress a merge gave up beyond the tolerance.
 
     python benchmarks/merge_check.py --data-dir /work/shared/data/wikitext-2
 """
@@ -35,6 +32,7 @@ from swarmd.core.train import BlockTrainer, seed_for
 from swarmd.node.config import peer_train_config
 
 SWARM_MEDIAN_ROUND_S = 1.31  # BENCHMARKS.md#swarm: fp32 median round of the 6-daemon run
+CONFIG = ("blocks", "replicas", "d_model", "seq_len", "batch_size", "lr", "rounds", "steps")  # the result's "config"
 
 
 def parse_args(argv=None):
@@ -57,34 +55,24 @@ def main(argv=None) -> dict:
     ids = {p: f"peer-{p[0]}-{p[1]}" for p in peers}
     trainers = {p: BlockTrainer(cfg, train, p[0], worker_seed=i) for i, p in enumerate(peers)}
     streams = {p: data.stream(seed_for("bench", i), a.batch_size) for i, p in enumerate(peers)}
-    checks = {
-        n: {b: HeldOutCheck.from_data(data, cfg, b, 0, sequences=n) for b in range(a.blocks)} for n in a.sequences
-    }
-    base_emb = {k: v.detach().clone() for k, v in trainers[peers[0]].emb.state_dict().items()}
-    base_block = {
-        b: {k: v.detach().clone() for k, v in trainers[(b, 0)].block.state_dict().items()} for b in range(a.blocks)
-    }
-    rows = {
-        n: {"check_s": [], "fallbacks": 0, "strict": 0, "refused": 0, "checks": 0, "scores": 0, "give_up": []}
-        for n in a.sequences
-    }
+    checks = {n: [HeldOutCheck.from_data(data, cfg, b, 0, sequences=n) for b in range(a.blocks)] for n in a.sequences}
+    copy = lambda module: {k: v.detach().clone() for k, v in module.state_dict().items()}
+    base_emb, base_block = copy(trainers[peers[0]].emb), [copy(trainers[(b, 0)].block) for b in range(a.blocks)]
+    delta = lambda module, base: {k: v.detach().float() - base[k] for k, v in module.state_dict().items()}
+    counts = dict.fromkeys(("fallbacks", "strict", "refused", "checks", "scores"), 0)
+    rows = {n: {"check_s": [], "give_up": [], **counts} for n in a.sequences}
     steps_s, merge_s = [], []
     for _ in range(a.rounds):
         deltas = {}
         for p in peers:  # every replica from the shared bases
             t = trainers[p]
-            with torch.no_grad():
-                for module, base in ((t.block, base_block[p[0]]), (t.emb, base_emb)):
-                    for k, v in module.state_dict().items():
-                        v.copy_(base[k])
+            t.block.load_state_dict(base_block[p[0]])
+            t.emb.load_state_dict(base_emb)
             started = time.perf_counter()
             for _ in range(a.steps):
                 t.step(*next(streams[p]))
             steps_s.append(time.perf_counter() - started)
-            deltas[p] = {
-                BLOCK: {k: v.detach().float() - base_block[p[0]][k] for k, v in t.block.state_dict().items()},
-                EMB: {k: v.detach().float() - base_emb[k] for k, v in t.emb.state_dict().items()},
-            }
+            deltas[p] = {BLOCK: delta(t.block, base_block[p[0]]), EMB: delta(t.emb, base_emb)}
         for p in peers:
             me = ids[p]
             inbox = {
@@ -118,16 +106,7 @@ def main(argv=None) -> dict:
     round_s = statistics.median(steps_s)
     result = {
         "command": "python benchmarks/merge_check.py " + " ".join(sys.argv[1:]),
-        "config": {
-            "blocks": a.blocks,
-            "replicas": a.replicas,
-            "d_model": a.d_model,
-            "seq_len": a.seq_len,
-            "batch_size": a.batch_size,
-            "lr": a.lr,
-            "rounds": a.rounds,
-            "steps": a.steps,
-        },
+        "config": options.picked(a, CONFIG),
         "median_local_steps_s": round_s,
         "median_merge_s": statistics.median(merge_s),
         "swarm_median_round_s": SWARM_MEDIAN_ROUND_S,
@@ -135,17 +114,12 @@ def main(argv=None) -> dict:
     }
     for n, row in rows.items():
         check_s = statistics.median(row["check_s"])
-        result["sizes"][n] = {
-            "median_check_s": check_s,
-            "share_of_local_steps": check_s / round_s,
-            "share_of_swarm_round": check_s / SWARM_MEDIAN_ROUND_S,
-            "honest_fallbacks": row["fallbacks"],
-            "honest_fallbacks_without_slack": row["strict"],
-            "max_progress_given_up_beyond_tolerance": max(row["give_up"]),
-            "honest_refused": row["refused"],
-            "checks": row["checks"],
-            "scores_per_check": row["scores"] / row["checks"],
-        }
+        size = {"median_check_s": check_s, "share_of_local_steps": check_s / round_s}
+        size |= {"share_of_swarm_round": check_s / SWARM_MEDIAN_ROUND_S, "honest_fallbacks": row["fallbacks"]}
+        size["honest_fallbacks_without_slack"] = row["strict"]
+        size["max_progress_given_up_beyond_tolerance"] = max(row["give_up"])
+        size |= {"honest_refused": row["refused"], "checks": row["checks"]}
+        result["sizes"][n] = size | {"scores_per_check": row["scores"] / row["checks"]}
         print(
             f"sequences {n:3d}: check {check_s * 1e3:6.2f} ms = {100 * check_s / round_s:.2f}% of the local steps "
             f"({round_s:.2f} s), {100 * check_s / SWARM_MEDIAN_ROUND_S:.2f}% of swarm.py's median round; "
