@@ -1,15 +1,10 @@
 """Sigma-range benchmark: a low-minimum noise range looks better in training and fails from noise.
 
-Reproduces the litepaper's sigma-range finding at CPU scale with the documented mechanics
-(trajectory_prob=0, truncated-lognormal sigma sampling): for each range, the same BlockTrain
-stack (B=3, L_b=2, d=128, seq 128, batch 32) is trained for the same number of steps, then scored
-two ways on the held-out text:
-
-- denoising CE: the training-style CE of each block given z = e_hat[y] + sigma eps at sigmas drawn
-  from its own interval (swarmd.core.evaluate.denoising_ce), averaged over blocks; a diagnostic only;
-- from-noise CE: the Euler sampler from fresh noise with the true context (the real score).
-
-Writes benchmarks/results/sigma_range.json. Takes a few minutes on one CPU thread.
+The litepaper's sigma-range finding at CPU scale, with the documented mechanics (trajectory_prob=0, truncated-
+lognormal sigma sampling): per range, the same stack (B=3, L_b=2, d=128, seq 128, batch 32) trained for the same
+steps, then scored on the held-out text by the denoising CE (each block given z = e_hat[y] + sigma eps at sigmas of
+its own interval, averaged over blocks: a diagnostic) and the from-noise CE (the Euler sampler from fresh noise with
+the true context: the real score). Writes benchmarks/results/sigma_range.json; a few minutes on one CPU thread.
 
     python benchmarks/sigma_range.py --data-dir $BLOCKTRAIN_DATA
 """
@@ -48,35 +43,28 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    rows = []
+    rows, seq_len = [], ModelConfig().seq_len
+    corpus = ByteData.from_path(Path(args.data_dir) / "train.txt", seq_len)
+    x, y = ByteData.from_path(Path(args.data_dir) / "eval.txt", seq_len).eval_windows(args.eval_tokens)
     for spec in args.ranges.split(","):
         lo, hi = (float(v) for v in spec.split(":"))
         mcfg = ModelConfig(sigma_lo=lo, sigma_hi=hi)
         total = args.rounds * args.steps_per_round
         tcfg = TrainConfig(seed=args.seed, total_steps=total, warmup_steps=min(50, total // 10))
-        corpus = ByteData.from_path(Path(args.data_dir) / "train.txt", mcfg.seq_len)
-        x, y = ByteData.from_path(Path(args.data_dir) / "eval.txt", mcfg.seq_len).eval_windows(args.eval_tokens)
         t0 = time.perf_counter()
         stack = train_blocktrain(mcfg, tcfg, corpus, (x[:1], y[:1]), args.steps_per_round, args.rounds)
         den = [denoising_ce(blk, stack.emb, b, x, y, mcfg) for b, blk in enumerate(stack.blocks)]
         ev = from_noise_ce(stack.blocks, stack.emb, x, y, mcfg)
-        row = {
-            "range": [lo, hi],
-            "denoising_ce": sum(den) / len(den),
-            "denoising_ce_per_block": den,
-            "from_noise_ce": ev["ce"],
-            "from_noise_trace": [s["ce"] for s in ev["trace"]],
-            "sampler_sigmas": [s["sigma"] for s in ev["trace"]],
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        row = {"range": [lo, hi], "denoising_ce": sum(den) / len(den), "denoising_ce_per_block": den}
+        row |= {"from_noise_ce": ev["ce"], "from_noise_trace": [s["ce"] for s in ev["trace"]]}
+        row["sampler_sigmas"] = [s["sigma"] for s in ev["trace"]]
+        rows.append(row | {"seconds": round(time.perf_counter() - t0, 1)})
+        print(json.dumps(rows[-1]), flush=True)
     result = {
         "ranges": rows,
         "config": {
             "model": ModelConfig().to_dict() | {"sigma_lo": None, "sigma_hi": None},
-            "rounds": args.rounds,
-            "steps_per_round": args.steps_per_round,
+            **options.picked(args, ("rounds", "steps_per_round")),
             "batch_size": TrainConfig.batch_size,
             "lr": TrainConfig.lr,
         },
