@@ -1,23 +1,17 @@
 """Round time of a 3-host swarm (network namespaces) with and without 50 ms of user-space delay per hop.
 
-Three daemons (`python -m swarmd`), each in its own network namespace on a bridge (tests/netns_utils.py:
-10.213.0.10-12, an address space that exists only inside those namespaces), train one block as
-three replicas (tiny model, int8 deltas) and find each other through the real hivemind DHT. Each
-host's gRPC server listens on its loopback behind tests/delay_relay.py on the host address, which
-delays every forwarded chunk by --delay-ms (one way; a request/answer pays it twice); the daemons
-announce the relay. Run once per delay in --delays (0 = the same relays, no delay), each on a
-fresh set of namespaces. Per run: the mean wall time of a round (between two merges of a peer,
-from the peers' round history, the first round left out: it includes the wait for all peers) and
-the mean exchange time (own delta ready -> merge). The DHT traffic (record lookups) goes direct.
-Needs root and iproute2. The swarm is benchmarks/harness/daemons.py's netns_swarm; this file owns the runs,
-their timings and the fragment.
+Three daemons, each in its own network namespace on a bridge (tests/netns_utils.py: 10.213.0.10-12), train one
+block as three replicas (tiny model, int8) and find each other through the real DHT. Each host's gRPC server sits
+behind tests/delay_relay.py, which delays every forwarded chunk by the run's delay (one way; the daemons announce
+the relay; DHT lookups go direct). One run per --delays value (0: the same relays, no delay), each on fresh
+namespaces: the mean round time (between two merges of a peer, the first round left out) and exchange time (own
+delta ready -> merge). Needs root and iproute2; the swarm is benchmarks/harness/daemons.py's netns_swarm.
 
     python benchmarks/netns.py
 """
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import sys
 import tempfile
@@ -27,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import daemons, options, results
+from benchmarks.harness import daemons, options, results, sweeps
 from tests.netns_utils import NetnsLab, unavailable
 
 CFG = replace(daemons.TINY_CFG, blocks=1)  # one block, three replicas: every round moves block and table deltas
@@ -58,20 +52,13 @@ def run_once(a, delay_ms: float) -> dict:
             ready_s = time.monotonic() - started
             finished = swarm.wait(timeout_s=600)
         daemons.check_exit(swarm, finished, "peers failed")
-        histories = [sorted(s.get("history", []), key=lambda h: h["round"]) for s in swarm.summaries()]
-    round_s = [b["at_s"] - x["at_s"] for h in histories for x, b in itertools.pairwise(h)]
+        histories, round_s, _ = sweeps.round_times(swarm.summaries())
     exchange_s = [x["seconds"] for h in histories for x in h[1:]]
-    participation = [x["participation"] for h in histories for x in h]
-    return {
-        "delay_ms": delay_ms,
-        "rounds_merged": [len(h) for h in histories],
-        "round_s_mean": statistics.mean(round_s),
-        "round_s_median": statistics.median(round_s),
-        "exchange_s_mean": statistics.mean(exchange_s),
-        "exchange_s_median": statistics.median(exchange_s),
-        "participation_mean": statistics.mean(participation),
-        "start_s": ready_s,
-    }
+    row = {"delay_ms": delay_ms, "rounds_merged": [len(h) for h in histories]}
+    row |= {"round_s_mean": statistics.mean(round_s), "round_s_median": statistics.median(round_s)}
+    row |= {"exchange_s_mean": statistics.mean(exchange_s), "exchange_s_median": statistics.median(exchange_s)}
+    row["participation_mean"] = statistics.mean(x["participation"] for h in histories for x in h)
+    return row | {"start_s": ready_s}
 
 
 def markdown(out: dict) -> list[str]:
@@ -98,13 +85,14 @@ def markdown(out: dict) -> list[str]:
         "| participation | round mean vs no delay |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in runs:
-        lines.append(
-            f"| {r['delay_ms']:g} ms | {r['round_s_mean']:.3f} | {r['round_s_median']:.3f} "
-            f"| {r['exchange_s_mean']:.3f} | {r['exchange_s_median']:.3f} | {r['participation_mean']:.2f} "
-            f"| {r['round_s_mean'] - base['round_s_mean']:+.3f} s |"
-        )
     lines += [
+        f"| {r['delay_ms']:g} ms | {r['round_s_mean']:.3f} | {r['round_s_median']:.3f} "
+        f"| {r['exchange_s_mean']:.3f} | {r['exchange_s_median']:.3f} | {r['participation_mean']:.2f} "
+        f"| {r['round_s_mean'] - base['round_s_mean']:+.3f} s |"
+        for r in runs
+    ]
+    return [
+        *lines,
         "",
         "A round trip through a relay of d ms costs at least 2d; the rounds stayed complete (participation 1.0) "
         "and the added time per round is of the order of one such round trip, since a peer's two exchanges run "
@@ -114,7 +102,6 @@ def markdown(out: dict) -> list[str]:
         "run in another namespace listing all three at their own addresses; then the same through 50 ms relays.",
         "",
     ]
-    return lines
 
 
 def main(argv=None) -> None:
@@ -132,15 +119,8 @@ def run(a, argv) -> dict:
         print(f"delay {delay:g} ms ...", flush=True)
         runs.append(run_once(a, delay))
         print(runs[-1], flush=True)
-    return {
-        "command": results.command_line("netns.py", argv),
-        "config": CFG.to_dict(),
-        "hosts": 3,
-        "rounds": a.rounds,
-        "steps_per_round": a.steps,
-        "runs": runs,
-        "machine": results.machine(),
-    }
+    out = {"command": results.command_line("netns.py", argv), "config": CFG.to_dict(), "hosts": 3, "rounds": a.rounds}
+    return out | {"steps_per_round": a.steps, "runs": runs, "machine": results.machine()}
 
 
 if __name__ == "__main__":
