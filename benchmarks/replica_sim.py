@@ -1,25 +1,17 @@
 """Replica efficiency in the simulator: outer optimizer and learning-rate scaling sweeps, and sync DP beside the swarm.
 
-swarmd.sim runs benchmarks/swarm.py's model and schedule (real BlockTrainer steps, int8 codec + error feedback, the
-daemon's merge and outer optimizer; lockstep network, so every delta is accepted). Each variant of --variants
-(parse_variant: K replicas, outer none|nesterov, outer lr, momentum, inner-lr scale, ...) runs --rounds rounds, its
-CE measured every --eval-every rounds; its replica efficiency is
-
-    (single-replica steps to reach its final CE, interpolated in log-steps) / (K x its steps per replica)
-
-against one replica with plain averaging at 1x, 2x and 4x the rounds, separate runs (extrapolated past 4x on the
-last segment's slope; flagged). Writes --out (JSON, every curve) and its section of --md.
+swarmd.sim runs benchmarks/swarm.py's model and schedule (real training, int8 + error feedback, the daemon's merge
+and outer optimizer; lockstep network: every delta accepted). Each variant of --variants (parse_variant) runs
+--rounds rounds, its CE measured every --eval-every rounds; its replica efficiency is (single-replica steps to its
+final CE, interpolated in log-steps between one replica at 1x, 2x and 4x the rounds, extrapolated and flagged past
+them) / (K x its steps per replica). --sync-dp: per K of --ks, each swarm of --swarm-variants (variant keys without
+K) beside one replica per block at K x --batch-size for the same steps and the swarm's H, at each inner-lr multiplier
+of --sync-lrs (the best CE is sync DP's); a row of "sync_dp" per swarm (K, steps_per_replica, ce, sync_dp_ce,
+excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, both efficiencies against "sync_dp_single"). Every run is stored in
+"sync_dp_runs" and read, not rerun, later (--sweeps-from: other JSONs'). --report rewrites --md from --out
+(--sync-dp --merge A.json: with the sync-DP rows of other runs). Writes --out (JSON, every curve) and --md's section.
 
     python benchmarks/replica_sim.py --variants K=2,outer=none K=2,outer=nesterov K=4,outer=nesterov,lr=2
-
---sync-dp: per K of --ks, each swarm of --swarm-variants (variant keys without K; '' = plain averaging with AdamW at
---steps) beside one replica per block at K x --batch-size for the same steps and the swarm's H, at each inner-lr
-multiplier of --sync-lrs (the best CE is sync DP's). A row of the JSON's "sync_dp" per swarm: K, steps_per_replica,
-ce, sync_dp_ce, excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, efficiency and sync_dp_efficiency (against its own
-single-replica runs, "sync_dp_single", run when missing unless --no-single), the lr chosen and the sweep. Every run
-is stored in "sync_dp_runs" and read, not rerun, later (--sweeps-from: those of other JSONs too). --report rewrites
---md from --out; --sync-dp --report --merge A.json B.json adds the sync-DP rows of runs written to other files.
-
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2 --rounds 64   # 1,600 steps per replica
     python benchmarks/replica_sim.py --sync-dp --ks 4 --swarm-variants '' ra=1 H=1,ra=1
 """
@@ -29,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -364,15 +357,7 @@ def write_sync_md(a, out: dict) -> None:
 def without_caches(command: str) -> str:
     """A row's command without --sweeps-from and its files: they only name stored runs to read instead of rerunning
     (the same runs are stored in --out's "sync_dp_runs")."""
-    kept, skipping = [], False
-    for word in command.split(" "):
-        if word == "--sweeps-from":
-            skipping = True
-        elif skipping and word.startswith("--"):
-            skipping = False
-        if not skipping:
-            kept.append(word)
-    return " ".join(kept)
+    return re.sub(r" --sweeps-from( (?!--)\S+)*", "", command)
 
 
 def write_md(a, out: dict) -> None:
