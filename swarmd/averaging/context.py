@@ -12,7 +12,8 @@ Metrics), and the payload rules both sides apply:
     swarmd.averaging.robust.delta_norm_bound, widened by an anchor's age under group averaging) is invalid;
   - only records signed by the peers they name are remembered (swarmd.membership.trust), and a delta counts
     only from a peer whose signed record is for our block and its round, or the one before (sender_problem;
-    refresh_known looks the peers up again, at most once a second, for a sender not known yet).
+    refresh_known looks the peers up again, at most once a second, for a sender not known yet);
+  - a peer that kept sending past rounds' deltas is not waited for (note_stale, lagging).
 The two pieces that hold it: swarmd.averaging.exchange (the rounds) and swarmd.averaging.agreement (re-sync).
 """
 
@@ -52,6 +53,8 @@ RECORD_LAG_ROUNDS = 1  # a delta of round r needs its sender's signed record of 
 # ... or of round r + RECORD_LEAD_ROUNDS: a sender that merged at once (its receivers were idle) and announced its next
 # round before a receiver still in round r looked it up (the copy task's sequential swarm lost every other round)
 RECORD_LEAD_ROUNDS = 1
+STALE_PEERS = 4096  # laggards remembered (note_stale), the oldest forgotten first
+STALE_STREAK = 2  # rounds in a row with a past round's delta before a peer is not waited for (lagging)
 
 
 class Transport(Protocol):
@@ -111,6 +114,23 @@ class PeerContext:
         # kind -> (peers on our base, peers on another) in the last merged round: the exchange writes it, the
         # next re-sync reads and clears it
         self.last_split: dict[str, tuple[set[str], set[str]]] = {}
+        # peer id -> (our round when it last sent us a delta of a past round, how many rounds in a row it did)
+        self.stale: dict[str, tuple[int, int]] = {}
+
+    # -- laggards ----------------------------------------------------------------------------------
+    def note_stale(self, peer_id: str, round: int) -> None:
+        """`peer_id` sent us a delta of a round before our `round`: it is behind, or replays an old payload."""
+        at, streak = self.stale.pop(peer_id, (round, 0))
+        self.stale[peer_id] = (round, streak + 1 if at == round - 1 else max(streak, 1) if at == round else 1)
+        while len(self.stale) > STALE_PEERS:
+            self.stale.pop(next(iter(self.stale)))
+
+    def lagging(self, round: int) -> set[str]:
+        """The peers that sent us past rounds' deltas in STALE_STREAK rounds in a row, the last this round or the
+        one before: a round does not wait for them (a delta of theirs for it that comes before it closes is merged
+        all the same), so a peer that keeps replaying costs the others no deadline, only its own contribution,
+        while one that lagged once (it adopts and catches up next round) is still waited for."""
+        return {pid for pid, (at, streak) in self.stale.items() if at >= round - 1 and streak >= STALE_STREAK}
 
     # -- payloads ----------------------------------------------------------------------------------
     def hdr(self, kind: PayloadKind, round: int) -> dict:

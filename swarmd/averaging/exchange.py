@@ -189,6 +189,8 @@ class Exchange:
         if rs is None:  # the wait above ends only once a round is open
             raise RuntimeError("no open round")
         if rs.round != h.round or rs.closed:
+            if h.round < rs.round:
+                self.peer.note_stale(h.peer_id, rs.round)  # signed (verified first): not waited for next round either
             if h.round < rs.round and not rs.closed:
                 # a signed delta of a past round: its sender is behind (or replays an old payload) and sends
                 # nothing for this round before it catches up; judged for this round, as a stale reply to our
@@ -305,6 +307,7 @@ class Exchange:
             EMB: {r.peer_id for r in peers},
         }
         expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
+        expected = {k: ids - p.lagging(rs.round) for k, ids in expected.items()}  # still dialled and merged if in time
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
         deadline_s = (

@@ -40,7 +40,10 @@ class Repeat(StaleRound):
 
 
 def reject(p: PeerContext, rs: Round, h: pb.PayloadHeader, kind: PayloadKind, exc: SwarmdError) -> None:
-    """Count and log a rejected delta; a judged sender is not waited for any longer."""
+    """Count and log a rejected delta; a judged sender is not waited for any longer, nor next round if the delta
+    was of a past round (PeerContext.note_stale)."""
+    if h.peer_id and h.round < rs.round:
+        p.note_stale(h.peer_id, rs.round)
     rs.rejected += 1
     p.metrics.reject(reject_reason(exc))
     logger.warning("%s rejected a %s from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
