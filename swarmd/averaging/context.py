@@ -54,7 +54,8 @@ RECORD_LAG_ROUNDS = 1  # a delta of round r needs its sender's signed record of 
 # round before a receiver still in round r looked it up (the copy task's sequential swarm lost every other round)
 RECORD_LEAD_ROUNDS = 1
 STALE_PEERS = 4096  # laggards remembered (note_stale), the oldest forgotten first
-STALE_STREAK = 2  # rounds in a row with a past round's delta before a peer is not waited for (lagging)
+STALE_COUNT = 2  # rounds with a past round's delta (each within the memory of the last) before a peer is not waited for
+STALE_MEMORY_ROUNDS = 8  # ... and how long that lasts after its last one
 
 
 class Transport(Protocol):
@@ -114,23 +115,26 @@ class PeerContext:
         # kind -> (peers on our base, peers on another) in the last merged round: the exchange writes it, the
         # next re-sync reads and clears it
         self.last_split: dict[str, tuple[set[str], set[str]]] = {}
-        # peer id -> (our round when it last sent us a delta of a past round, how many rounds in a row it did)
+        # peer id -> (our round when it last sent us a delta of a past round, in how many recent rounds it did)
         self.stale: dict[str, tuple[int, int]] = {}
 
     # -- laggards ----------------------------------------------------------------------------------
     def note_stale(self, peer_id: str, round: int) -> None:
         """`peer_id` sent us a delta of a round before our `round`: it is behind, or replays an old payload."""
-        at, streak = self.stale.pop(peer_id, (round, 0))
-        self.stale[peer_id] = (round, streak + 1 if at == round - 1 else max(streak, 1) if at == round else 1)
+        at, count = self.stale.pop(peer_id, (round, 0))
+        recent = at >= round - STALE_MEMORY_ROUNDS
+        self.stale[peer_id] = (round, max(count, 1) if at == round else count + 1 if recent else 1)
         while len(self.stale) > STALE_PEERS:
             self.stale.pop(next(iter(self.stale)))
 
     def lagging(self, round: int) -> set[str]:
-        """The peers that sent us past rounds' deltas in STALE_STREAK rounds in a row, the last this round or the
-        one before: a round does not wait for them (a delta of theirs for it that comes before it closes is merged
-        all the same), so a peer that keeps replaying costs the others no deadline, only its own contribution,
-        while one that lagged once (it adopts and catches up next round) is still waited for."""
-        return {pid for pid, (at, streak) in self.stale.items() if at >= round - 1 and streak >= STALE_STREAK}
+        """The peers that sent us past rounds' deltas in STALE_COUNT rounds, the last within STALE_MEMORY_ROUNDS of
+        `round`, and no delta of its round since (intake.accept forgets them): a round does not wait for them (a
+        delta of theirs for it that comes before it closes is merged all the same), so a peer that keeps replaying
+        costs the others no deadline, only its own contribution, while one that lagged once (it adopts and
+        catches up) is still waited for. Every honest peer comes to the same view, so they close alike."""
+        near = round - STALE_MEMORY_ROUNDS
+        return {pid for pid, (at, count) in self.stale.items() if at >= near and count >= STALE_COUNT}
 
     # -- payloads ----------------------------------------------------------------------------------
     def hdr(self, kind: PayloadKind, round: int) -> dict:

@@ -87,6 +87,7 @@ def accept(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
         raise
     # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
     rs.stash(kind, h.peer_id, tensors, idle=h.weight == 0)
+    p.stale.pop(h.peer_id, None)  # a delta of our round: it caught up (PeerContext.lagging)
     return h.peer_id
 
 
