@@ -307,7 +307,8 @@ class Exchange:
             EMB: {r.peer_id for r in peers},
         }
         expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
-        expected = {k: ids - p.lagging(rs.round) for k, ids in expected.items()}  # still dialled and merged if in time
+        dialled, lagging = expected, p.lagging(rs.round)  # laggards: dialled and merged if in time, not waited for
+        expected = {k: ids - lagging for k, ids in expected.items()}
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
         deadline_s = (
@@ -321,7 +322,7 @@ class Exchange:
             for r in peers
             if dials(me, r)
             for kind in ((BLOCK, EMB) if r.block_index == me.block_index else (EMB,))
-            if r.peer_id in expected[kind]
+            if r.peer_id in dialled[kind]
         ]
         try:
             await rs.collect(expected, deadline)
