@@ -40,10 +40,7 @@ class Repeat(StaleRound):
 
 
 def reject(p: PeerContext, rs: Round, h: pb.PayloadHeader, kind: PayloadKind, exc: SwarmdError) -> None:
-    """Count and log a rejected delta; a judged sender is not waited for any longer, nor next round if the delta
-    was of a past round (PeerContext.note_stale)."""
-    if h.peer_id and h.round < rs.round:
-        p.note_stale(h.peer_id, rs.round)
+    """Count and log a rejected delta; a judged sender is not waited for any longer."""
     rs.rejected += 1
     p.metrics.reject(reject_reason(exc))
     logger.warning("%s rejected a %s from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
@@ -83,6 +80,8 @@ def accept(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
     except Repeat:
         raise
     except SwarmdError as exc:
+        if h.peer_id and h.round < rs.round:  # signed (verified by the caller): it is behind, or replays
+            p.note_stale(h.peer_id, rs.round)
         reject(p, rs, h, kind, exc)
         raise
     # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
