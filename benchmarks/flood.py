@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -175,7 +176,19 @@ def _flood_counts(log: str) -> dict:
     return total
 
 
+def pinned(programs: dict[int, list[str]], cores: int) -> dict[int, list[str]]:
+    """Every peer's command under `taskset`: peer 3 (the flooder, or the clean run's fourth peer) alone on the last
+    core, the honest peers round-robin on the others, so the flooder's own client CPU (a machine of its own on the
+    internet) does not run on the honest peers' cores."""
+    swarmd = [sys.executable, "-m", "swarmd", "--verbose", "--config"]  # the config file's path follows
+    core = lambda i: cores - 1 if i == 3 else i % max(1, cores - 1)
+    return {i: ["taskset", "-c", str(core(i)), *programs.get(i, swarmd)] for i in range(4)}
+
+
 def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
+    cores = os.cpu_count() or 1
+    if a.pin and cores >= 2:
+        programs = pinned(programs, cores)
     with tempfile.TemporaryDirectory(prefix=f"flood-{name.replace('/', '-')}-") as wd:
         swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=a.seed, wait_all=True, programs=programs)
         sw = daemons.tiny(4, a.data_dir, Path(wd), a.rounds, a.steps, a.deadline_max, **swarm_kw)
@@ -200,6 +213,11 @@ def parse_args(argv=None):
     options.add_schedule(p, rounds=25, steps=10)
     daemons.add_run_options(p, timeout_s=600.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the flooder (peer 3) on a core of its own, the honest peers on the others (taskset; needs 2 cores)",
+    )
     p.add_argument("--only", default="clean,flood/host,flood/id,ahead/host,ahead/id", help="comma-separated rows")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "flood.json")
     return options.parse_checked(p, argv, "train.txt and eval.txt")
