@@ -129,11 +129,10 @@ class PeerContext:
 
     def lagging(self, round: int) -> set[str]:
         """The peers that sent us past rounds' deltas in STALE_COUNT rounds, the last within STALE_MEMORY_ROUNDS of
-        `round`, and no delta of its round since (intake.accept forgets them; a round that got nothing from one
-        notes it again, Exchange.average): a round does not wait for them (a delta of theirs for it that comes
-        before it closes is merged all the same), so a peer that keeps replaying costs the others no deadline, only
-        its own contribution, while one that lagged once (it adopts and catches up) is still waited for. Every
-        honest peer comes to the same view, and keeps it, so they close alike."""
+        `round`, and no delta of its round since (intake.accept forgets them): a round does not wait for them (a
+        delta of theirs for it that comes before it closes is merged all the same), so a peer that keeps replaying
+        costs the others no deadline, only its own contribution, while one that lagged once (it adopts and
+        catches up) is still waited for. Every honest peer comes to the same view, so they close alike."""
         near = round - STALE_MEMORY_ROUNDS
         return {pid for pid, (at, count) in self.stale.items() if at >= near and count >= STALE_COUNT}
 

@@ -332,8 +332,6 @@ class Exchange:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         accepted = {k: sorted(rs.inbox[k]) for k in (BLOCK, EMB)}
-        for pid in lagging - set(rs.inbox[BLOCK]) - set(rs.inbox[EMB]):  # a laggard stays one until it delivers
-            p.note_stale(pid, rs.round)
         if rs.arrivals:  # (the idle senders' deltas teach the policy nothing: see Round.stash)
             self.deadline.observe(max(0.0, rs.last_arrival - rs.ready_at), rs.last_arrival - rs.opened_at)
         missing = expected_n - len(rs.arrivals) - len(rs.idle[BLOCK]) - len(rs.idle[EMB])
