@@ -12,8 +12,7 @@ Metrics), and the payload rules both sides apply:
     swarmd.averaging.robust.delta_norm_bound, widened by an anchor's age under group averaging) is invalid;
   - only records signed by the peers they name are remembered (swarmd.membership.trust), and a delta counts
     only from a peer whose signed record is for our block and its round, or the one before (sender_problem;
-    refresh_known looks the peers up again, at most once a second, for a sender not known yet);
-  - a peer that kept sending past rounds' deltas is not waited for (note_stale, lagging).
+    refresh_known looks the peers up again, at most once a second, for a sender not known yet).
 The two pieces that hold it: swarmd.averaging.exchange (the rounds) and swarmd.averaging.agreement (re-sync).
 """
 
@@ -53,9 +52,6 @@ RECORD_LAG_ROUNDS = 1  # a delta of round r needs its sender's signed record of 
 # ... or of round r + RECORD_LEAD_ROUNDS: a sender that merged at once (its receivers were idle) and announced its next
 # round before a receiver still in round r looked it up (the copy task's sequential swarm lost every other round)
 RECORD_LEAD_ROUNDS = 1
-STALE_PEERS = 4096  # laggards remembered (note_stale), the oldest forgotten first
-STALE_COUNT = 2  # rounds with a past round's delta (each within the memory of the last) before a peer is not waited for
-STALE_MEMORY_ROUNDS = 8  # ... and how long that lasts after its last one
 
 
 class Transport(Protocol):
@@ -115,26 +111,6 @@ class PeerContext:
         # kind -> (peers on our base, peers on another) in the last merged round: the exchange writes it, the
         # next re-sync reads and clears it
         self.last_split: dict[str, tuple[set[str], set[str]]] = {}
-        # peer id -> (our round when it last sent us a delta of a past round, in how many recent rounds it did)
-        self.stale: dict[str, tuple[int, int]] = {}
-
-    # -- laggards ----------------------------------------------------------------------------------
-    def note_stale(self, peer_id: str, round: int) -> None:
-        """`peer_id` sent us a delta of a round before our `round`: it is behind, or replays an old payload."""
-        at, count = self.stale.pop(peer_id, (round, 0))
-        recent = at >= round - STALE_MEMORY_ROUNDS
-        self.stale[peer_id] = (round, max(count, 1) if at == round else count + 1 if recent else 1)
-        while len(self.stale) > STALE_PEERS:
-            self.stale.pop(next(iter(self.stale)))
-
-    def lagging(self, round: int) -> set[str]:
-        """The peers that sent us past rounds' deltas in STALE_COUNT rounds, the last within STALE_MEMORY_ROUNDS of
-        `round`, and no delta of its round since (intake.accept forgets them): a round does not wait for them (a
-        delta of theirs for it that comes before it closes is merged all the same), so a peer that keeps replaying
-        costs the others no deadline, only its own contribution, while one that lagged once (it adopts and
-        catches up) is still waited for. Every honest peer comes to the same view, so they close alike."""
-        near = round - STALE_MEMORY_ROUNDS
-        return {pid for pid, (at, count) in self.stale.items() if at >= near and count >= STALE_COUNT}
 
     # -- payloads ----------------------------------------------------------------------------------
     def hdr(self, kind: PayloadKind, round: int) -> dict:

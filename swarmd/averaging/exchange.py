@@ -189,8 +189,6 @@ class Exchange:
         if rs is None:  # the wait above ends only once a round is open
             raise RuntimeError("no open round")
         if rs.round != h.round or rs.closed:
-            if h.round < rs.round:
-                self.peer.note_stale(h.peer_id, rs.round)  # signed (verified first): not waited for next round either
             if h.round < rs.round and not rs.closed:
                 # a signed delta of a past round: its sender is behind (or replays an old payload) and sends
                 # nothing for this round before it catches up; judged for this round, as a stale reply to our
@@ -307,8 +305,6 @@ class Exchange:
             EMB: {r.peer_id for r in peers},
         }
         expected = {k: ids & group if (group := rs.members[k]) is not None else ids for k, ids in expected.items()}
-        dialled, lagging = expected, p.lagging(rs.round)  # laggards: dialled and merged if in time, not waited for
-        expected = {k: ids - lagging for k, ids in expected.items()}
         me = p.record()
         expected_n = len(expected[BLOCK]) + len(expected[EMB])
         deadline_s = (
@@ -322,7 +318,7 @@ class Exchange:
             for r in peers
             if dials(me, r)
             for kind in ((BLOCK, EMB) if r.block_index == me.block_index else (EMB,))
-            if r.peer_id in dialled[kind]
+            if r.peer_id in expected[kind]
         ]
         try:
             await rs.collect(expected, deadline)

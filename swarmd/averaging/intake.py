@@ -80,13 +80,10 @@ def accept(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
     except Repeat:
         raise
     except SwarmdError as exc:
-        if h.peer_id and h.round < rs.round:  # signed (verified by the caller): it is behind, or replays
-            p.note_stale(h.peer_id, rs.round)
         reject(p, rs, h, kind, exc)
         raise
     # weight 0: nothing trained behind it (a claim that can only take its own sender out of the merge)
     rs.stash(kind, h.peer_id, tensors, idle=h.weight == 0)
-    p.stale.pop(h.peer_id, None)  # a delta of our round: it caught up (PeerContext.lagging)
     return h.peer_id
 
 
