@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import daemons, options, procs, results
-from benchmarks.harness.faults import CFG, Row, signed_delta
+from benchmarks.harness.faults import CFG, Row, program, run_daemon, signed_delta, swarm
 from benchmarks.harness.faults import fmt as _f
 from swarmd.tools.launch import process_group, wait_group_gone
 
@@ -54,9 +54,7 @@ def run_byzantine(mode: str, config: str) -> int:
     """Run one daemon whose outgoing deltas are corrupted by `mode` (a child process of a benchmark)."""
     import torch
 
-    from swarmd import __main__ as entry
     from swarmd.averaging.gossip import Gossip
-    from swarmd.node import daemon as daemon_mod
 
     bad = {
         "x1000": lambda v: v * 1000,
@@ -80,14 +78,7 @@ def run_byzantine(mode: str, config: str) -> int:
                     rs.outgoing[kind] = past[0][kind]  # a payload of 3 rounds ago, as it was signed
             past.append(sent)
 
-    daemon_mod.Gossip = ByzantineGossip  # type: ignore[misc]  # this process only
-    return entry.main(["--config", config, "--verbose"])
-
-
-def swarm(a, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> daemons.Swarm:
-    """The rows' swarm: tiny daemons on CFG, no trajectory training, every round waiting for every delta."""
-    swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True, **kw)
-    return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **swarm_kw)
+    return run_daemon(config, Gossip=ByzantineGossip)
 
 
 def rss_mib(pid: int) -> float:
@@ -120,7 +111,7 @@ def swarm_run(a, key: tuple) -> Run:
     replicas + a ByzantineGossip daemon of `mode` (this file's `byzantine MODE CONFIG`)."""
     clean, seed = key[0] == "clean", key[2]
     honest = list(range(key[1] if clean else 3))
-    programs = {} if clean else {3: [sys.executable, str(Path(__file__).resolve()), "byzantine", key[1]]}
+    programs = {} if clean else {3: program(__file__, "byzantine", key[1])}
     with tempfile.TemporaryDirectory(prefix=f"adv-{key[0]}-") as wd:
         sw = swarm(a, Path(wd), peers=len(honest) + (not clean), seed=seed, programs=programs)
         with sw:
@@ -298,8 +289,9 @@ class Forger:
     loaded machine, long enough for a 12-round swarm to finish), told the swarm's multiaddrs once it runs."""
 
     def __init__(self) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "forge"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            program(__file__, "forge"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
 
     def attack(self, sw: daemons.Swarm, timeout_s: float = 180.0) -> str:
         """Send the spec; the child's last stdout line (what it stored), or why there is none."""

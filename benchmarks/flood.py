@@ -33,16 +33,15 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness import daemons, options, results
+from benchmarks.harness import daemons, faults, options, results
+from benchmarks.harness.faults import fmt as _f
 
-# one block: every peer is a replica of every other (benchmarks/adversary.py's CFG)
-CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
 DELTAS, PULLS, STATUSES = 40, 40, 200  # what the flooder sends each other peer, each round (issue 21's figures)
 FLOOD_TIMEOUT_S = 5.0  # each flood call's deadline
 
@@ -56,13 +55,9 @@ def run_flooder(
         "ahead": its delta signed for the next round (each waits at the callee, holding a stream slot, until that
         round opens or deadline_max_s passes: the cheapest way to hold an honest peer's stream slots)
     """
-    from swarmd import __main__ as entry
     from swarmd.averaging.context import BLOCK
-    from swarmd.averaging.delta import encode
     from swarmd.averaging.gossip import Gossip
     from swarmd.errors import SwarmdError
-    from swarmd.membership.trust import sign_payload
-    from swarmd.node import daemon as daemon_mod
     from swarmd.protocol import PayloadKind
     from swarmd.transport import PeerClient
     from swarmd.v1 import swarm_pb2 as pb
@@ -81,11 +76,8 @@ def run_flooder(
             if self._client is None:
                 self._client = PeerClient(signer=self.identity, max_payload_bytes=self.cfg.max_payload_bytes)
             targets = [r.address for r in self.known.values() if r.address and r.peer_id != self.me.peer_id]
-            delta = rs.outgoing[BLOCK]
-            if mode == "ahead":
-                hdr = self.hdr(BLOCK, rs.round + 1)
-                enc = encode(rs.own[BLOCK], self.cfg.codec, base_hash=rs.hashes[BLOCK], weight=1.0, **hdr)
-                delta = sign_payload(enc, self.identity)
+            ahead = mode == "ahead"
+            delta = faults.signed_delta(self, BLOCK, rs.own[BLOCK], 1, 1.0) if ahead else rs.outgoing[BLOCK]
             self._flood = asyncio.create_task(self._flood_all(targets, delta))
 
         async def _flood_all(self, targets: list[str], delta: Any) -> None:
@@ -114,14 +106,12 @@ def run_flooder(
             counts["cpu_s"] = round(time.process_time(), 2)  # this process's CPU so far (training included)
             print(f"FLOOD {json.dumps(counts)}", file=sys.stderr, flush=True)
 
-    daemon_mod.Gossip = FloodGossip  # type: ignore[misc]  # this process only
-    return entry.main(["--config", config, "--verbose"])
+    return faults.run_daemon(config, Gossip=FloodGossip)
 
 
 def run_host_limited(config: str) -> int:
     """Run one honest daemon whose server limits callers by host only (streams per host, no request budgets), as
     the shipped daemon did before issue 21 item 5 (a child process of this benchmark: the 'without' rows)."""
-    from swarmd import __main__ as entry
     from swarmd.node.service import SwarmService
     from swarmd.transport.limits import RateLimiter, StreamLimiter
 
@@ -137,16 +127,12 @@ def run_host_limited(config: str) -> int:
         )
 
     SwarmService.server_limits = host_limits  # type: ignore[method-assign]  # this process only
-    return entry.main(["--config", config, "--verbose"])
+    return faults.run_daemon(config)
 
 
 def flooder_program(mode: str = "copies") -> list[str]:
     """The command that runs a flooding daemon (this file's `flooder MODE CONFIG`) without its config."""
-    return [sys.executable, str(Path(__file__).resolve()), "flooder", mode]
-
-
-def host_limited_program() -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "honest-host-limits"]
+    return faults.program(__file__, "flooder", mode)
 
 
 @dataclass
@@ -168,12 +154,9 @@ class Row:
 
 
 def _flood_counts(log: str) -> dict:
-    total = {"sent": 0, "ok": 0, "busy": 0, "other": 0}
-    for line in log.splitlines():
-        if (at := line.find("FLOOD {")) >= 0:
-            last = json.loads(line[at + 6 :])  # cumulative
-            total = last
-    return total
+    """The flooder's last (cumulative) FLOOD line."""
+    lines = [line[line.find("FLOOD {") + 6 :] for line in log.splitlines() if "FLOOD {" in line]
+    return json.loads(lines[-1]) if lines else {"sent": 0, "ok": 0, "busy": 0, "other": 0}
 
 
 def pinned(programs: dict[int, list[str]], cores: int) -> dict[int, list[str]]:
@@ -185,13 +168,29 @@ def pinned(programs: dict[int, list[str]], cores: int) -> dict[int, list[str]]:
     return {i: ["taskset", "-c", str(core(i)), *programs.get(i, swarmd)] for i in range(4)}
 
 
-def run(a, name: str, programs: dict[int, list[str]], honest: list[int]) -> Row:
+def plan(limits: str, mode: str) -> dict[int, list[str]]:
+    """The peers' programs of a row: peer 3 the flooder (unless clean), the honest peers host-limited (limits "host":
+    this file's `honest-host-limits`) or shipped ("id")."""
+    honest = {i: faults.program(__file__, "honest-host-limits") for i in HONEST} if limits == "host" else {}
+    return honest | ({3: flooder_program(mode)} if mode else {})
+
+
+HONEST = [0, 1, 2]
+PLANS = {  # row -> the peers' programs (the rest run the shipped daemon)
+    "clean": plan("id", ""),
+    "flood/host": plan("host", "copies"),
+    "flood/id": plan("id", "copies"),
+    "ahead/host": plan("host", "ahead"),
+    "ahead/id": plan("id", "ahead"),
+}
+
+
+def run(a, name: str, programs: dict[int, list[str]], honest: list[int] = HONEST) -> Row:
     cores = os.cpu_count() or 1
     if a.pin and cores >= 2:
         programs = pinned(programs, cores)
     with tempfile.TemporaryDirectory(prefix=f"flood-{name.replace('/', '-')}-") as wd:
-        swarm_kw = dict(model=CFG, trajectory_prob=0.0, seed=a.seed, wait_all=True, programs=programs)
-        sw = daemons.tiny(4, a.data_dir, Path(wd), a.rounds, a.steps, a.deadline_max, **swarm_kw)
+        sw = faults.swarm(a, Path(wd), seed=a.seed, programs=programs)
         with sw:
             sw.start(300)
             done = daemons.finish(sw, honest, a.timeout)
@@ -213,13 +212,10 @@ def parse_args(argv=None):
     options.add_schedule(p, rounds=25, steps=10)
     daemons.add_run_options(p, timeout_s=600.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--pin",
-        action="store_true",
-        help="the flooder (peer 3) on a core of its own, the honest peers on the others (taskset; needs 2 cores)",
-    )
-    p.add_argument("--only", default="clean,flood/host,flood/id,ahead/host,ahead/id", help="comma-separated rows")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "flood.json")
+    pin = "the flooder (peer 3) on a core of its own, the honest peers on the others (taskset; needs 2 cores)"
+    p.add_argument("--pin", action="store_true", help=pin)
+    p.add_argument("--only", default=",".join(PLANS), help="comma-separated rows")
+    options.add_outputs(p, "flood.json")
     return options.parse_checked(p, argv, "train.txt and eval.txt")
 
 
@@ -230,17 +226,8 @@ def main(argv=None) -> None:
     if argv[:1] == ["honest-host-limits"]:
         raise SystemExit(run_host_limited(argv[1]))
     a = parse_args(argv)
-    only = a.only.split(",")
-    host = host_limited_program()
-    plans = {
-        "clean": ({}, [0, 1, 2]),
-        "flood/host": ({0: host, 1: host, 2: host, 3: flooder_program()}, [0, 1, 2]),
-        "flood/id": ({3: flooder_program()}, [0, 1, 2]),
-        "ahead/host": ({0: host, 1: host, 2: host, 3: flooder_program("ahead")}, [0, 1, 2]),
-        "ahead/id": ({3: flooder_program("ahead")}, [0, 1, 2]),
-    }
     started = time.time()
-    rows = [run(a, name, *plans[name]) for name in plans if name in only]
+    rows = [run(a, name, PLANS[name]) for name in PLANS if name in a.only.split(",")]
     clean = next((r for r in rows if r.name == "clean"), None)
     for r in rows:
         r.ce_clean = clean.ce if clean else None
@@ -255,10 +242,6 @@ def main(argv=None) -> None:
 
 def _as_dict(r: Row) -> dict:
     return {**r.__dict__, "ce_delta": r.ce_delta}
-
-
-def _f(x: float | None, fmt: str = "{:.4f}") -> str:
-    return "-" if x is None else fmt.format(x)
 
 
 def markdown(rows: list[Row]) -> str:

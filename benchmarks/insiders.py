@@ -39,8 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import flood
-from benchmarks.harness import daemons
-from benchmarks.harness.faults import CFG, Row, signed_delta
+from benchmarks.harness import daemons, faults
+from benchmarks.harness.faults import Row, signed_delta
 from benchmarks.harness.faults import fmt as _f
 from swarmd.errors import SwarmdError
 from swarmd.tools.launch import PeerProc
@@ -80,19 +80,14 @@ _ADOPTED = re.compile(r"adopted the (block|embedding) of (\S+)")
 # ---- The insiders: a real daemon with one changed line (child processes of the rows)
 def run_insider(mode: str, config: str) -> int:
     """Run one daemon whose Gossip (or BlockServing, mode forward) is the insider `mode` of this file."""
-    from swarmd import __main__ as entry
-    from swarmd.node import daemon as daemon_mod
-
     folder = Path(config).parent  # the swarm's folder: what insiders of one attacker share
-    if mode == "forward":
-        daemon_mod.BlockServing = _lying_serving(folder / FORWARD_MODE_FILE)  # type: ignore[misc]
-    else:
-        daemon_mod.Gossip = _insider_gossip(mode, folder / "insiders")  # type: ignore[misc]  # this process only
     if mode == "state":  # rounds are what it lies about: it runs until stopped, whatever its counter says
         body = json.loads(Path(config).read_text())
         config = str(folder / f"{Path(config).stem}-insider.json")
         Path(config).write_text(json.dumps(body | {"stop_at_round": 0}))
-    return entry.main(["--config", config, "--verbose"])
+    if mode == "forward":
+        return faults.run_daemon(config, BlockServing=_lying_serving(folder / FORWARD_MODE_FILE))
+    return faults.run_daemon(config, Gossip=_insider_gossip(mode, folder / "insiders"))
 
 
 def _unit(like: dict, seed: int) -> dict:
@@ -250,16 +245,11 @@ class Outcome:
 
 
 def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], **kw: Any) -> daemons.Swarm:
-    """The fault matrix's tiny swarm (adversary.swarm's options): peers 0..honest-1 honest, then the insiders
-    (this file's `insider MODE`, benchmarks/flood.py's flooder for mode flood)."""
-    programs = {i: flood.flooder_program() if m == "flood" else insider_program(m) for i, m in insiders.items()}
-    kw = dict(model=CFG, trajectory_prob=0.0, seed=0, wait_all=True, programs=programs) | kw
-    return daemons.tiny(honest + len(insiders), a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **kw)
-
-
-def insider_program(mode: str) -> list[str]:
-    """The command that runs an insider daemon (this file's `insider MODE CONFIG`) without its config."""
-    return [sys.executable, str(Path(__file__).resolve()), "insider", mode]
+    """The fault matrix's tiny swarm (faults.swarm): peers 0..honest-1 honest, then the insiders (this file's
+    `insider MODE`, benchmarks/flood.py's flooder for mode flood)."""
+    program = lambda m: flood.flooder_program() if m == "flood" else faults.program(__file__, "insider", m)
+    programs = {i: program(m) for i, m in insiders.items()}
+    return faults.swarm(a, workdir, honest + len(insiders), programs=programs, **kw)
 
 
 def run_swarm(a, honest: int, insiders: dict[int, str], joiner: tuple[int, int] | None = None) -> Outcome:

@@ -1,18 +1,46 @@
-"""What the fault matrix (benchmarks/adversary.py) and its insider rows (benchmarks/insiders.py) share.
+"""What the fault matrix (benchmarks/adversary.py), its insider rows (benchmarks/insiders.py) and the flood rows
+(benchmarks/flood.py) share.
 
-Owns: CFG (the one-block tiny model of the matrix's swarms), Row (one row of the matrix), signed_delta (a
-misbehaving daemon's delta, encoded and signed as its honest one would be) and fmt (a figure or "-").
+Owns: CFG (the one-block tiny model of the matrix's swarms) and swarm (such a swarm of daemons), Row (one row of
+the matrix), program and run_daemon (a misbehaving peer: the real daemon with a class of its own, run as the program
+of a Swarm's peer), signed_delta (a misbehaving daemon's delta, encoded and signed as its honest one would be) and
+fmt (a figure or "-").
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.daemons import TINY_CFG
+from benchmarks.harness import daemons
 
 # one block: every peer is a replica of every other; no sampler-step messages (a Forward step is one request)
-CFG = replace(TINY_CFG, blocks=1, pred_input="none", pred_output="none")
+CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
+
+
+def swarm(a: Any, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> daemons.Swarm:
+    """The rows' swarm: tiny daemons on CFG (kw may name another model), --rounds x --steps, no trajectory
+    training, every round waiting for every delta; kw: more of daemons.tiny's options (programs, swarm_key, ...)."""
+    kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True) | kw
+    return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **kw)
+
+
+def program(script: str, *args: str) -> list[str]:
+    """The command that runs the benchmark file `script` with args (a Swarm's peer program: its config follows)."""
+    return [sys.executable, str(Path(script).resolve()), *args]
+
+
+def run_daemon(config: str, **classes: type) -> int:
+    """Run the real daemon on config with these names of swarmd.node.daemon (Gossip, BlockServing) replaced by the
+    given classes, in this process only (a child process of a benchmark: one misbehaving peer)."""
+    from swarmd import __main__ as entry
+    from swarmd.node import daemon as daemon_mod
+
+    for name, cls in classes.items():
+        setattr(daemon_mod, name, cls)
+    return entry.main(["--config", config, "--verbose"])
 
 
 @dataclass
@@ -30,16 +58,16 @@ class Row:
         return None if self.ce is None or self.ce_clean is None else self.ce - self.ce_clean
 
 
-def signed_delta(gossip: Any, kind: Any, bad: dict) -> Any:
-    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now, as its honest delta would be
-    (a misbehaving daemon's Gossip sends it instead: adversary.py's and insiders.py's)."""
+def signed_delta(gossip: Any, kind: Any, bad: dict, ahead: int = 0, weight: float | None = None) -> Any:
+    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now (+ ahead), as its honest delta
+    would be (weight: its steps per round unless given); a misbehaving daemon's Gossip sends it instead."""
     from swarmd.averaging.delta import encode
     from swarmd.membership.trust import sign_payload
 
     rs = gossip.current
     assert rs is not None
-    hdr = gossip.hdr(kind, rs.round)
-    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=float(gossip.cfg.steps_per_round), **hdr)
+    weight = float(gossip.cfg.steps_per_round) if weight is None else weight
+    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=weight, **gossip.hdr(kind, rs.round + ahead))
     return sign_payload(enc, gossip.identity)
 
 
