@@ -40,8 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import results  # noqa: E402
+from benchmarks.harness import options, results  # noqa: E402
 from benchmarks.harness.cli_runs import Spawned, killpg, poll_json  # noqa: E402
+from swarmd.tools.launch import process_group  # noqa: E402
 
 FAST_S = 3.0  # every message within this (quiet estimate), except network timeouts
 DHT_S = 10.0  # a command that starts a DHT client (hivemind's DHT process and p2pd) and does one lookup
@@ -83,164 +84,79 @@ def C(issue: int, name: str, args: str, expect_exit: int | tuple[int, ...], word
     return name, args, expect_exit, words, {"issue": issue, **more}
 
 
+def bounded(issue: int, command: str, flag: str, value: str, bound: str, more_args: str = "", note: str = "") -> tuple:
+    """A range check's row: `command flag value more_args` exits 2 with "<flag> must be <bound>, got <value>"."""
+    name = f"{command} {flag} {value}"
+    words = f"{flag} must be {bound}, got {value}".replace("[", r"\[").replace("]", r"\]")
+    return C(issue, name + note, f"{name} {more_args}", 2, words)
+
+
 LIVE_22 = {"quiet": True, "dht": True}  # a DHT client command's success against the live swarm
-CASES = (
+PRIVATE = "join {KEYED_MULTIADDR} --swarm-id badkey *D"  # a private swarm's GetConfig refused, naming the key
+# fmt: off
+CASES = (  # one case a row, a long row on two lines (a table, left as written)
     # issue 10's list: late or unclear errors
     C(10, "demo: fewer peers than blocks", "demo --peers 2 --blocks 3 *D *O", 2, r"--peers 2 cannot train --blocks 3"),
-    C(
-        10,
-        "demo: --trajectory-prob 5",
-        "demo --trajectory-prob 5 *D *O",
-        2,
-        r"--trajectory-prob must be in \[0, 1\], got 5",
-    ),
+    C(10, "demo: --trajectory-prob 5", "demo --trajectory-prob 5 *D *O", 2,
+      r"--trajectory-prob must be in \[0, 1\], got 5"),
     C(10, "status of a closed port", "status 127.0.0.1:{CLOSED}", 1, r"(?i)refused|not listening|unreachable|closed"),
     C(10, "join not-a-multiaddr", "join not-a-multiaddr *D", 2, r"(?i)multiaddr"),
-    C(
-        10,
-        "run: --listen port already taken",
-        "run *D --listen 127.0.0.1:{TAKEN} *TINY",
-        (1, 2),
-        r"(?i)in use|taken|cannot listen|bind",
-    ),
+    C(10, "run: --listen port already taken", "run *D --listen 127.0.0.1:{TAKEN} *TINY", (1, 2),
+      r"(?i)in use|taken|cannot listen|bind"),
     C(10, "train: binary file as training text", "train --data {BINARY} *O *TINY", 2, r"(?i)binary"),
-    C(
-        10,
-        "train: data without eval.txt beside it (not an error: announced)",
-        "train --data {LONE} *O --rounds 1 --steps-per-round 1 *TINY",
-        0,
-        r"(?i)held out",
-    ),
+    C(10, "train: data without eval.txt beside it (not an error: announced)",
+      "train --data {LONE} *O --rounds 1 --steps-per-round 1 *TINY", 0, r"(?i)held out"),
     # issue 22's list: every numeric flag range-checked at parse time (a representative few, every command)
-    C(
-        22,
-        "run --steps-per-round -5 (was a 49-line traceback after 18 s)",
-        "run --steps-per-round -5",
-        2,
-        r"^error: bad value: --steps-per-round must be >= 1, got -5$",
-    ),
-    C(22, "demo --rounds -1", "demo --rounds -1", 2, r"--rounds must be >= 1, got -1"),
-    C(22, "train --lr nan", "train --lr nan", 2, r"--lr must be > 0, got nan"),
-    C(
-        22,
-        "join --steps-per-round 0",
-        "join {MULTIADDR} --steps-per-round 0",
-        2,
-        r"--steps-per-round must be >= 1, got 0",
-    ),
-    C(
-        22,
-        "score --max-bytes -1 (score's budget flag)",
-        "score --max-bytes -1 {TRAIN}",
-        2,
-        r"--max-bytes must be >= 1, got -1",
-    ),
-    C(22, "eval --eval-tokens -1", "eval --eval-tokens -1", 2, r"--eval-tokens must be >= 1, got -1"),
-    C(22, "generate --temperature -1", "generate --temperature -1 hello", 2, r"--temperature must be >= 0, got -1"),
-    C(22, "status --timeout-s 0", "status --timeout-s 0 127.0.0.1:{CLOSED}", 2, r"--timeout-s must be > 0, got 0"),
-    C(
-        22,
-        "dashboard --port 70000",
-        "dashboard --swarm {MULTIADDR} --port 70000",
-        2,
-        r"--port must be in \[0, 65535\], got 70000",
-    ),
+    C(22, "run --steps-per-round -5 (was a 49-line traceback after 18 s)", "run --steps-per-round -5", 2,
+      r"^error: bad value: --steps-per-round must be >= 1, got -5$"),
+    bounded(22, "demo", "--rounds", "-1", ">= 1"),
+    bounded(22, "train", "--lr", "nan", "> 0"),
+    bounded(22, "join", "--steps-per-round", "0", ">= 1", "{MULTIADDR}"),
+    bounded(22, "score", "--max-bytes", "-1", ">= 1", "{TRAIN}", " (score's budget flag)"),
+    bounded(22, "eval", "--eval-tokens", "-1", ">= 1"),
+    bounded(22, "generate", "--temperature", "-1", ">= 0", "hello"),
+    bounded(22, "status", "--timeout-s", "0", "> 0", "127.0.0.1:{CLOSED}"),
+    bounded(22, "dashboard", "--port", "70000", "in [0, 65535]", "--swarm {MULTIADDR}"),
     # issue 22's list: DHT client commands against the live swarm, no hivemind noise on stderr
     C(22, "status --swarm of the live swarm", "status *LIVE", 0, r"{PEER_SHORT}", **LIVE_22),
-    C(
-        22,
-        "score --swarm, a tiny budget",
-        "score *LIVE --max-bytes 32 {TRAIN}",
-        0,
-        r"^ce \d+\.\d+ nats/byte",
-        **LIVE_22,
-    ),
+    C(22, "score --swarm, a tiny budget", "score *LIVE --max-bytes 32 {TRAIN}", 0, r"^ce \d+\.\d+ nats/byte",
+      **LIVE_22),
     C(22, "generate --swarm, a tiny budget", "generate *LIVE --max-bytes 4 hello", 0, r"^hello", **LIVE_22),
-    C(
-        22,
-        "dashboard --swarm started and stopped with Ctrl-C",
-        "dashboard *LIVE --port 0",
-        0,
-        r"^dashboard: http://",
-        quiet=True,
-        probe="dashboard",
-    ),
+    C(22, "dashboard --swarm started and stopped with Ctrl-C", "dashboard *LIVE --port 0", 0, r"^dashboard: http://",
+      quiet=True, probe="dashboard"),
     # issue 22's list: join's config check; a private swarm's GetConfig refused (exit 1 or 2) naming the key
-    C(
-        22,
-        "join with a model flag that differs from the swarm's config",
-        "join {MULTIADDR} --swarm-id badinput *D --d-model 64",
-        2,
-        r"do not match the swarm's config: --d-model 64 \(swarm: 32\)",
-        dht=True,
-    ),
-    C(
-        22,
-        "join a private swarm without its key",
-        "join {KEYED_MULTIADDR} --swarm-id badkey *D",
-        (1, 2),
-        r"(?i)no proof of the swarm key.*--swarm-key",
-        dht=True,
-    ),
-    C(
-        22,
-        "join a private swarm with another swarm key",
-        "join {KEYED_MULTIADDR} --swarm-id badkey *D --swarm-key {OTHER_KEY}",
-        (1, 2),
-        r"(?i)another swarm key.*--swarm-key",
-        dht=True,
-    ),
+    C(22, "join with a model flag that differs from the swarm's config",
+      "join {MULTIADDR} --swarm-id badinput *D --d-model 64", 2,
+      r"do not match the swarm's config: --d-model 64 \(swarm: 32\)", dht=True),
+    C(22, "join a private swarm without its key", PRIVATE, (1, 2), r"(?i)no proof of the swarm key.*--swarm-key",
+      dht=True),
+    C(22, "join a private swarm with another swarm key", PRIVATE + " --swarm-key {OTHER_KEY}", (1, 2),
+      r"(?i)another swarm key.*--swarm-key", dht=True),
     # the usual bad inputs
     C(0, "train: missing data file", "train --data {MISSING} *O *TINY", 2, r"does not exist"),
     C(0, "train: empty data file", "train --data {EMPTY} *O *TINY", 2, r"(?i)no bytes|empty"),
     C(0, "demo: missing data file", "demo --data {MISSING} *O", 2, r"does not exist"),
     C(0, "train: --d-model 30 --n-heads 4", "train *D *O --d-model 30 --n-heads 4", 2, r"divisible by n_heads"),
-    C(0, "model-info --d-model 0", "model-info --d-model 0", 2, r"--d-model must be >= 1, got 0"),
-    C(
-        0,
-        "status --swarm of an unknown swarm id (not an error: an empty table and a note naming the swarm id)",
-        "status --swarm {MULTIADDR} --swarm-id no-such-swarm",
-        0,
-        r"no peer of swarm 'no-such-swarm'",
-        dht=True,
-    ),
+    bounded(0, "model-info", "--d-model", "0", ">= 1"),
+    C(0, "status --swarm of an unknown swarm id (not an error: an empty table and a note naming the swarm id)",
+      "status --swarm {MULTIADDR} --swarm-id no-such-swarm", 0, r"no peer of swarm 'no-such-swarm'", dht=True),
     C(0, "score --checkpoint a missing dir", "score --checkpoint {MISSING} {TRAIN}", 2, r"(?i)does not exist"),
-    C(
-        0,
-        "generate --checkpoint a dir without config.json",
-        "generate --checkpoint {NOT_CHECKPOINT} hello",
-        2,
-        r"(?i)not a checkpoint",
-    ),
-    C(
-        0,
-        "eval --checkpoint a corrupt config.json",
-        "eval --checkpoint {CORRUPT} *D",
-        2,
-        r"(?i)not valid JSON|unknown checkpoint",
-    ),
+    C(0, "generate --checkpoint a dir without config.json", "generate --checkpoint {NOT_CHECKPOINT} hello", 2,
+      r"(?i)not a checkpoint"),
+    C(0, "eval --checkpoint a corrupt config.json", "eval --checkpoint {CORRUPT} *D", 2,
+      r"(?i)not valid JSON|unknown checkpoint"),
     C(0, "train --device cuda without CUDA", "train *D *O --device cuda *TINY", 2, r"(?i)cuda"),
-    C(
-        0,
-        "status of a port that accepts but never answers (a network timeout)",
-        "status 127.0.0.1:{SILENT} --timeout-s 3",
-        1,
-        r"(?i)timed out|deadline|did not answer|no answer",
-        network_timeout_s=10.0,
-    ),
+    C(0, "status of a port that accepts but never answers (a network timeout)",
+      "status 127.0.0.1:{SILENT} --timeout-s 3", 1, r"(?i)timed out|deadline|did not answer|no answer",
+      network_timeout_s=10.0),
     # last: after it the idle daemon has a second peer and trains; its bound: 3 of the daemon's rounds (20 steps,
     # its deadline), its DHT start and stop
-    C(
-        22,
-        "join the public swarm with a swarm key (every exchange refused: stops after 3 rounds)",
-        "*KEYED_JOIN --identity {HIGH_ID} *QUICK_JOIN",
-        3,
-        r"^error: every exchange (was refused|failed) for 3 rounds: .*swarm key",
-        network_timeout_s=120.0,
-        logs_ok=True,
-        timeout_s=240.0,
-    ),
+    C(22, "join the public swarm with a swarm key (every exchange refused: stops after 3 rounds)",
+      "*KEYED_JOIN --identity {HIGH_ID} *QUICK_JOIN", 3,
+      r"^error: every exchange (was refused|failed) for 3 rounds: .*swarm key",
+      network_timeout_s=120.0, logs_ok=True, timeout_s=240.0),
 )
+# fmt: on
 
 
 @dataclass
@@ -312,7 +228,7 @@ def run_case(case: Case, fill: dict[str, str], env: dict[str, str], timeout_s: f
         extra["timed_out_after_s"] = round(run.since(), 1)
         run.stop(signal.SIGINT, 30, group=True)
     done.set()
-    if left := group_members(run.proc.pid):  # an exited command left a process of its group behind (DHT, p2pd)
+    if left := process_group(run.proc.pid):  # an exited command left a process of its group behind (DHT, p2pd)
         extra["left_processes"] = left
         killpg(run.proc.pid, signal.SIGKILL)
     if case.quiet:
@@ -359,22 +275,6 @@ def probe_dashboard(run: Spawned) -> dict:
     if listed:
         return {"api_peers": last["peers"], "api_peers_after_s": round(run.since(), 1)}
     return {"api": f"no peer listed within {PROBE_S:.0f} s", "api_last": last}
-
-
-def group_members(pgid: int) -> list[str]:
-    """'PID COMM STATE' of each process still alive in process group `pgid` (from /proc; zombies left out: they
-    exited, only their reaping is due)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(f"{stat.parent.name} {comm} {fields[0]}")
-    return out
 
 
 def _shown(arg: str, fill: dict[str, str]) -> str:
@@ -521,14 +421,13 @@ def markdown(out: dict) -> str:
         "## Bad input: exit code, message, seconds to the message (issues 10 and 22)",
         "",
         f"Produced by `{out['command']}` ({out['machine']}; {out['when']}; wall time {out.get('wall_s', 0):.0f} s). "
-        "Every case runs the real CLI (`blocktrain ARGS`) in a fresh process; *seconds*: from the spawn to the "
-        "message line; *quiet est.*: the same less the main thread's run-queue wait (/proc/PID/schedstat), judged "
-        f"against the *bar* ({FAST_S:.0f} s; {DHT_S:.0f} s for a command that starts a DHT client; a network case: its "
-        "own bound); *load*: the 1-minute load average at the spawn. A row passes with the expected exit code (2 bad "
-        "input, 1 an unreachable or refusing peer, 3 every exchange refused, 0 not an error), one `error:` line naming "
-        "the cause and nothing else on stderr (a success: a quiet stderr, stdout shows the result), no traceback, "
-        "within the bar. TMP is the run's temp folder; MULTIADDR the idle daemon's, KEYED_MULTIADDR that of a "
-        f"private swarm's. Load average: {out['load_before']} before, {out['load_after']} after.",
+        "Each case runs `blocktrain ARGS` in a fresh process. *seconds*: spawn to message; *quiet est.*: less the "
+        f"main thread's run-queue wait, judged against the *bar* ({FAST_S:.0f} s; {DHT_S:.0f} s with a DHT client; a "
+        "network case: its own); *load*: 1-minute load average at the spawn. A row passes with the expected exit "
+        "code (2 bad input, 1 unreachable or refusing peer, 3 every exchange refused, 0 no error), one `error:` line "
+        "naming the cause and nothing else on stderr (a success: quiet stderr, the result on stdout), no traceback, "
+        "within the bar. TMP: the run's temp folder; MULTIADDR: the idle daemon's, KEYED_MULTIADDR: a private "
+        f"swarm's. Load average: {out['load_before']} before, {out['load_after']} after.",
         "",
         "| input | exit | seconds | quiet est. | bar | load | message | passes |",
         "|---|---|---|---|---|---|---|---|",
@@ -567,8 +466,7 @@ def markdown(out: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--out", type=Path, default=ROOT / results.RESULTS / "bad_input.json")
-    p.add_argument("--md", type=Path, default=ROOT / results.RESULTS / "bad_input.md")
+    options.add_outputs(p, "bad_input.json", "bad_input.md", results=ROOT / results.RESULTS)
     p.add_argument("--timeout-s", type=float, default=60.0, help="Give up on one case after this many seconds.")
     p.add_argument("--only", default="", help="Run only the cases whose name contains this.")
     p.add_argument("--render", type=Path, help="Only rewrite --md from this JSON result (no run).")
