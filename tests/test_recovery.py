@@ -27,7 +27,7 @@ from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError
-from swarmd.membership.quorum import diverged_majority
+from swarmd.membership.quorum import diverged_majority, split_reference
 from swarmd.membership.records import PeerRecord
 from swarmd.node import checkpoints
 from swarmd.tools.launch import LocalSwarm, process_group, wait_group_gone
@@ -285,6 +285,31 @@ def test_a_peer_that_ran_ahead_alone_rejoins_the_majority_it_split_from():
     two_groups = [*majority, _rec("d", 40, "x"), _rec("e", 40, "x")]
     assert diverged_majority(me, two_groups, history) is None  # 2 of 5 is not more than half
     assert diverged_majority(me, [_rec("a", 38, "theirs", ""), _rec("b", 38, "theirs", "")], history) is None
+
+
+def test_of_two_equal_sides_of_a_split_round_exactly_one_moves():
+    """Last round's signed deltas: 2 peers on base X, 2 on base Y. Each side counts itself: the side without the
+    highest-ranked peer moves, the other stays (both moving would swap the split instead of healing it)."""
+    peers = {p: _rec(p, 9, "x" if p in "ab" else "y") for p in "abcd"}
+
+    def moves(me: str) -> str | None:
+        same = {p for p in "abcd" if p != me and peers[p].base_hash == peers[me].base_hash}
+        other = {p: peers[p].base_hash for p in "abcd" if p != me and p not in same}
+        target = split_reference(peers[me], [r for p, r in peers.items() if p != me], same, other)
+        return target.peer_id if target else None
+
+    assert [moves(p) for p in "abcd"] == ["d", "d", None, None]
+
+
+def test_a_split_rounds_majority_stays_and_strays_on_bases_of_their_own_move_nobody():
+    pool = [_rec("a", 9, "x"), _rec("b", 9, "x"), _rec("c", 9, "y"), _rec("d", 9, "z")]
+    me = _rec("e", 9, "x")
+    assert split_reference(me, pool, {"a", "b"}, {"c": "y", "d": "z"}) is None  # 3 on ours, strays 1 and 1
+    lone = _rec("c", 9, "y")
+    others = [r for r in pool if r.peer_id != "c"] + [me]
+    assert split_reference(lone, others, set(), {"a": "x", "b": "x", "e": "x", "d": "z"}).peer_id == "e"
+    assert split_reference(lone, others, set(), {"d": "z"}) is None  # one stray signer is no quorum
+    assert split_reference(_rec("d", 9, "z"), pool[:2], set(), {"a": "x", "b": "x"}).peer_id == "b"
 
 
 def _history_since(p, since: float) -> list[dict]:

@@ -14,6 +14,7 @@ import torch
 from swarm_utils import ROUND_STREAMS, batches, memory_round, memory_swarm
 
 from swarmd.averaging import rejoin
+from swarmd.averaging.context import BLOCK, EMB
 from swarmd.averaging.rejoin import Held, fresh_majority, reconcile, stable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,3 +147,33 @@ def test_a_merging_majority_is_never_moved_by_a_diverged_minority(fast_hold):
 
     peers, evil = asyncio.run(scenario())
     assert all(g.state.round < 1_000 and g.state.block_hash != evil for g in peers[:3])
+
+
+def test_a_split_rounds_move_takes_the_states_round_too_so_the_next_round_merges(fast_hold):
+    """a and b merge together; c is a round ahead on weights of its own (it closed a round the others did not get
+    to merge with it), and d (a replayer) holds weights of its own, so no state has a majority of the records. Last
+    round's signed deltas show a and b on another base: c moves to their state and to its round, back one round,
+    so its next delta is on their base; kept at its own round it would hold a (round, weights) pair nobody holds
+    and every delta it sends would be refused for its base (a split that never heals)."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0, 0], codec="fp32", blocks=1, deadline_max_s=1.0)
+        a, b, c, d = peers
+        await memory_round(peers, board)
+        r = c.state.round
+        for g, shift, at in ((c, 0.05, r + 1), (d, -0.05, r)):  # both parts on weights of their own
+            g.state.adopt(*({k: v + shift for k, v in t.items()} for t in (g.state.base_block, g.state.base_emb)), at)
+        c.last_split = {kind: (set(), dict.fromkeys((a.me.peer_id, b.me.peer_id), "theirs")) for kind in (BLOCK, EMB)}
+        board.update({g.me.peer_id: g.record() for g in (c, d)})
+        theirs = a.state.block_hash
+        adopted = await c.sync(list(board.values()))
+        moved = (c.state.round, c.state.block_hash)
+        c.last_split = {}
+        reports = await memory_round(peers, board, skip={3})
+        return peers, r, adopted, (theirs, moved), reports
+
+    (a, b, c, _), r, adopted, (theirs, moved), reports = asyncio.run(scenario())
+    assert "block" in adopted
+    assert moved == (r, theirs)  # their state and its round: one round back
+    assert [len(x.accepted_block) for x in reports] == [2, 2, 2]  # a, b and c merge each other (d sends nothing)
+    assert a.state.block_hash == b.state.block_hash == c.state.block_hash

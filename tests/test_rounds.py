@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from swarm_utils import batches, daemon_config, memory_round, memory_swarm, runn
 from typer.testing import CliRunner
 
 from cli.main import app
+from swarmd.averaging.config import GossipConfig
 from swarmd.errors import ConfigError
 from swarmd.node.config import DaemonConfig
+from swarmd.node.rounds import PlainRounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -166,3 +169,59 @@ def test_a_peer_sitting_a_round_out_waits_for_the_trainers_only_not_for_another_
     assert seconds < 6.0  # well before the idle deadline (2 x deadline_max_s = 16 s) and the trainer's (8 s)
     # the trainer still expects both (an idle peer must fetch its delta); the one out of step is simply missing
     assert out_of_step.me.peer_id in for_trainer.expected_emb
+
+
+class FakeGossip:
+    """A round's gossip whose re-sync adopts a state of round `adopts` (what a peer ahead announced)."""
+
+    def __init__(self, state, adopts: int):
+        self.state, self.adopts, self.rounds = state, adopts, SimpleNamespace(idle=False)
+
+    async def sync(self, records):
+        self.state.round = self.adopts
+        return ["block"]
+
+    async def open_round(self):
+        return None
+
+    async def average(self, records):
+        self.state.round += 1
+        return "merged"
+
+
+class FakePeer:
+    """The RoundPeer parts PlainRounds drives, counting the local steps it is asked for."""
+
+    def __init__(self, round: int, adopts: int):
+        self.state = SimpleNamespace(round=round, local_steps=0)
+        self.gossip, self.trained, self.stopping = FakeGossip(self.state, adopts), [], asyncio.Event()
+
+    async def records(self):
+        return []
+
+    def update_serving(self):
+        return None
+
+    async def announce(self):
+        return None
+
+    async def load_predecessors(self):
+        return 0
+
+    async def train(self, steps):
+        self.trained.append(steps)
+        return {"samples": 0, "seconds": 0.0, "ce": 0.0}
+
+    async def finish_round(self, report, records, started=None):
+        return None
+
+
+@pytest.mark.parametrize("last, ends", [(30, True), (31, False), (0, False)])
+def test_a_resync_to_the_runs_last_round_ends_the_run_there(last, ends):
+    """A peer a round behind that adopts, at its last round's re-sync, the state the swarm ended the run with ends
+    with it; training and merging one more round alone would leave it a round ahead on weights nobody holds."""
+    peer = FakePeer(round=29, adopts=30)
+    rounds = PlainRounds(peer, GossipConfig(steps_per_round=4))  # type: ignore[arg-type]
+    rounds.last = last
+    report = asyncio.run(rounds.run_round())
+    assert (report, peer.trained, peer.state.round) == ((None, [], 30) if ends else ("merged", [4], 31))

@@ -263,11 +263,17 @@ def test_rejoin_and_split_round_moves_are_verified_too(monkeypatch):
         h0.agreement.isolated = {BLOCK: rejoin.ISOLATED_ROUNDS, EMB: rejoin.ISOLATED_ROUNDS}  # no delta for 2 rounds
         h0.last_split = {}  # (the last round's split, consumed by the sync that saw it)
         sybil_ids = {peers[i].me.peer_id for i in SYBILS}
-        h1.last_split = {BLOCK: (set(), sybil_ids), EMB: (set(), sybil_ids)}
+        h1.last_split = {
+            BLOCK: (set(), dict.fromkeys(sybil_ids, "poisoned")),
+            EMB: (set(), dict.fromkeys(sybil_ids, "poisoned")),
+        }
         pulled = await asyncio.gather(h0.sync(records), h1.sync(records))
         served = _served_bytes(peers)
         h0.agreement.isolated = {BLOCK: rejoin.ISOLATED_ROUNDS, EMB: rejoin.ISOLATED_ROUNDS}  # the same again
-        h1.last_split = {BLOCK: (set(), sybil_ids), EMB: (set(), sybil_ids)}
+        h1.last_split = {
+            BLOCK: (set(), dict.fromkeys(sybil_ids, "poisoned")),
+            EMB: (set(), dict.fromkeys(sybil_ids, "poisoned")),
+        }
         again = await asyncio.gather(h0.sync(records), h1.sync(records))
         return r, (block, emb), pulled, again, served, _served_bytes(peers), h0, h1
 

@@ -10,8 +10,9 @@
   signed by the peer asked and hash to what they announce, and the round counter moves at most
   cfg.max_round_jump per re-sync;
 - split rounds: when last round's signed deltas showed a quorum of peers on another base, the side with
-  fewer peers moves (the DHT records may lag); a peer that trained apart (a partition) and is ahead
-  rejoins the majority it split from (diverged_majority, over the last HISTORY_ROUNDS own base hashes);
+  fewer peers moves (the DHT records may lag), to the state and its round (at most pulls.SPLIT_BACK_ROUNDS
+  back); a peer that trained apart (a partition) and is ahead rejoins the majority it split from
+  (diverged_majority, over the last HISTORY_ROUNDS own base hashes);
 - isolation (swarmd.averaging.rejoin): a peer that accepted no delta of a part for rejoin.ISOLATED_ROUNDS
   rounds asks the fresh signed states and adopts a fresh quorum's, or reconciles with the other members;
 - verified adoption (swarmd.averaging.adoption): with a held-out check (PeerContext.check) and a finite
@@ -146,7 +147,7 @@ class Agreement:
         target: PeerRecord | None = ref
         expect: tuple[str, int] | None = (weights(ref), ref.round)
         if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
-            split = p.last_split.get(kind.delta, (set(), set()))  # DHT records may lag: use last round's exchanges
+            split = p.last_split.get(kind.delta, (set(), {}))  # DHT records may lag: use last round's exchanges
             target = split_reference(me, pool, *split)
             expect = None  # the signed deltas said where it is; its state must hash as it signs
             if target is None and self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS:
@@ -157,7 +158,10 @@ class Agreement:
         elif target is not None:
             limit = me.round + p.cfg.max_round_jump
             apart = majority is not None or expect is None  # rejoining a majority, or a split round's move
-            got = await self.pulls.try_fetch(target, kind, expect, limit, back=majority is not None, apart=apart)
+            # both move to the state's own round, back too: a peer a round ahead that kept its round counter with
+            # the state of a peer a round behind would hold a (round, weights) pair nobody else does, and every
+            # delta it sends would be refused for its base (a split that never heals)
+            got = await self.pulls.try_fetch(target, kind, expect, limit, back=apart, apart=apart)
             found += [got] if got is not None else []
         if joining:
             found += await self._join_candidates(kind, me, pool, others, {c.weights for c in found})

@@ -110,7 +110,7 @@ class PeerContext:
         self.anchors = {BLOCK: Anchor(), EMB: Anchor()}  # group averaging's shared reference (swarmd.averaging.groups)
         # kind -> (peers on our base, peers on another) in the last merged round: the exchange writes it, the
         # next re-sync reads and clears it
-        self.last_split: dict[str, tuple[set[str], set[str]]] = {}
+        self.last_split: dict[str, tuple[set[str], dict[str, str]]] = {}
 
     # -- payloads ----------------------------------------------------------------------------------
     def hdr(self, kind: PayloadKind, round: int) -> dict:

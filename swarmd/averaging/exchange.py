@@ -358,7 +358,7 @@ class Exchange:
         await apply_merged(p, parts, members, rs.exact)
         p.state.set_replicas(len(merged.merged_from.get(BLOCK, ())))  # K of TrainConfig.replica_adam
         seconds = time.monotonic() - rs.ready_at
-        p.last_split = {k: (set(rs.inbox[k]), set(rs.mismatched[k]) - set(rs.inbox[k])) for k in (BLOCK, EMB)}
+        p.last_split = {k: (set(rs.inbox[k]), dict(rs.mismatched[k])) for k in (BLOCK, EMB)}
         report = MergeReport(
             rs.round,
             sorted(expected[BLOCK]),

@@ -73,7 +73,7 @@ def accept(p: PeerContext, rs: Round, enc: Encoded, kind: PayloadKind) -> str:
         if (group := rs.members[kind]) is not None and h.peer_id not in group:
             raise ValidationError(f"{h.peer_id[-6:]} is not in our {kind} group of round {rs.round}")
         if h.base_hash != rs.hashes[kind]:
-            rs.mismatched[kind].add(h.peer_id)
+            rs.mismatched[kind][h.peer_id] = h.base_hash
             raise BaseMismatch(f"delta computed from base {h.base_hash}, ours is {rs.hashes[kind]}")
         tensors = p.decode(enc, kind, p.me.block_index if kind == BLOCK else -1)
         p.check_norm(tensors, kind)

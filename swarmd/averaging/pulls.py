@@ -37,6 +37,7 @@ from swarmd.v1 import swarm_pb2 as pb
 logger = logging.getLogger(__name__)
 
 REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
+SPLIT_BACK_ROUNDS = 2  # a split round's move takes a state at most this many rounds behind ours (and its round)
 
 
 def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
@@ -73,7 +74,8 @@ class StatePulls:
     ) -> Candidate:
         """Download a peer's block or embedding state (signed, validated) as a Candidate, not adopted (the parameters
         are Agreement.pull's; with `back` and `expect`, a majority member's own signed state up to REJOIN_AHEAD_ROUNDS
-        past the announced round is taken instead: it merged on since its record)."""
+        past the announced round is taken instead: it merged on since its record; with `back` and no `expect`, a split
+        round's move, a state at most SPLIT_BACK_ROUNDS behind ours)."""
         p = self.peer
         outer = p.state.outer is not None  # adopt the reference's outer buffer with its weights
         enc = await self.pull_signed(peer, kind, outer_state=outer)
@@ -83,6 +85,8 @@ class StatePulls:
             # rejoining a majority: the member asked has merged on since its record (fast rounds, lagging
             # records); its own signed, newer state on that trajectory is what the majority holds now
             want_hash, want_round = h.base_hash, int(h.round)
+        if back and expect is None and int(h.round) < p.state.round - SPLIT_BACK_ROUNDS:
+            raise StaleRound(f"state of round {h.round}, more than {SPLIT_BACK_ROUNDS} behind ours ({p.state.round})")
         if h.base_hash != want_hash or int(h.round) != want_round:
             raise StaleRound(f"state of round {h.round} ({h.base_hash}), records announce {want_round} ({want_hash})")
         tensors, momentum = split_momentum(p.decode(enc, kind, p.me.block_index if kind.is_block else -1, outer))

@@ -71,9 +71,9 @@ class Round:
     inbox: dict[str, dict[str, dict[str, torch.Tensor]]] = field(default_factory=lambda: {BLOCK: {}, EMB: {}})
     failed: dict[str, set[str]] = field(default_factory=lambda: {BLOCK: set(), EMB: set()})
     closed: bool = False
-    mismatched: dict[str, set[str]] = field(
-        default_factory=lambda: {BLOCK: set(), EMB: set()}
-    )  # senders on another base
+    mismatched: dict[str, dict[str, str]] = field(
+        default_factory=lambda: {BLOCK: {}, EMB: {}}
+    )  # kind -> sender on another base -> the base its delta was on
     opened_at: float = field(default_factory=time.monotonic)
     ready_at: float = 0.0
     last_arrival: float = 0.0

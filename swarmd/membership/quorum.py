@@ -145,20 +145,31 @@ def reference(me: PeerRecord, others: list[PeerRecord], key: WeightsOf = block_w
     return me
 
 
-def split_reference(me: PeerRecord, pool: list[PeerRecord], same: set[str], other: set[str]) -> PeerRecord | None:
+def split_reference(me: PeerRecord, pool: list[PeerRecord], same: set[str], other: dict[str, str]) -> PeerRecord | None:
     """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
 
-    `same` / `other`: the peer ids whose signed deltas of last round were on our base / on another one. The side
-    with fewer peers on its base moves; on a tie the lower-ranked side moves (the same rule as reference(), applied
-    to the signed deltas' headers instead of DHT records). The other side must also hold a quorum of the peers seen
-    in `pool` (one stray signer never moves anybody).
+    `same`: the peer ids whose signed deltas of last round were on our base; `other`: peer id -> the other base its
+    signed delta was on. The signers of one base are a side, ours counting us. We move to the largest other side when
+    it is larger than ours, or as large and holding the higher-ranked peer (server mode, then peer id: every signer
+    was at that round, so both sides of a tie order the same way and exactly one of them moves). The side moved to
+    must hold a quorum of the peers seen in `pool` (one stray signer, or strays on several bases, never move anybody).
     """
-    if not other or len(other) < quorum(len({r.peer_id for r in pool})):
+    records = {r.peer_id: r for r in pool}
+    need = quorum(len(records))
+    records[me.peer_id] = me
+    sides: dict[str, set[str]] = {}
+    for peer_id, base in other.items():
+        if peer_id not in same:
+            sides.setdefault(base, set()).add(peer_id)
+
+    def order(ids: set[str]) -> tuple:
+        ranked = [(not records[i].client_mode, i) for i in ids if i in records]
+        return (len(ids), max(ranked, default=(False, "")))
+
+    if not sides:
         return None
-    dialable = [r for r in pool if r.peer_id in other and r.address]
-    if not dialable:
+    theirs = max(sides.values(), key=order)
+    if len(theirs) < need or order(theirs) <= order(same | {me.peer_id}):
         return None
-    best = max(dialable, key=rank)
-    if len(other) > len(same) or (len(other) == len(same) and rank(best) > rank(me)):
-        return best
-    return None
+    dialable = [records[i] for i in theirs if i in records and records[i].address]
+    return max(dialable, key=rank) if dialable else None

@@ -34,7 +34,7 @@ import time
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.round import MergeReport
 from swarmd.membership.records import PeerRecord
-from swarmd.node.rounds import RoundPeer, observe_training
+from swarmd.node.rounds import RoundPeer, observe_training, reached_end
 from swarmd.protocol import PeerState
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class OverlapRounds:
         self.pending: asyncio.Task[MergeReport] | None = None
         self.pending_records: list[PeerRecord] = []  # the lookup the exchange in flight merges with
         self.last_landed: float | None = None  # monotonic time of the last merge landed (round time)
+        self.last = 0  # the run's last round (round_loop's; 0 = none)
 
     def rounds_started(self) -> int:
         """Rounds merged plus the one in flight: what the loop compares with its last round."""
@@ -71,6 +72,8 @@ class OverlapRounds:
         if self.pending is None:
             if await g.sync(await d.records()):
                 d.update_serving()
+                if reached_end(d.state, self.last):
+                    return None
             await g.open_round()
         await d.load_predecessors()
         d.phase = PeerState.TRAINING

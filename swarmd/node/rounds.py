@@ -79,6 +79,7 @@ class PlainRounds:
 
     def __init__(self, peer: RoundPeer, cfg: GossipConfig):
         self.peer, self.cfg = peer, cfg
+        self.last = 0  # the run's last round (round_loop's; 0 = none)
 
     def rounds_started(self) -> int:
         """Rounds merged: what the loop compares with its last round."""
@@ -92,6 +93,8 @@ class PlainRounds:
             d.update_serving()
             with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
                 await d.announce()
+            if reached_end(d.state, self.last):
+                return None
         await g.open_round()
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
@@ -116,8 +119,20 @@ class PlainRounds:
         """Nothing to abandon (see drain)."""
 
 
+def reached_end(state: BlockState, last: int) -> bool:
+    """Whether a re-sync took us to the run's last round (or past it): the state adopted is the one the swarm ended
+    the run with, so this peer ends there too; training and merging one more round alone would end it a round ahead
+    of the others, on weights nobody else holds."""
+    if last and state.round >= last:
+        logger.info("adopted the state of round %d, the run's last: ending the run with it", state.round)
+        return True
+    return False
+
+
 class RoundDriver(Protocol):
     """What the round loop drives: PlainRounds, or swarmd.node.overlap.OverlapRounds."""
+
+    last: int
 
     def rounds_started(self) -> int: ...
 
@@ -147,6 +162,7 @@ async def round_loop(peer: LoopPeer, rounds: RoundDriver) -> None:
     the run's last round (run_plan) was started; then the last round's merge lands and the peer stops. With
     TrainConfig.pipeline the peer's record first names the rounds its block trains in, and is announced."""
     last, window = run_plan(peer.config, peer.state.round)
+    rounds.last = last  # a re-sync to the last round ends the run there (reached_end)
     if window is not None:  # TrainConfig.pipeline: the rounds each block trains in
         peer.pipeline_window = window
         peer.me = peer.gossip.me = windowed(peer.me, peer.state.block_index, peer.config.train, window)
