@@ -14,26 +14,18 @@ checkpoint's round, or does not start, is a lost checkpoint.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 
+from benchmarks.harness.cli_runs import killpg  # the daemon leads its own group: its DHT process and p2pd are in it
 from swarmd.errors import SwarmdError
 from swarmd.tools.launch import LocalSwarm, PeerProc
 
 FAULTS = ("kill9_restart", "sigterm_rejoin", "join", "leave", "bootstrap_kill", "pause")
 READY_TIMEOUT_S = 240.0  # a (re)started daemon not ready after this long did not come back
 STOP_TIMEOUT_S = 60.0  # a daemon still running this long after its SIGTERM is killed
-
-
-def killpg(proc: subprocess.Popen, sig: int) -> None:
-    """Signal proc's whole process group (the daemon leads its own: its DHT process and p2pd are in it)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def draw_schedule(seed: int, duration_s: float, every_s: tuple[float, float], start_s: float = 0.0) -> list[dict]:
@@ -126,10 +118,10 @@ class Churn:
     def _start(self, kind: str, p: PeerProc, fault: dict, t: float) -> None:
         proc = p.process
         if kind == "pause":
-            killpg(proc, signal.SIGSTOP)
+            killpg(proc.pid, signal.SIGSTOP)
             self.pending.append(_Pending(p, "cont", t + self.pause_s, fault))
         elif kind in ("kill9_restart", "bootstrap_kill"):
-            killpg(proc, signal.SIGKILL)
+            killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             fault["exit_code"] = proc.returncode
             self.pending.append(_Pending(p, "restart", t + (self.down_s if kind == "bootstrap_kill" else 0.0), fault))
@@ -158,12 +150,12 @@ class Churn:
         for q in list(self.pending):
             p = q.peer
             if q.step == "cont" and t >= q.due:
-                killpg(p.process, signal.SIGCONT)
+                killpg(p.process.pid, signal.SIGCONT)
                 self.paused.setdefault(p.index, []).append((q.fault["t"], t))
                 self.pending.remove(q)
             elif q.step == "stopping" and (not p.alive() or t >= q.due):
                 if p.alive():  # a SIGTERM it did not obey in time
-                    killpg(p.process, signal.SIGKILL)
+                    killpg(p.process.pid, signal.SIGKILL)
                     p.process.wait(timeout=30)
                     q.fault["sigkilled"] = True
                 q.fault["exit_code"] = p.process.returncode
@@ -215,4 +207,4 @@ class Churn:
         """Continue every paused group (a stopped process group cannot stop on SIGTERM)."""
         for q in list(self.pending):
             if q.step == "cont" and q.peer.alive():
-                killpg(q.peer.process, signal.SIGCONT)
+                killpg(q.peer.process.pid, signal.SIGCONT)
