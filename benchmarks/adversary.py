@@ -358,8 +358,9 @@ def forge_records() -> str:
     )
 
 
-async def _oversized_streams(address: str, pid: int) -> str:
-    """6 ExchangeDeltas streams each declaring a 500 MiB payload, sending 1 MiB chunks, never finishing."""
+async def _oversized_streams(address: str, pid: int) -> tuple[str, float]:
+    """6 ExchangeDeltas streams each declaring a 500 MiB payload, sending 1 MiB chunks, never finishing: what they
+    got, and the daemon's RSS growth (MiB)."""
     import grpc
 
     from swarmd.protocol import Codec, PayloadKind
@@ -398,11 +399,12 @@ async def _oversized_streams(address: str, pid: int) -> str:
     for t in tasks:
         t.cancel()
     await channel.close()
-    return f"codes {sorted(set(codes))}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB"
+    return f"codes {sorted(set(codes))}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
 
 
-async def _forward_flood(address: str, pid: int, steps: int = 400) -> str:
-    """One Forward session over `steps` distinct step_index values, each caching (use_cache)."""
+async def _forward_flood(address: str, pid: int, steps: int = 400) -> tuple[str, float]:
+    """One Forward session over `steps` distinct step_index values, each caching (use_cache): what the steps got,
+    and the daemon's RSS growth (MiB)."""
     from swarmd.transport import PeerClient
 
     before, client = rss_mib(pid), PeerClient()
@@ -421,16 +423,7 @@ async def _forward_flood(address: str, pid: int, steps: int = 400) -> str:
         await session.close()
         await client.close()
     peak = max(peak, rss_mib(pid))
-    return f"{steps} steps: {dict(codes)}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB"
-
-
-def _growth(evidence: str) -> float:
-    """MiB of RSS growth in an 'RSS A -> peak B MiB' evidence string."""
-    try:
-        before, peak = evidence.rsplit("RSS ", 1)[1].split(" -> peak ")
-        return float(peak.split()[0]) - float(before)
-    except (IndexError, ValueError):
-        return float("inf")
+    return f"{steps} steps: {dict(codes)}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
 
 
 def public_rows(a, ce_clean: float | None) -> list[Row]:
@@ -631,11 +624,11 @@ def process_rows(a) -> list[Row]:
             sw.start(300)
             daemons.wait_rounds(sw, [0, 1], 2)
             target = sw.peers[0]
-            streams = asyncio.run(_oversized_streams(target.address, target.process.pid))
-            forward = asyncio.run(_forward_flood(target.address, target.process.pid))
+            streams, streams_mib = asyncio.run(_oversized_streams(target.address, target.process.pid))
+            forward, forward_mib = asyncio.run(_forward_flood(target.address, target.process.pid))
             print(f"resources: {streams}; {forward}", file=sys.stderr, flush=True)
-            ok_streams = target.alive() and "still open" not in streams and _growth(streams) < 200
-            ok_forward = target.alive() and _growth(forward) < 300
+            ok_streams = target.alive() and "still open" not in streams and streams_mib < 200
+            ok_forward = target.alive() and forward_mib < 300
             rows = [
                 Row("6 ExchangeDeltas streams each declaring 500 MiB, never finishing", ok_streams, streams),
                 Row("one Forward session with 400 distinct step_index values", ok_forward, forward),
@@ -765,9 +758,7 @@ def parse_args(argv=None):
     daemons.add_run_options(p, timeout_s=300.0)
     p.add_argument("--kills", type=int, default=5, help="kill -9 during checkpoint writes: how many times")
     p.add_argument("--partition-s", type=float, default=30.0, help="seconds the partition row cuts one host off")
-    p.add_argument(
-        "--readonly-s", type=float, default=15.0, help="seconds the readonly row's checkpoint dir is read-only"
-    )
+    p.add_argument("--readonly-s", type=float, default=15.0, help="seconds the readonly row's dir is read-only")
     p.add_argument("--only", default="", help=f"comma-separated row groups: {','.join(GROUPS)}")
     p.add_argument("--insiders", default="", help="insider rows (benchmarks/insiders.py ROWS), comma-separated")
     p.add_argument("--insider-rounds", type=int, default=25, help="rounds of the insider rows' runs")
@@ -776,9 +767,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
-    options.add_from_log(
-        p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command that was stopped early"
-    )
+    options.add_from_log(p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command stopped early")
     p.add_argument("--merge", action="store_true", help="keep the rows of --out that this run does not produce")
     options.add_outputs(p, "adversary.json", "adversary.md")
     return p.parse_args(argv)

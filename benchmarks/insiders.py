@@ -276,9 +276,8 @@ def run_swarm(a, honest: int, insiders: dict[int, str], joiner: tuple[int, int] 
             done = daemons.finish(sw, watched, a.timeout)
         out = _read(a, sw, watched, sorted(insiders), done)
     out.seconds = time.monotonic() - began
-    print(
-        f"insider run {what}: {honest} honest, CE {out.ces}, {done}, {out.logs}, {out.seconds:.0f} s", file=sys.stderr
-    )
+    line = f"insider run {what}: {honest} honest, CE {out.ces}, {done}, {out.logs}, {out.seconds:.0f} s"
+    print(line, file=sys.stderr)
     return out
 
 
@@ -403,21 +402,14 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
     if "poison" in which:
         name = "insider majority poison (3 of 5): the same poisoned step from all three, under the norm bound"
         note = f"the step: a fixed direction at {POISON_FRACTION} of the receivers' norm bound, every round"
-        add(
-            _row(
-                name,
-                run_swarm(a, 2, {2: "poison", 3: "poison", 4: "poison"}),
-                clean(2),
-                MAJORITY_CE_TOLERANCE,
-                note=note,
-            )
-        )
+        run = run_swarm(a, 2, dict.fromkeys((2, 3, 4), "poison"))
+        add(_row(name, run, clean(2), MAJORITY_CE_TOLERANCE, note=note))
     if "state" in which:
         # an honest joiner (peer seed 5) spawned at round 3 (a daemon takes seconds to start: it is ready mid-run);
         # a joiner ends on the swarm's state, so its reference is the clean run's honest CE (a clean run's rounds
         # end before a joiner of a loaded machine is up)
         joiner = (5, 3)
-        run, c = run_swarm(a, 2, {2: "state", 3: "state", 4: "state"}, joiner), clean(2)
+        run, c = run_swarm(a, 2, dict.fromkeys((2, 3, 4), "state"), joiner), clean(2)
         joined = run.ces.get(5)
         note = (
             f"the insiders re-adopt the poisoned state every round from round {STATE_START}, {STATE_JUMP} rounds "
