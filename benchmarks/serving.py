@@ -49,32 +49,51 @@ HOP_KEYS = {"step": "step_index", "block": "block_index", "peer": "address", "po
 
 
 class Swarm:
-    """Block servers on loopback plus a client; `sweeper(delay_s)` gives a RemoteSweeper."""
+    """Block servers on loopback plus a client (also verify_cost.py's); `sweeper(delay_s)` gives a RemoteSweeper.
 
-    def __init__(self, cfg: ModelConfig, blocks, emb, layout: list[int]):
-        self.cfg, self.blocks, self.emb, self.layout = cfg, blocks, emb, layout
+    :param layout: the block of each server
+    :param make_handler: (server i, its block) -> its handler; default: a ServingOnlyHandler serving `blocks`
+        (a list, or a callable that builds block b on demand) and `emb`
+    :param status_s: the discovery's GetStatus timeout
+    """
+
+    def __init__(self, cfg: ModelConfig, blocks, emb, layout: list[int], make_handler=None, status_s: float = 5.0):
+        self.cfg, self.blocks, self.emb, self.layout, self.status_s = cfg, blocks, emb, layout, status_s
+        self.make_handler = make_handler or self.serving_handler
         self.servers, self.client = [], None
 
+    def serving_handler(self, i: int, b: int) -> ServingOnlyHandler:
+        serving = BlockServing(self.cfg, b, peer_id=f"peer{i}")
+        block = self.blocks(b) if callable(self.blocks) else self.blocks[b]  # a callable builds on demand
+        serving.update_weights(block.state_dict(), self.emb.table)
+        return ServingOnlyHandler(serving, SWARM)
+
     async def __aenter__(self):
-        for i, b in enumerate(self.layout):
-            serving = BlockServing(self.cfg, b, peer_id=f"peer{i}")
-            block = self.blocks(b) if callable(self.blocks) else self.blocks[b]  # a callable builds on demand
-            serving.update_weights(block.state_dict(), self.emb.table)
-            del block
-            handler = ServingOnlyHandler(serving, SWARM)
-            server = await start_server(handler)
-            handler.address = server.address
-            self.servers.append(server)
-        self.blocks = self.emb = None  # the servers hold their own snapshots
         self.client = PeerClient()
+        for i, b in enumerate(self.layout):
+            handler = self.make_handler(i, b)
+            self.servers.append(await start_server(handler))
+            handler.address = self.servers[-1].address
+        self.blocks = self.emb = None  # the servers hold their own snapshots
         return self
 
+    def discovery(self) -> StaticDiscovery:
+        addresses = [s.address for s in self.servers]
+        return StaticDiscovery(addresses, lambda a: self.client.status(a, timeout_s=self.status_s), SWARM)
+
     def sweeper(self, delay_s: float = 0.0, timeout_s: float = 120.0) -> RemoteSweeper:
-        discovery = StaticDiscovery(
-            [s.address for s in self.servers], lambda a: self.client.status(a, timeout_s=5.0), SWARM
-        )
-        router = BlockRouter(discovery, self.client, self.cfg.config_hash(), SWARM)
+        router = BlockRouter(self.discovery(), self.client, self.cfg.config_hash(), SWARM)
         return RemoteSweeper(self.cfg, router, self.client, timeout_s=timeout_s, hop_delay_s=delay_s)
+
+    async def covered(self) -> tuple[ModelConfig, BlockRouter]:
+        """The model config the servers announce, and a router whose coverage of every block is checked."""
+        from swarmd.serve.remote import check_coverage, swarm_model_config
+
+        discovery = self.discovery()
+        cfg, records = await swarm_model_config(discovery, self.client, swarm_id=SWARM)
+        router = BlockRouter(discovery, self.client, cfg.config_hash(), SWARM)
+        await check_coverage(router, cfg, records)
+        return cfg, router
 
     async def __aexit__(self, *exc):
         await self.client.close()

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
-import json
 import random
 import sys
 import time
@@ -23,57 +21,30 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.test_verified_inference: the signed replicas
+
+from benchmarks.harness import options, results
+from benchmarks.serving import Swarm
 from swarmd.core.config import ModelConfig
 from swarmd.core.model import euler_step, sampler_plan
 from swarmd.core.train import init_block, init_embedding
 from swarmd.serve.inference import score_windows
+from swarmd.serve.remote import RemoteSweeper
 from swarmd.serve.verify import Answer, Hop, VerifyPolicy, divergence
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.test_verified_inference: the signed replicas
 
 DEVICE_MODES = (("fp32", False, None), ("tf32", True, None), ("bf16_autocast", False, torch.bfloat16))  # name, tf32
 INT_OPTIONS = {"--blocks": 4, "--d-model": 64, "--seq-len": 64, "--windows": 128, "--batch-size": 16}
 
 
-@contextlib.asynccontextmanager
-async def replicas(cfg, make_handler, status_s: float = 5.0):
-    """Two servers per block, make_handler(i, block) -> host i's handler; yields (addresses, client, model config,
-    router) with the coverage checked."""
-    from swarmd.membership.discovery import StaticDiscovery
-    from swarmd.serve.remote import BlockRouter, check_coverage, swarm_model_config
-    from swarmd.transport.client import PeerClient
-    from swarmd.transport.server import start_server
-
-    hosts = []
-    client = PeerClient()
-    try:
-        for i, b in enumerate(b for b in range(cfg.blocks) for _ in range(2)):
-            handler = make_handler(i, b)
-            hosts.append(await start_server(handler))
-            handler.address = hosts[-1].address
-        addresses = [s.address for s in hosts]
-        discovery = StaticDiscovery(addresses, lambda a: client.status(a, timeout_s=status_s), "bench")
-        cfg2, records = await swarm_model_config(discovery, client, swarm_id="bench")
-        router = BlockRouter(discovery, client, cfg2.config_hash(), "bench")
-        await check_coverage(router, cfg2, records)
-        yield addresses, client, cfg2, router
-    finally:
-        await client.close()
-        for server in hosts:
-            await server.stop(0)
+def replicated(cfg: ModelConfig) -> list[int]:
+    """The layout of two servers per block."""
+    return [b for b in range(cfg.blocks) for _ in range(2)]
 
 
 async def sweep_cost(cfg, blocks, emb, x, y, share: float, batch_size: int) -> dict:
-    from swarmd.serve.remote import RemoteSweeper
-    from swarmd.serve.serving import BlockServing, ServingOnlyHandler
-
-    def handler(i: int, b: int):
-        serving = BlockServing(cfg, b, peer_id=f"host{i}")
-        serving.update_weights(blocks[b].state_dict(), emb.table)
-        return ServingOnlyHandler(serving, swarm_id="bench")
-
-    async with replicas(cfg, handler, status_s=2.0) as (_, client, cfg2, router):
-        sweeper = RemoteSweeper(cfg2, router, client, verify=VerifyPolicy(share, rng=random.Random(0)))
+    async with Swarm(cfg, blocks, emb, replicated(cfg), status_s=2.0) as swarm:
+        cfg2, router = await swarm.covered()
+        sweeper = RemoteSweeper(cfg2, router, swarm.client, verify=VerifyPolicy(share, rng=random.Random(0)))
         await score_windows(sweeper, x[:batch_size], y[:batch_size], seed=1, batch_size=batch_size)  # warm up
         sweeper.stats.__init__()
         t0 = time.perf_counter()
@@ -96,7 +67,6 @@ async def tiebreak_cost(cfg, blocks, emb, x, y, batch_size: int) -> dict:
     1.0 checks every hop, so the lie is disputed on its second hop and, with no third replica, broken by
     recomputation (pulls of block 1 and the byte table, a local build, one recomputed hop). Run twice, the second
     without the liar: the tie-break's own timer and the whole run's difference."""
-    from swarmd.serve.remote import RemoteSweeper
     from swarmd.serve.serving import BlockServing
     from tests.test_verified_inference import LyingServing, SignedHandler, state_checks
 
@@ -114,12 +84,14 @@ async def tiebreak_cost(cfg, blocks, emb, x, y, batch_size: int) -> dict:
 
     for case in ("liar", "honest"):
         handlers: list = []
-        async with replicas(cfg, functools.partial(signed, case, handlers)) as (addresses, client, cfg2, router):
+        make = functools.partial(signed, case, handlers)
+        async with Swarm(cfg, blocks, emb, replicated(cfg), make_handler=make) as swarm:
+            cfg2, router = await swarm.covered()
             for r in router.known(1):
-                if r.address == addresses[liar]:
+                if r.address == swarm.servers[liar].address:
                     r.latency_s = 0.0
             verify = VerifyPolicy(1.0, rng=random.Random(0))
-            sweeper = RemoteSweeper(cfg2, router, client, verify=verify, state_checks=state_checks())
+            sweeper = RemoteSweeper(cfg2, router, swarm.client, verify=verify, state_checks=state_checks())
             t0 = time.perf_counter()
             got = await score_windows(sweeper, x, y, seed=1, batch_size=batch_size)
             seconds, s = time.perf_counter() - t0, sweeper.stats
@@ -208,7 +180,7 @@ def main() -> None:
     for flag, default in INT_OPTIONS.items():
         ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--tiebreak-only", action="store_true", help="only the two-replica liar case (tie-break cost)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "verify_cost.json")
+    options.add_outputs(ap, "verify_cost.json")
     a = ap.parse_args()
     cfg = ModelConfig(
         blocks=a.blocks, layers_per_block=2, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
@@ -223,9 +195,8 @@ def main() -> None:
         cost = [asyncio.run(sweep_cost(cfg, blocks, emb, x, y, s, a.batch_size)) for s in (0.0, 0.5, 1.0)]
         report["cost"] = cost
     report["two_replica_liar_tiebreak"] = asyncio.run(tiebreak_cost(cfg, blocks, emb, x, y, a.batch_size))
-    print(json.dumps(report, indent=2))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=2) + "\n")
+    results.write_json(a.out, report, sort_keys=False)
+    print(a.out.read_text(), end="")
 
 
 if __name__ == "__main__":
