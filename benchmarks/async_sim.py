@@ -102,14 +102,8 @@ def regime_table() -> list[str]:
 
 
 def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no plots", flush=True)
+    if (plt := results.pyplot()) is None:
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = out["regimes"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
     panels = {
@@ -134,9 +128,7 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
                     i, top - 0.01 if cut else v + 0.002, text, ha="center", va="top" if cut else "bottom", fontsize=7
                 )
     fig.suptitle(f"regimes, {out['rounds']} rounds x H={out['steps']}, B={out['blocks']} x K={out['workers']} workers")
-    fig.tight_layout()
-    fig.savefig(regimes_png, dpi=110)
-    plt.close(fig)
+    results.save_figure(fig, regimes_png)
 
     fig, ax = plt.subplots(figsize=(8, 5))
     lock = out["target"]
@@ -150,9 +142,7 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
     ax.set_ylim(lock["lockstep_ce"] - 0.1, lock["lockstep_ce"] + 0.8)
     ax.set_title("deadline policies on the WAN network")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(policies_png, dpi=110)
-    plt.close(fig)
+    results.save_figure(fig, policies_png)
     return [str(regimes_png), str(policies_png)]
 
 

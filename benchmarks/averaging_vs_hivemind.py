@@ -275,34 +275,31 @@ def run_group(system: str, n: int, numel: int, repeats: int) -> dict:
 
 
 def markdown(result: dict) -> str:
+    cells = [("hivemind_s", ".2f"), ("hivemind_rel_error", ".1e")]
+    for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
+        cells += [(f"{key}_s", ".2f"), (f"{key}_rel_error", ".1e"), (f"{key}_over_hivemind", ".2f")]
+    head = (
+        "peers | hivemind s | hivemind error | butterfly s | butterfly error | butterfly / hivemind | butterfly fp16 s "
+        "| fp16 error | fp16 / hivemind | all-to-all s | all-to-all error | all-to-all / hivemind"
+    )
+    values = lambda r: [str(r["peers"]), *(format(r[k], f) if r.get(k) is not None else "-" for k, f in cells)]
     lines = [
         "### Averaging one 8 MB fp32 tensor: hivemind's DecentralizedAverager vs ours (loopback)",
         "",
         f"Command: `{result['command']}`",
         "",
-        f"{result['numel']:,} fp32 values ({4 * result['numel'] / 1e6:.0f} MB) per peer, every peer a separate "
-        "process, all systems in one run; seconds from go to the last peer holding the average (median of "
-        f"{result['repeats']} rounds; matchmaking / discovery excluded), relative error of the worst peer against "
-        "the exact mean. Ratio = ours / hivemind's time (target at 6 peers: <= 0.5 with error < 1e-3). "
+        f"{result['numel']:,} fp32 values ({4 * result['numel'] / 1e6:.0f} MB) per peer, each peer a process, all "
+        f"systems in one run; seconds from go to the last peer holding the average (median of {result['repeats']} "
+        "rounds; matchmaking / discovery excluded), relative error of the worst peer against the exact mean. Ratio = "
+        "ours / hivemind's time (target at 6 peers: <= 0.5 with error < 1e-3). "
         f"Load average during the run: {result['load_average']}.",
         "",
-        "| peers | hivemind s | hivemind error | butterfly s | butterfly error | butterfly / hivemind "
-        "| butterfly fp16 s | fp16 error | fp16 / hivemind | all-to-all s | all-to-all error | all-to-all / hivemind |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    cells = [("hivemind_s", ".2f"), ("hivemind_rel_error", ".1e")]
-    for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
-        cells += [(f"{key}_s", ".2f"), (f"{key}_rel_error", ".1e"), (f"{key}_over_hivemind", ".2f")]
-    for row in result["rows"]:
-        values = [format(row[k], f) if row.get(k) is not None else "-" for k, f in cells]
-        lines.append(f"| {row['peers']} | " + " | ".join(values) + " |")
-    lines += [
+        *results.table(head, (" | ".join(values(r)) for r in result["rows"]), "r" * 12),
         "",
         "blocktrain_s is the butterfly (swarmd.averaging.allreduce: each peer sends ~2 (N-1)/N of the tensor, in "
         "signed parts verified before decoding); all-to-all is today's exchange pattern (N-1 whole tensors per "
-        "peer). Every peer is a process with its own servers on a 2-core machine shared with other jobs: at 6 "
-        "and 12 peers every system is CPU-bound, so the times measure CPU cost per average as much as "
-        "the protocol; quote the ratios.",
+        "peer). On 2 shared cores every system is CPU-bound at 6 and 12 peers: the times measure CPU cost per "
+        "average as much as the protocol; quote the ratios.",
         *results.machine_footer(result["machine"]),
     ]
     return "\n".join(lines)

@@ -180,11 +180,8 @@ def timing(a) -> dict:
 
 # -- output --------------------------------------------------------------------------------------------
 def plot(out: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if (plt := results.pyplot()) is None:
+        return
     rows = out["quality"]["lockstep"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     names = list(dict.fromkeys(r["mode"] for r in rows))
@@ -195,9 +192,7 @@ def plot(out: dict, path: Path) -> None:
     ax.set_title(f"Delayed averaging in the simulator ({len(rows) // len(names)} seeds)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    results.save_figure(fig, path)
 
 
 def markdown(out: dict) -> list[str]:

@@ -185,14 +185,8 @@ def curve_rows(history: dict[str, list]) -> list[dict]:
 
 def plot(result: dict, path: Path) -> None:
     """The scaling curve: held-out CE of every model against training bytes per block."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib not installed (pip install '.[bench]'): skipped the plot {path}", flush=True)
+    if (plt := results.pyplot()) is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for kind, (style, label) in LABELS.items():
         rows = [r for r in result["curve"] if r["model"] == kind]
@@ -204,9 +198,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set(xscale="log", xlabel="training bytes per block (millions)", ylabel="held-out CE (nats/byte)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    results.save_figure(fig, path, dpi=120)
 
 
 def rounded(v: float | None, digits: int = 4) -> float | None:
@@ -275,7 +267,7 @@ def depth_row(d: dict) -> dict:
 def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, train_path: Path) -> tuple:
     """The stack trained by a LocalSwarm of one daemon per block, with tcfg as every peer's TrainConfig (the
     single-process stack's schedule); (blocks, embedding, facts about the run)."""
-    from benchmarks.harness import daemons  # the daemon stack (grpc, hivemind) only when a swarm runs
+    from benchmarks.harness import daemons, sweeps  # the daemon stack (grpc, hivemind) only when a swarm runs
 
     class DepthSwarm(daemons.Swarm):
         def peer_config(self, p):
@@ -287,12 +279,7 @@ def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, 
         swarm = DepthSwarm(
             mcfg.blocks, mcfg, train_path, Path(tmp), **schedule, **same, deadline_max_s=args.swarm_deadline_max
         )
-        try:
-            swarm.start(timeout_s=300)
-            finished = swarm.wait(timeout_s=3600)
-        finally:
-            swarm.stop()
-        daemons.check_exit(swarm, finished, "the quality swarm failed")
+        sweeps.run_to_end(swarm, "the quality swarm failed", wait_s=3600)
         blocks, emb = swarm.assemble()
         sums = swarm.summaries()
     facts = {

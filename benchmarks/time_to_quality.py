@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
-from benchmarks.harness.results import command_line, machine, write_json
+from benchmarks.harness.options import add_outputs, add_shape, add_torch, model_of, parse_checked, parser, swarm_text
+from benchmarks.harness.results import command_line, machine, pyplot, save_figure, table, write_json
 from swarmd.averaging.compact import PULL_CODECS, PULL_INT8_LEVELS
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -79,16 +79,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--merge", type=Path, nargs="+", help="combine these saved runs of one config (nothing runs)")
     p.add_argument("--plot", type=Path, default=Path("benchmarks/results/time_to_quality.png"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    add_torch(p)
     return parse_checked(p, argv, "train.txt")
-
-
-def texts(a: argparse.Namespace, cfg: ModelConfig) -> tuple[ByteData, tuple[torch.Tensor, torch.Tensor]]:
-    train = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
-    if a.train_bytes:
-        train = ByteData(train.data[: a.train_bytes].numpy(), cfg.seq_len)
-    return train, ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
 
 
 def e2e_curve(
@@ -127,17 +119,8 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
     turn = max(1, round(share * rounds_per_block))
     rounds = B * turn if name == "sequential" else rounds_per_block
     regime = priced_regime(regime_named(regime_name), costs.block_s[0])
-    sim_cfg = SimConfig(
-        cfg,
-        train,
-        1,
-        rounds,
-        H,
-        eval_tokens=a.eval_tokens,
-        eval_every=a.eval_every,
-        pull_codec=a.pull_codec,
-        pull_int8_levels=a.pull_int8_levels or None,
-    )
+    pulls = {"pull_codec": a.pull_codec, "pull_int8_levels": a.pull_int8_levels or None}
+    sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every, **pulls)
     policy = make_policy(regime_policy(regime), regime, H)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, SchedulePlan(name, k * B, turn, pinned), costs)
     result = SimResult(regime.name, policy.name, train.seed, sim.measure())
@@ -182,7 +165,9 @@ def run(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     cfg = model_of(a)
-    data, eval_xy = texts(a, cfg)
+    data, eval_xy = swarm_text(a, cfg)
+    if a.train_bytes:
+        data = ByteData(data.data[: a.train_bytes].numpy(), cfg.seq_len)
     base = TrainConfig(
         batch_size=a.batch_size, seed=a.seed, min_lr_ratio=a.min_lr_ratio, trajectory_reuse=a.trajectory_reuse
     )
@@ -247,23 +232,9 @@ def run(a: argparse.Namespace) -> dict:
         for ref in refs.values():
             ref["time_to_target_s"] = time_to(ref["curve"], target)
         out["references"][str(P)] = refs
-        dp_curve = refs.get("sync_dp_ideal", {}).get("curve")
         for regime_name, schedule, lr in ((r, s, x) for r in a.regimes for s in a.schedules for x in swarm_lrs):
             row = swarm_run(a, cfg, decayed(lr), data, eval_xy, costs, k, schedule, regime_name, stop)
-            out["rows"].append(
-                {
-                    "P": P,
-                    "B": B,
-                    "K": k,
-                    "regime": regime_name,
-                    "lr": lr,
-                    **row,
-                    "e2e_one_peer_ce_at_wall": ce_at(e2e_t, row["wall_s"]),
-                    "sync_dp_ideal_ce_at_wall": ce_at(dp_curve, row["wall_s"]) if dp_curve else None,
-                    "time_to_target_s": time_to(row["curve"], target),
-                    "e2e_one_peer_time_to_target_s": out["e2e_one_peer"]["time_to_target_s"],
-                }
-            )
+            out["rows"].append(against_target(out, {"P": P, "B": B, "K": k, "regime": regime_name, "lr": lr, **row}))
             print(json.dumps({k2: v for k2, v in out["rows"][-1].items() if k2 not in ("curve", "staffing")}))
             write_json(a.out, out)
     write_json(a.out, out)
@@ -303,57 +274,52 @@ def merged(paths: list[Path]) -> dict:
     references and rows, the derived figures recomputed against that target."""
     runs = [json.loads(p.read_text()) for p in paths]
     out = {**runs[0], "merged_from": [r["command"] for r in runs], "rows": [], "references": {}}
-    target, e2e_t = out["target_ce"], out["e2e_one_peer"]["curve"]
+    target = out["target_ce"]
     for r in runs:
         for P, refs in r["references"].items():
             for name, ref in refs.items():
                 out["references"].setdefault(P, {})[name] = {**ref, "time_to_target_s": time_to(ref["curve"], target)}
-        for row in r["rows"]:
-            out["rows"].append({**row, "time_to_target_s": time_to(row["curve"], target)})
-    for row in out["rows"]:
-        dp = out["references"].get(str(row["P"]), {}).get("sync_dp_ideal", {}).get("curve")
-        row["e2e_one_peer_ce_at_wall"] = ce_at(e2e_t, row["wall_s"])
-        row["sync_dp_ideal_ce_at_wall"] = ce_at(dp, row["wall_s"]) if dp else None
-        row["e2e_one_peer_time_to_target_s"] = out["e2e_one_peer"]["time_to_target_s"]
+    out["rows"] = [against_target(out, row) for r in runs for row in r["rows"]]
     return out
+
+
+def against_target(out: dict, row: dict) -> dict:
+    """A swarm row with its figures against out's target and references: its time to the target CE, the one-peer
+    E2E's CE at its wall time (and the sync DP ideal's, where out holds one at its P) and the E2E's time to target."""
+    wall, dp = row["wall_s"], out["references"].get(str(row["P"]), {}).get("sync_dp_ideal", {}).get("curve")
+    return row | {
+        "e2e_one_peer_ce_at_wall": ce_at(out["e2e_one_peer"]["curve"], wall),
+        "sync_dp_ideal_ce_at_wall": ce_at(dp, wall) if dp else None,
+        "time_to_target_s": time_to(row["curve"], out["target_ce"]),
+        "e2e_one_peer_time_to_target_s": out["e2e_one_peer"]["time_to_target_s"],
+    }
 
 
 def summary(out: dict) -> list[str]:
     """A markdown table: each run's time to the target over the one-peer E2E's, its CE and busy share."""
     e2e = out["e2e_one_peer"]["time_to_target_s"]
-    lines = [
-        f"target: the one-peer E2E CE at its last step, {out['target_ce']:.4f}, reached at {e2e:.1f} s",
-        "",
-        "| P | run | regime | lr | wall s | CE at end | time to target / E2E one peer | busy share |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+    ratio = lambda t: f"{t / e2e:.2f}" if t is not None else "not reached"
+    rows = [  # the references (no regime, no busy share), then the swarms
+        f"{P} | {name} | | {ref.get('lr', '')} | {ref['curve'][-1][0]:.1f} | {ref['curve'][-1][1]:.4f} "
+        f"| {ratio(ref['time_to_target_s'])} |"
+        for P, refs in out["references"].items()
+        for name, ref in refs.items()
     ]
-    for P, refs in out["references"].items():
-        for name, ref in refs.items():
-            ttt = ref["time_to_target_s"]
-            ratio = f"{ttt / e2e:.2f}" if ttt is not None else "not reached"
-            end = ref["curve"][-1]
-            lines.append(f"| {P} | {name} | | {ref.get('lr', '')} | {end[0]:.1f} | {end[1]:.4f} | {ratio} | |")
     for r in out["rows"]:
-        ttt = r["time_to_target_s"]
-        ratio = f"{ttt / e2e:.2f}" if ttt is not None else "not reached"
         label = r["schedule"] + (f" (turn {r['turn_rounds']})" if "turn_rounds" in r else "")
-        lines.append(
-            f"| {r['P']} | {label} | {r['regime']} | {r['lr']:g} | {r['wall_s']:.1f} | {r['ce']:.4f} | {ratio} | "
-            f"{r['busy_share']:.2f} |"
+        rows.append(
+            f"{r['P']} | {label} | {r['regime']} | {r['lr']:g} | {r['wall_s']:.1f} | {r['ce']:.4f} "
+            f"| {ratio(r['time_to_target_s'])} | {r['busy_share']:.2f}"
         )
-    return lines
+    head = "P | run | regime | lr | wall s | CE at end | time to target / E2E one peer | busy share"
+    target = f"target: the one-peer E2E CE at its last step, {out['target_ce']:.4f}, reached at {e2e:.1f} s"
+    return [target, "", *table(head, rows, "lllrrrrr")]
 
 
 def plot(out: dict, path: Path) -> None:
     """CE against wall time: the one-peer E2E, the references and every swarm row, one panel per P."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no plot", flush=True)
+    if (plt := pyplot()) is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     peers = sorted({int(P) for P in out["references"]} | {r["P"] for r in out["rows"]})
     fig, axes = plt.subplots(1, len(peers), figsize=(6 * len(peers), 4.5), squeeze=False)
     for ax, P in zip(axes[0], peers):
@@ -373,10 +339,7 @@ def plot(out: dict, path: Path) -> None:
         ax.set_ylabel("held-out CE (nats/byte)")
         ax.set_title(f"P = {P} peers")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,15 +45,13 @@ META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_ind
 MIB = 1 << 20
 
 NOTES = (  # the fragment's closing paragraph
-    "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default int8 encoder "
-    "(step max(absmax/127, rms/4) per row, so zstd packs each value into ~4.2 bits); its per-round error is what "
-    "ErrorFeedback carries into the next round. The absmax/127 row is the same wire format with the finest step "
-    "(int8_rms_levels=None). What the gRPC path costs beyond TCP's two kernel copies: the sender frames each chunk "
-    "once (one copy; none on a repeat send) and grpc copies it into its slices; the receiver gets each message as "
-    "bytes from grpc (one copy), keeps a view of the chunk (no protobuf copy), hashes it on a helper thread (sha256 "
-    "of the whole payload, needed by the payload signature) and joins the chunks once; plus grpc's HTTP/2 framing "
-    "and flow control. Server and client run as two processes on 2 CPUs shared with other jobs, so figures vary "
-    "run to run."
+    "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default encoder (step "
+    "max(absmax/127, rms/4) per row: zstd packs a value into ~4.2 bits; ErrorFeedback carries its error into the "
+    "next round); the absmax/127 row is the same format at the finest step (int8_rms_levels=None). Beyond TCP's two "
+    "kernel copies, gRPC costs: the sender frames each chunk once (none on a repeat send) and grpc copies it into its "
+    "slices; the receiver gets each message as bytes (one copy), keeps a view of the chunk, hashes it on a helper "
+    "thread (sha256 of the payload, for its signature) and joins the chunks once; plus HTTP/2 framing and flow "
+    "control. Two processes on 2 CPUs shared with other jobs: figures vary run to run."
 )
 
 
@@ -243,9 +241,8 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
     if train_file is None or not train_file.exists():
         g = torch.Generator().manual_seed(0)
         block = init_block(ModelConfig(), 1, 0).state_dict()
-        return {
-            k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.items()
-        }, "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
+        how = "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
+        return {k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.items()}, how
     torch.manual_seed(0)
     trainer = BlockTrainer(ModelConfig(), TrainConfig(batch_size=16, warmup_steps=0), block_index=1)
     before = {k: v.detach().clone() for k, v in trainer.block.state_dict().items()}
@@ -253,10 +250,8 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
     for _ in range(steps):
         trainer.step(*next(stream))
     after = trainer.block.state_dict()
-    how = f"after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup) on {train_file}"
-    return {
-        k: (after[k].float() - before[k].float()) for k in before
-    }, f"trained: block 1 of a default ModelConfig {how}"
+    how = f"trained: block 1 of a default ModelConfig after {steps} BlockTrainer steps (batch 16, lr 1e-3, no warmup)"
+    return {k: after[k].float() - before[k].float() for k in before}, f"{how} on {train_file}"
 
 
 def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
@@ -289,26 +284,23 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in a separate process, best / "
-        f"median of {result['repeats']} rounds after one warm-up round (each round runs every path once, in turn, so "
-        "all paths see the same background load); MB/s = payload bytes moved both ways / wall time. The gRPC figure "
-        "includes what gossip does per exchange: 1 MiB chunks, framing checks and sha256 on both sides. Each send is "
-        "a payload sent for the first time (chunks framed anew) except the `repeat send` row, where both sides send a "
-        "payload they sent before (frames cached: a daemon's delta sent to, or served to, its second and later peers "
-        "of a round). CPU s/GB: CPU seconds of both processes (all threads) per GB moved, median of rounds; other "
-        "jobs disturb it less than the wall time.",
+        f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in another process, best / "
+        f"median of {result['repeats']} rounds after a warm-up round (each round runs every path once, in turn: the "
+        "same background load); MB/s = payload bytes moved both ways / wall time. gRPC includes what gossip does "
+        "per exchange: 1 MiB chunks, framing checks and sha256 on both sides. Each send is a payload sent for the "
+        "first time (chunks framed anew) but in the `repeat send` row (frames cached: a daemon's delta sent to, or "
+        "served to, its second and later peers). CPU s/GB: CPU seconds of both processes (all threads) per GB "
+        "moved, median of rounds; other jobs disturb it less than the wall time.",
         "",
         "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) "
         "| ratio to TCP (median of rounds) | CPU s/GB | CPU / TCP's |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
-        f"| {r['mb_per_s_best'] / tp['tcp']['mb_per_s_best']:.2f} | {r['ratio_to_tcp_median']:.2f} "
-        f"| {r['cpu_s_per_gb_median']:.2f} | {r['cpu_over_tcp']:.2f} |"
-        for name, r in tp.items()
-    ]
-    lines += [
+        *(
+            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
+            f"| {r['mb_per_s_best'] / tp['tcp']['mb_per_s_best']:.2f} | {r['ratio_to_tcp_median']:.2f} "
+            f"| {r['cpu_s_per_gb_median']:.2f} | {r['cpu_over_tcp']:.2f} |"
+            for name, r in tp.items()
+        ),
         "",
         f"### Wire bytes per codec for one block delta ({result['delta_source']})",
         "",
@@ -316,13 +308,15 @@ def markdown(result: dict) -> str:
         "",
         "| codec | wire bytes (zstd) | wire / raw fp32 | without zstd | relative L2 error | encode+decode s |",
         "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
+            f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
+            for codec, r in cod.items()
+        ),
+        "",
+        NOTES,
+        *results.machine_footer(result["machine"]),
     ]
-    lines += [
-        f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
-        f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
-        for codec, r in cod.items()
-    ]
-    lines += ["", NOTES, *results.machine_footer(result["machine"])]
     return "\n".join(lines)
 
 

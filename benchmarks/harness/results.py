@@ -1,8 +1,8 @@
 """What a benchmark writes: its result JSON, the command line and machine it records, its markdown fragment.
 
 Owns: command_line, machine, write_json / write_text, rendered_or (--render's saved result, else a fresh run
-written to --out), machine_footer and replace_section (one script's section of a markdown file several scripts
-share, such as BENCHMARKS.md).
+written to --out), table (a markdown table), machine_footer, replace_section (one script's section of a markdown file
+several scripts share, such as BENCHMARKS.md) and pyplot / save_figure (a plot, where matplotlib is installed).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import platform
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 RESULTS = Path("benchmarks/results")  # where results go, relative to the checkout root the scripts run in
@@ -49,6 +49,36 @@ def rendered_or(a: argparse.Namespace, run: Callable[[], dict]) -> dict:
 def machine() -> str:
     """'x86_64, 16 CPUs, Python 3.11.7': the machine line of a result."""
     return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def table(head: str, rows: Iterable[str], align: str = "") -> list[str]:
+    """A markdown table: its head ("a | b | c"), the separator (align: an l or r per column; default the first left,
+    the rest right) and a line per row (its cells joined by " | ")."""
+    align = align or "l" + "r" * head.count(" | ")
+    return [f"| {head} |", "|" + "".join("---:|" if c == "r" else "---|" for c in align), *(f"| {r} |" for r in rows)]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; None (and a line saying so) where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed (pip install '.[bench]'): no plot", flush=True)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """fig laid out tight, saved at path (its folder made if needed) and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def machine_footer(line: str) -> list[str]:
