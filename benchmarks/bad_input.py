@@ -1,23 +1,18 @@
 """Bad input through the real CLI: exit code, message and seconds to the message, one fresh process per case.
 
-Runs every case of CASES as `blocktrain ARGS` (the installed entry point next to this interpreter, else
-`python -m cli.main`) in a fresh process (its own process group, stdin closed, a per-case timeout) and records the
-exit code, the message (the first `error:` line on stderr, else its first line; for a success, the first stdout line
-showing the result), the seconds from the spawn to it, the same less the main thread's run-queue wait
-(/proc/PID/schedstat: a quiet-machine estimate, from above), stderr and whether a traceback showed up.
+Runs every case of CASES as `blocktrain ARGS` (the entry point next to this interpreter, else `python -m cli.main`)
+in a fresh process (its own process group, stdin closed, a per-case timeout) and records the exit code, the message
+(the first `error:` line on stderr, else its first line; a success: the stdout line showing the result), the seconds
+from the spawn to it, the same less the main thread's run-queue wait (/proc/PID/schedstat: a quiet-machine estimate,
+from above), stderr and whether a traceback showed up. judge() says when a row passes (markdown() says it too).
 
 Fixtures: an idle daemon (`blocktrain run --min-peers 2`, one block: it serves the whole model and never trains
 alone) gives the live swarm, its multiaddr and a taken port; a second idle daemon of a private swarm (--swarm-key)
 is joined without its key and with another. The last case joins the idle daemon with a swarm key of its own: the
 daemon (the lower peer id, fixed by --identity, dials) is refused every exchange, so the joiner stops with exit
-code 3 (after it the idle daemon trains: it is last for that).
+code 3 (after it the idle daemon trains: it is last for that). Writes benchmarks/results/bad_input.json and the
+fragment benchmarks/results/bad_input.md (BENCHMARKS.md#bad_input):
 
-A row passes when the exit code is the expected one, the message is one `error:` line with the expected words and
-stderr holds nothing else (a success: no `error:`, `[ERROR]`, `WARN`/`WARNING` or traceback line, stdout shows the
-result; the exit-3 joiner may log before its `error:` line, which must be its last), there is no traceback, and the
-message came within 3 s on the quiet estimate (10 s for a command that starts a DHT client; a network case: its
-own bound). Writes benchmarks/results/bad_input.json and the fragment benchmarks/results/bad_input.md
-(BENCHMARKS.md#bad_input):
     python benchmarks/bad_input.py
 """
 
