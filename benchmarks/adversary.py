@@ -879,11 +879,10 @@ def write_md(path: Path, out: dict) -> None:
         f"H={byz.get('steps_per_round', '?')}, seeds {byz.get('seeds', '?')}), int8 deltas. CE: from-noise CE "
         "(nats/byte) of an honest replica's final checkpoint. The public-swarm rows share one run (attacks in "
         "sequence), so they share its CE.",
-        f"Byzantine rows: 3 honest replicas + 1 attacker; the clean CE is the honest clean run (the same 3 replicas "
-        f"alone, same seed), CE - clean the mean over the seeds of the paired differences, which must stay within "
-        f"{out['ce_tolerance']} nats; the evidence gives each seed's difference, the difference to the 4-replica "
-        "clean run, and the 3-replica clean rows give the run-to-run noise (the same seed run twice). Rows whose "
-        "defence is not in place, or whose attack could not be carried out, say so and count as not survived.",
+        "Byzantine rows: 3 honest replicas + 1 attacker; clean CE: the same 3 replicas alone, same seed; CE - clean: "
+        f"the mean over the seeds of the paired differences, within {out['ce_tolerance']} nats. The evidence gives "
+        "each seed's difference and the one to the 4-replica run; the 3-replica clean rows give the run-to-run "
+        "noise (one seed run twice). A row whose defence is missing, or whose attack failed, says so (not survived).",
         "",
         "| fault | survived | CE | clean CE | CE - clean | data lost | c | evidence |",
         "|---|---|---:|---:|---:|---|---|---|",
