@@ -882,7 +882,7 @@ def write_md(path: Path, out: dict) -> None:
         "Byzantine rows: 3 honest replicas + 1 attacker; clean CE: the same 3 replicas alone, same seed; CE - clean: "
         f"the mean over the seeds of the paired differences, within {out['ce_tolerance']} nats. The evidence gives "
         "each seed's difference and the one to the 4-replica run; the 3-replica clean rows give the run-to-run "
-        "noise (one seed run twice). A row whose defence is missing, or whose attack failed, says so (not survived).",
+        "noise (one seed run twice). Rows whose defence is missing or attack could not run say so (not survived).",
         "",
         "| fault | survived | CE | clean CE | CE - clean | data lost | c | evidence |",
         "|---|---|---:|---:|---:|---|---|---|",
