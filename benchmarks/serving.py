@@ -287,48 +287,44 @@ async def main(args) -> dict:
 
 def render(result: dict) -> str:
     """Markdown tables of a result file (python benchmarks/serving.py --render FILE)."""
-    out = ["| per-hop delay | output bytes | one-sweep tok/s | AR pipeline tok/s | ratio |", "|---|---|---|---|---|"]
-    for r in result["traversal"]:
-        out.append(
-            f"| {r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} "
-            f"| {r['ratio']:.1f}x |"
-        )
-    out += ["", "| per-hop delay | swarm generation B/s | local generation B/s | same text |", "|---|---|---|---|"]
-    for r in result["generation"]:
-        out.append(
-            f"| {r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} "
-            f"| {'yes' if r['same_text'] else 'NO'} |"
-        )
-    out += [
-        "",
-        "| d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s) |",
-        "|---|---|---|---|---|",
+    ms = lambda s: f"{1000 * s:.1f} ms"
+    traversal = [
+        f"{r['delay_ms']} ms | {r['output_bytes']} | {r['one_sweep_tok_s']:.1f} | {r['ar_tok_s']:.1f} "
+        f"| {r['ratio']:.1f}x"
+        for r in result["traversal"]
     ]
+    generation = [
+        f"{r['delay_ms']} ms | {r['swarm_bytes_s']:.1f} | {r['local_bytes_s']:.1f} "
+        f"| {'yes' if r['same_text'] else 'NO'}"
+        for r in result["generation"]
+    ]
+    size = []
     for r in result["size"]["ladder"]:
+        shape = f"{r['d_model']} | {r['layers_per_block']}"
         if "skipped" in r or "failed" in r:
             params = f"{r['params'] / 1e6:.1f}M" if "params" in r else "-"
-            out.append(
-                f"| {r['d_model']} | {r['layers_per_block']} | {params} | {r.get('skipped') or r.get('failed')} | |"
-            )
-            continue
-        hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
-        out.append(
-            f"| {r['d_model']} | {r['layers_per_block']} | {r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f}) "
-            f"| {r['sweep_s']:.2f} s | {hops} |"
-        )
+            size.append(f"{shape} | {params} | {r.get('skipped') or r.get('failed')} |")
+        else:
+            hops = ", ".join(f"{h['block']}: {h['positions']}, {h['seconds']:.2f}" for h in r["hop_trace"])
+            params = f"{r['params'] / 1e6:.1f}M ({r['params_fp16_gb']:.2f})"
+            size.append(f"{shape} | {params} | {r['sweep_s']:.2f} s | {hops}")
     f = result["failover"]
-    out += [
-        "",
-        "| per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte "
-        "| added latency | prefix re-sent |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    out.append(
-        f"| {f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} "
-        f"| {1000 * f['median_byte_s']:.1f} ms | {1000 * f['failover_byte_s']:.1f} ms "
-        f"| {1000 * f['added_latency_s']:.1f} ms | {f['resent_positions']} positions |"
+    failover = (
+        f"{f['delay_ms']} ms | {f['bytes']} | {f['killed_after_byte']} | {f['completed']} | {f['same_text']} "
+        f"| {ms(f['median_byte_s'])} | {ms(f['failover_byte_s'])} | {ms(f['added_latency_s'])} "
+        f"| {f['resent_positions']} positions"
     )
-    return "\n".join(out)
+    tables = [
+        ("per-hop delay | output bytes | one-sweep tok/s | AR pipeline tok/s | ratio", traversal),
+        ("per-hop delay | swarm generation B/s | local generation B/s | same text", generation),
+        ("d_model | L_b | params (fp16 GB) | one sweep of 128 bytes | hops (block: positions, s)", size),
+        (
+            "per-hop delay | bytes | killed after byte | completed | same text | median byte | failover byte "
+            "| added latency | prefix re-sent",
+            [failover],
+        ),
+    ]
+    return "\n\n".join("\n".join(results.table(head, rows, "l" * (head.count("|") + 1))) for head, rows in tables)
 
 
 if __name__ == "__main__":
