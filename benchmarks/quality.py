@@ -57,17 +57,6 @@ SUMMARY_KEYS = ("blocktrain_ce", "e2e_ce", "ratio", "block0_alone_ce", "e2e_one_
 DEPTH_KEYS = ("kl", "depth_recovery", "depth_recovery_reason")
 
 
-def lr_list(text: str) -> list[float]:
-    """'1e-3,3e-3' -> [0.001, 0.003] (argparse type of --lr-sweep)."""
-    try:
-        lrs = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--lr-sweep wants comma-separated numbers, got {text!r}") from exc
-    if not lrs or any(lr <= 0 for lr in lrs):
-        raise argparse.ArgumentTypeError(f"--lr-sweep wants positive learning rates, got {text!r}")
-    return lrs
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = options.parser(__doc__, holds="train.txt and eval.txt")
     p.add_argument("--out", type=Path, default=results.RESULTS / "quality", help="path without extension")
@@ -88,7 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options.add_block_options(p, ModelConfig())
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lr-sweep", type=lr_list, default=None, help="e.g. 1e-3,3e-3: each model reported at its best")
+    p.add_argument(
+        "--lr-sweep",
+        type=options.positive_floats("--lr-sweep"),
+        default=None,
+        help="e.g. 1e-3,3e-3: each model reported at its best",
+    )
     options.add_trajectory_options(p, TrainConfig())
     for cls, names in ((ModelConfig, MODEL_NUMBERS), (TrainConfig, TRAIN_NUMBERS)):
         for name in names:

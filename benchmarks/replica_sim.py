@@ -82,15 +82,7 @@ def swarm_label(v: dict, steps: int) -> str:
     return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}{extra}"
 
 
-def parse_lrs(text: str) -> list[float]:
-    """'1,1.41,2' -> [1.0, 1.41, 2.0]: the inner-lr multipliers of the sync-DP sweep."""
-    try:
-        lrs = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise SystemExit(f"--sync-lrs: {e}") from None
-    if not lrs or any(x <= 0 for x in lrs):
-        raise SystemExit(f"--sync-lrs wants positive multipliers, got {text!r}")
-    return lrs
+parse_lrs = options.positive_floats("--sync-lrs")  # '1,1.41,2' -> the sync-DP sweep's inner-lr multipliers
 
 
 def parse_args(argv=None):

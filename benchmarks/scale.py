@@ -138,14 +138,12 @@ def run_quality(a, n: int, group_size: int, eval_xy) -> dict:
 COLUMNS_NOTE = (
     "Peer 0 starts first, then the others 4 at a time, each batch joining through the DHT multiaddrs of peers "
     "already up (24 daemons dialling one DHT at once on 2 loaded cores timed out its pings: three failed starts). "
-    "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup "
-    "showed all N peers (includes that daemon's own DHT start). discovery s: daemon start until its DHT lookup "
-    "shows all N peers (includes starting its own DHT node). first round: from then until its first merge "
-    "(H local steps + exchange). "
-    "exchange s: own delta ready until merge. With N processes (and N DHT processes) on 2 shared CPUs the "
-    "local steps, the DHT and the exchange all slow down ~N/2 times: round and discovery times grow with N "
-    "here because the machine does, not only because the protocol does (the per-peer bytes are the "
-    "machine-independent figure)."
+    "discovery after the last peer started: from the last daemon's start until every daemon's DHT lookup showed "
+    "all N peers. discovery s: a daemon's start until its lookup shows all N (both include starting a DHT node). "
+    "first round: from then until its first merge (H local steps + exchange). exchange s: own delta ready until "
+    "merge. N daemons (and N DHT processes) on 2 shared CPUs slow the steps, the DHT and the exchange ~N/2 times: "
+    "round and discovery times grow with N here because the machine does, not only the protocol (the per-peer "
+    "bytes are the machine-independent figure)."
 )
 
 
@@ -231,7 +229,7 @@ def markdown(a, out: dict) -> list[str]:
         "(replica j: block b from peer j x B + b); distances: the largest relative distance between two "
         "same-block replicas' blocks, and between two peers' byte tables, at the end"
         + (
-            "; every round waits for all expected deltas (up to its 30 s deadline)."
+            "; every round waits for all expected deltas (up to 30 s)."
             if a.wait_all
             else "; rounds close at the daemons' adaptive deadlines."
         ),

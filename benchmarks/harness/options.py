@@ -3,14 +3,16 @@
 Owns: parser (description from the script's docstring, --data-dir first: $BLOCKTRAIN_DATA, for the LocalSwarm
 scripts falling back to the shared wikitext-2) and the check that the folder holds the text; the option groups
 (--out/--md, the schedule, the model's shape and training options, the block and trajectory options,
---threads/--seed, --from-log, --section, --render); model_of (the ModelConfig of the shape options), picked
-(options as config fields) and swarm_text (a simulator benchmark's text).
+--threads/--seed, --from-log, --section, --render) and positive_floats (a comma-separated list flag's type);
+model_of (the ModelConfig of the shape options), picked (options as config fields) and swarm_text (a simulator
+benchmark's text).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness.results import RESULTS
@@ -173,6 +175,21 @@ def swarm_text(a: argparse.Namespace, cfg: ModelConfig) -> tuple:
 
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     return data, ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(a.eval_tokens)
+
+
+def positive_floats(flag: str) -> Callable[[str], list[float]]:
+    """The argparse type of a list flag: '1e-3,3e-3' -> [0.001, 0.003]; SystemExit unless all are positive numbers."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or any(v <= 0 for v in values):
+            raise SystemExit(f"{flag} wants comma-separated positive numbers, got {text!r}")
+        return values
+
+    return parse
 
 
 def picked(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
