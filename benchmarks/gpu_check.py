@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import re
-import resource
 import shlex
 import statistics
 import subprocess
@@ -62,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks.harness import options, results
+from benchmarks.harness.procs import maxrss_bytes
 from swarmd.core.config import ModelConfig, TrainConfig
 
 GIB = 1024**3
@@ -142,10 +142,6 @@ def find_data(a: argparse.Namespace, workdir: Path) -> dict:
 
 
 # -- stage 1: one block -------------------------------------------------------------------------------
-def maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
-
-
 def nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 

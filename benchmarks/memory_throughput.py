@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import options, results
+from benchmarks.harness.procs import maxrss_bytes
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.memory import GIB, model_info
@@ -48,10 +48,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options.add_torch(p)
     p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # subprocess mode
     return options.parse_checked(p, argv, holds="train.txt")
-
-
-def maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
 
 
 def make_trainer(case: str, mcfg: ModelConfig, seed: int):

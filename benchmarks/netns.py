@@ -70,16 +70,15 @@ def markdown(out: dict) -> list[str]:
         f"Command: `{out['command']}` (as root; writes `benchmarks/results/netns.json`; "
         "`--render benchmarks/results/netns.json` rewrites this fragment from it).",
         "",
-        "Three daemons, each in its own network namespace on one bridge (10.213.0.10-12 over veth pairs, an "
-        "address space that exists only inside those namespaces), train one block as three replicas (B=1, L_b=1, "
-        f"d=32, seq 32, batch 8, H={out['steps_per_round']}, int8 deltas, {out['rounds']} rounds), find each other "
-        "through the hivemind DHT and announce their namespace addresses. Every host's gRPC server sits behind a "
-        "user-space TCP relay (`tests/delay_relay.py`) that holds each forwarded chunk for the given one-way "
-        "delay, since this kernel has no `tc netem`: every exchange, state pull and status call crosses one "
-        "delayed hop, and a request with its answer pays the delay twice. The DHT lookups go direct. "
-        "Round = wall time between two merges of a peer; exchange = own delta ready -> merge (the wait for the "
-        "other two replicas included); the first round is left out (it waits for every peer to start). "
-        f"Machine: {out['machine']}, shared with other jobs.",
+        "Three daemons, each in its own network namespace on one bridge (10.213.0.10-12 over veth pairs: addresses "
+        "only those namespaces have), train one block as three replicas (B=1, L_b=1, d=32, seq 32, batch 8, "
+        f"H={out['steps_per_round']}, int8 deltas, {out['rounds']} rounds), find each other through the hivemind "
+        "DHT and announce their namespace addresses. Every gRPC server sits behind a user-space TCP relay "
+        "(`tests/delay_relay.py`; this kernel has no `tc netem`) that holds each forwarded chunk for the one-way "
+        "delay: every exchange, state pull and status call crosses one delayed hop, a request with its answer pays "
+        "it twice; DHT lookups go direct. Round = wall time between two merges of a peer; exchange = own delta "
+        "ready -> merge (the wait for the other two included); the first round (waiting for every peer to start) "
+        f"is left out. Machine: {out['machine']}, shared with other jobs.",
         "",
         "| one-way delay per hop | round s (mean) | round s (median) | exchange s (mean) | exchange s (median) "
         "| participation | round mean vs no delay |",
@@ -95,11 +94,11 @@ def markdown(out: dict) -> list[str]:
         *lines,
         "",
         "A round trip through a relay of d ms costs at least 2d; the rounds stayed complete (participation 1.0) "
-        "and the added time per round is of the order of one such round trip, since a peer's two exchanges run "
-        "concurrently. The function test is `python -m pytest -m slow tests/test_netns.py` (run by `.ci/run`): "
-        "the same three namespaces with the daemons listening on 0.0.0.0 and announcing their namespace address "
-        "(`--announce`), rounds with participation 1.0 across hosts, and `blocktrain status --swarm MULTIADDR` "
-        "run in another namespace listing all three at their own addresses; then the same through 50 ms relays.",
+        "and a round gains about one such round trip (a peer's two exchanges run concurrently). The function test, "
+        "`python -m pytest -m slow tests/test_netns.py` (run by `.ci/run`): the same namespaces, daemons listening "
+        "on 0.0.0.0 and announcing their namespace address (`--announce`), rounds with participation 1.0 across "
+        "hosts, `blocktrain status --swarm MULTIADDR` in another namespace listing all three at their addresses; "
+        "then the same through 50 ms relays.",
         "",
     ]
 

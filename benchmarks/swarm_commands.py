@@ -165,20 +165,20 @@ def breakdown(events: list[dict], spawned: float, ended: float) -> dict[str, Any
             intervals[e["kind"]].append((e["t0"], e["t1"]))
     ms = max(0, int((ended - start) * 1000) + 1)
     owner: list[str | None] = [None] * ms
+
+    def claim(t0: float, t1: float, phase: str, over: tuple = (None,)) -> None:  # the milliseconds owned by `over`
+        for i in range(max(0, int((t0 - start) * 1000)), min(ms, int((t1 - start) * 1000))):
+            owner[i] = phase if owner[i] in over else owner[i]
+
     for phase in PRIORITY:
         for t0, t1 in intervals[phase]:
-            for i in range(max(0, int((t0 - start) * 1000)), min(ms, int((t1 - start) * 1000))):
-                if owner[i] is None:
-                    owner[i] = phase
+            claim(t0, t1, phase)
     out: dict[str, Any] = {"interpreter_start": start - spawned, "probe_overhead": 0.0}
     if cli is not None:
         out["probe_overhead"] = cli["t0"] - start  # this script's own imports before the CLI's
-        for i in range(min(ms, int((cli["t0"] - start) * 1000))):
-            owner[i] = owner[i] or "probe_overhead"
+        claim(start, cli["t0"], "probe_overhead")
         out["cli_import"] = cli["t1"] - cli["t0"]
-        for i in range(int((cli["t0"] - start) * 1000), min(ms, int((cli["t1"] - start) * 1000))):
-            if owner[i] in (None, "import"):
-                owner[i] = "cli_import"  # cli's modules, and the heavy ones it imports itself (grpc)
+        claim(cli["t0"], cli["t1"], "cli_import", (None, "import"))  # cli's modules, and heavy ones it imports (grpc)
     for phase in (*PRIORITY, "cli_import", "probe_overhead"):
         out[phase] = sum(o == phase for o in owner) / 1000
     out["other"] = sum(o is None for o in owner) / 1000

@@ -3,12 +3,14 @@
 Owns: proc_sample (one sample of a live process; None once it is gone), groups and group_pids (the live processes of
 process groups: a daemon, its DHT process, p2pd), Sampler (a series per process incarnation, keyed by pid: a
 restarted daemon starts a new series) and the growth readings: windows (the first window after a warm-up and the
-last one of a series) and growth (their means, and the change). Linux only; no psutil.
+last one of a series) and growth (their means, and the change); maxrss_bytes (this process's peak resident memory:
+gpu_check.py, memory_throughput.py). Linux only; no psutil.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
@@ -28,6 +30,11 @@ def proc_sample(pid: int) -> dict[str, int] | None:
         return None
     rss = status.get("VmRSS", "0 kB").split()[0]
     return {"rss_kb": int(rss), "fds": fds, "threads": int(status.get("Threads", "0").strip())}
+
+
+def maxrss_bytes() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports ru_maxrss in kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def groups() -> dict[int, list[int]]:
