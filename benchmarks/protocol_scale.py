@@ -176,12 +176,11 @@ def main(argv=None) -> None:
         )
     lines += [
         "",
-        "Bytes per peer stay flat (a group has at most k members whatever the swarm size); the rounds to agree "
-        "grow with the grid's dimensions, log_k of the peers. The consensus distance is the worst peer's, "
-        "dropped peers included (they keep their state that round). DHT operations per peer per round are "
-        "constant (the daemon's round makes three lookups and one announce, counted, not simulated; a Kademlia "
-        "lookup itself takes O(log N) hops), but a lookup returns every record of the swarm (the grouping needs the "
-        "membership), so its bytes grow with the peers: the one cost here that is not flat.",
+        "Bytes per peer stay flat (a group has at most k members whatever the swarm size); the rounds to agree grow "
+        "with the grid's dimensions, log_k of the peers. The consensus distance is the worst peer's, dropped peers "
+        "(who keep their state that round) included. DHT operations per peer per round are constant (three lookups "
+        "and one announce, counted, not simulated; a Kademlia lookup takes O(log N) hops), but a lookup returns "
+        "every record of the swarm (the grouping needs the membership): its bytes, the one cost not flat, grow.",
         "",
     ]
     results.replace_section(a.md, a.section, lines)

@@ -265,10 +265,10 @@ def write_replica_md(a, sec: dict) -> None:
         )
     lines += [
         "",
-        "Efficiency = (single-replica steps needed to reach the run's CE, interpolated in log-steps between the "
-        "single-replica runs, extrapolated on the nearest segment outside them) / (replicas x steps per replica): "
-        "1.0 means K replicas buy K times the steps. Sync DP: B daemons, one replica per block at K x the batch and "
-        "the same steps, best of the lr multiples run; excess = CE / sync DP - 1.",
+        "Efficiency = (single-replica steps to the run's CE, interpolated in log-steps between the single-replica "
+        "runs, extrapolated on the nearest segment outside them) / (replicas x steps per replica): 1.0: K replicas "
+        "buy K times the steps. Sync DP: B daemons, one replica per block at K x the batch, the same steps, best of "
+        "the lr multiples; excess = CE / sync DP - 1.",
         "",
     ]
     results.replace_section(a.replica_md, "swarm.py replicas", lines)
@@ -314,19 +314,17 @@ def write_md(a, out: dict) -> None:
         "",
         f"Consensus ({first['codec']}): max relative distance between same-block replicas just before each merge "
         f"(local drift during H steps): {dist}; after every merge the replicas are bit-identical (distance 0, equal "
-        "base hashes), which the status sketch confirms.",
+        "base hashes), as the status sketch confirms.",
         "",
-        "Notes: wire bytes are everything a peer sent on gossip streams and state pulls "
-        "(payload + header, after zstd); raw bytes are the fp32 size of the same tensors. "
-        "The swarm trains each block on two data streams per round (two replicas) and averages them, "
-        "so per block it sees twice the samples of the single-process run at the same step count.",
+        "Notes: wire bytes are all a peer sent on gossip streams and state pulls (payload + header, after zstd); raw "
+        "bytes are the fp32 size of the same tensors. The swarm trains each block on two data streams per round (two "
+        "replicas) and averages them: per block twice the samples of the single-process run at the same steps.",
         "",
     ]
     if a.trajectory_prob:
         lines += [
-            "With trajectory training every block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) at the "
-            "start of every round and runs them frozen, forward only; those pulls are counted in the wire bytes "
-            "above, which is why wire / raw is higher than for the block deltas alone.",
+            "With trajectory training a block-b peer also pulls blocks 0..b-1 (fp32 state, `PullState`) every round "
+            "and runs them frozen, forward only: those pulls, counted in the wire bytes, raise wire / raw.",
             "",
         ]
     results.replace_section(a.md, "swarm.py" + (" documented" if a.documented else ""), lines)
