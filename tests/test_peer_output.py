@@ -80,6 +80,23 @@ def test_setup_logging_keeps_its_level_after_routing_hivemind_logs(root_logging,
     assert logging.getLogger("grpc._cython.cygrpc").getEffectiveLevel() == library
 
 
+def test_grpcs_traceback_for_a_caller_that_hung_up_is_one_info_line(root_logging, monkeypatch, caplog):
+    """A refused peer hangs up before the server's status goes out: grpc logs ExecuteBatchError with a traceback, which
+    the fault matrix counted as an honest peer's traceback; it is one INFO line now, other grpc errors unchanged."""
+    monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")
+    setup_logging(True, hivemind=False)
+    server = logging.getLogger("grpc._cython.cygrpc")
+    for message in ("ExecuteBatchError raised in core by servicer method [/swarmd.v1.Swarm/ExchangeDeltas]", "other"):
+        try:
+            raise RuntimeError("Failed execute_batch")
+        except RuntimeError:
+            server.exception(message)
+    hung_up, other = (r for r in caplog.records if r.name == "grpc._cython.cygrpc")
+    assert (hung_up.levelname, hung_up.exc_info) == ("INFO", None)
+    assert hung_up.getMessage().startswith("the caller hung up before our answer (ExecuteBatchError")
+    assert (other.levelname, other.getMessage(), other.exc_info is not None) == ("ERROR", "other", True)
+
+
 def test_an_explicit_hivemind_loglevel_is_kept(root_logging, monkeypatch):
     monkeypatch.setenv("HIVEMIND_LOGLEVEL", "DEBUG")
     monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")

@@ -81,6 +81,22 @@ def setup_logging(verbose: bool = False, hivemind: bool = True) -> None:
     quiet_library_logs(verbose)
 
 
+class HungUpCaller(logging.Filter):
+    """grpc's asyncio server logs an ERROR with a traceback (`ExecuteBatchError raised in core`) when it cannot send
+    the status of a call whose caller has already gone, e.g. a peer refused mid-stream that hung up: nothing failed
+    on our side, so it becomes one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("ExecuteBatchError raised in core"):
+            record.msg, record.args = f"the caller hung up before our answer ({record.getMessage()})", ()
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+GRPC_SERVER_LOGGER = "grpc._cython.cygrpc"  # where grpc's asyncio server logs a servicer's failures
+
+
 def quiet_library_logs(verbose: bool) -> None:
     """hivemind's and grpc's Python loggers: CRITICAL only without verbose, else the root's level.
 
@@ -89,6 +105,9 @@ def quiet_library_logs(verbose: bool) -> None:
     """
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.CRITICAL)
+    server = logging.getLogger(GRPC_SERVER_LOGGER)
+    if not any(isinstance(f, HungUpCaller) for f in server.filters):
+        server.addFilter(HungUpCaller())
     explicit = os.environ.get("HIVEMIND_LOGLEVEL", "").strip().upper()
     if explicit and isinstance(logging.getLevelName(explicit), int):
         logging.getLogger("hivemind").setLevel(explicit)
