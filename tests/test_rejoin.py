@@ -177,3 +177,33 @@ def test_a_split_rounds_move_takes_the_states_round_too_so_the_next_round_merges
     assert moved == (r, theirs)  # their state and its round: one round back
     assert [len(x.accepted_block) for x in reports] == [2, 2, 2]  # a, b and c merge each other (d sends nothing)
     assert a.state.block_hash == b.state.block_hash == c.state.block_hash
+
+
+def test_other_blocks_identities_never_crowd_a_blocks_own_peers_out_of_its_quorum(fast_hold):
+    """A public swarm on one host (one address range, capped at identities_per_range identities that count): c's
+    standing knows the five other-block peers longer than its own block's a and b. The cap is applied to the
+    peers of the quorum being counted, so a and b count for the block and c's split-round move happens; applied
+    to the whole swarm first, the five would fill the range and c's block would have nobody to move to."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0, 1, 1, 1, 1, 1], codec="fp32", checks=True, public=True)
+        c, a, b = peers[:3]  # (mem:0 parses to no range: c's own record is never counted anyway)
+        probation = c.standing.probation
+        older = [g.me.peer_id for g in peers[3:]]
+        for r in range(1, 4):  # the other block's peers seen first and past probation
+            probation.see(r, older)
+            probation.observe(r, older, ())
+        for r in range(5, 8):
+            probation.see(r, [a.me.peer_id, b.me.peer_id])
+            probation.observe(r, [a.me.peer_id, b.me.peer_id], ())
+        for g in peers:  # past round 0 (a peer at round 0 is a joiner: it counts every record)
+            g.state.adopt(dict(g.state.base_block), None, 10)
+        theirs = a.state.block_hash
+        c.state.adopt({k: v + 0.05 for k, v in c.state.base_block.items()}, None, 10)
+        board.update({g.me.peer_id: g.record() for g in peers})
+        c.last_split = {BLOCK: (set(), dict.fromkeys((a.me.peer_id, b.me.peer_id), theirs))}
+        adopted = await c.sync(list(board.values()))
+        return adopted, theirs, c.state.block_hash
+
+    adopted, theirs, now = asyncio.run(scenario())
+    assert "block" in adopted and now == theirs

@@ -51,6 +51,20 @@ def test_beyond_the_range_cap_the_youngest_identities_must_pass_alone():
     assert fresh.vouched(later, joining=False) == later  # else it could never re-sync to the swarm it left
 
 
+def test_the_range_cap_counts_a_blocks_own_peers_among_themselves():
+    """Two older identities of another block fill a shared /24's cap of 2: our block's peers still count for our
+    block's merge (the cap among its own peers), and stay capped for the swarm-wide count."""
+
+    def at(pid: str, block: int) -> PeerRecord:
+        return PeerRecord(pid, f"198.51.100.{len(pid)}:1", block, 0, 1.0, "cfg", "base", False, "sw", "emb")
+
+    standing = Standing("me", GossipConfig(probation_rounds=0, identities_per_range=2), public=True, checked=True)
+    standing.plan(0, [at("x1", 1), at("x2", 1)])  # the other block's peers, seen first: the oldest
+    records = [at("x1", 1), at("x2", 1), at("a", 0), at("b", 0), at("c", 0)]
+    assert standing.plan(1, records)[0] == {"a", "b", "c"}  # the swarm-wide cap alone
+    assert standing.plan(2, records, block=0)[0] == {"c"}  # among block 0's own: the two oldest count
+
+
 def test_a_peer_that_keeps_pulling_one_way_is_left_out():
     torch.manual_seed(0)
     standing = Standing("me", GossipConfig(), public=False, checked=True)

@@ -96,12 +96,13 @@ class Agreement:
             if r.peer_id != me.peer_id and r.config_hash == me.config_hash and r.swarm_id == me.swarm_id
         ]
         joining = self.verifying and p.state.round == 0  # fresh weights: compare what the swarm offers
-        others = p.standing.vouched(others, joining=p.state.round == 0)  # identities past probation and the range cap
+        # identities past probation and within the range cap, vouched per quorum: the block's peers among themselves
+        # (vouched over the whole swarm first, other blocks' older identities could fill the cap of a shared range
+        # and leave the block nobody to count: a split it never moves out of)
+        ours = p.standing.vouched([r for r in others if r.block_index == me.block_index], joining=p.state.round == 0)
+        others = p.standing.vouched(others, joining=p.state.round == 0)
         found: dict[PayloadKind, list[Candidate]] = {}
-        for kind, pool in (
-            (PayloadKind.BLOCK_STATE, [r for r in others if r.block_index == me.block_index]),
-            (PayloadKind.EMBEDDING_STATE, others),
-        ):
+        for kind, pool in ((PayloadKind.BLOCK_STATE, ours), (PayloadKind.EMBEDDING_STATE, others)):
             found[kind] = await self._candidates(kind, me, pool, others, joining)
         p.last_split = {}  # consumed
         return await self._adopt_passing(found[PayloadKind.BLOCK_STATE], found[PayloadKind.EMBEDDING_STATE], joining)

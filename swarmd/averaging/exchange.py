@@ -338,7 +338,9 @@ class Exchange:
             self.deadline.observe_training(rs.ready_at - rs.opened_at)
         premerge = await premerge_distance(p, rs)
         senders = sorted(set(rs.inbox[BLOCK]) | set(rs.inbox[EMB]))
-        must_pass, leave_out = p.standing.plan(rs.round, [p.known[s] for s in senders if s in p.known])
+        must_pass, leave_out = p.standing.plan(
+            rs.round, [p.known[s] for s in senders if s in p.known], p.me.block_index
+        )
         active = rs.active()
         merged = await merge_parts(
             p, rs.round, rs.own, active, must_pass=must_pass, leave_out=leave_out, own_counts=not self.idle

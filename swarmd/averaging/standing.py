@@ -8,6 +8,8 @@ Owns, for one peer, the round-to-round memory that the loss check of one round (
     what guards it;
   - the cap per address range (public swarms): beyond cfg.identities_per_range identities whose signed records
     name one IPv4 /24 (IPv6 /48), the youngest are treated as on probation (their deltas merge when they pass alone);
+    the cap is counted among the peers of the quorum or merge at hand (a block's own peers for its block), so
+    other blocks' identities of a shared range never crowd a block's peers out;
   - slow drift (swarmd.averaging.drift.DriftTracker): each part's accepted deltas against the merge they landed in
     (the byte table among our block's peers only: other blocks pull it their own way); a flagged peer's deltas are
     left out (leave_out) from then on;
@@ -68,11 +70,18 @@ class Standing:
             return records
         return counting_records(records, self.probation, self.per_range) or records
 
-    def plan(self, round: int, records: Iterable[PeerRecord]) -> tuple[frozenset[str], frozenset[str]]:
-        """(must_pass, leave_out) of this round's merge, given the signed records of the peers it may merge."""
+    def plan(
+        self, round: int, records: Iterable[PeerRecord], block: int | None = None
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """(must_pass, leave_out) of this round's merge, given the signed records of the peers it may merge. With
+        `block` (ours), a peer of that block counts when it is within the range cap among the block's peers: other
+        blocks' older identities of a shared range never push our block's own peers out of its merge."""
         records = [r for r in records if r.peer_id != self.me]
         self.probation.see(round, [r.peer_id for r in records])
         counted = {r.peer_id for r in counting_records(records, self.probation, self.per_range)}
+        if block is not None:
+            ours = [r for r in records if r.block_index == block]
+            counted |= {r.peer_id for r in counting_records(ours, self.probation, self.per_range)}
         must_pass = frozenset(r.peer_id for r in records) - counted
         leave_out = frozenset().union(*(t.excluded() for t in self.drift.values() if t is not None))
         return must_pass, leave_out
