@@ -122,6 +122,7 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
             task = asyncio.create_task(d.serve())
             try:
                 await wait_until(lambda: d.state.round >= 2, 60, what="two rounds")
+                d.gossip.standing.probation.observe(1, {"a-peer-it-knew"}, set())  # whom its standing knows
                 d.stop()  # what SIGINT / SIGTERM do
                 await asyncio.wait_for(task, 30)
             finally:
@@ -138,6 +139,7 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
                 d.state.trainer.step_count,
                 {k: v.clone() for k, v in d.state.trainer.opt.state_dict()["state"][0].items()},
             )
+            knew.append(d.gossip.standing.probation.to_rows())
             await d.run_round()
             return resumed, d.state.round
 
@@ -145,6 +147,7 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
         async with running(config):
             pass
 
+    knew: list = []
     d = asyncio.run(first_run())
     body = json.loads((tmp_path / "ckpt0" / "config.json").read_text())
     assert body["kind"] == "swarm-peer" and body["block_index"] == 1 and body["round"] == d.state.round
@@ -158,6 +161,7 @@ def test_checkpoint_on_stop_and_resume_with_the_same_dir(tmp_path):
     )
     assert all(torch.equal(opt_state[k], saved_opt[k]) for k in saved_opt)  # AdamW moments survive a restart
     assert after == round + 1
+    assert knew == [d.gossip.standing.probation.to_rows()] and knew[0][0][:4] == ["a-peer-it-knew", 1, 1, 1]
     with pytest.raises(ConfigMismatch, match="trains block 1, not --block 0"):
         asyncio.run(start_only(daemon_config(tmp_path, 0, seed=0, discovery="static", checkpoint=True)))
 

@@ -90,6 +90,21 @@ def test_probation_is_deterministic_and_bounded():
     assert all(a.rounds_left(p) == b.rounds_left(p) for p in a._ids)
 
 
+def test_a_checkpoints_rows_give_back_the_same_verdicts_and_malformed_rows_are_skipped():
+    before = Probation()
+    for r in range(3):
+        before.observe(r, {"counts"}, set())
+    before.observe(3, {"newcomer"}, {"failed-once"})
+    rows = before.to_rows()
+    after = Probation(max_identities=3)
+    bad = [["x", 1], ["y", *range(8)], [7, 1, 1, 0, 0, 0, False, -1, -1], "row", ["z", 1, 1, 0, 0, 0, 1, -1, -1]]
+    assert after.load_rows(rows + bad) == 3 and after.load_rows("not rows") == 0
+    assert after.to_rows() == rows
+    assert not after.on_probation("counts") and after.on_probation("newcomer")
+    assert after.rounds_left("failed-once") == before.rounds_left("failed-once") > 3
+    assert Probation(max_identities=2).load_rows(rows) == 2  # bounded as it is when it observes
+
+
 def test_trusted_and_off():
     assert not Probation(trusted={"me"}).on_probation("me")
     assert not Probation(rounds_required=0).on_probation("anyone")

@@ -4,7 +4,7 @@ Owns, for one peer, the round-to-round memory that the loss check of one round (
   - probation (public swarms, with a held-out check; swarmd.membership.sybil.Probation): a new identity's deltas
     merge only in rounds where they pass the one-by-one held-out check (merge_parts' must_pass) until they passed
     cfg.probation_rounds rounds; a failure makes its probation longer. Its records do not count towards a re-sync
-    quorum until then (vouched), except for a joiner or a restarted peer that knows nobody yet: verified adoption is
+    quorum until then (vouched), except for a joiner or a peer that knows none of them yet: verified adoption is
     what guards it;
   - the cap per address range (public swarms): beyond cfg.identities_per_range identities whose signed records
     name one IPv4 /24 (IPv6 /48), the youngest are treated as on probation (their deltas merge when they pass alone);
@@ -14,6 +14,7 @@ Owns, for one peer, the round-to-round memory that the loss check of one round (
     (the byte table among our block's peers only: other blocks pull it their own way); a flagged peer's deltas are
     left out (leave_out) from then on;
   - proof of work on the key (cfg.pow_bits, swarmd.membership.pow): a record without it is not used (usable_record).
+Probation's identities go into every checkpoint (saved, restore): a restarted peer resumes its standing.
 A private swarm (a swarm key: every member was let in by the operator) keeps the drift check only.
 Deterministic: replicas that saw the same records and accepted the same deltas reach the same verdicts.
 """
@@ -62,10 +63,18 @@ class Standing:
             logger.warning("ignoring peer %s: %s", record.peer_id[-6:], problem)
         return not problem
 
+    def saved(self) -> dict:
+        """What a checkpoint keeps of this standing: the identities probation remembers (drift starts afresh)."""
+        return {"probation": self.probation.to_rows()}
+
+    def restore(self, saved: object) -> int:
+        """Take what saved() wrote (a checkpoint's; anything malformed is skipped); how many identities."""
+        return self.probation.load_rows(saved.get("probation") if isinstance(saved, dict) else None)
+
     def vouched(self, records: list[PeerRecord], joining: bool) -> list[PeerRecord]:
         """The records that count towards a re-sync quorum: past probation and within their range's cap. A joiner, or a
-        peer that knows nobody yet (restarted from its checkpoint: its standing starts empty), counts all of them:
-        verified adoption is what guards it, or it could never re-sync to the swarm it left."""
+        peer that knows none of them yet (a restart whose checkpoint kept no standing), counts all of them: verified
+        adoption is what guards it, or it could never re-sync to the swarm it left."""
         if joining:
             return records
         return counting_records(records, self.probation, self.per_range) or records

@@ -21,6 +21,9 @@ swarmd.membership.pow):
     (per_range 0). Records without an address (client mode) share one range, and a host name is its own range
     (resolve names before calling, where that matters).
 Deterministic: verdicts depend only on the (round, passed, failed) sequence given, and ties break by peer id.
+Kept across restarts: a checkpoint holds the identities remembered (to_rows, load_rows), so a restarted peer neither
+puts every peer it knew back on probation (its merges would leave out deltas its block's other peers take) nor
+lets a crowd of fresh identities count while it knows nobody.
 Bounded: at most `max_identities` identities remembered; the least recently seen identities on probation are
 forgotten first, then those that count (a forgotten identity starts its probation again).
 Pure: no torch, grpc or hivemind, no clock.
@@ -58,6 +61,9 @@ class _Identity:
     last_fail_round: int = -1  # and a failed round fails once, whichever parts it failed in
 
 
+_ROW = ("first_round", "last_round", "passes", "failures", "in_a_row", "counts", "last_pass_round", "last_fail_round")
+
+
 class Probation:
     """Which identities count yet (see the module doc).
 
@@ -85,6 +91,22 @@ class Probation:
         self.demote_after, self.max_identities = demote_after, max_identities
         self.trusted = frozenset(trusted)
         self._ids: dict[str, _Identity] = {}
+
+    # -- a checkpoint's copy -------------------------------------------------------------------------------
+    def to_rows(self) -> list[list]:
+        """Every identity remembered as one JSON-able row (a checkpoint keeps them: a restarted peer's standing)."""
+        return [[p, *(getattr(k, f) for f in _ROW)] for p, k in self._ids.items()]
+
+    def load_rows(self, rows: object) -> int:
+        """Take the rows to_rows wrote (a malformed row, or one beyond max_identities, is skipped); how many."""
+        want = [bool if f == "counts" else int for f in _ROW]
+        taken = 0
+        for row in rows if isinstance(rows, list) else ():
+            well_formed = isinstance(row, list) and len(row) == len(_ROW) + 1 and isinstance(row[0], str)
+            if well_formed and [type(v) for v in row[1:]] == want and taken < self.max_identities:
+                self._ids[row[0]] = _Identity(*row[1:])
+                taken += 1
+        return taken
 
     # -- reading -----------------------------------------------------------------------------------------
     def on_probation(self, peer_id: str) -> bool:

@@ -6,13 +6,15 @@ BlockState.save's, atomic per generation); CHECKPOINT_FAILURES_UNHEALTHY in a ro
 server's health NOT_SERVING, the next good write turns it SERVING again. SAVED_METRICS names the
 Metrics every generation's config.json carries (benchmarks read them). Writes in the worker thread.
 resume_block names the block a starting peer's checkpoint dir resumes, once the stale files a crash
-left behind (temp files, generations config.json does not name) are removed.
+left behind (temp files, generations config.json does not name) are removed; saved_standing, the standing (whom
+probation knows) the daemon keeps in every generation's config.json and takes back on resume.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from swarmd.averaging.state import BlockState
 from swarmd.core import checkpoint as ck
@@ -28,6 +30,16 @@ CHECKPOINT_FAILURES_UNHEALTHY = 3  # consecutive failed checkpoint writes that t
 SAVED_METRICS = {k: k for k in ("participation", "bytes_sent", "bytes_received", "raw_bytes_sent", "rejected")}
 SAVED_METRICS |= {k: k for k in ("last_round_s", "discovery_s", "started_wall")}
 SAVED_METRICS |= {"rounds_merged": "rounds", "train_ce": "last_train_ce", "history": "round_history"}
+
+
+def saved_standing(directory: str, resume: tuple[int, ...]) -> object:
+    """The standing a resumed peer's checkpoint kept (config.json's "standing"; None when not resuming or none)."""
+    if not (directory and resume):
+        return None
+    try:
+        return ck.read_config(Path(directory)).get("standing")
+    except SwarmdError:  # unreadable now: the restore that found it readable a moment ago reported it
+        return None
 
 
 class CheckpointWriter:
@@ -47,12 +59,12 @@ class CheckpointWriter:
             logger.info("removed stale %s", path)
         return ck.peer_block(self.directory, block)
 
-    async def save(self, state: BlockState, server: SwarmServer | None, tag: str, **progress: str) -> bool:
+    async def save(self, state: BlockState, server: SwarmServer | None, tag: str, **progress: object) -> bool:
         """Atomically checkpoint `state` (in the worker thread); returns whether it was written.
 
         :param server: the gRPC server whose health a run of failures turns NOT_SERVING (None: client mode)
         :param tag: the peer's log tag
-        :param progress: what config.json carries besides the metrics (swarm id, peer id)
+        :param progress: what config.json carries besides the metrics (swarm id, peer id, standing: JSON-able)
         """
         saved = {k: getattr(self.metrics, a) for k, a in SAVED_METRICS.items()} | progress
         try:

@@ -39,7 +39,7 @@ from swarmd.membership.dht import HivemindDiscovery
 from swarmd.membership.discovery import StaticDiscovery
 from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
-from swarmd.node.checkpoints import CheckpointWriter
+from swarmd.node.checkpoints import CheckpointWriter, saved_standing
 from swarmd.node.config import DaemonConfig
 from swarmd.node.credentials import load_identity, load_swarm_key, load_tls, tls_fingerprint
 from swarmd.node.diagnosis import Watch
@@ -163,7 +163,9 @@ class Daemon:
         check = HeldOutCheck.from_data(self.data, self.cfg, block, c.train.seed)  # judges adoptions and merges
         public = self.swarm_key is None  # strangers may join: probation and the range cap (standing)
         args = (state, self.client, c.gossip, self.me, self.metrics)
+        standing = self.gossip.standing.saved() if self.gossip else saved_standing(c.checkpoint_dir, resume)
         self.gossip = Gossip(*args, identity=self.identity, lookup=self.records, check=check, public=public)
+        self.gossip.standing.restore(standing)  # the identities we knew: a restart or a block move keeps them
         if self.presence is None:
             self.presence = Presence(self.discovery, self.gossip, self.client, self.metrics, c.net, self.stopping)
         self.presence.gossip = self.gossip
@@ -292,7 +294,9 @@ class Daemon:
         """Atomically checkpoint the state with this peer's progress counters; whether it was written (a failed write
         warns and keeps the last one; several in a row turn gRPC health NOT_SERVING: swarmd.node.checkpoints)."""
         ids = {"swarm_id": self.config.net.swarm_id, "peer_id": self.peer_id}
-        return await self.checkpoints.save(self.state, self.server, self.gossip.tag if self.gossip else "", **ids)
+        standing = self.gossip.standing.saved() if self.gossip else {}  # taken back on resume (use_state)
+        tag = self.gossip.tag if self.gossip else ""
+        return await self.checkpoints.save(self.state, self.server, tag, standing=standing, **ids)
 
     async def load_predecessors(self) -> int:
         """Trajectory training's frozen predecessor blocks, pulled at round start (swarmd.node.peers); how many."""
