@@ -29,6 +29,7 @@ from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
 from swarmd.node.config import DaemonConfig
+from swarmd.node.settle import settle
 from swarmd.node.training import run_plan, windowed
 from swarmd.protocol import PeerState
 
@@ -159,7 +160,8 @@ class LoopPeer(RoundPeer, Protocol):
 
 async def round_loop(peer: LoopPeer, rounds: RoundDriver) -> None:
     """The rounds of one run: rebalance, then a round (peer.run_round, driven by `rounds`), until the peer stops or
-    the run's last round (run_plan) was started; then the last round's merge lands and the peer stops. With
+    the run's last round (run_plan) was started; then the last round's merge lands, the replicas of that round
+    agree on its state (swarmd.node.settle), and the peer stops. With
     TrainConfig.pipeline the peer's record first names the rounds its block trains in, and is announced."""
     last, window = run_plan(peer.config, peer.state.round)
     rounds.last = last  # a re-sync to the last round ends the run there (reached_end)
@@ -174,6 +176,8 @@ async def round_loop(peer: LoopPeer, rounds: RoundDriver) -> None:
             await peer.run_round()
         # with overlap, the last round's merge lands (within the stop grace when stopping)
         await rounds.drain()
+        # the replicas of the last round end it on one state (bounded by the round deadline)
+        await settle(peer, last, peer.config.gossip.deadline_max_s)
     finally:
         await rounds.cancel()
     peer.stop()
