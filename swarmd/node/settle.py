@@ -5,7 +5,8 @@ than its block's other peers, and with no round after it nothing would re-sync i
 apart. settle() runs after the last round's merge, before the peer stops:
   1. it waits (bounded) until the peers whose deltas came in the last round announce that round;
   2. it re-syncs once, by the normal rule (swarmd.averaging.agreement: only a state a quorum of signed records
-     announces at the highest round, pulled, hashed and verified), so a peer left in a minority takes the others';
+     announces at the highest round, pulled, hashed and verified) over the records up to the last round (a
+     pipeline's later blocks train on), so a peer left in a minority takes the others';
   3. it stays up (bounded) while a peer it merged with announces other weights at that round, so a peer that must
      pull our state still finds us serving.
 A peer stopped by a signal, or that never reached the last round, does not wait. Every wait is bounded by the
@@ -55,12 +56,12 @@ def last_partners(peer: SettlingPeer) -> tuple[set[str], set[str]]:
 
 
 def apart(peer: SettlingPeer, records: list[PeerRecord], ids: set[str], last: int) -> set[str]:
-    """The peers of `ids` whose records announce round `last` (or later) on other weights than ours: the block's
-    weights for a peer of our block, the byte table's for every peer."""
+    """The peers of `ids` whose records announce round `last` on other weights than ours: the block's weights for a
+    peer of our block, the byte table's for every peer (a peer past it trains on: a pipeline's later block)."""
     me = peer.gossip.record()
     out = set()
     for r in records:
-        if r.peer_id in ids and r.round >= last:
+        if r.peer_id in ids and r.round == last:
             block_apart = r.block_index == me.block_index and r.base_hash != me.base_hash
             if block_apart or r.emb_hash != me.emb_hash:
                 out.add(r.peer_id)
@@ -86,7 +87,7 @@ async def settle(peer: SettlingPeer, last: int, timeout_s: float) -> list[str]:
     until = time.monotonic() + timeout_s
     announced = lambda records: {r.peer_id for r in records if r.round >= last}
     records = await _poll(peer, until, lambda rs: came <= announced(rs))
-    adopted = await peer.gossip.sync(records)
+    adopted = await peer.gossip.sync([r for r in records if r.round <= last])  # the state the run ended with
     if adopted:
         logger.info("%s ended the run on the state its peers hold at round %d (%s)", peer.gossip.tag, last, adopted)
         peer.update_serving()
