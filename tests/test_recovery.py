@@ -312,6 +312,25 @@ def test_a_split_rounds_majority_stays_and_strays_on_bases_of_their_own_move_nob
     assert split_reference(_rec("d", 9, "z"), pool[:2], set(), {"a": "x", "b": "x"}).peer_id == "b"
 
 
+def test_a_part_in_pieces_moves_to_its_largest_piece_in_one_round():
+    """Eight byte tables in pieces 2 + 2 + 1 + 1 + 1 + 1 (no quorum of 4 anywhere): the quorum rule alone moved
+    nobody and the pieces merged apart for good; with the records showing no quorum, every piece but the largest,
+    highest-ranked one moves to it, and a majority the records do show is never moved by 2 signers."""
+    bases = {"a": "x", "b": "x", "c": "y", "d": "y", "e": "e", "f": "f", "g": "g", "h": "h"}
+    peers = {p: _rec(p, 9, b) for p, b in bases.items()}
+
+    def moves(me: str, fragmented: bool) -> str | None:
+        same = {p for p in bases if p != me and bases[p] == bases[me]}
+        other = {p: bases[p] for p in bases if p != me and p not in same}
+        pool = [r for p, r in peers.items() if p != me]
+        target = split_reference(peers[me], pool, same, other, fragmented=fragmented)
+        return target.peer_id if target else None
+
+    assert [moves(p, fragmented=False) for p in bases] == [None] * 8  # pieces of 2 are no quorum of 7 others
+    assert [moves(p, fragmented=True) for p in bases] == ["d", "d", None, None, "d", "d", "d", "d"]  # "d" ranks top
+    assert split_reference(peers["e"], list(peers.values()), set(), {"f": "f"}, fragmented=True) is None  # 1 signer
+
+
 def _history_since(p, since: float) -> list[dict]:
     """A peer's checkpointed round history after the wall-clock time `since`."""
     try:

@@ -207,3 +207,55 @@ def test_other_blocks_identities_never_crowd_a_blocks_own_peers_out_of_its_quoru
 
     adopted, theirs, now = asyncio.run(scenario())
     assert "block" in adopted and now == theirs
+
+
+def test_a_swarm_in_pieces_of_two_is_whole_again_within_two_rounds(fast_hold):
+    """Six replicas in pieces 2 + 2 + 1 + 1, both parts (after faults: no (round, weights) has a quorum of the 5
+    others' records, and the pairs merge each other, so they are never isolated). Last round's signed deltas show
+    the pieces: every piece but the largest, highest-ranked one moves to it, and the next round merges everyone;
+    under the quorum rule alone the pairs merged apart for good."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0] * 6, codec="fp32", blocks=1, deadline_max_s=1.0)
+        await memory_round(peers, board)
+        for g, shift in zip(peers, (0.01, 0.01, -0.01, -0.01, 0.02, -0.02), strict=True):
+            g.state.adopt(*({k: v + shift for k, v in t.items()} for t in (g.state.base_block, g.state.base_emb)))
+        board.update({g.me.peer_id: g.record() for g in peers})
+        return peers, [await memory_round(peers, board) for _ in range(3)]
+
+    peers, reports = asyncio.run(scenario())
+    assert all(len(r.accepted_block) <= 1 for r in reports[0])  # in pieces: a pair's partner at most
+    assert [len(r.accepted_block) for r in reports[-1]] == [5] * 6
+    assert [len(r.accepted_emb) for r in reports[-1]] == [5] * 6
+    assert len({g.state.block_hash for g in peers}) == 1 and len({g.state.emb_hash for g in peers}) == 1
+
+
+def test_a_member_that_does_not_answer_is_asked_once_per_reconciliation(fast_hold):
+    """A three-way split plus a paused fourth replica (its pulls time out): each isolated replica asks the paused one
+    once per attempt, not once per pull of its hold (each of those waited rpc_timeout_s: tens of seconds of holding
+    still in the soak), and the three that answer still reconcile to one state."""
+    asked: list[str] = []
+
+    async def scenario():
+        peers, _, _board = memory_swarm([0, 0, 0, 0], codec="fp32", blocks=1, deadline_max_s=1.0)
+        paused = peers[3].me.peer_id
+        for g in peers[:3]:
+            real = g.agreement.pulls.fresh_state
+
+            async def fresh_state(peer, kind, real=real):
+                if peer.peer_id == paused:
+                    asked.append(peer.peer_id)
+                    raise TimeoutError("paused")
+                return await real(peer, kind)
+
+            g.agreement.pulls.fresh_state = fresh_state
+        for i, g in enumerate(peers):
+            g.state.adopt({k: v + 0.01 * (i + 1) for k, v in g.state.base_block.items()}, None, 10 * (i + 1))
+        live = peers[:3]
+        for _ in range(rejoin.ISOLATED_ROUNDS + 2):
+            await _round(live, [g.record() for g in peers], lambda: [g.record() for g in peers])
+        return live
+
+    live = asyncio.run(scenario())
+    assert len({g.state.block_hash for g in live}) == 1
+    assert 0 < len(asked) <= 3 * 2  # one pull per attempt (per part), not one per try of the hold

@@ -11,7 +11,8 @@
   cfg.max_round_jump per re-sync;
 - split rounds: when last round's signed deltas showed a quorum of peers on another base, the side with
   fewer peers moves (the DHT records may lag), to the state and its round (at most pulls.SPLIT_BACK_ROUNDS
-  back); a peer that trained apart (a partition) and is ahead rejoins the majority it split from
+  back); when the records show no quorum anywhere (a part in pieces), the largest side of 2 or more will do;
+  a peer that trained apart (a partition) and is ahead rejoins the majority it split from
   (diverged_majority, over the last HISTORY_ROUNDS own base hashes);
 - isolation (swarmd.averaging.rejoin): a peer that accepted no delta of a part for rejoin.ISOLATED_ROUNDS
   rounds asks the fresh signed states and adopts a fresh quorum's, or reconciles with the other members;
@@ -149,7 +150,7 @@ class Agreement:
         expect: tuple[str, int] | None = (weights(ref), ref.round)
         if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
             split = p.last_split.get(kind.delta, (set(), {}))  # DHT records may lag: use last round's exchanges
-            target = split_reference(me, pool, *split)
+            target = split_reference(me, pool, *split, fragmented=not agreeing(pool, weights))
             expect = None  # the signed deltas said where it is; its state must hash as it signs
             if target is None and self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS:
                 fresh = await self._rejoin(kind, pool)
@@ -255,6 +256,9 @@ class Agreement:
         settled: tuple = ()
         for _ in range(rejoin.HOLD_TRIES):
             answers = await asyncio.gather(*(self.pulls.fresh_state(r, kind) for r in peers), return_exceptions=True)
+            # a member that did not answer (a paused or dead peer: each try would wait rpc_timeout_s for it) is not
+            # asked again in this attempt: holding still stays HOLD_TRIES x HOLD_S past the first pull
+            peers = [r for r, a in zip(peers, answers, strict=True) if not isinstance(a, BaseException)]
             fresh = {
                 h.peer_id: (h, t)
                 for a in answers

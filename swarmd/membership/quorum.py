@@ -6,7 +6,8 @@ round_backed()      whether a quorum of the whole swarm's records announces a ro
 rank(), reference() the reference of a part: highest round, then the largest group, then server mode, peer id
 diverged_majority() the majority a peer that trained apart (a partition) rejoins, even at a lower round
 candidates()        the distinct states a joiner pulls to compare on its held-out sample, bounded
-split_reference()   whom a peer moves to when last round's signed deltas showed a quorum on another base
+split_reference()   whom a peer moves to when last round's signed deltas showed a quorum on another base (or, the
+                    records showing no quorum anywhere, the largest side of 2 or more)
 
 The records given are the signed ones (swarmd.membership.trust.is_valid); nothing here checks signatures,
 does I/O or imports torch. swarmd.averaging.agreement applies these rules to a peer's re-sync.
@@ -145,17 +146,23 @@ def reference(me: PeerRecord, others: list[PeerRecord], key: WeightsOf = block_w
     return me
 
 
-def split_reference(me: PeerRecord, pool: list[PeerRecord], same: set[str], other: dict[str, str]) -> PeerRecord | None:
+def split_reference(
+    me: PeerRecord, pool: list[PeerRecord], same: set[str], other: dict[str, str], fragmented: bool = False
+) -> PeerRecord | None:
     """Whom to adopt after last round's exchanges showed peers on another base (None: stay).
 
     `same`: the peer ids whose signed deltas of last round were on our base; `other`: peer id -> the other base its
     signed delta was on. The signers of one base are a side, ours counting us. We move to the largest other side when
     it is larger than ours, or as large and holding the higher-ranked peer (server mode, then peer id: every signer
     was at that round, so both sides of a tie order the same way and exactly one of them moves). The side moved to
-    must hold a quorum of the peers seen in `pool` (one stray signer, or strays on several bases, never move anybody).
+    must hold a quorum of the peers seen in `pool` (one stray signer, or strays on several bases, never move anybody),
+    or, `fragmented` (the pool's records show no (round, weights) a quorum announces: the part is in pieces, say
+    2 + 2 + 1 + 1 + 1 of eight byte tables after faults), at least 2 signers: every piece then moves to the same
+    largest, highest-ranked one and the part is whole again a round later, where a quorum rule alone would leave the
+    pieces merging apart for good. A majority the records show is never moved by 2 signers.
     """
     records = {r.peer_id: r for r in pool}
-    need = quorum(len(records))
+    need = min(2, quorum(len(records))) if fragmented else quorum(len(records))
     records[me.peer_id] = me
     sides: dict[str, set[str]] = {}
     for peer_id, base in other.items():
