@@ -125,7 +125,8 @@ class Agreement:
         history[me.round] = weights(me)
         for old in sorted(history)[:-HISTORY_ROUNDS]:
             del history[old]
-        ref = reference(me, agreeing(pool, weights), weights)
+        held = agreeing(pool, weights)  # the records a quorum announces (none: the part is in pieces)
+        ref = reference(me, held, weights)
         majority = diverged_majority(me, pool, history, weights) if ref.peer_id == me.peer_id else None
         if majority is not None:  # we trained apart (a partition) and are ahead: join the majority
             logger.warning(
@@ -150,7 +151,7 @@ class Agreement:
         expect: tuple[str, int] | None = (weights(ref), ref.round)
         if ref.peer_id == me.peer_id or (weights(ref) == weights(me) and ref.round == me.round):
             split = p.last_split.get(kind.delta, (set(), {}))  # DHT records may lag: use last round's exchanges
-            target = split_reference(me, pool, *split, fragmented=not agreeing(pool, weights))
+            target = split_reference(me, pool, *split, fragmented=not held)
             expect = None  # the signed deltas said where it is; its state must hash as it signs
             if target is None and self.isolated[kind.delta] >= rejoin.ISOLATED_ROUNDS:
                 fresh = await self._rejoin(kind, pool)

@@ -162,7 +162,9 @@ def split_reference(
     pieces merging apart for good. A majority the records show is never moved by 2 signers.
     """
     records = {r.peer_id: r for r in pool}
-    need = min(2, quorum(len(records))) if fragmented else quorum(len(records))
+    need = quorum(len(records))
+    if fragmented:
+        need = min(2, need)
     records[me.peer_id] = me
     sides: dict[str, set[str]] = {}
     for peer_id, base in other.items():
