@@ -40,7 +40,7 @@ from swarmd.sim.policies import make_policy
 from swarmd.sim.regimes import regime_named
 
 VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float, "H": int, "ra": int}
-VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int}
+VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int, "rg": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 SAVED_RUN = ("ce", "curve", "wall_s")  # what "sync_dp_runs" keeps of a run
 
@@ -50,7 +50,8 @@ def parse_variant(text: str) -> dict:
     H: local steps per round (0 = --steps; the rounds scaled to keep the steps per replica); ra=1: ReplicaAdamW;
     codec, merge: the deltas' codec and merge rule (default int8, robust); m1=3,m2=6: AdamW's moments averaged
     across a block's replicas every 3 and 6 rounds (swarmd.sim.moments); tp: TrainConfig.trajectory_prob; pp:
-    TrainConfig.predecessor_pulls."""
+    TrainConfig.predecessor_pulls; rg=1: each delta scaled by K replicas' step-size ratio
+    (swarmd.core.optim.replica_gain)."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -65,6 +66,7 @@ def parse_variant(text: str) -> dict:
 def label(v: dict) -> str:
     outer = f"nesterov(lr {v['olr']:g}, m {v['mom']:g})" if v["outer"] == "nesterov" else "none"
     extra = (f" H={v['H']}" if v.get("H") else "") + (" ReplicaAdamW" if v.get("ra") else "")
+    extra += " replica gain" if v.get("rg") else ""
     extra += "".join(f" {k} {v[k]}" for k in ("codec", "merge", "tp", "pp") if k in v)
     extra += "".join(f" {k} every {v[k]}" for k in ("m1", "m2") if v.get(k))
     return f"K={v['K']} outer={outer} inner-lr x{v['lr']:g}{extra}"
@@ -79,6 +81,7 @@ def swarm_label(v: dict, steps: int) -> str:
     if v.get("lr", 1.0) != 1.0:
         extra += f", inner lr x{v['lr']:g}"
     extra += "".join(f", {k} synced every {v[k]}" for k in ("m1", "m2") if v.get(k))
+    extra += ", replica gain" if v.get("rg") else ""
     return f"H={v.get('H') or steps}, {'ReplicaAdamW' if v.get('ra') else 'AdamW'}{extra}"
 
 
@@ -129,6 +132,7 @@ def run_one(a, v: dict, rounds: int, seed: int, data: ByteData, eval_xy, batch_s
     train |= {k: v[key] for key, k in (("tp", "trajectory_prob"), ("pp", "predecessor_pulls")) if key in v}
     sim_kw = {"workers": v["K"], "rounds": rounds, "steps_per_round": h, "eval_every": eval_every}
     sim_kw |= {"sync_first_moment": v.get("m1", 0), "sync_second_moment": v.get("m2", 0)}
+    sim_kw |= {"replica_gain": bool(v.get("rg"))}
     train_cfg = peer_train_config(a.steps, **train)
     sim_cfg = SimConfig(options.model_of(a), train_cfg, codec=v.get("codec", "int8"), **sim_kw)
     outer = {"outer": v["outer"], "outer_lr": v["olr"], "outer_momentum": v["mom"]}

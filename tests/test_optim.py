@@ -13,7 +13,7 @@ from swarm_utils import batches, tiny_model, tiny_train
 
 from swarmd.averaging.state import BlockState
 from swarmd.core.data import ByteData, load_bytes
-from swarmd.core.optim import ReplicaAdamW
+from swarmd.core.optim import ReplicaAdamW, replica_gain
 from swarmd.core.train import BlockTrainer
 from swarmd.sim.engine import SimConfig, Simulator
 from swarmd.sim.policies import Lockstep
@@ -162,3 +162,38 @@ def test_a_daemon_round_sets_k_to_the_block_deltas_it_merged():
 
     peers = asyncio.run(scenario())
     assert [g.state.trainer.opt.replicas for g in peers] == [3.0, 3.0, 3.0, 1.0]  # block 1's peer is alone: AdamW
+
+
+def test_replica_gain_scales_noise_by_sqrt_k_and_leaves_signal_and_k1_alone():
+    """A coordinate whose AdamW moments say pure noise (m = 0) gets sqrt(K); one whose gradient never varied
+    (v = m^2) keeps its delta; K = 1 and names without state are left as they were."""
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.95))
+    opt.state[p] = {
+        "step": torch.tensor(1000.0),
+        "exp_avg": torch.tensor([0.0, 2.0]),
+        "exp_avg_sq": torch.tensor([4.0, 4.0]),
+    }
+    delta = {"w": torch.tensor([1.0, -3.0]), "buffer": torch.tensor([5.0])}
+    out = replica_gain(opt, {"w": p}, delta, 4)
+    assert torch.allclose(out["w"], torch.tensor([2.0, -3.0]), rtol=1e-3)
+    assert torch.equal(out["buffer"], delta["buffer"])
+    assert replica_gain(opt, {"w": p}, delta, 1) is delta
+
+
+def test_the_simulator_scales_each_delta_only_when_asked(tmp_path):
+    """SimConfig.replica_gain changes the run (the deltas sent are scaled); off, the run is the plain swarm's."""
+    from swarm_utils import write_corpus
+
+    path = write_corpus(tmp_path)
+    model = tiny_model()
+    data = ByteData(load_bytes(path), model.seq_len)
+    eval_xy = ByteData(load_bytes(path), model.seq_len).eval_windows(64)
+
+    def run(gain: bool) -> float:
+        cfg = SimConfig(model, tiny_train(), workers=2, rounds=2, steps_per_round=3, eval_tokens=64, replica_gain=gain)
+        return Simulator(cfg, regime_named("lockstep"), Lockstep(), data, eval_xy).run().ce
+
+    plain = run(False)
+    assert plain == run(False)
+    assert run(True) != plain

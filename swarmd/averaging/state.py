@@ -26,6 +26,7 @@ from swarmd.averaging.outer import OuterOptimizer
 from swarmd.averaging.predecessors import TrajectoryPredecessors
 from swarmd.averaging.sketch import count_sketch, flatten
 from swarmd.core import checkpoint as ck
+from swarmd.core.optim import replica_gain
 from swarmd.core.train import BlockTrainer
 from swarmd.errors import CheckpointError, ConfigMismatch
 
@@ -183,6 +184,12 @@ class BlockState(TrajectoryPredecessors):
             return delta
         with self.lock:  # the buffers are read by snapshot_outer and the checkpoint
             return self.outer.step(part, delta)
+
+    def replica_gain(self, part: str, delta: dict[str, torch.Tensor], replicas: float) -> dict[str, torch.Tensor]:
+        """`part`'s own delta scaled by K replicas' step-size ratio (swarmd.core.optim.replica_gain)."""
+        module = self.trainer.block if part == "block" else self.trainer.emb
+        with self.lock:
+            return replica_gain(self.trainer.opt, dict(module.named_parameters()), delta, replicas)
 
     def set_replicas(self, replicas: int) -> None:
         """The number of same-block deltas (own included) the last merge averaged: the K of the trainer's

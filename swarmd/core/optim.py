@@ -92,3 +92,36 @@ class ReplicaAdamW(torch.optim.AdamW):
         m2 = m * m
         denom = (m2 + (v - m2).clamp_min_(0) / self.replicas).sqrt_().add_(eps)
         p.addcdiv_(m, denom, value=-lr)
+
+
+@torch.no_grad()
+def replica_gain(
+    opt: torch.optim.Optimizer, params: dict[str, torch.Tensor], delta: dict[str, torch.Tensor], replicas: float
+) -> dict[str, torch.Tensor]:
+    """A round's own delta scaled per coordinate by the step-size ratio of K averaged replicas to one.
+
+    After the K replicas' deltas are averaged, a coordinate where the noise dominates has moved by about
+    1 / sqrt(K) of what synchronous data parallelism at K x the batch moves it (module doc); where the signal
+    dominates, by as much. Scaling each replica's delta by sqrt((mu^2 + s^2) / (mu^2 + s^2 / K)), with mu^2 and s^2
+    from its own AdamW moments at the round's end (ReplicaAdamW's estimate), gives the average that step size
+    after the round, so the replicas' local steps (and their drift apart) stay AdamW's. Names without AdamW state
+    (buffers, frozen parameters) keep their delta.
+    """
+    if replicas <= 1:
+        return delta
+    beta1, beta2 = opt.param_groups[0]["betas"]
+    out = {}
+    for name, d in delta.items():
+        p = params.get(name)
+        state = opt.state.get(p, {}) if p is not None else {}
+        if "exp_avg" not in state:
+            out[name] = d
+            continue
+        t = float(state["step"])
+        m = state["exp_avg"].float() / (1 - beta1**t)
+        v = state["exp_avg_sq"].float() / (1 - beta2**t)
+        m2 = m * m
+        noise = (v - m2).clamp_min(0)
+        gain = ((m2 + noise + 1e-30) / (m2 + noise / replicas + 1e-30)).sqrt()
+        out[name] = d * gain.to(d.device)
+    return out

@@ -125,6 +125,7 @@ class SimConfig:
     # AdamW moments averaged across a block's replicas every n rounds (0 = never; swarmd.sim.moments)
     sync_first_moment: int = 0
     sync_second_moment: int = 0
+    replica_gain: bool = False  # scale each delta by K replicas' step-size ratio (swarmd.core.optim.replica_gain)
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "eval_tokens", "eval_every"):
@@ -309,7 +310,10 @@ class Simulator:
             (PayloadKind.BLOCK_DELTA, block_delta, w.state.base_block, w.state.block_hash),
             (PayloadKind.EMBEDDING_DELTA, emb_delta, w.state.base_emb, w.state.emb_hash),
         ):
-            delta = w.state.local_outer_step("block" if kind.is_block else "emb", delta)  # (group averaging)
+            part = "block" if kind.is_block else "emb"
+            if self.cfg.replica_gain:
+                delta = w.state.replica_gain(part, delta, self.cfg.workers)
+            delta = w.state.local_outer_step(part, delta)  # (group averaging)
             anchor = w.anchors[kind]
             offset = anchor.offset(base)  # group averaging: base - anchor + delta (the delta without an anchor)
             enc, decoded[kind] = w.ef[kind].compress(
