@@ -87,6 +87,42 @@ def test_a_peer_that_keeps_pulling_one_way_is_left_out():
     assert standing.plan(99, [rec(p) for p in ids])[1] == {"liar"}  # for good; nobody honest with it
 
 
+def test_a_drifting_peer_kept_out_of_the_merge_in_some_rounds_is_still_tracked_in_every_one():
+    """Its delta accepted but left out of the merge (probation's held-out check failed) every other round: the
+    tracker sees it every round and flags it as soon as when it is merged every round."""
+
+    def flagged_round(merged_every_round: bool) -> int | None:
+        torch.manual_seed(0)
+        standing = Standing("me", GossipConfig(), public=False, checked=True)
+        ids = ["me", "h1", "h2", "liar"]
+        v = torch.randn(64)
+        v = v / v.norm()
+        for round in range(80):
+            step = 0.3 * torch.randn(64)
+            deltas = {p: {"w": step + torch.randn(64)} for p in ids}
+            deltas["liar"]["w"] = deltas["liar"]["w"] + v * deltas["h1"]["w"].norm()
+            used = ids if merged_every_round or round % 2 else [p for p in ids if p != "liar"]
+            merged = {"w": torch.stack([deltas[p]["w"] for p in used]).mean(0)}
+            inbox = {BLOCK: {p: deltas[p] for p in ids if p != "me"}, EMB: {}}
+            failed = set() if used == ids else {"liar"}
+            standing.observe(
+                round,
+                {BLOCK: deltas["me"], EMB: {}},
+                inbox,
+                {BLOCK: merged, EMB: None},
+                {BLOCK: tuple(used)},
+                set(),
+                failed,
+            )
+            if "liar" in standing.plan(round, [rec(p) for p in ids])[1]:
+                return round
+        return None
+
+    every, half = flagged_round(True), flagged_round(False)
+    assert every is not None and half is not None
+    assert half <= every + 5
+
+
 def test_records_without_the_swarms_proof_of_work_are_not_used():
     identity = Identity.generate()
     standing = Standing("me", GossipConfig(pow_bits=8), public=True, checked=True)

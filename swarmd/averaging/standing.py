@@ -105,15 +105,18 @@ class Standing:
         passed: Iterable[str],
         failed: Iterable[str],
     ) -> None:
-        """After a merge: the one-by-one check results move probation; each part's merged deltas feed the drift test
+        """After a merge: the one-by-one check results move probation; each part's merged deltas, and the accepted
+        deltas the merge left out (probation's check, the outlier test), feed the drift test against the merge: a
+        drifting insider whose delta fails the held-out check in some rounds is still seen in every round it sends
         (the byte table only among the peers that sent a block delta too: our block's). Parts are keyed by kind."""
         self.probation.observe(round, passed, failed)  # logs the identities that start to count
-        block_peers = set(merged_from.get(BLOCK, ()))
+        block_peers = set(merged_from.get(BLOCK, ())) | set(inbox.get(BLOCK, {}))
         for kind, tracker in self.drift.items():
             centre = merged.get(kind)
             if tracker is None or centre is None:
                 continue
-            ids = [p for p in merged_from.get(kind, ()) if kind == BLOCK or p in block_peers]
+            seen = set(merged_from.get(kind, ())) | set(inbox.get(kind, {}))
+            ids = sorted(p for p in seen if kind == BLOCK or p in block_peers)
             deltas = {p: own[kind] if p == self.me else inbox[kind][p] for p in ids}
             if len(deltas) < 3:  # two deltas are symmetric about their mean: nothing to tell apart
                 continue
