@@ -318,12 +318,17 @@ def fmt_curve(r: dict, head: str = "curve ") -> str:
     return head + " ".join(f"{c:.3f}" for _, c in r["curve"][1:])
 
 
+def config_of(row: dict) -> str:
+    """A sync-DP row's model and batch per replica, as its table shows them."""
+    return f"{row.get('model', '-')}, {row.get('batch_size', '-')}"
+
+
 def write_sync_md(a, out: dict) -> None:
     """The sync-DP section of --md: one line per (budget, K, H, swarm) row, the commands (the full sweeps and curves
     are in the JSON)."""
     rows = sorted(
         out.get("sync_dp", []),
-        key=lambda r: (r["steps_per_replica"], r["K"], r.get("sync_dp_h", r["H"]), r["seed"], swarm_variant(r)),
+        key=lambda r: (config_of(r), r["steps_per_replica"], r["K"], r.get("sync_dp_h", r["H"]), swarm_variant(r)),
     )
     lines = [
         "### Swarm vs synchronous data parallelism: one replica at K x the batch",
@@ -334,15 +339,16 @@ def write_sync_md(a, out: dict) -> None:
         "= the best, *edge* when that is the sweep's highest or lowest lr. excess % = 100 (swarm CE - sync DP CE) / "
         "sync DP CE. Seed 0; a row's sweep and both curves are in the JSON.",
         "",
-        "| steps/replica | K | swarm | swarm CE | sync DP CE (lr x) | sweep (lr x) | excess % |",
-        "|---:|---:|---|---:|---:|---|---:|",
+        "| model, batch per replica | steps/replica | K | swarm | swarm CE | sync DP CE (lr x) | sweep (lr x) "
+        "| excess % |",
+        "|---|---:|---:|---|---:|---:|---|---:|",
     ]
     for r in rows:
         mults = ", ".join(f"{s['lr_mult']:g}" for s in r["sync_dp_sweep"])
         edge = ", edge" if r.get("sync_dp_lr_at_edge") else ""
         lr = f", cosine to {r['cosine']:g}" if r.get("cosine") else ", constant lr"
         lines.append(
-            f"| {r['steps_per_replica']} | {r['K']} | {swarm_variant(r)}{lr} | {r['ce']:.4f} "
+            f"| {config_of(r)} | {r['steps_per_replica']} | {r['K']} | {swarm_variant(r)}{lr} | {r['ce']:.4f} "
             f"| {r['sync_dp_ce']:.4f} (x{r['sync_dp_lr_mult']:g}{edge}) | {mults} | {r['excess_pct']:+.2f} |"
         )
     commands = sorted({without_caches(r["command"]) for r in rows})
