@@ -319,8 +319,9 @@ def fmt_curve(r: dict, head: str = "curve ") -> str:
 
 
 def config_of(row: dict) -> str:
-    """A sync-DP row's model and batch per replica, as its table shows them."""
-    return f"{row.get('model', '-')}, {row.get('batch_size', '-')}"
+    """A sync-DP row's model and batch per replica (and its seed, when not 0), as its table shows them."""
+    seed = f", seed {row['seed']}" if row.get("seed") else ""
+    return f"{row.get('model', '-')}, {row.get('batch_size', '-')}{seed}"
 
 
 def write_sync_md(a, out: dict) -> None:
@@ -337,7 +338,7 @@ def write_sync_md(a, out: dict) -> None:
         "round, lockstep network, int8 + error feedback, robust merge unless named) and one replica per block at K x "
         "the batch for the same steps and the same H (sync DP), at each inner-lr multiplier of its sweep; sync DP CE "
         "= the best, *edge* when that is the sweep's highest or lowest lr. excess % = 100 (swarm CE - sync DP CE) / "
-        "sync DP CE. Seed 0; a row's sweep and both curves are in the JSON.",
+        "sync DP CE. Seed 0 unless the row names another; a row's sweep and both curves are in the JSON.",
         "",
         "| model, batch per replica | steps/replica | K | swarm | swarm CE | sync DP CE (lr x) | sweep (lr x) "
         "| excess % |",
