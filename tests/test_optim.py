@@ -1,5 +1,6 @@
 """ReplicaAdamW (swarmd.core.optim): AdamW at K = 1 bit for bit, the K-replica denominator by hand, state
-interchange with AdamW, and the plumbing (TrainConfig.replica_adam, BlockState.set_replicas, the simulator)."""
+interchange with AdamW, and the plumbing (TrainConfig.replica_adam, BlockState.set_replicas, the simulator);
+replica_gain, the same ratio applied to a round's delta (the simulator's rg variant)."""
 
 from __future__ import annotations
 
