@@ -43,6 +43,7 @@ VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float,
 VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int, "rg": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 SAVED_RUN = ("ce", "curve", "wall_s")  # what "sync_dp_runs" keeps of a run
+EVAL_TOKENS = 8192  # --eval-tokens' default: a sync-DP row without an "eval_tokens" key was read on this many bytes
 
 
 def parse_variant(text: str) -> dict:
@@ -227,7 +228,7 @@ def swarm_variant(row: dict) -> str:
 
 def sync_id(row: dict) -> tuple:
     """What makes two sync-DP rows the same measurement (a rerun replaces the older row)."""
-    keys = ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "cosine")
+    keys = ("K", "seed", "rounds", "H", "batch_size", "lr", "model", "cosine", "eval_tokens")
     return (*(row.get(k) for k in keys), swarm_variant(row))
 
 
@@ -272,6 +273,7 @@ def sync_dp_rows(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tup
         row |= {"seed": seed, "rounds": a.rounds, "H": a.steps, "batch_size": a.batch_size, "lr": a.lr}
         row |= {"sync_dp_batch_size": k * a.batch_size, "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}"}
         row |= {"cosine": a.cosine} if a.cosine else {}
+        row |= {"eval_tokens": a.eval_tokens} if a.eval_tokens != EVAL_TOKENS else {}
         row |= {"swarm_variant": swarm_label(v, a.steps), "sync_dp_h": h, "swarm_curve": swarm["curve"]}
         row |= {"swarm_wall_s": swarm["wall_s"], "single_key": key if single else None, "single": single}
         row["wall_s"] = swarm["wall_s"] + sum(r["wall_s"] for r in sweep)
@@ -319,9 +321,11 @@ def fmt_curve(r: dict, head: str = "curve ") -> str:
 
 
 def config_of(row: dict) -> str:
-    """A sync-DP row's model and batch per replica (and its seed, when not 0), as its table shows them."""
+    """A sync-DP row's model and batch per replica (and its seed when not 0, its held-out bytes when not the
+    default), as its table shows them."""
     seed = f", seed {row['seed']}" if row.get("seed") else ""
-    return f"{row.get('model', '-')}, {row.get('batch_size', '-')}{seed}"
+    held_out = f", {row['eval_tokens']:,} held-out bytes" if row.get("eval_tokens") else ""
+    return f"{row.get('model', '-')}, {row.get('batch_size', '-')}{seed}{held_out}"
 
 
 def write_sync_md(a, out: dict) -> None:
