@@ -43,7 +43,6 @@ VARIANT_KEYS = {"K": int, "outer": str, "olr": float, "mom": float, "lr": float,
 VARIANT_KEYS |= {"codec": str, "merge": str, "m1": int, "m2": int, "tp": float, "pp": int, "rg": int}
 CODECS, MERGES = tuple(c.value for c in Codec), ("robust", "mean")  # merge: GossipConfig.merge's rules
 SAVED_RUN = ("ce", "curve", "wall_s")  # what "sync_dp_runs" keeps of a run
-EVAL_TOKENS = 8192  # --eval-tokens' default: a sync-DP row without an "eval_tokens" key was read on this many bytes
 
 
 def parse_variant(text: str) -> dict:
@@ -112,6 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--sync-lrs", type=parse_lrs, default=[1.0, 1.41, 2.0], help=lrs)
     options.add_outputs(p, "replica_sim.json", results.BENCHMARKS)  # --md: its replica_sim.py[ sync-dp] section
     a = p.parse_args(argv)
+    a.default_eval_tokens = p.get_default("eval_tokens")  # a sync-DP row without "eval_tokens" was read on these
     if a.merge and not (a.report and a.sync_dp):
         raise SystemExit("--merge goes with --sync-dp --report")
     if not 0 <= a.cosine < 1:
@@ -273,7 +273,7 @@ def sync_dp_rows(a, k: int, seed: int, data: ByteData, eval_xy, single: list[tup
         row |= {"seed": seed, "rounds": a.rounds, "H": a.steps, "batch_size": a.batch_size, "lr": a.lr}
         row |= {"sync_dp_batch_size": k * a.batch_size, "model": f"B={a.blocks} L_b=1 d={a.d_model} seq {a.seq_len}"}
         row |= {"cosine": a.cosine} if a.cosine else {}
-        row |= {"eval_tokens": a.eval_tokens} if a.eval_tokens != EVAL_TOKENS else {}
+        row |= {"eval_tokens": a.eval_tokens} if a.eval_tokens != a.default_eval_tokens else {}
         row |= {"swarm_variant": swarm_label(v, a.steps), "sync_dp_h": h, "swarm_curve": swarm["curve"]}
         row |= {"swarm_wall_s": swarm["wall_s"], "single_key": key if single else None, "single": single}
         row["wall_s"] = swarm["wall_s"] + sum(r["wall_s"] for r in sweep)

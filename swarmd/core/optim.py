@@ -83,15 +83,24 @@ class ReplicaAdamW(torch.optim.AdamW):
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["step"] += 1
-        t = float(state["step"])
         p.mul_(1 - lr * decay)
         state["exp_avg"].lerp_(grad, 1 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        m = state["exp_avg"] / (1 - beta1**t)
-        v = state["exp_avg_sq"] / (1 - beta2**t)
-        m2 = m * m
-        denom = (m2 + (v - m2).clamp_min_(0) / self.replicas).sqrt_().add_(eps)
+        m, m2, noise = signal_and_noise(state, beta1, beta2)
+        denom = (m2 + noise / self.replicas).sqrt_().add_(eps)
         p.addcdiv_(m, denom, value=-lr)
+
+
+def signal_and_noise(
+    state: dict[str, Any], beta1: float, beta2: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From AdamW's state of one parameter: m (the bias-corrected first moment), m^2 (standing for mu^2) and
+    max(v - m^2, 0) (standing for s^2; module doc)."""
+    t = float(state["step"])
+    m = state["exp_avg"] / (1 - beta1**t)
+    v = state["exp_avg_sq"] / (1 - beta2**t)
+    m2 = m * m
+    return m, m2, (v - m2).clamp_min_(0)
 
 
 @torch.no_grad()
@@ -117,11 +126,7 @@ def replica_gain(
         if "exp_avg" not in state:
             out[name] = d
             continue
-        t = float(state["step"])
-        m = state["exp_avg"].float() / (1 - beta1**t)
-        v = state["exp_avg_sq"].float() / (1 - beta2**t)
-        m2 = m * m
-        noise = (v - m2).clamp_min(0)
+        _, m2, noise = signal_and_noise(state, beta1, beta2)
         gain = ((m2 + noise + 1e-30) / (m2 + noise / replicas + 1e-30)).sqrt()
         out[name] = d * gain.to(d.device)
     return out
