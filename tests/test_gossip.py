@@ -256,6 +256,29 @@ def test_a_dead_peer_costs_its_contribution_not_the_round():
     assert a.participation < 1.0 and b.participation < 1.0
 
 
+def test_a_caller_one_round_ahead_is_not_waited_for_in_our_round():
+    # it closed our round before it dialled us with the next: nothing more of ours comes from it, and waiting for it
+    # to the deadline would keep both peers' rounds at the deadline from then on (each late for the other's)
+    async def scenario():
+        peers, _, _ = memory_swarm([0], codec="fp32", deadline_max_s=30.0)
+        (g,) = peers
+        await g.open_round()
+        await g.publish()
+        ahead = Identity.generate(bytes([77]) * 32)
+        g.remember([sign_record(replace(g.record(), peer_id=ahead.peer_id, address="mem:x"), ahead, 300)])
+        rs, expected = g.current, {BLOCK: {ahead.peer_id}, EMB: set()}
+        assert not rs.complete(expected)
+        call = asyncio.create_task(g.handle_exchange(_tampered(g, round=rs.round + 1, signer=ahead)))
+        await asyncio.wait_for(rs.collect(expected, time.monotonic() + 30.0), 5.0)  # ends at once, not at 30 s
+        judged = set(rs.failed[BLOCK])
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return judged, ahead.peer_id
+
+    judged, ahead_id = asyncio.run(scenario())
+    assert judged == {ahead_id}
+
+
 def test_client_mode_peer_dials_out_and_is_averaged():
     async def scenario():
         peers, _, board = memory_swarm([0, 0, 1], codec="fp32", client_mode={1})

@@ -181,7 +181,7 @@ async def _failing_writes(cfg, monkeypatch, caplog) -> None:
             assert report is not None and await health.health(d.address) == "NOT_SERVING"
             monkeypatch.setattr(d.state, "save", real)
             assert await d.save_checkpoint() is True
-            assert await health.health(d.address) == "SERVING" and d.checkpoint_failures == 0
+            assert await health.health(d.address) == "SERVING" and d.checkpoints.failures == 0
     finally:
         await health.close()
     async with running(replace(cfg, max_rounds=1)) as (d2,):

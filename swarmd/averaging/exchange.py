@@ -212,9 +212,13 @@ class Exchange:
                 raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
             if kind == BLOCK and h.block_index != p.me.block_index:
                 raise WrongBlock(f"this peer trains block {p.me.block_index}, not {h.block_index}")
+            if self.current is not None and h.round > self.current.round and not self.current.closed:
+                # a caller on a later round closed ours and sends nothing more of it: our round stops waiting for
+                # it (a caller that dials us one round ahead would otherwise hold our round to its deadline, then
+                # its own next round for our late delta: block-mates kept each other's rounds at the 10 s cap for
+                # minutes after a paused peer came back)
+                self.current.judged(kind, h.peer_id)
             if self.current is not None and h.round > self.current.round + AHEAD_ROUNDS:
-                if not self.current.closed:  # it sends nothing of our round: the round stops waiting for it
-                    self.current.judged(kind, h.peer_id)
                 raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
             rs = await self._round_for(h, kind)
         except SwarmdError as exc:

@@ -1,20 +1,20 @@
 """Daemon: one swarm peer. Wires discovery, state, gossip, transport, serving and checkpoints.
 
 Owns the peer's lifecycle and nothing else; each step's work lives beside what it owns:
-  start()        resume (swarmd.node.checkpoints), the address plan, discovery, block, BlockState, gRPC server
-                 and first record (swarmd.node.startup), identity and TLS (swarmd.node.credentials), Gossip,
-                 BlockServing, the first announce, the reachability check in the background
-                 (swarmd.node.reachability); a fresh --block auto peer's balance check one announce period
-                 later; the Prometheus endpoint (swarmd.node.prometheus);
+  start()        resume (swarmd.node.checkpoints), the address plan, discovery, block, BlockState, gRPC server and
+                 first record (swarmd.node.startup), identity and TLS (swarmd.node.credentials), Gossip, BlockServing,
+                 the first announce, the reachability check in the background (swarmd.node.reachability); a fresh
+                 --block auto peer's balance check an announce period later; metrics (swarmd.node.prometheus);
   serve()        one asyncio TaskGroup: the announce loop (swarmd.node.presence) and the round loop
                  (swarmd.node.rounds.round_loop), until stop() or the run's last round (swarmd.node.training
                  .run_plan); then a final checkpoint and a clean shutdown;
   rebalance()    before every round (and once at start): whether this --block auto peer moves (swarmd.node.rebalance);
   run_round()    the round driver's (swarmd.node.rounds.PlainRounds, or with gossip.overlap swarmd.node.overlap),
                  the round's local steps swarmd.node.training's, driving this Daemon as its RoundPeer;
-  finish_round() after a merge: serving update, announce, checkpoint, measurements (swarmd.node.measure),
-                 on_round(report); then why nothing merges (swarmd.node.diagnosis): a joiner that never merged
-                 stops with that line (serve() raises NothingMerges after its clean shutdown), anyone else warns.
+  finish_round() after a merge: serving update, announce (in the background: Presence.try_announce), checkpoint,
+                 measurements (swarmd.node.measure), on_round(report); then why nothing merges (swarmd.node
+                 .diagnosis): a joiner that never merged stops with that line (serve() raises NothingMerges after
+                 its clean shutdown), anyone else warns.
 The only module that wires swarm + serve + transport. Starts: the DHT process, one torch worker thread, grpc's.
 """
 
@@ -136,7 +136,7 @@ class Daemon:
         self.data = data
         # a resumed peer continues with fresh batches instead of replaying the ones it trained on
         self.use_state(state, resume=(state.round,) if resumed else ())
-        await self.announce()
+        await self.presence.announce()  # the first record is out before the start returns
         self.reachability.start()  # in the background: it never holds up nor fails the start
         if self.movable and not resumed:  # joiners that chose a block together: re-check once their records are out
             await self.presence.pause(net.announce_period_s)
@@ -189,7 +189,7 @@ class Daemon:
         self.use_state(await asyncio.to_thread(moved_state, self.state, self.config, move.target, self.peer_seed))
         if self.metrics_server is not None:
             self.metrics_server.set_block(move.target)
-        await self.presence.try_announce()  # a warning when the DHT is unreachable: the announce loop tries again
+        await self.presence.try_announce()
         return True
 
     def update_serving(self) -> None:
@@ -242,16 +242,17 @@ class Daemon:
             await self.server.stop(1.0)
             self.server = None
         await self.client.close()
+        if self.presence is not None:
+            await self.presence.close()
         if self.discovery is not None:
             await self.discovery.shutdown()
             self.discovery = None  # type: ignore[assignment]
         logger.info("shut down in %.2fs (final checkpoint %.2fs)", time.monotonic() - began, saved - began)
 
-    async def announce(self) -> None:
-        await self.presence.announce()
+    async def announce(self) -> None:  # our record as it is now, in the background
+        await self.presence.try_announce()
 
-    async def records(self) -> list[PeerRecord]:
-        """Every peer discovery knows of now ([] with a warning if the lookup failed; swarmd.node.presence)."""
+    async def records(self) -> list[PeerRecord]:  # every peer discovery knows of now (swarmd.node.presence)
         return await self.presence.records()
 
     async def run_round(self) -> MergeReport | None:
@@ -263,7 +264,7 @@ class Daemon:
         """After a merge: serving update, announce, round time (since `started`, if given), checkpoint, consensus
         distance, held-out CE every eval_every rounds, on_round(report)."""
         self.update_serving()
-        await self.presence.try_announce()  # a warning when the DHT is unreachable: the announce loop tries again
+        await self.presence.try_announce()
         if started is not None:
             self.metrics.observe_round(time.monotonic() - started)
         if self.config.checkpoint_dir:
@@ -284,11 +285,6 @@ class Daemon:
             self.stop()
         else:
             logger.warning("%s %s", self.gossip.tag, verdict.line)
-
-    @property
-    def checkpoint_failures(self) -> int:
-        """Consecutive failed checkpoint writes (0 after a good one)."""
-        return self.checkpoints.failures
 
     async def save_checkpoint(self) -> bool:
         """Atomically checkpoint the state with this peer's progress counters; whether it was written (a failed write

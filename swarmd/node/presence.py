@@ -2,7 +2,11 @@
 
 Owns what the daemon does with its Discovery once it has started:
   announce()        the record Gossip signs, stored for record_ttl_s (a warning when it took longer than
-                    the announce period); try_announce(), the same with a warning when the DHT is unreachable;
+                    the announce period); try_announce(), the same in the background, one store at a time (a
+                    request during a store stores the newest record after it), waited for at most
+                    ANNOUNCE_WAIT_S, with a warning when the DHT is unreachable: a round's announce never holds
+                    the round up for long (a DHT store waits for its slowest node: a SIGSTOPped block-mate's held
+                    every round up by 6 s, and its block-mates' rounds fell out of step for a minute after);
   records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
                     per block in the metrics, their addresses bound to their peer ids for our call proofs and
                     their certificates pinned for TLS (swarmd.membership.trust);
@@ -35,6 +39,8 @@ from swarmd.transport import PeerClient
 
 logger = logging.getLogger(__name__)
 
+ANNOUNCE_WAIT_S = 1.0  # try_announce's wait; a healthy store takes well under it (0.1-0.3 s on loopback)
+
 
 class Presence:
     """:param stopping: the daemon's stop event (ends the loops)"""
@@ -51,6 +57,8 @@ class Presence:
         self.discovery, self.gossip, self.client, self.metrics = discovery, gossip, client, metrics
         self.net, self.stopping = net, stopping
         self.last: tuple[float, list[PeerRecord]] | None = None  # (monotonic time, records) of the last good lookup
+        self.storing: asyncio.Task | None = None  # try_announce's store in the background
+        self.asked = self.stored = 0  # try_announce's requests, and how many of them a finished store covered
 
     async def announce(self) -> None:
         started = time.monotonic()
@@ -59,12 +67,29 @@ class Presence:
         if (took := time.monotonic() - started) > self.net.announce_period_s:
             logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, took)
 
-    async def try_announce(self) -> None:
-        """announce(), with a warning when the DHT is unreachable (a timeout): the announce loop tries again."""
-        try:
-            await self.announce()
-        except SwarmdError as exc:
-            logger.warning("%s announce failed: %s", self.gossip.tag, exc)
+    async def try_announce(self, wait_s: float | None = ANNOUNCE_WAIT_S) -> None:
+        """announce() in the background, waited for at most wait_s (None: until it ends); at most one store runs,
+        and a request made while one runs stores the record of then after it. A store that fails (the DHT is
+        unreachable: a timeout) is a warning: the announce loop tries again."""
+        self.asked += 1
+        if self.storing is None or self.storing.done():
+            self.storing = asyncio.create_task(self._store_asked())
+        await asyncio.wait({self.storing}, timeout=wait_s)
+
+    async def _store_asked(self) -> None:
+        while self.stored < self.asked:
+            asked = self.asked
+            try:
+                await self.announce()
+            except SwarmdError as exc:
+                logger.warning("%s announce failed: %s", self.gossip.tag, exc)
+            self.stored = asked
+
+    async def close(self) -> None:
+        """Cancel a store still running in the background (the daemon is shutting its discovery down)."""
+        if self.storing is not None:
+            self.storing.cancel()
+            await asyncio.gather(self.storing, return_exceptions=True)
 
     async def records(self) -> list[PeerRecord]:
         """Every peer discovery knows of now ([] with a warning if the lookup failed)."""
