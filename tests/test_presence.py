@@ -1,5 +1,6 @@
 """Presence's announce in the background (swarmd.node.presence): a round's announce waits at most a bound while a
-slow DHT store goes on, stores coalesce to the newest record, a failure is a warning, and close() ends a store."""
+slow DHT store goes on, stores coalesce to the newest record, a failure is a warning, and close() lets a store end
+within its grace, then cancels it."""
 
 from __future__ import annotations
 
@@ -87,7 +88,19 @@ def test_close_ends_a_store_still_waiting():
         d = SlowDiscovery()
         p, _ = presence(d)
         await p.try_announce(wait_s=0.0)
-        await asyncio.wait_for(p.close(), 2.0)
+        await asyncio.wait_for(p.close(grace_s=0.1), 2.0)
         assert p.storing.cancelled() and d.stored == []
+
+    asyncio.run(go())
+
+
+def test_close_lets_a_store_that_ends_within_its_grace_land():
+    async def go():
+        d = SlowDiscovery()
+        p, _ = presence(d)
+        await p.try_announce(wait_s=0.0)
+        asyncio.get_running_loop().call_later(0.1, d.release.set)
+        await p.close(grace_s=5.0)
+        assert d.stored == [0] and not p.storing.cancelled()
 
     asyncio.run(go())

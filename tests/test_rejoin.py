@@ -215,8 +215,8 @@ def test_a_swarm_in_pieces_of_two_is_whole_again_within_two_rounds(fast_hold):
     the pieces: every piece but the largest, highest-ranked one moves to it, and the next round merges everyone;
     under the quorum rule alone the pairs merged apart for good."""
 
-    async def scenario():
-        peers, _, board = memory_swarm([0] * 6, codec="fp32", blocks=1, deadline_max_s=1.0)
+    async def scenario():  # a round waits 0.8 s at least for a delta: what is measured is the pieces, not the deadline
+        peers, _, board = memory_swarm([0] * 6, codec="fp32", blocks=1, deadline_max_s=1.0, deadline_min_s=0.8)
         await memory_round(peers, board)
         for g, shift in zip(peers, (0.01, 0.01, -0.01, -0.01, 0.02, -0.02), strict=True):
             g.state.adopt(*({k: v + shift for k, v in t.items()} for t in (g.state.base_block, g.state.base_emb)))

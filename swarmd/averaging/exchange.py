@@ -215,7 +215,7 @@ class Exchange:
             if self.current is not None and h.round > self.current.round and not self.current.closed:
                 # a caller on a later round closed ours and sends nothing more of it: our round stops waiting for
                 # it (a caller that dials us one round ahead would otherwise hold our round to its deadline, then
-                # its own next round for our late delta: block-mates kept each other's rounds at the 10 s cap for
+                # its own next round for our late delta: block-mates kept each other's rounds at the deadline for
                 # minutes after a paused peer came back)
                 self.current.judged(kind, h.peer_id)
             if self.current is not None and h.round > self.current.round + AHEAD_ROUNDS:

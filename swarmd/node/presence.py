@@ -5,8 +5,8 @@ Owns what the daemon does with its Discovery once it has started:
                     the announce period); try_announce(), the same in the background, one store at a time (a
                     request during a store stores the newest record after it), waited for at most
                     ANNOUNCE_WAIT_S, with a warning when the DHT is unreachable: a round's announce never holds
-                    the round up for long (a DHT store waits for its slowest node: a SIGSTOPped block-mate's held
-                    every round up by 6 s, and its block-mates' rounds fell out of step for a minute after);
+                    the round up for long (a DHT store waits for its slowest node: a SIGSTOPped peer's held its
+                    block-mates' rounds up by 6 s); close() lets a store in flight end (bounded), then cancels it;
   records()         every peer discovery knows of now ([] with a warning when the lookup failed), counted
                     per block in the metrics, their addresses bound to their peer ids for our call proofs and
                     their certificates pinned for TLS (swarmd.membership.trust);
@@ -85,9 +85,11 @@ class Presence:
                 logger.warning("%s announce failed: %s", self.gossip.tag, exc)
             self.stored = asked
 
-    async def close(self) -> None:
-        """Cancel a store still running in the background (the daemon is shutting its discovery down)."""
+    async def close(self, grace_s: float = ANNOUNCE_WAIT_S) -> None:
+        """The daemon is shutting its discovery down: a store still running gets grace_s to end (the last round's
+        record, which its partners wait for: swarmd.node.settle), then is cancelled."""
         if self.storing is not None:
+            await asyncio.wait({self.storing}, timeout=grace_s)
             self.storing.cancel()
             await asyncio.gather(self.storing, return_exceptions=True)
 
