@@ -212,14 +212,15 @@ class Exchange:
                 raise ValidationError(f"cannot exchange a {kind or h.kind!r} payload")
             if kind == BLOCK and h.block_index != p.me.block_index:
                 raise WrongBlock(f"this peer trains block {p.me.block_index}, not {h.block_index}")
-            if self.current is not None and h.round > self.current.round and not self.current.closed:
+            if self.current is not None and h.round > self.current.round:
                 # a caller on a later round closed ours and sends nothing more of it: our round stops waiting for
                 # it (a caller that dials us one round ahead would otherwise hold our round to its deadline, then
                 # its own next round for our late delta: block-mates kept each other's rounds at the deadline for
                 # minutes after a paused peer came back)
-                self.current.judged(kind, h.peer_id)
-            if self.current is not None and h.round > self.current.round + AHEAD_ROUNDS:
-                raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
+                if not self.current.closed:
+                    self.current.judged(kind, h.peer_id)
+                if h.round > self.current.round + AHEAD_ROUNDS:
+                    raise StaleRound(f"delta of round {h.round} is ahead of ours ({self.current.round})")
             rs = await self._round_for(h, kind)
         except SwarmdError as exc:
             p.metrics.reject(reject_reason(exc))

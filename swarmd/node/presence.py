@@ -58,7 +58,7 @@ class Presence:
         self.net, self.stopping = net, stopping
         self.last: tuple[float, list[PeerRecord]] | None = None  # (monotonic time, records) of the last good lookup
         self.storing: asyncio.Task | None = None  # try_announce's store in the background
-        self.asked = self.stored = 0  # try_announce's requests, and how many of them a finished store covered
+        self.asked = False  # a try_announce came since the background store last read our record
 
     async def announce(self) -> None:
         started = time.monotonic()
@@ -67,23 +67,22 @@ class Presence:
         if (took := time.monotonic() - started) > self.net.announce_period_s:
             logger.warning("%s announce took %.1fs, longer than its period", self.gossip.tag, took)
 
-    async def try_announce(self, wait_s: float | None = ANNOUNCE_WAIT_S) -> None:
-        """announce() in the background, waited for at most wait_s (None: until it ends); at most one store runs,
-        and a request made while one runs stores the record of then after it. A store that fails (the DHT is
-        unreachable: a timeout) is a warning: the announce loop tries again."""
-        self.asked += 1
+    async def try_announce(self, wait_s: float = ANNOUNCE_WAIT_S) -> None:
+        """announce() in the background, waited for at most wait_s; at most one store runs, and a request made
+        while one runs stores the record of then after it. A store that fails (the DHT is unreachable: a timeout) is
+        a warning: the announce loop tries again."""
+        self.asked = True
         if self.storing is None or self.storing.done():
             self.storing = asyncio.create_task(self._store_asked())
         await asyncio.wait({self.storing}, timeout=wait_s)
 
     async def _store_asked(self) -> None:
-        while self.stored < self.asked:
-            asked = self.asked
+        while self.asked:
+            self.asked = False  # announce() reads the record before its first await: a later request stores again
             try:
                 await self.announce()
             except SwarmdError as exc:
                 logger.warning("%s announce failed: %s", self.gossip.tag, exc)
-            self.stored = asked
 
     async def close(self, grace_s: float = ANNOUNCE_WAIT_S) -> None:
         """The daemon is shutting its discovery down: a store still running gets grace_s to end (the last round's
