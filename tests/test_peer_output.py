@@ -15,12 +15,14 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from swarm_utils import daemon_config, running
 
 from cli.status import no_nan, render
-from swarmd.node.runner import setup_logging
+from swarmd.node.runner import setup_logging, started_worker_pool
 from swarmd.tools.survey import record_row, survey_peer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -117,3 +119,16 @@ def test_a_daemon_prints_each_round_once_and_keeps_stderr_quiet_without_verbose(
     rounds = [line for line in done.stdout.splitlines() if line.startswith("round ")]
     assert len(rounds) == 2 and rounds[0].startswith("round 1: block 0 train ce "), done.stdout
     assert "INFO" not in done.stderr and "merged" not in done.stderr, done.stderr
+
+
+def test_a_daemons_worker_pool_starts_every_thread_up_front_and_never_grows():
+    """Lazy pool growth under bursts of slow calls read as a thread leak in the soak; started up front, it is flat."""
+    before = threading.active_count()
+    pool = started_worker_pool(5)
+    try:
+        assert threading.active_count() - before == 5
+        list(pool.map(time.sleep, [0.05] * 20))  # a burst of blocking calls
+        assert threading.active_count() - before == 5
+    finally:
+        pool.shutdown(wait=True)
+    assert threading.active_count() == before

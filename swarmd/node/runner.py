@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from swarmd.errors import NothingMerges
@@ -158,9 +159,10 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
             f"participation {report.participation:.2f} sent {m.bytes_sent / 1e6:.2f} MB in {report.seconds:.2f}s"
         )
 
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(started_worker_pool())
     daemon = Daemon(config, on_round=on_round)
     daemon.reachability.on_result = lambda result: echo(result.line)  # `reachable: ...` once a peer dialled us back
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, daemon.stop)
     try:
@@ -194,6 +196,28 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     arm_process_end(failure.exit_code if failure else 0)
     if failure is not None:
         raise failure
+
+
+WORKER_THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor's size
+WORKER_START_S = 10.0
+
+
+def started_worker_pool(workers: int = WORKER_THREADS) -> ThreadPoolExecutor:
+    """The event loop's executor (asyncio.to_thread: DHT calls, disk, training) with all its threads started now.
+
+    A ThreadPoolExecutor starts a thread only when a task finds none idle, so a daemon's thread count rose over
+    hours as bursts of slow DHT calls (a bootstrap peer down) reached the pool's bound: growth that looks like a
+    leak. Started up front, the count is flat from the start, and one that grows is a leak."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="swarmd-worker")
+    barrier = threading.Barrier(workers)
+
+    def meet() -> None:  # every thread busy at once: each submit finds none idle and starts one
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(WORKER_START_S)
+
+    for future in [pool.submit(meet) for _ in range(workers)]:
+        future.result()
+    return pool
 
 
 def join_hint(multiaddrs: list[str], swarm_id: str, keyed: bool = False) -> str:
