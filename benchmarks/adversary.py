@@ -1,18 +1,12 @@
 """Fault matrix: a real swarm of daemon processes attacked and broken in every way issue 9 lists; did it survive?
 
-Real daemons (`python -m swarmd` via LocalSwarm, real hivemind DHT on loopback; the partition row: three network
-namespaces) on a tiny model (one block, d=32); the attacks speak the real protocol with the real codec. Row groups
-(`--only NAME[,NAME]` runs some): clean (4 honest replicas: the reference CE); byzantine (3 honest + 1 same-block
-ByzantineGossip daemon sending its delta x1000 / sign-flipped / noise / x1e36 / an old round's signed payload: final
-CE within 0.02 nats of the clean run?); public (a stranger's deltas x1000 and x1e36, a forged DHT record claiming
-round 1,000,000, 10 Sybil records); key (a stranger without --swarm-key calls every RPC); partition (one of 3
-namespaced hosts cut off 30 s); readonly (a checkpoint dir on a tmpfs remounted read-only); process (6 never-ending
-500 MiB streams, a 400-step Forward session, SIGTERM / kill -9 of a daemon, its process group, its DHT process, and
-during checkpoint writes); insider (benchmarks/insiders.py's rows; `--insiders drift,...` picks some). The partition
-and readonly rows need root (reported as not run otherwise). Writes benchmarks/results/adversary.json (one row per
-fault: name, survived, evidence, ce, ce_clean, ce_delta, data_lost) and benchmarks/results/adversary.md:
+Real daemons on the real DHT (the partition row: three network namespaces), the tiny one-block model; the attacks
+speak the real protocol with the real codec. Row groups (`--only NAME[,NAME]`): clean, byzantine, public, key,
+partition, readonly (these two need root), process and insider (benchmarks/insiders.py; `--insiders drift,...`).
+Writes benchmarks/results/adversary.json (one row per fault: name, survived, evidence, CEs, data_lost) and
+benchmarks/results/adversary.md; `--merge` keeps the rows of earlier commands:
 
-    python benchmarks/adversary.py
+    python benchmarks/adversary.py --data-dir /work/shared/data/wikitext-2 [--only insider] --merge
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import daemons, options, procs, results
-from benchmarks.harness.faults import CFG, Row, program, run_daemon, signed_delta, swarm
+from benchmarks.harness.faults import CFG, Row, ce_delta, program, run_daemon, signed_delta, swarm
 from benchmarks.harness.faults import fmt as _f
 from swarmd.tools.launch import process_group, wait_group_gone
 
@@ -85,13 +79,13 @@ def rss_mib(pid: int) -> float:
     return (procs.proc_sample(pid) or {}).get("rss_kb", float("nan")) / 1024
 
 
-def _pids(pgid: int) -> set[str]:
-    return {x.split()[0] for x in process_group(pgid)}
-
-
 def rpc_code(exc: BaseException) -> str:
     text = str(exc)
     return text.split(": ", 2)[1] if text.count(": ") >= 2 else text[:80]
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    return None if not xs or any(x is None for x in xs) else sum(xs) / len(xs)  # type: ignore[arg-type]
 
 
 # ---- the Byzantine rows
@@ -103,145 +97,91 @@ class Run:
     ok: bool
     evidence: str
     rejected: int = 0
-    dropped: int | None = None  # merges' deltas the outlier check dropped (honest peers' logs); None: not logged
+    dropped: int = 0  # merges' deltas the outlier check dropped (honest peers' logs)
 
 
-def swarm_run(a, key: tuple) -> Run:
-    """The run of a log key: ("clean", peers, seed): honest replicas alone; ("byzantine", mode, seed): 3 honest
-    replicas + a ByzantineGossip daemon of `mode` (this file's `byzantine MODE CONFIG`)."""
-    clean, seed = key[0] == "clean", key[2]
-    honest = list(range(key[1] if clean else 3))
-    programs = {} if clean else {3: program(__file__, "byzantine", key[1])}
-    with tempfile.TemporaryDirectory(prefix=f"adv-{key[0]}-") as wd:
-        sw = swarm(a, Path(wd), peers=len(honest) + (not clean), seed=seed, programs=programs)
+def swarm_run(a, mode: str, seed: int, honest: int = 3) -> Run:
+    """A run of `honest` replicas alone (mode "clean") or 3 honest replicas + a ByzantineGossip daemon of `mode`
+    (this file's `byzantine MODE CONFIG`)."""
+    clean = mode == "clean"
+    programs = {} if clean else {honest: program(__file__, "byzantine", mode)}
+    with tempfile.TemporaryDirectory(prefix=f"adv-{'clean' if clean else 'byzantine'}-") as wd:
+        sw = swarm(a, Path(wd), peers=honest + (not clean), seed=seed, programs=programs)
         with sw:
             sw.start(300)
-            done = daemons.finish(sw, honest, a.timeout)
+            done = daemons.finish(sw, list(range(honest)), a.timeout)
         ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
-        same = daemons.replicas_identical(sw, honest)
-        rejected = 0 if clean else daemons.log_count(sw, honest, "rejected a")
-        dropped = daemons.outlier_drops(sw, honest)
-    ok = done["exit"] == [0] * len(honest) and ce is not None and same
+        same = daemons.replicas_identical(sw, list(range(honest)))
+        rejected = 0 if clean else daemons.log_count(sw, list(range(honest)), "rejected a")
+        dropped = daemons.outlier_drops(sw, list(range(honest)))
+    ok = done["exit"] == [0] * honest and ce is not None and same
     evidence = f"exit codes {done['exit']}, rounds {done['rounds']}, bit-identical {same}"
-    if clean:
-        line = f"clean run, {len(honest)} replicas, seed {seed}: CE {_f(ce)}, {done}, {dropped} outlier drops"
-    else:
-        line = f"byzantine {key[1]}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} outlier drops"
+    if not clean:
         ok, evidence = ok and not done["tracebacks"], f"honest {evidence}, tracebacks {done['tracebacks']}"
-    print(line, file=sys.stderr, flush=True)  # the lines runs_from_log reads back
+    what = f"clean run, {honest} replicas" if clean else f"byzantine {mode}"
+    print(f"{what}, seed {seed}: CE {_f(ce)}, {done}, {rejected} rejections, {dropped} outlier drops", file=sys.stderr)
     return Run(ce, ok, f"seed {seed}: {evidence}", rejected, dropped)
 
 
-def _mean(xs: list[float | None]) -> float | None:
-    return None if not xs or any(x is None for x in xs) else sum(xs) / len(xs)  # type: ignore[arg-type]
-
-
-def _diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
-    """Paired differences run - reference, seed by seed (None where a CE is missing)."""
-    pairs = [(runs[s].ce, ref[s].ce) for s in sorted(runs) if s in ref]
-    return [None if x is None or y is None else x - y for x, y in pairs]
-
-
-def _drop_note(runs: dict[int, Run]) -> str:
-    return f"deltas dropped by the honest peers' outlier checks per run {[r.dropped for r in runs.values()]}"
-
-
-def _spread(xs: list[float | None]) -> str:
-    vals = [x for x in xs if x is not None]
-    return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
-
-
-_DROPS = r"(?:, (\d+) (?:direction|outlier) drops)?$"  # logged since the outlier check
-_CLEAN_LINE = re.compile(r"clean run, (\d+) replicas, seed (\d+): CE (\S+), (\{.*\})" + _DROPS)
-_BYZ_LINE = re.compile(r"byzantine (\S+), seed (\d+): CE (\S+), (.*), (\d+) rejections" + _DROPS)
-
-
-def runs_from_log(path: Path) -> dict[tuple, list[Run]]:
-    """The per-run lines a Byzantine command printed to stderr (swarm_run), by ("clean", peers, seed) or
-    ("byzantine", mode, seed), in order: the rows of a command that was stopped before its end."""
-    out: dict[tuple, list[Run]] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        if m := _CLEAN_LINE.match(line):
-            key, rejected, dropped = ("clean", int(m[1]), int(m[2])), 0, m[5]
-        elif m := _BYZ_LINE.match(line):
-            key, rejected, dropped = ("byzantine", m[1], int(m[2])), int(m[5]), m[6]
-        else:
-            continue
-        ce = None if m[3] == "-" else float(m[3])
-        done = m[4]
-        ok = ce is not None and "'tracebacks': 0" in done and re.search(r"'exit': \[(0, )*0\]", done) is not None
-        run = Run(ce, ok, f"seed {m[2]} (from the log): {done}", rejected, None if dropped is None else int(dropped))
-        out.setdefault(key, []).append(run)
-    return out
-
-
-def byzantine_rows(a, seeds: list[int], log: dict[tuple, list[Run]] | None = None) -> tuple[list[Row], dict[int, Run]]:
+def byzantine_rows(a, seeds: list[int]) -> tuple[list[Row], dict[int, Run]]:
     """Clean 4- and 3-replica runs and one run per attack, per seed; each attack against the honest clean run
-    (its 3 honest replicas alone, the same seed), mean over the seeds. Returns the rows and the 4-replica runs.
+    (its 3 honest replicas alone, the same seed), mean over the seeds. Returns the rows and the 4-replica runs."""
 
-    :param log: runs_from_log of a command that was stopped: its runs instead of new ones (missing ones: left out)
-    """
+    def diffs(runs: dict[int, Run], ref: dict[int, Run]) -> list[float | None]:
+        return [ce_delta(runs[s].ce, ref[s].ce) for s in sorted(runs)]
 
-    def run(key: tuple) -> Run | None:
-        if log is None:
-            return swarm_run(a, key)
-        return log[key].pop(0) if log.get(key) else None
+    def spread(xs: list[float | None]) -> str:
+        vals = [x for x in xs if x is not None]
+        return "-" if not vals else f"[{', '.join(f'{x:+.4f}' for x in vals)}] (range {max(vals) - min(vals):.4f})"
 
-    def evidence(runs: dict[int, Run]) -> str:
-        return "; ".join(r.evidence for r in runs.values())
+    def seen(runs: dict[int, Run]) -> str:
+        drops = [r.dropped for r in runs.values()]
+        evidence = "; ".join(r.evidence for r in runs.values())
+        return f"deltas dropped by the honest peers' outlier checks per run {drops}; {evidence}"
 
-    clean4 = {s: r for s in seeds if (r := run(("clean", 4, s))) is not None}
-    clean3 = {s: r for s in seeds if (r := run(("clean", 3, s))) is not None}
-    repeat = run(("clean", 3, seeds[0]))  # the same seed again: the run-to-run noise floor
-    first = clean3[seeds[0]].ce
-    noise = None if repeat is None or repeat.ce is None or first is None else repeat.ce - first
+    clean4 = {s: swarm_run(a, "clean", s, honest=4) for s in seeds}
+    clean3 = {s: swarm_run(a, "clean", s) for s in seeds}
+    repeat = swarm_run(a, "clean", seeds[0])  # the same seed again: the run-to-run noise floor
+    noise = ce_delta(repeat.ce, clean3[seeds[0]].ce)
     c3, c4 = _mean([r.ce for r in clean3.values()]), _mean([r.ce for r in clean4.values()])
-    ev4 = f"CE per seed {[_f(r.ce) for r in clean4.values()]}; {_drop_note(clean4)}; {evidence(clean4)}"
+    ev4 = f"CE per seed {[_f(r.ce) for r in clean4.values()]}; {seen(clean4)}"
     ev3 = (
         f"CE per seed {[_f(r.ce) for r in clean3.values()]}; minus the 4-replica run of the same seed "
-        f"{_spread(_diffs(clean3, clean4))}; the same seed ({seeds[0]}) run again: {_f(noise, '{:+.4f}')} "
-        f"(run-to-run noise); {_drop_note(clean3)}; {evidence(clean3)}"
+        f"{spread(diffs(clean3, clean4))}; the same seed ({seeds[0]}) run again: {_f(noise, '{:+.4f}')} "
+        f"(run-to-run noise); {seen(clean3)}"
     )
-    ok3 = all(r.ok for r in clean3.values()) and repeat is not None and repeat.ok
+    ok3 = all(r.ok for r in clean3.values()) and repeat.ok
     name3 = f"clean run (3 honest replicas: the Byzantine runs' honest set alone), {len(clean3)} seeds"
     rows = [
         Row(f"clean run (4 honest replicas), {len(clean4)} seeds", all(r.ok for r in clean4.values()), ev4, c4, c4),
         Row(name3, ok3, ev3, c3, c3),
     ]
     for mode in BYZANTINE_MODES:
-        runs = {s: r for s in seeds if (r := run(("byzantine", mode, s))) is not None and s in clean3 and s in clean4}
-        name = f"Byzantine same-block peer (1 of 4): {mode}, {len(runs)} of {len(seeds)} seeds"
-        if not runs:
-            rows.append(Row(name, False, "not run: the command was stopped before this attack's runs"))
-            continue
-        d3, d4 = _diffs(runs, clean3), _diffs(runs, clean4)
+        runs = {s: swarm_run(a, mode, s) for s in seeds}
+        d3, d4 = diffs(runs, clean3), diffs(runs, clean4)
         m3 = _mean(d3)
         ok = all(r.ok for r in runs.values()) and m3 is not None and abs(m3) <= CE_TOLERANCE
         ev = (
-            f"CE - honest clean run (3 replicas, same seed) per seed {_spread(d3)}, mean {_f(m3, '{:+.4f}')}; "
-            f"CE - 4-replica clean run per seed {_spread(d4)}, mean {_f(_mean(d4), '{:+.4f}')}; rejections logged "
-            f"by the honest peers per run {[r.rejected for r in runs.values()]}; {_drop_note(runs)}; {evidence(runs)}"
+            f"CE - honest clean run (3 replicas, same seed) per seed {spread(d3)}, mean {_f(m3, '{:+.4f}')}; "
+            f"CE - 4-replica clean run per seed {spread(d4)}, mean {_f(_mean(d4), '{:+.4f}')}; rejections logged "
+            f"by the honest peers per run {[r.rejected for r in runs.values()]}; {seen(runs)}"
         )
-        rows.append(Row(name, ok, ev, _mean([r.ce for r in runs.values()]), _mean([clean3[s].ce for s in runs])))
+        name = f"Byzantine same-block peer (1 of 4): {mode}, {len(runs)} of {len(seeds)} seeds"
+        rows.append(Row(name, ok, ev, _mean([r.ce for r in runs.values()]), c3))
     return rows, clean4
 
 
 # ---- the stranger: made-up deltas, records, streams and Forward sessions
-def _shapes() -> dict:
-    from swarmd.core.model import DenoisingBlock
-
-    return {k: tuple(v.shape) for k, v in DenoisingBlock(CFG).state_dict().items()}
-
-
 def _delta(scale: float, swarm_id: str, peer_id: str, round: int = 0, base_hash: str = "") -> Any:
     """A well-formed int8 delta of block 0 from a made-up peer: seeded noise x 1e-3 x scale."""
     import torch
 
     from swarmd.averaging.delta import encode
+    from swarmd.core.model import DenoisingBlock
     from swarmd.protocol import Codec, PayloadKind
 
     torch.manual_seed(0)
-    delta = {k: torch.randn(v) * 1e-3 * scale for k, v in _shapes().items()}
+    delta = {k: torch.randn(v.shape) * 1e-3 * scale for k, v in DenoisingBlock(CFG).state_dict().items()}
     hdr = dict(swarm_id=swarm_id, config_hash=CFG.config_hash(), kind=PayloadKind.BLOCK_DELTA, block_index=0)
     return encode(delta, Codec.INT8, round=round, base_hash=base_hash, peer_id=peer_id, weight=1.0, **hdr)
 
@@ -259,28 +199,28 @@ def _forward(session_id: str, batch: int, **kw: Any) -> Any:
     return req
 
 
-async def _stranger_deltas(sw: daemons.Swarm, honest: list[int], scale: float) -> list[str]:
-    """Well-formed deltas scaled by `scale`, round and base hash read from GetStatus, a made-up peer id."""
+async def _stranger_deltas(sw: daemons.Swarm, scale: float) -> str:
+    """Well-formed deltas scaled by `scale` to every replica, round and base hash read from GetStatus, a made-up
+    peer id: what each exchange got."""
     from swarmd.transport import PeerClient
 
     client, out = PeerClient(), []
     try:
-        for i in honest:
-            address = sw.peers[i].address
+        for i in HONEST:
             try:
-                st = await client.status(address, 5.0)
+                st = await client.status(sw.peers[i].address, 5.0)
             except Exception as exc:
                 out.append(f"GetStatus refused ({rpc_code(exc)})")
                 continue
             enc = _delta(scale, sw.config.net.swarm_id, STRANGER, st.round, st.base_hash)
             try:
-                await client.exchange(address, enc, 10.0)
+                await client.exchange(sw.peers[i].address, enc, 10.0)
                 out.append("accepted")
             except Exception as exc:
                 out.append(rpc_code(exc))
     finally:
         await client.close()
-    return out
+    return ", ".join(out)
 
 
 class Forger:
@@ -323,9 +263,9 @@ def forge_records() -> str:
     from swarmd.membership.records import PeerRecord, block_key
     from swarmd.membership.trust import sign_record
 
-    try:  # alone first: p2pd's own bootstrap gives up early on a loaded machine ("failed to connect to bootstrap
-        # peers"); then dial and ping the swarm's nodes from inside the DHT process, as a re-bootstrap does
-        dht = hivemind.DHT(  # patient RPCs: hivemind's 3 s ping timeout is too short on a loaded machine
+    try:  # alone first (p2pd's own bootstrap gives up early on a loaded machine), with patient RPCs (hivemind's 3 s
+        # ping timeout is too short there); then dial and ping the swarm's nodes from inside it, as a re-bootstrap
+        dht = hivemind.DHT(
             initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True, startup_timeout=60, wait_timeout=30
         )
     except Exception as exc:
@@ -358,75 +298,8 @@ def forge_records() -> str:
     )
 
 
-async def _oversized_streams(address: str, pid: int) -> tuple[str, float]:
-    """6 ExchangeDeltas streams each declaring a 500 MiB payload, sending 1 MiB chunks, never finishing: what they
-    got, and the daemon's RSS growth (MiB)."""
-    import grpc
-
-    from swarmd.protocol import Codec, PayloadKind
-    from swarmd.transport.client import channel_options
-    from swarmd.v1 import swarm_pb2 as pb
-    from swarmd.v1 import swarm_pb2_grpc as pb_grpc
-
-    before = rss_mib(pid)
-    channel = grpc.aio.insecure_channel(address, options=channel_options())
-    stub, chunk, size = pb_grpc.SwarmStub(channel), os.urandom(1 << 20), 500 << 20
-    kind, codec = PayloadKind.BLOCK_DELTA.to_pb(), Codec.FP32.to_pb()
-    header = pb.PayloadHeader(swarm_id="adv", config_hash=CFG.config_hash(), kind=kind, block_index=0, round=0)
-    header.codec, header.payload_bytes, header.raw_bytes, header.peer_id = codec, size, size, "12D3KooWBig"
-
-    async def requests():
-        yield pb.Payload(header=header)
-        for _ in range(480):
-            yield pb.Payload(chunk=chunk)
-            await asyncio.sleep(0.01)
-
-    async def one() -> str:
-        try:
-            async for reply in stub.ExchangeDeltas(requests(), timeout=15):
-                if reply.WhichOneof("part") == "reject":
-                    return f"refused in-band ({reply.reject[:70]})"
-            return "answered"
-        except grpc.RpcError as exc:
-            return exc.code().name
-
-    tasks = [asyncio.create_task(one()) for _ in range(6)]
-    peak, started = before, time.monotonic()
-    while not all(t.done() for t in tasks) and time.monotonic() - started < 20:
-        peak = max(peak, rss_mib(pid))
-        await asyncio.sleep(0.2)  # sampling the daemon's RSS while the streams run
-    codes = [await t if t.done() else "still open" for t in tasks]
-    for t in tasks:
-        t.cancel()
-    await channel.close()
-    return f"codes {sorted(set(codes))}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
-
-
-async def _forward_flood(address: str, pid: int, steps: int = 400) -> tuple[str, float]:
-    """One Forward session over `steps` distinct step_index values, each caching (use_cache): what the steps got,
-    and the daemon's RSS growth (MiB)."""
-    from swarmd.transport import PeerClient
-
-    before, client = rss_mib(pid), PeerClient()
-    session, codes, peak = client.forward_session(address, 10.0), Counter(), before
-    try:
-        for i in range(steps):
-            req = _forward("flood", 8, sigma_next=0.5, start_position=0, use_cache=True, step_index=i)
-            try:
-                await session.step(req)
-                codes["OK"] += 1
-            except Exception as exc:
-                codes[rpc_code(exc)] += 1
-            if i % 20 == 0:
-                peak = max(peak, rss_mib(pid))
-    finally:
-        await session.close()
-        await client.close()
-    peak = max(peak, rss_mib(pid))
-    return f"{steps} steps: {dict(codes)}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
-
-
 def public_rows(a, ce_clean: float | None) -> list[Row]:
+    """Strangers' deltas (x1000, x1e36), forged DHT records and Sybil records against one 4-replica run."""
     with tempfile.TemporaryDirectory(prefix="adv-public-") as wd:
         sw = swarm(a, Path(wd))
         ev: dict[str, str] = {}
@@ -437,11 +310,9 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
             round_before = max(len(p.rounds_seen) for p in sw.peers)
             ev["forged"] = forger.attack(sw)  # first: the records must be there while the honest peers run on
             round_stored = min(len(p.rounds_seen) for p in sw.peers)
-            print(f"forged records: {ev['forged']}", file=sys.stderr, flush=True)
-            ev["x1000"] = ", ".join(asyncio.run(_stranger_deltas(sw, HONEST, 1000.0)))
-            print(f"stranger x1000: {ev['x1000']}", file=sys.stderr, flush=True)
-            ev["x1e36"] = ", ".join(asyncio.run(_stranger_deltas(sw, HONEST, 1e36)))
-            print(f"stranger x1e36: {ev['x1e36']}, alive {[p.alive() for p in sw.peers]}", file=sys.stderr, flush=True)
+            for x, scale in (("x1000", 1000.0), ("x1e36", 1e36)):
+                ev[x] = asyncio.run(_stranger_deltas(sw, scale))
+            print(f"public: {ev}, alive {[p.alive() for p in sw.peers]}", file=sys.stderr, flush=True)
             done = daemons.finish(sw, HONEST, a.timeout)
         ce = daemons.replica_ce(sw, 0, a.data_dir, a.eval_tokens)
         same = daemons.replicas_identical(sw, HONEST)
@@ -451,12 +322,13 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         from_attacker = sum(line.count("adopted") and line.count(attacker) for line in lines)
         sybil_lines = daemons.log_count(sw, HONEST, "x" * 6)  # every Sybil id ends so: never dialled nor expected
         rejected = daemons.log_count(sw, HONEST, "rejected a")
-        part = [h["participation"] for s in sw.summaries() for h in s.get("history", []) if "participation" in h]
-        big_round = any(r is not None and r >= 1_000_000 for r in done["rounds"])
-        # the attacker's DHT came up and stored while the swarm had rounds left to read it (else not exercised)
-        after = min(r or 0 for r in done["rounds"]) - round_stored
-        reached = ev["forged"].startswith("DHT store") and after >= 3
-        most = max((h.get("expected", 0) for s in sw.summaries() for h in s.get("history", [])), default=0)
+        history = [h for s in sw.summaries() for h in s.get("history", [])]
+    part = [h["participation"] for h in history if "participation" in h]
+    most = max((h.get("expected", 0) for h in history), default=0)
+    # the attacker's DHT came up and stored while the swarm had rounds left to read it (else not exercised)
+    after = min(r or 0 for r in done["rounds"]) - round_stored
+    reached = ev["forged"].startswith("DHT store") and after >= 3
+    big_round = any(r is not None and r >= 1_000_000 for r in done["rounds"])
     ok = done["exit"] == [0] * 4 and ce is not None and ce_clean is not None and abs(ce - ce_clean) <= CE_TOLERANCE
     common = f"honest exit codes {done['exit']}, rounds {done['rounds']}, replicas bit-identical {same}"
     forged = (
@@ -475,20 +347,15 @@ def public_rows(a, ce_clean: float | None) -> list[Row]:
         for w, x in (("well-formed", "x1000"), ("finite", "x1e36"))
     ]
     rows = [(name, survived, f"exchange answers: {e}; {common}") for name, survived, e in rows]
-    rows.append(
-        (
-            "forged DHT record claiming round 1,000,000 (unsigned, and self-signed by a fresh key)",
-            ok and not big_round and reached and from_attacker == 0,
-            forged,
-        )
-    )
-    rows.append(
-        ("Sybil: 10 made-up peer ids without signed records", ok and reached and most <= 8 and not sybil_lines, sybil)
-    )
+    forged_name = "forged DHT record claiming round 1,000,000 (unsigned, and self-signed by a fresh key)"
+    rows.append((forged_name, ok and not big_round and reached and from_attacker == 0, forged))
+    sybil_name = "Sybil: 10 made-up peer ids without signed records"
+    rows.append((sybil_name, ok and reached and most <= 8 and not sybil_lines, sybil))
     return [Row(name, survived, evidence, ce, ce_clean) for name, survived, evidence in rows]
 
 
 def swarm_key_row(a, ce_clean: float | None) -> Row:
+    """A stranger without the swarm key calls every RPC of a keyed swarm: refused, Health answered."""
     from swarmd.transport.auth import write_swarm_key
 
     with tempfile.TemporaryDirectory(prefix="adv-key-") as wd:
@@ -514,23 +381,23 @@ async def _every_rpc(address: str) -> dict[str, str]:
 
     os.environ.pop("BLOCKTRAIN_SWARM_KEY", None)
     client, out = PeerClient(), {}
-
-    async def call(name: str, coro) -> None:
-        try:
-            await coro
-            out[name] = "answered"
-        except Exception as exc:
-            out[name] = rpc_code(exc)
-
+    kind = PayloadKind.BLOCK_STATE.to_pb()
+    pull = pb.PullStateRequest(swarm_id="demo", config_hash=CFG.config_hash(), kind=kind, block_index=0)
+    session = client.forward_session(address, 5.0)
+    calls = {
+        "GetStatus": client.status(address, 5.0),
+        "GetConfig": client.swarm_config(address, 5.0),
+        "PullState": client.pull_state(address, pull, 5.0),
+        "ExchangeDeltas": client.exchange(address, _delta(0.0, "demo", "12D3KooWStranger"), 5.0),
+        "Forward": session.step(_forward("s", 1, final=True)),
+    }
     try:
-        await call("GetStatus", client.status(address, 5.0))
-        await call("GetConfig", client.swarm_config(address, 5.0))
-        kind = PayloadKind.BLOCK_STATE.to_pb()
-        req = pb.PullStateRequest(swarm_id="demo", config_hash=CFG.config_hash(), kind=kind, block_index=0)
-        await call("PullState", client.pull_state(address, req, 5.0))
-        await call("ExchangeDeltas", client.exchange(address, _delta(0.0, "demo", "12D3KooWStranger"), 5.0))
-        session = client.forward_session(address, 5.0)
-        await call("Forward", session.step(_forward("s", 1, final=True)))
+        for name, call in calls.items():
+            try:
+                await call
+                out[name] = "answered"
+            except Exception as exc:
+                out[name] = rpc_code(exc)
         await session.close()
         out["Health"] = await client.health(address, 5.0)
     finally:
@@ -539,6 +406,111 @@ async def _every_rpc(address: str) -> dict[str, str]:
 
 
 # ---- processes, disks and networks
+async def _peak_rss(pid: int, attack: Any, every_s: float = 0.2) -> tuple[Any, float, float]:
+    """Run the coroutine `attack` while sampling the daemon's RSS: its result, RSS before and peak (MiB)."""
+    before = rss_mib(pid)
+    task, peak = asyncio.create_task(attack), before
+    while not task.done():
+        peak = max(peak, rss_mib(pid))
+        await asyncio.wait([task], timeout=every_s)
+    return task.result(), before, max(peak, rss_mib(pid))
+
+
+async def _oversized_streams(address: str, pid: int) -> tuple[str, float]:
+    """6 ExchangeDeltas streams each declaring a 500 MiB payload, sending 1 MiB chunks, never finishing: what they
+    got, and the daemon's RSS growth (MiB)."""
+    import grpc
+
+    from swarmd.protocol import Codec, PayloadKind
+    from swarmd.transport.client import channel_options
+    from swarmd.v1 import swarm_pb2 as pb
+    from swarmd.v1 import swarm_pb2_grpc as pb_grpc
+
+    channel = grpc.aio.insecure_channel(address, options=channel_options())
+    stub, chunk, size = pb_grpc.SwarmStub(channel), os.urandom(1 << 20), 500 << 20
+    kind, codec = PayloadKind.BLOCK_DELTA.to_pb(), Codec.FP32.to_pb()
+    header = pb.PayloadHeader(swarm_id="adv", config_hash=CFG.config_hash(), kind=kind, block_index=0, round=0)
+    header.codec, header.payload_bytes, header.raw_bytes, header.peer_id = codec, size, size, "12D3KooWBig"
+
+    async def requests():
+        yield pb.Payload(header=header)
+        for _ in range(480):
+            yield pb.Payload(chunk=chunk)
+            await asyncio.sleep(0.01)
+
+    async def one() -> str:
+        try:
+            async for reply in stub.ExchangeDeltas(requests(), timeout=15):
+                if reply.WhichOneof("part") == "reject":
+                    return f"refused in-band ({reply.reject[:70]})"
+            return "answered"
+        except grpc.RpcError as exc:
+            return exc.code().name
+
+    async def six() -> list[str]:
+        tasks = [asyncio.create_task(one()) for _ in range(6)]
+        await asyncio.wait(tasks, timeout=20)
+        codes = [t.result() if t.done() else "still open" for t in tasks]
+        for t in tasks:
+            t.cancel()
+        return codes
+
+    codes, before, peak = await _peak_rss(pid, six())
+    await channel.close()
+    return f"codes {sorted(set(codes))}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
+
+
+async def _forward_flood(address: str, pid: int, steps: int = 400) -> tuple[str, float]:
+    """One Forward session over `steps` distinct step_index values, each caching (use_cache): what the steps got,
+    and the daemon's RSS growth (MiB)."""
+    from swarmd.transport import PeerClient
+
+    client = PeerClient()
+    session, codes = client.forward_session(address, 10.0), Counter()
+
+    async def session_steps() -> None:
+        for i in range(steps):
+            try:
+                await session.step(_forward("flood", 8, sigma_next=0.5, start_position=0, use_cache=True, step_index=i))
+                codes["OK"] += 1
+            except Exception as exc:
+                codes[rpc_code(exc)] += 1
+
+    try:
+        _, before, peak = await _peak_rss(pid, session_steps())
+    finally:
+        await session.close()
+        await client.close()
+    return f"{steps} steps: {dict(codes)}, daemon RSS {before:.0f} -> peak {peak:.0f} MiB", peak - before
+
+
+def _signal_rows(sw: daemons.Swarm) -> list[Row]:
+    """SIGTERM and SIGINT to peer 1's whole process group, then kill -9 of its main process (a user, the OOM
+    killer): does it exit 0 within 10 s, is its group (DHT process, p2pd) gone 10 s later? Each then restarts."""
+    p, rows = sw.peers[1], []
+    for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGINT", signal.SIGINT)):
+        pgid, started = p.process.pid, time.monotonic()
+        os.killpg(pgid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.process.wait(timeout=60)
+        took, left = time.monotonic() - started, wait_group_gone(pgid, 10)
+        sw.kill(1, signal.SIGKILL)  # whatever is left (nothing, when it survived)
+        ev = f"exited with code {p.process.poll()} after {took:.1f} s; processes of its group left 10 s later"
+        ok = p.process.poll() == 0 and took < 10 and not left
+        rows.append(Row(f"{name} to the daemon's whole process group", ok, f"{ev}: {left or 'none'}"))
+        sw.restart(1, 300)
+        daemons.wait_rounds(sw, [1], 2)
+    pgid = p.process.pid
+    os.kill(pgid, signal.SIGKILL)
+    p.process.wait(timeout=30)
+    left = wait_group_gone(pgid, 10)
+    ev = f"processes of its group (DHT process, p2pd) left 10 s later: {left or 'none'}"
+    rows.append(Row("kill -9 of a daemon's main process: no orphan DHT process or p2pd", not left, ev))
+    sw.restart(1, 300)
+    daemons.wait_rounds(sw, [1], 2)
+    return rows
+
+
 def _dht_rows(sw: daemons.Swarm) -> list[Row]:
     """kill -9 of peer 1's DHT process alone: its p2pd ends; the daemon starts its DHT again and rejoins."""
     p = sw.peers[1]
@@ -547,11 +519,12 @@ def _dht_rows(sw: daemons.Swarm) -> list[Row]:
     if not dht:
         return []
     old_p2pd = {pid for pid, comm in group if comm.endswith("p2pd")}
+    p2pd_left = lambda: sorted(old_p2pd & {x.split()[0] for x in process_group(p.process.pid)})
     os.kill(dht[0], signal.SIGKILL)
     killed, deadline = time.time(), time.monotonic() + 10
-    while old_p2pd & _pids(p.process.pid) and time.monotonic() < deadline:
+    while p2pd_left() and time.monotonic() < deadline:
         time.sleep(0.1)  # polling for its p2pd to end, with a deadline
-    p2pd_left = sorted(old_p2pd & _pids(p.process.pid))
+    left = p2pd_left()
     deadline, back = time.monotonic() + 90, None
     while back is None and time.monotonic() < deadline:
         time.sleep(0.5)  # polling the peer's log and checkpointed round history, with a deadline
@@ -559,16 +532,15 @@ def _dht_rows(sw: daemons.Swarm) -> list[Row]:
         history = [h for h in daemons.history(p) if h["wall"] > killed and h["expected"] == h["accepted"] == 2]
         back = history[0]["wall"] - killed if history and "restarted" in log else None
     comms = [x.split()[1] for x in process_group(p.process.pid)]
-    name = "kill -9 of a daemon's DHT process alone:"
     ok = back is not None and p.alive() and comms.count("python") == 2 and "p2pd" in comms
     rejoin = (
         f"DHT restart lines {log.count('restarted (')}; seconds from the kill until the peer merged a round with "
         f"both expected (peer, kind) deltas again: {_f(back, '{:.1f}') if back is not None else 'not within 90 s'}"
         f"; its process group now {sorted(comms)}"
     )
-    left = f"the killed DHT process's p2pd left 10 s later: {p2pd_left or 'none'}"
+    name = "kill -9 of a daemon's DHT process alone:"
     return [
-        Row(f"{name} its p2pd ends", not p2pd_left, left),
+        Row(f"{name} its p2pd ends", not left, f"the killed DHT process's p2pd left 10 s later: {left or 'none'}"),
         Row(f"{name} the daemon starts its DHT again and rejoins", ok, rejoin),
     ]
 
@@ -632,30 +604,9 @@ def process_rows(a) -> list[Row]:
             rows = [
                 Row("6 ExchangeDeltas streams each declaring 500 MiB, never finishing", ok_streams, streams),
                 Row("one Forward session with 400 distinct step_index values", ok_forward, forward),
+                *_signal_rows(sw),
+                *_dht_rows(sw),
             ]
-            p = sw.peers[1]
-            for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGINT", signal.SIGINT)):
-                pgid, started = p.process.pid, time.monotonic()
-                os.killpg(pgid, sig)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.process.wait(timeout=60)
-                took = time.monotonic() - started
-                left = wait_group_gone(pgid, 10)
-                sw.kill(1, signal.SIGKILL)  # whatever is left (nothing, when it survived)
-                ev = f"exited with code {p.process.poll()} after {took:.1f} s; processes of its group left 10 s later"
-                ok = p.process.poll() == 0 and took < 10 and not left
-                rows.append(Row(f"{name} to the daemon's whole process group", ok, f"{ev}: {left or 'none'}"))
-                sw.restart(1, 300)
-                daemons.wait_rounds(sw, [1], 2)
-            pgid = p.process.pid  # kill -9 of the daemon's main process (a user, the OOM killer)
-            os.kill(pgid, signal.SIGKILL)
-            p.process.wait(timeout=30)
-            left = wait_group_gone(pgid, 10)
-            ev = f"processes of its group (DHT process, p2pd) left 10 s later: {left or 'none'}"
-            rows.append(Row("kill -9 of a daemon's main process: no orphan DHT process or p2pd", not left, ev))
-            sw.restart(1, 300)
-            daemons.wait_rounds(sw, [1], 2)
-            rows += _dht_rows(sw)
             sw.kill(1, signal.SIGKILL)
             rows.append(_checkpoint_kills(sw, a.kills))
     return rows
@@ -666,6 +617,21 @@ def readonly_row(a) -> Row:
     if os.geteuid() != 0:
         return Row("checkpoint dir read-only", False, "not run: needs root to mount a tmpfs")
     from swarmd.transport import PeerClient
+
+    health: list[str] = []
+
+    async def poll(address: str, seconds: float) -> None:
+        """Health every 0.3 s for `seconds`, each change appended to `health`."""
+        client, end = PeerClient(), time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                with contextlib.suppress(Exception):
+                    h = await client.health(address, 2.0)
+                    if not health or health[-1] != h:
+                        health.append(h)
+                await asyncio.sleep(0.3)
+        finally:
+            await client.close()
 
     with tempfile.TemporaryDirectory(prefix="adv-ro-") as wd:
         mnt = Path(wd) / "mnt"
@@ -681,24 +647,10 @@ def readonly_row(a) -> Row:
                 p = sw.peers[1]
                 subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
                 n0 = len(p.rounds_seen)
-                health = []
-
-                async def poll(seconds: float) -> None:
-                    client, end = PeerClient(), time.monotonic() + seconds
-                    try:
-                        while time.monotonic() < end:
-                            with contextlib.suppress(Exception):
-                                h = await client.health(p.address, 2.0)
-                                if not health or health[-1] != h:
-                                    health.append(h)
-                            await asyncio.sleep(0.3)
-                    finally:
-                        await client.close()
-
-                asyncio.run(poll(a.readonly_s))
+                asyncio.run(poll(p.address, a.readonly_s))
                 rounds_ro = len(p.rounds_seen) - n0
                 subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
-                asyncio.run(poll(8.0))
+                asyncio.run(poll(p.address, 8.0))
                 alive = p.alive()
                 log = p.log_path.read_text(errors="replace")
                 sw.stop()
@@ -716,11 +668,12 @@ def readonly_row(a) -> Row:
 
 
 def partition_row(a) -> Row:
+    """One of 3 namespaced hosts cut off (link down) for --partition-s, then healed: how soon does every peer merge
+    a round with all 4 expected deltas again?"""
     from tests.netns_utils import NetnsLab, _ip, unavailable
 
     if unavailable():
         return Row("partition 30 s then heal", False, f"not run: {unavailable()}")
-
     with NetnsLab(3) as lab, tempfile.TemporaryDirectory(prefix="adv-part-") as wd:
         swarm_kw = dict(model=CFG, swarm_id="part", trajectory_prob=0.0)
         sw = daemons.netns_swarm(lab, a.data_dir, Path(wd), 0, a.steps, a.deadline_max, **swarm_kw)
@@ -767,10 +720,14 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2", help="comma-separated swarm seeds of the Byzantine rows")
     p.add_argument("--byz-rounds", type=int, default=30, help="rounds of the Byzantine rows' runs (0: --rounds)")
     p.add_argument("--byz-steps", type=int, default=8, help="H of the Byzantine rows' runs (0: --steps)")
-    options.add_from_log(p, "Byzantine rows from the per-run lines (stderr) of a Byzantine command stopped early")
     p.add_argument("--merge", action="store_true", help="keep the rows of --out that this run does not produce")
     options.add_outputs(p, "adversary.json", "adversary.md")
     return p.parse_args(argv)
+
+
+def with_schedule(a: argparse.Namespace, rounds: int, steps: int) -> argparse.Namespace:
+    """a with --rounds and --steps replaced (0: kept)."""
+    return argparse.Namespace(**{**vars(a), "rounds": rounds or a.rounds, "steps": steps or a.steps})
 
 
 def main(argv=None) -> None:
@@ -782,6 +739,7 @@ def main(argv=None) -> None:
         return
     a = parse_args(argv)
     groups = set(a.only.split(",")) if a.only else set(GROUPS)
+    seeds = [int(x) for x in a.seeds.split(",")]
     started = time.monotonic()
     rows: list[Row] = []
     ce_clean = None
@@ -791,15 +749,15 @@ def main(argv=None) -> None:
             rows.append(r)
             print(json.dumps(asdict(r) | {"ce_delta": r.ce_delta}), flush=True)
 
-    seeds = [int(x) for x in a.seeds.split(",")]
+    byz = {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
+    ins = {"rounds": a.insider_rounds, "steps_per_round": a.insider_steps, "score_bytes": a.score_bytes}
     if "byzantine" in groups:  # a longer run than the other rows: the CE must resolve the 0.02-nat tolerance
-        ab = argparse.Namespace(**{**vars(a), "rounds": a.byz_rounds or a.rounds, "steps": a.byz_steps or a.steps})
-        byz, clean4 = byzantine_rows(ab, seeds, runs_from_log(a.from_log) if a.from_log else None)
-        add(byz)
-        if (ab.rounds, ab.steps) == (a.rounds, a.steps):
+        byz_rows, clean4 = byzantine_rows(with_schedule(a, a.byz_rounds, a.byz_steps), seeds)
+        add(byz_rows)
+        if (byz["rounds"], byz["steps_per_round"]) == (a.rounds, a.steps):
             ce_clean = clean4[seeds[0]].ce
     if groups & {"clean", "public", "key"} and (ce_clean is None or "clean" in groups):
-        run = swarm_run(a, ("clean", 4, seeds[0]))
+        run = swarm_run(a, "clean", seeds[0], honest=4)
         ce_clean = run.ce
         add([Row(f"clean run (4 honest replicas), seed {seeds[0]}", run.ok, run.evidence, run.ce, run.ce)])
     for group, make in (
@@ -814,21 +772,18 @@ def main(argv=None) -> None:
     if "insider" in groups:  # signed insiders running the real daemon (benchmarks/insiders.py)
         from benchmarks import insiders
 
-        ai = argparse.Namespace(**{**vars(a), "rounds": a.insider_rounds, "steps": a.insider_steps})
-        add(insiders.insider_rows(ai, tuple(a.insiders.split(",")) if a.insiders else insiders.ROWS))
+        which = tuple(a.insiders.split(",")) if a.insiders else insiders.ROWS
+        add(insiders.insider_rows(with_schedule(a, a.insider_rounds, a.insider_steps), which))
     command = results.command_line("adversary.py", argv)
     for r in rows:
         r.command = command
-    kept, byz = [], {"rounds": a.byz_rounds or a.rounds, "steps_per_round": a.byz_steps or a.steps, "seeds": seeds}
-    ins = {"rounds": a.insider_rounds, "steps_per_round": a.insider_steps, "score_bytes": a.score_bytes}
+    kept = []
     if a.merge and a.out.exists():  # rows of earlier commands that this one did not produce
         names, before = {r.name for r in rows}, json.loads(a.out.read_text())
         # a Byzantine command replaces every Byzantine row (their names carry the seed count)
         kept = [r for r in before["rows"] if r["name"] not in names and not ("byzantine" in groups and _byz_row(r))]
-        if "byzantine" not in groups:
-            byz = before.get("byzantine", byz)
-        if "insider" not in groups:
-            ins = before.get("insider", ins)
+        byz = byz if "byzantine" in groups else before.get("byzantine", byz)
+        ins = ins if "insider" in groups else before.get("insider", ins)
     out = {
         "command": command,
         "config": CFG.to_dict(),
@@ -864,9 +819,16 @@ def _order(name: str) -> int:
 
 
 def write_md(path: Path, out: dict) -> None:
-    rows = out["rows"]
-    byz = out.get("byzantine", {})
+    from benchmarks.insiders import insider_table
+
+    rows, byz = out["rows"], out.get("byzantine", {})
     commands = list(dict.fromkeys(r.get("command") or out["command"] for r in rows))
+    c = lambda r: commands.index(r.get("command") or out["command"]) + 1
+    cells = [
+        f"{r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
+        f"| {_f(r['ce_delta'], '{:+.4f}')} | {r['data_lost']} | {c(r)} | {r['evidence'].replace('|', '/')}"
+        for r in rows
+    ]
     lines = [
         "### Fault matrix: a real swarm under attack and breakage (`benchmarks/adversary.py`)",
         "",
@@ -884,23 +846,16 @@ def write_md(path: Path, out: dict) -> None:
         "each seed's difference and the one to the 4-replica run; the 3-replica clean rows give the run-to-run "
         "noise (one seed run twice). Rows whose defence is missing or attack could not run say so (not survived).",
         "",
-        "| fault | survived | CE | clean CE | CE - clean | data lost | c | evidence |",
-        "|---|---|---:|---:|---:|---|---|---|",
+        *results.table("fault | survived | CE | clean CE | CE - clean | data lost | c | evidence", cells, "llrrrlll"),
+        *insider_table(rows, out.get("insider")),
+        "",
+        f"{sum(r['survived'] for r in rows)} of {len(rows)} rows survived. Machine: {out['machine']}.",
+        "",
+        "Commands:",
+        "",
+        *(f"{i}. `{c}`" for i, c in enumerate(commands, 1)),
+        "",
     ]
-    for r in rows:
-        evidence = r["evidence"].replace("|", "/")
-        c = commands.index(r.get("command") or out["command"]) + 1
-        lines.append(
-            f"| {r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
-            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r['data_lost']} | {c} | {evidence} |"
-        )
-    survived = sum(r["survived"] for r in rows)
-    from benchmarks.insiders import insider_table
-
-    lines += insider_table(rows, out.get("insider"))
-    lines += ["", f"{survived} of {len(rows)} rows survived. Machine: {out['machine']}.", "", "Commands:", ""]
-    lines += [f"{i}. `{c}`" for i, c in enumerate(commands, 1)]
-    lines.append("")
     results.write_text(path, "\n".join(lines))
 
 

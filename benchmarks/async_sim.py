@@ -1,11 +1,9 @@
-"""Asynchronous network simulator sweep (issue 11): the litepaper's Tables 4/5 at CPU scale, and deadline policies.
+"""Asynchronous network simulator sweep: the litepaper's Tables 4/5 at CPU scale, and deadline policies.
 
-Runs swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's deadline policy and merge; only
-the network and the clock simulated) on every regime preset with its own policy, then the deadline policies on the
-WAN network (lockstep, adaptive, quantile; the fixed ones are the wan-* rows), each until lockstep's simulated wall
-time. Writes --out (`regimes`, `policies`, `target`, the per-round histories), async_regimes.png,
-async_policies.png and its section of --md (#async_sim). Model: the default ModelConfig/TrainConfig shrunk to d=64,
-L_b=1, seq 64, batch 16; one torch thread.
+swarmd.sim (real training, int8 codec + error feedback, the daemon's deadline policy and merge; only the network and
+the clock simulated) on every regime preset with its own policy, then the deadline policies on the WAN network, each
+until lockstep's simulated wall time. Writes --out (`regimes`, `policies`, `target`, the per-round histories),
+async_regimes.png, async_policies.png and its section of --md (BENCHMARKS.md#async_sim).
 
     python benchmarks/async_sim.py                       # the full sweep (~15-25 min on the 2-core machine)
     python benchmarks/async_sim.py --rounds 2 --steps 2  # a smoke run
@@ -32,11 +30,11 @@ from swarmd.sim.engine import RoundRecord, SimConfig, SimResult, merge_fn, merge
 from swarmd.sim.policies import DEFAULT_TARGET, make_policy, regime_policy
 from swarmd.sim.regimes import PRESETS, WAN_REGIMES
 
-CE_TOLERANCE = 0.02  # the issue's target: lockstep's final CE within this ...
+CE_TOLERANCE = 0.02  # the target: lockstep's final CE within this ...
 TIME_FRACTION = 0.5  # ... in at most this fraction of lockstep's simulated wall time
 TRIM_HELP = "the robust merge's trim fraction (default: the daemon's GossipConfig; --add-targets: the stored run's)"
 ADD_HELP = "only run the quantile policy at these extra targets, added to --out's JSON (its other runs reused)"
-GOSSIP = GossipConfig()  # the merge rule every run uses (main may change its trim fraction)
+WAN = WAN_REGIMES[1]  # the network the policies share
 
 
 def parse(argv: list[str] | None):
@@ -55,13 +53,14 @@ def parse(argv: list[str] | None):
     return p.parse_args(argv)
 
 
-def run_one(cfg: SimConfig, regime_name: str, policy_name: str, data, held_out, until_s=None):
-    """One run; policy_name "quantile-T" is the quantile policy with participation target T."""
+def run_one(cfg: SimConfig, gossip: GossipConfig, regime_name: str, policy_name: str, text: tuple, until_s=None):
+    """One run with gossip's merge on text (training, held-out); policy_name "quantile-T" is the quantile policy
+    with participation target T."""
     regime = PRESETS[regime_name]
     kind, _, target = policy_name.partition("-")
     policy = make_policy(kind, regime, cfg.steps_per_round, float(target or DEFAULT_TARGET))
     start = time.perf_counter()
-    r = simulate(cfg, regime, policy, data, held_out, until_s=until_s, merge=merge_fn(GOSSIP))
+    r = simulate(cfg, regime, policy, *text, until_s=until_s, merge=merge_fn(gossip))
     took = time.perf_counter() - start
     print(
         f"{regime_name:15s} {policy_name:9s} ce {r.ce_start:.4f} -> {r.ce:.4f}  participation {r.participation:.3f}"
@@ -86,19 +85,15 @@ def time_to(result: SimResult, ce: float) -> float | None:
 
 
 def regime_table() -> list[str]:
-    rows = [
-        "| regime | compute s/step (median, σ) | one-way latency s (median, σ) | upload kB/s (median, σ) | dropout | "
-        "deadline (x H·compute median) | what it stands for |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for r in PRESETS.values():
         deadline = "none (lockstep)" if r.deadline is None else f"{r.deadline:g}"
         rows.append(
-            f"| {r.name} | {r.compute_s.median:g}, {r.compute_s.sigma:g} "
-            f"| {r.latency_s.median:g}, {r.latency_s.sigma:g} | {r.bandwidth_Bps.median / 1e3:g}, "
-            f"{r.bandwidth_Bps.sigma:g} | {r.dropout:g} | {deadline} | {r.about} |"
+            f"{r.name} | {r.compute_s.median:g}, {r.compute_s.sigma:g} | {r.latency_s.median:g}, {r.latency_s.sigma:g}"
+            f" | {r.bandwidth_Bps.median / 1e3:g}, {r.bandwidth_Bps.sigma:g} | {r.dropout:g} | {deadline} | {r.about}"
         )
-    return rows
+    head = "regime | compute s/step (median, σ) | one-way latency s (median, σ) | upload kB/s (median, σ) | dropout | "
+    return results.table(head + "deadline (x H·compute median) | what it stands for", rows, "l" * 7)
 
 
 def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
@@ -124,9 +119,8 @@ def plots(out: dict, regimes_png: Path, policies_png: Path) -> list[str]:
             for i, v in enumerate(values):
                 cut = v > top
                 text = f"{v:.2f}\n(initial\n{out['ce_start']:.2f})" if cut else f"{v:.3f}"
-                ax.text(
-                    i, top - 0.01 if cut else v + 0.002, text, ha="center", va="top" if cut else "bottom", fontsize=7
-                )
+                y, va = (top - 0.01, "top") if cut else (v + 0.002, "bottom")
+                ax.text(i, y, text, ha="center", va=va, fontsize=7)
     fig.suptitle(f"regimes, {out['rounds']} rounds x H={out['steps']}, B={out['blocks']} x K={out['workers']} workers")
     results.save_figure(fig, regimes_png)
 
@@ -157,33 +151,29 @@ def markdown(out: dict) -> list[str]:
         f"workers per block, H={out['steps']} local steps, codec {out['codec']}, merge `{out['merge']}`, seed "
         f"{out['seed']}; initial from-noise CE {out['ce_start']:.4f}.",
         "",
-        "| regime | policy | final CE | Δ vs lockstep | participation | simulated wall s | MB moved |",
-        "|---|---|---|---|---|---|---|",
     ]
     base = next(r["ce"] for r in out["regimes"] if r["name"] == "lockstep")
-    for r in out["regimes"]:
-        lines.append(
-            f"| {r['name']} | {r['policy']} | {r['ce']:.4f} | {r['ce'] - base:+.4f} | {r['participation']:.2f} | "
-            f"{r['sim_wall_s']:.1f} | {r['wire_bytes'] / 1e6:.2f} |"
-        )
-    lines += [
-        "",
+    rows = [
+        f"{r['name']} | {r['policy']} | {r['ce']:.4f} | {r['ce'] - base:+.4f} | {r['participation']:.2f} | "
+        f"{r['sim_wall_s']:.1f} | {r['wire_bytes'] / 1e6:.2f}"
+        for r in out["regimes"]
+    ]
+    head = "regime | policy | final CE | Δ vs lockstep | participation | simulated wall s | MB moved"
+    lines += [*results.table(head, rows, "l" * 7), ""]
+    lines.append(
         f"Deadline policies on the WAN network (wan-* rows share it; lockstep's final CE {t['lockstep_ce']:.4f} at "
         f"{t['lockstep_wall_s']:.1f} s; target: CE <= {t['lockstep_ce'] + CE_TOLERANCE:.4f} by "
-        f"{TIME_FRACTION * t['lockstep_wall_s']:.1f} s):",
-        "",
-        "| policy | regime | rounds | final CE | participation | simulated wall s "
-        "| first time CE <= target, s (x lockstep) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+        f"{TIME_FRACTION * t['lockstep_wall_s']:.1f} s):"
+    )
+    rows = []
     for r in out["policies"]:
         s = r["time_to_target_s"]
         reach = "never" if s is None else f"{s:.1f} ({s / t['lockstep_wall_s']:.2f}x)"
-        lines.append(
-            f"| {r['policy']} | {r['regime']} | {r['rounds']} | {r['ce']:.4f} | {r['participation']:.2f} | "
-            f"{r['sim_wall_s']:.1f} | {reach} |"
-        )
-    lines += ["", f"Policies meeting the target: {', '.join(t['winners']) or 'none'}."]
+        ce = f"{r['ce']:.4f} | {r['participation']:.2f} | {r['sim_wall_s']:.1f}"
+        rows.append(f"{r['policy']} | {r['regime']} | {r['rounds']} | {ce} | {reach}")
+    head = "policy | regime | rounds | final CE | participation | simulated wall s"
+    lines += ["", *results.table(f"{head} | first time CE <= target, s (x lockstep)", rows, "l" * 7), ""]
+    lines.append(f"Policies meeting the target: {', '.join(t['winners']) or 'none'}.")
     if (fastest := t["fastest"]) is not None:
         s = fastest["time_to_target_s"]
         lines.append(
@@ -193,8 +183,43 @@ def markdown(out: dict) -> list[str]:
     return lines
 
 
+def earlier_runs(args, sims: dict, real: dict) -> dict:
+    """With --add-targets or --report-only: --out's stored result, its runs put in sims and their real seconds in
+    real ({} otherwise); --trim-fraction defaults to its merge's."""
+    if not (args.add_targets or args.report_only):
+        return {}
+    prev = json.loads(args.out.read_text())
+    if args.trim_fraction is None:
+        args.trim_fraction = prev.get("trim_fraction")
+    for key, history in prev["history"].items():
+        sims[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)
+    real |= {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}
+    real |= {(r["name"], r["policy"]): r["real_s"] for r in prev["regimes"]}
+    return prev
+
+
+def policy_rows(sims: dict, quantiles: list[str], lock: SimResult) -> tuple[list[dict], list[dict]]:
+    """The deadline policies per WAN regime (the fixed policy's run is the regime's own, the rest share the WAN
+    run) against the target, and the curves drawn."""
+    policies, curves = [], []
+    for regime in WAN_REGIMES:
+        for policy in ("lockstep", "fixed", "adaptive", *quantiles):
+            r = sims[regime, policy] if policy == "fixed" else sims[WAN, policy]
+            reach = time_to(r, lock.ce + CE_TOLERANCE)
+            row = {"policy": policy, "regime": regime, "ce": r.ce, "participation": r.participation}
+            row |= {"sim_wall_s": r.sim_wall_s, "rounds": len(r.rounds), "time_to_target_s": reach}
+            row["meets_target"] = reach is not None and reach <= TIME_FRACTION * lock.sim_wall_s
+            policies.append(row | {"shared_run": policy != "fixed"})
+            if policy == "fixed" or regime == WAN:
+                curves.append({"policy": policy, "label": regime if policy == "fixed" else "WAN", "curve": r.curve()})
+    return policies, curves
+
+
+def label(p: dict) -> str:
+    return p["policy"] + (f" ({p['regime']})" if p["policy"] == "fixed" else "")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    global GOSSIP
     args = parse(argv)
     torch.set_num_threads(1)
     model = options.model_of(args)
@@ -203,72 +228,47 @@ def main(argv: list[str] | None = None) -> dict:
         model, train, workers=args.workers, rounds=args.rounds, steps_per_round=args.steps,
         codec=GossipConfig().codec, eval_tokens=args.eval_tokens,
     )  # fmt: skip
-    data, held_out = sweeps.sim_text(args, model.seq_len)
+    text = sweeps.sim_text(args, model.seq_len)
     start = time.perf_counter()
     sims: dict[tuple[str, str], SimResult] = {}
     real: dict[tuple[str, str], float] = {}
-    wan = WAN_REGIMES[1]
     policy_cfg = replace(cfg, rounds=args.max_policy_rounds or (3 * args.rounds + 1) // 2)
     quantiles = [f"quantile-{float(t):g}" for t in args.targets.split(",")]
     this = results.command_line("async_sim.py", argv)
-    command, earlier_s, parts, prev = this, 0.0, [], {}
-    if args.add_targets or args.report_only:  # reuse the stored runs (add quantile targets)
-        prev = json.loads(args.out.read_text())
-        if args.trim_fraction is None:
-            args.trim_fraction = prev.get("trim_fraction")
-    if args.trim_fraction is not None:
-        GOSSIP = replace(GOSSIP, trim_fraction=args.trim_fraction)
-    if prev:
-        for key, history in prev["history"].items():
-            sims[tuple(key.split("/"))] = from_history(key, prev["seed"], prev["ce_start"], history)  # type: ignore[index]
-        real = {tuple(k.split("/")): v for k, v in prev.get("real_s_per_run", {}).items()}  # type: ignore[misc]
-        real.update({(r["name"], r["policy"]): r["real_s"] for r in prev["regimes"]})
+    command, prev = this, earlier_runs(args, sims, real)
+    gossip = GossipConfig() if args.trim_fraction is None else GossipConfig(trim_fraction=args.trim_fraction)
+    if prev:  # reuse the stored runs (add quantile targets)
         quantiles = [p for p in dict.fromkeys(r["policy"] for r in prev["policies"]) if p.startswith("quantile-")]
-        parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]])
-        command = prev["command"] if args.report_only else f"{prev['command']} && {command}"
-        earlier_s, lock = prev["real_s"], sims[wan, "lockstep"]
         added = [f"quantile-{float(t):g}" for t in filter(None, args.add_targets.split(","))]
         quantiles += added
+        lock = sims[WAN, "lockstep"]
+        command = prev["command"] if args.report_only else f"{prev['command']} && {this}"
     else:
         for name, regime in PRESETS.items():
             policy = regime_policy(regime)
-            sims[name, policy], real[name, policy] = run_one(cfg, name, policy, data, held_out)
+            sims[name, policy], real[name, policy] = run_one(cfg, gossip, name, policy, text)
         # the policies on the WAN network, each until lockstep's simulated wall time (or the round cap)
-        lock, real[wan, "lockstep"] = run_one(cfg, wan, "lockstep", data, held_out)
-        sims[wan, "lockstep"] = lock
+        lock, real[WAN, "lockstep"] = run_one(cfg, gossip, WAN, "lockstep", text)
+        sims[WAN, "lockstep"] = lock
         added = ["adaptive", *quantiles]
     for policy in added:
-        sims[wan, policy], real[wan, policy] = run_one(policy_cfg, wan, policy, data, held_out, until_s=lock.sim_wall_s)
-    target_ce = lock.ce + CE_TOLERANCE
+        sims[WAN, policy], real[WAN, policy] = run_one(policy_cfg, gossip, WAN, policy, text, lock.sim_wall_s)
     regimes = [
         {"name": name, "policy": policy, "ce": r.ce, "participation": r.participation, "sim_wall_s": r.sim_wall_s}
         | {"wire_bytes": r.wire_bytes, "real_s": real.get((name, policy))}
         for (name, policy), r in sorted(sims.items(), key=lambda kv: list(PRESETS).index(kv[0][0]))
-        if policy == regime_policy(PRESETS[name]) and not (name == wan and policy == "lockstep")
+        if policy == regime_policy(PRESETS[name]) and not (name == WAN and policy == "lockstep")
     ]
-    policies, curves = [], []
-    for regime in WAN_REGIMES:
-        for policy in ("lockstep", "fixed", "adaptive", *quantiles):
-            r = sims[regime, policy] if policy == "fixed" else sims[wan, policy]
-            reach = time_to(r, target_ce)
-            row = {"policy": policy, "regime": regime, "ce": r.ce, "participation": r.participation}
-            row |= {"sim_wall_s": r.sim_wall_s, "rounds": len(r.rounds), "time_to_target_s": reach}
-            row["meets_target"] = reach is not None and reach <= TIME_FRACTION * lock.sim_wall_s
-            policies.append(row | {"shared_run": policy != "fixed"})
-            if policy == "fixed" or regime == wan:
-                curves.append({"policy": policy, "label": regime if policy == "fixed" else "WAN", "curve": r.curve()})
-
-    def label(p: dict) -> str:
-        return p["policy"] + (f" ({p['regime']})" if p["policy"] == "fixed" else "")
-
+    policies, curves = policy_rows(sims, quantiles, lock)
     winners = sorted({label(p) for p in policies if p["meets_target"]})
     reached = [p for p in policies if p["time_to_target_s"] is not None and p["policy"] != "lockstep"]
     fastest = min(reached, key=lambda p: p["time_to_target_s"], default=None)
-    took = time.perf_counter() - start
+    took = 0.0 if args.report_only else time.perf_counter() - start
+    parts = prev.get("real_s_parts", [[prev["command"], prev["real_s"]]]) if prev else []
     out = {
         "command": command,
         "machine": results.machine(),
-        "real_s": earlier_s + (0.0 if args.report_only else took),
+        "real_s": prev.get("real_s", 0.0) + took,
         "real_s_parts": parts if args.report_only else [*parts, [this, took]],
         "real_s_per_run": {f"{name}/{policy}": s for (name, policy), s in real.items()},
         "seed": args.seed,
@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
         **{k: getattr(model, k) for k in ("blocks", "d_model", "layers_per_block", "seq_len")},
         "batch_size": args.batch_size,
         "codec": Codec(cfg.codec).value,
-        "merge": merge_label(GOSSIP),
-        "trim_fraction": GOSSIP.trim_fraction,
+        "merge": merge_label(gossip),
+        "trim_fraction": gossip.trim_fraction,
         "quantile_targets": [float(q.split("-")[1]) for q in quantiles],
         "model_config": model.to_dict(),
         "train_config": cfg.train.to_dict(),
@@ -302,9 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
     out["plots"] = plots(out, args.out.with_name("async_regimes.png"), args.out.with_name("async_policies.png"))
     results.write_json(args.out, out)
     results.replace_section(args.md, "async_sim", [*regime_table(), "", *markdown(out)])
-    print(
-        f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {', '.join(winners) or 'none'}"
-    )
+    met = ", ".join(winners) or "none"
+    print(f"wrote {args.out} and {args.md} in {out['real_s'] / 60:.1f} min; target met by: {met}")
     return out
 
 

@@ -1,11 +1,9 @@
 """Averaging benchmark: one fp32 tensor averaged among N loopback peers by hivemind's DecentralizedAverager and by ours.
 
-Per N in --peers and system in --systems, N peer processes each hold their own Gaussian tensor of --numel values;
-once ready (hivemind: matched, at AWAITING_TRIGGER; ours: addresses known) the parent says go, and the time runs
-to the last peer holding the average; error: the worst peer's ||result - mean|| / ||mean||. Systems: hivemind
-(butterfly all-reduce, NoCompression), butterfly (swarmd.averaging.allreduce.ButterflyRound, signed fp32 parts;
-butterfly-fp16: the fp16 codec), all-to-all (every peer's whole signed tensor to each other peer). zstd is off
-for our payloads. On 2 cores every system is CPU-bound at 6 and 12 peers: quote the ratios.
+Per N in --peers and system in --systems (hivemind's butterfly all-reduce; ours: ButterflyRound in fp32 or fp16, and
+all-to-all), N peer processes each hold a Gaussian tensor of --numel values; once all are ready the parent says go and
+the time runs to the last peer holding the average; error: the worst peer's relative distance to the exact mean.
+Writes --out (JSON) and --md (a markdown fragment).
 
     python benchmarks/averaging_vs_hivemind.py
 """
@@ -29,6 +27,7 @@ from benchmarks.harness import options, results
 META = dict(swarm_id="bench", config_hash="bench", kind="block_delta", block_index=0)
 SYSTEMS = ("hivemind", "butterfly", "butterfly-fp16", "all-to-all")
 KEYS = dict(zip(SYSTEMS, ("hivemind", "blocktrain", "blocktrain_fp16", "all_to_all")))  # row key prefixes
+SUFFIXES = (("_s", ".2f"), ("_rel_error", ".1e"), ("_over_hivemind", ".2f"))  # a system's columns
 PIPE_TIMEOUT_S = 900.0  # a peer process starting under heavy load (torch import) can take minutes
 
 
@@ -85,7 +84,6 @@ def timed(system: str, n: int, repeats: int, one_round) -> dict:
     return {"seconds": times, "median_s": statistics.median(times), "rel_error": max(errors), "ready_s": matched}
 
 
-# ---- hivemind peers -------------------------------------------------------------------------------------
 def run_hivemind(n: int, numel: int, repeats: int) -> dict:
     """N DHT nodes and N DecentralizedAveragers, each its own process (hivemind starts them so), driven from here."""
     import hivemind
@@ -119,10 +117,8 @@ def run_hivemind(n: int, numel: int, repeats: int) -> dict:
             dhts.append(hivemind.DHT(start=True, initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
         group = dict(prefix="bench", target_group_size=n, min_group_size=n, min_matchmaking_time=2.0)
         group |= dict(request_timeout=1.0, allreduce_timeout=240.0)
-        for k in range(n):
-            averagers.append(
-                hivemind.averaging.DecentralizedAverager([vectors[k].clone()], dhts[k], start=True, **group)
-            )
+        for vector, dht in zip(vectors, dhts):
+            averagers.append(hivemind.averaging.DecentralizedAverager([vector.clone()], dht, start=True, **group))
         return timed("hivemind", n, repeats, one_round)
     finally:
         for averager in averagers:
@@ -131,7 +127,6 @@ def run_hivemind(n: int, numel: int, repeats: int) -> dict:
             dht.shutdown()
 
 
-# ---- our peer --------------------------------------------------------------------------------------------
 class _Handler:
     """Routes ExchangeDeltas to the open round (butterfly) or answers with our whole tensor (all-to-all)."""
 
@@ -240,7 +235,6 @@ def blocktrain_peer(rank: int, n: int, numel: int, repeats: int, system: str, co
     asyncio.run(main())
 
 
-# ---- parent ----------------------------------------------------------------------------------------------
 def run_group(system: str, n: int, numel: int, repeats: int) -> dict:
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
@@ -276,33 +270,24 @@ def run_group(system: str, n: int, numel: int, repeats: int) -> dict:
 
 def markdown(result: dict) -> str:
     cells = [("hivemind_s", ".2f"), ("hivemind_rel_error", ".1e")]
-    for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
-        cells += [(f"{key}_s", ".2f"), (f"{key}_rel_error", ".1e"), (f"{key}_over_hivemind", ".2f")]
+    cells += [(f"{key}{suffix}", f) for key in KEYS.values() if key != "hivemind" for suffix, f in SUFFIXES]
     head = (
         "peers | hivemind s | hivemind error | butterfly s | butterfly error | butterfly / hivemind | butterfly fp16 s "
         "| fp16 error | fp16 / hivemind | all-to-all s | all-to-all error | all-to-all / hivemind"
     )
     values = lambda r: [str(r["peers"]), *(format(r[k], f) if r.get(k) is not None else "-" for k, f in cells)]
-    lines = [
+    lines = results.paragraphs(
         "### Averaging one 8 MB fp32 tensor: hivemind's DecentralizedAverager vs ours (loopback)",
-        "",
         f"Command: `{result['command']}`",
-        "",
-        f"{result['numel']:,} fp32 values ({4 * result['numel'] / 1e6:.0f} MB) per peer, each peer a process, all "
-        f"systems in one run; seconds from go to the last peer holding the average (median of {result['repeats']} "
-        "rounds; matchmaking / discovery excluded), relative error of the worst peer against the exact mean. Ratio = "
-        "ours / hivemind's time (target at 6 peers: <= 0.5 with error < 1e-3). "
-        f"Load average during the run: {result['load_average']}.",
-        "",
-        *results.table(head, (" | ".join(values(r)) for r in result["rows"]), "r" * 12),
-        "",
-        "blocktrain_s is the butterfly (swarmd.averaging.allreduce: each peer sends ~2 (N-1)/N of the tensor, in "
-        "signed parts verified before decoding); all-to-all is today's exchange pattern (N-1 whole tensors per "
-        "peer). On 2 shared cores every system is CPU-bound at 6 and 12 peers: the times measure CPU cost per "
-        "average as much as the protocol; quote the ratios.",
-        *results.machine_footer(result["machine"]),
-    ]
-    return "\n".join(lines)
+        f"{result['numel']:,} fp32 values ({4 * result['numel'] / 1e6:.0f} MB) per peer, each peer a process; seconds "
+        f"from go to the last peer holding the average (median of {result['repeats']} rounds; matchmaking excluded), "
+        "relative error of the worst peer. Ratio = ours / hivemind's time (target at 6 peers: <= 0.5 with error < "
+        f"1e-3). Load average during the run: {result['load_average']}.",
+        results.table(head, (" | ".join(values(r)) for r in result["rows"]), "r" * 12),
+        "blocktrain_s is the butterfly (each peer sends ~2 (N-1)/N of the tensor in signed parts); all-to-all sends "
+        "N-1 whole tensors per peer. On 2 shared cores every system is CPU-bound at 6 and 12 peers: quote the ratios.",
+    )
+    return "\n".join([*lines[:-1], *results.machine_footer(result["machine"])])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -316,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
             r = run(n, args.numel, args.repeats)
             key = KEYS[system]
             row |= {f"{key}_s": r["median_s"], f"{key}_rel_error": r["rel_error"], f"{key}_runs": r}
-        for key in ("blocktrain", "blocktrain_fp16", "all_to_all"):
+        for key in list(KEYS.values())[1:]:
             if row.get("hivemind_s") and row.get(f"{key}_s") is not None:
                 row[f"{key}_over_hivemind"] = row[f"{key}_s"] / row["hivemind_s"]
         rows.append(row)

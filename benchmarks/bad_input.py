@@ -1,17 +1,10 @@
 """Bad input through the real CLI: exit code, message and seconds to the message, one fresh process per case.
 
-Runs every case of CASES as `blocktrain ARGS` (the entry point next to this interpreter, else `python -m cli.main`)
-in a fresh process (its own process group, stdin closed, a per-case timeout) and records the exit code, the message
-(the first `error:` line on stderr, else its first line; a success: the stdout line showing the result), the seconds
-from the spawn to it, the same less the main thread's run-queue wait (/proc/PID/schedstat: a quiet-machine estimate,
-from above), stderr and whether a traceback showed up. judge() says when a row passes (markdown() says it too).
-
-Fixtures: an idle daemon (`blocktrain run --min-peers 2`, one block: it serves the whole model and never trains
-alone) gives the live swarm, its multiaddr and a taken port; a second idle daemon of a private swarm (--swarm-key)
-is joined without its key and with another. The last case joins the idle daemon with a swarm key of its own: the
-daemon (the lower peer id, fixed by --identity, dials) is refused every exchange, so the joiner stops with exit
-code 3 (after it the idle daemon trains: it is last for that). Writes benchmarks/results/bad_input.json and the
-fragment benchmarks/results/bad_input.md (BENCHMARKS.md#bad_input):
+Each case of CASES runs as `blocktrain ARGS` in a fresh process (its own process group, stdin closed, a timeout);
+judge() says when its row passes. Fixtures: an idle daemon (`blocktrain run --min-peers 2`, one block) gives the live
+swarm, its multiaddr and a taken port; an idle daemon of a private swarm (--swarm-key) is joined without its key and
+with another; the last case joins the first daemon with a swarm key of its own (every exchange refused: exit 3; after
+it that daemon trains). Writes benchmarks/results/bad_input.json and bad_input.md (BENCHMARKS.md#bad_input):
 
     python benchmarks/bad_input.py
 """
@@ -19,6 +12,7 @@ fragment benchmarks/results/bad_input.md (BENCHMARKS.md#bad_input):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -29,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,13 +67,18 @@ class Case:
     timeout_s: float = 0.0  # give up on the case after this long (0: the --timeout-s of the run)
 
 
-def C(issue: int, name: str, args: str, expect_exit: int | tuple[int, ...], words: str, **more: object) -> tuple:
+def argv(args: str) -> list[str]:
+    """blocktrain ARGS from a line: split on spaces, `*NAME` expanded to one of GROUPS."""
+    return [x for w in args.split() for x in (GROUPS[w[1:]] if w.startswith("*") else [w])]
+
+
+def C(issue: int, name: str, args: str, expect_exit: int | tuple[int, ...], words: str, **more: object) -> Case:
     """One row of CASES: the issue whose list it is from (0: the usual bad inputs), the case's name, args, exit
     code(s), the message's words and more Case fields."""
-    return name, args, expect_exit, words, {"issue": issue, **more}
+    return Case(name + (SUCCESS if more.get("quiet") else ""), argv(args), expect_exit, words, issue=issue, **more)
 
 
-def bounded(issue: int, command: str, flag: str, value: str, bound: str, more_args: str = "", note: str = "") -> tuple:
+def bounded(issue: int, command: str, flag: str, value: str, bound: str, more_args: str = "", note: str = "") -> Case:
     """A range check's row: `command flag value more_args` exits 2 with "<flag> must be <bound>, got <value>"."""
     name = f"{command} {flag} {value}"
     words = f"{flag} must be {bound}, got {value}".replace("[", r"\[").replace("]", r"\]")
@@ -154,37 +153,6 @@ CASES = (  # one case a row, a long row on two lines (a table, left as written)
 # fmt: on
 
 
-@dataclass
-class Row:
-    name: str
-    command: str
-    exit_code: int | None
-    message: str
-    seconds: float | None  # spawn -> the message line
-    quiet_s: float | None  # ... less the main thread's run-queue wait until then (a quiet machine, from above)
-    first_line: str  # stderr's first line
-    traceback: bool
-    ok: bool
-    why: str = ""  # what fails the bar
-    issue: int = 0
-    wall_s: float = 0.0  # spawn -> exit
-    cpu_s: float = 0.0  # user + system CPU seconds of the process (and the children it waited for)
-    load_1m: float = 0.0  # the 1-minute load average at the spawn
-    bar_s: float = FAST_S
-    bar: str = "fast"  # fast, dht (starts a DHT client) or network (a network timeout, a bounded network case)
-    stderr: list[str] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-
-
-def argv(args: str) -> list[str]:
-    """blocktrain ARGS from a line: split on spaces, `*NAME` expanded to one of GROUPS."""
-    return [x for w in args.split() for x in (GROUPS[w[1:]] if w.startswith("*") else [w])]
-
-
-def cases() -> list[Case]:
-    return [Case(n + (SUCCESS if m.get("quiet") else ""), argv(a), x, w, **m) for n, a, x, w, m in CASES]
-
-
 def blocktrain() -> list[str]:
     script = Path(sys.executable).parent / "blocktrain"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "cli.main"]
@@ -194,24 +162,23 @@ def fill_in(text: str, fill: dict[str, str], regex: bool = False) -> str:
     return re.sub(r"\{([A-Z_]+)\}", lambda m: re.escape(fill[m.group(1)]) if regex else fill[m.group(1)], text)
 
 
-def run_wait_s(pid: int) -> float | None:
-    """Seconds the process's main thread has waited on a run queue (runnable, no CPU free), None if unreadable."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+def shown(arg: str, fill: dict[str, str]) -> str:
+    """The argument as the table shows it: fixture paths by their placeholder name, not a temp path."""
+    return re.sub(r"\{(\w+)\}", lambda m: m.group(1) if "/" in fill[m.group(1)] else fill[m.group(1)], arg)
 
 
-def run_case(case: Case, fill: dict[str, str], env: dict[str, str], timeout_s: float) -> Row:
+def run_case(case: Case, fill: dict[str, str], env: dict[str, str], timeout_s: float) -> dict:
+    """The case's row: what `blocktrain ARGS` answered, how fast, and judge()'s verdict."""
     load = os.getloadavg()[0]
     run = Spawned([*blocktrain(), *(fill_in(a, fill) for a in case.args)], env, ROOT, session=True)
-    waits: list[tuple[float, float]] = []  # (seconds since spawn, run-queue wait so far)
+    waits: list[tuple[float, float]] = []  # (seconds since spawn, its main thread's run-queue wait so far)
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            if (w := run_wait_s(run.proc.pid)) is not None:
-                waits.append((run.since(), w))
+            with contextlib.suppress(OSError, IndexError, ValueError):  # /proc/PID/schedstat: on-CPU, waiting (ns)
+                waited = int(Path(f"/proc/{run.proc.pid}/schedstat").read_text().split()[1]) / 1e9
+                waits.append((run.since(), waited))
             done.wait(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -237,83 +204,77 @@ def run_case(case: Case, fill: dict[str, str], env: dict[str, str], timeout_s: f
         extra["log_lines"] = len(logs)
     if case.probe and "api_peers_after_s" in extra:
         message += f" (its /api/swarm listed {extra['api_peers']} peer(s) after {extra['api_peers_after_s']} s)"
-    row = Row(
-        name=case.name,
-        command="blocktrain " + " ".join(_shown(a, fill) for a in case.args),
-        exit_code=run.proc.returncode,
-        message=message,
-        seconds=round(seconds, 2) if seconds is not None else None,
-        quiet_s=round(seconds - waited, 2) if seconds is not None else None,
-        first_line=stderr[0] if stderr else "",
-        traceback=any("Traceback" in line for line in stderr),
-        ok=False,
-        issue=case.issue,
-        wall_s=round(run.wall_s or run.since(), 2),
-        cpu_s=round(run.cpu_s or 0.0, 2),
-        load_1m=round(load, 1),
-        bar_s=bar_s(case),
-        bar="dht" if case.dht else "network" if case.network_timeout_s else "fast",
-        stderr=stderr[:20],
-        extra={**extra, "stdout_head": [line for _, line in run.out][:3], "run_queue_wait_s": round(waited, 2)},
-    )
-    row.ok, row.why = judge(case, row, fill)
-    return row
+    row = {
+        "name": case.name,
+        "command": "blocktrain " + " ".join(shown(a, fill) for a in case.args),
+        "exit_code": run.proc.returncode,
+        "message": message,
+        "seconds": round(seconds, 2) if seconds is not None else None,  # spawn -> the message line
+        "quiet_s": round(seconds - waited, 2) if seconds is not None else None,  # less the run-queue wait until then
+        "first_line": stderr[0] if stderr else "",
+        "traceback": any("Traceback" in line for line in stderr),
+        "ok": False,
+        "why": "",  # what fails the bar
+        "issue": case.issue,
+        "wall_s": round(run.wall_s or run.since(), 2),  # spawn -> exit
+        "cpu_s": round(run.cpu_s or 0.0, 2),  # user + system CPU seconds (with the children it waited for)
+        "load_1m": round(load, 1),  # at the spawn
+        "bar_s": DHT_S if case.dht else case.network_timeout_s or FAST_S,
+        "bar": "dht" if case.dht else "network" if case.network_timeout_s else "fast",
+        "stderr": stderr[:20],
+        "extra": {**extra, "stdout_head": [line for _, line in run.out][:3], "run_queue_wait_s": round(waited, 2)},
+    }
+    why = judge(case, row, fill)
+    return row | {"ok": not why, "why": "; ".join(why)}
 
 
 def probe_dashboard(run: Spawned) -> dict:
     """Wait for the dashboard's URL, then poll its /api/swarm until it lists a peer (or PROBE_S since the spawn)."""
     if (found := run.url(PROBE_S)) is None:
         return {"api": "no URL printed"}
-    listed, last = poll_json(
-        f"{found[1]}/api/swarm", lambda v: bool(v.get("peers")), run.t0 + PROBE_S, 0.5, run.running
-    )
-    if listed:
+    listed = lambda v: bool(v.get("peers"))
+    found_peers, last = poll_json(f"{found[1]}/api/swarm", listed, run.t0 + PROBE_S, 0.5, run.running)
+    if found_peers:
         return {"api_peers": last["peers"], "api_peers_after_s": round(run.since(), 1)}
     return {"api": f"no peer listed within {PROBE_S:.0f} s", "api_last": last}
 
 
-def _shown(arg: str, fill: dict[str, str]) -> str:
-    """The argument as the table shows it: fixture paths by their placeholder name, not a temp path."""
-    return re.sub(r"\{(\w+)\}", lambda m: m.group(1) if "/" in fill[m.group(1)] else fill[m.group(1)], arg)
-
-
-def bar_s(case: Case) -> float:
-    return DHT_S if case.dht else case.network_timeout_s or FAST_S
-
-
-def judge(case: Case, row: Row, fill: dict[str, str]) -> tuple[bool, str]:
+def judge(case: Case, row: dict, fill: dict[str, str]) -> list[str]:
+    """What fails the row's bar (nothing: it passes)."""
     why = []
     expected = case.expect_exit if isinstance(case.expect_exit, tuple) else (case.expect_exit,)
-    if row.exit_code not in expected:
-        why.append(f"exit {row.exit_code}, expected {' or '.join(map(str, expected))}")
-    if row.traceback:
+    if row["exit_code"] not in expected:
+        why.append(f"exit {row['exit_code']}, expected {' or '.join(map(str, expected))}")
+    if row["traceback"]:
         why.append("traceback")
     if case.quiet:
-        if noise := [line for line in row.stderr if NOISE.search(line)]:
+        if noise := [line for line in row["stderr"] if NOISE.search(line)]:
             why.append(f"stderr noise ({len(noise)} lines): {noise[0][:120]}")
     elif 0 not in expected:
-        errors = [line for line in row.stderr if line.startswith("error:")]
-        if not row.message.startswith("error:"):
+        errors = [line for line in row["stderr"] if line.startswith("error:")]
+        others = [line for line in row["stderr"] if not line.startswith("error:")]
+        if not row["message"].startswith("error:"):
             why.append("no `error:` line")
         elif len(errors) > 1:
             why.append(f"{len(errors)} `error:` lines")
-        others = [line for line in row.stderr if not line.startswith("error:")]
         if case.logs_ok:  # a peer's own log lines first; the error line last
             if noise := [line for line in others if LOG_NOISE.search(line)]:
                 why.append(f"stderr noise ({len(noise)} lines): {noise[0][:120]}")
-            if row.stderr and not row.stderr[-1].startswith("error:"):
+            if row["stderr"] and not row["stderr"][-1].startswith("error:"):
                 why.append("the `error:` line is not the last line")
         elif others:
             why.append(f"{len(others)} more stderr lines: {others[0][:120]}")
-    if not re.search(fill_in(case.words, fill, regex=True), row.message):
+    if not re.search(fill_in(case.words, fill, regex=True), row["message"]):
         why.append("message does not name the cause" if not case.quiet else "stdout does not show the result")
-    if case.probe and "api_peers" not in row.extra:
-        why.append(f"dashboard: {row.extra.get('api', 'probe failed')}")
-    if row.quiet_s is None:
+    if case.probe and "api_peers" not in row["extra"]:
+        why.append(f"dashboard: {row['extra'].get('api', 'probe failed')}")
+    if row["quiet_s"] is None:
         why.append("no message at all")
-    elif row.quiet_s >= bar_s(case):
-        why.append(f"message after {row.seconds}s, {row.quiet_s}s less the run-queue wait (bar {bar_s(case):.0f}s)")
-    return not why, "; ".join(why)
+    elif row["quiet_s"] >= row["bar_s"]:
+        why.append(
+            f"message after {row['seconds']}s, {row['quiet_s']}s less the run-queue wait (bar {row['bar_s']:.0f}s)"
+        )
+    return why
 
 
 class Fixtures:
@@ -340,9 +301,8 @@ class Fixtures:
             "OUT": ("out", ""),
             "LONE": ("lone/text.txt", TEXT),
         }
-        fill = {}
-        for name, (path, content) in files.items():
-            fill[name] = str(r / path)
+        fill = {name: str(r / path) for name, (path, _) in files.items()}
+        for path, content in files.values():
             if content is None:
                 (r / path).mkdir(parents=True)
             elif content != "":
@@ -355,9 +315,12 @@ class Fixtures:
             fill.update(CLOSED=str(closed.getsockname()[1]), SILENT=str(self.silent.getsockname()[1]))
         fill.update(self.keys_and_identities())
         base = ["run", "--data", fill["TRAIN"], "--min-peers", "2", *DAEMON_MODEL]
-        public = self.start_daemon([*base, "--swarm-id", "badinput", "--identity", fill["LOW_ID"]])
-        private = self.start_daemon([*base, "--swarm-id", "badkey", "--swarm-key", fill["KEY"]])
-        info, keyed = self.wait_ready(public), self.wait_ready(private)
+        for more in (
+            ["--swarm-id", "badinput", "--identity", fill["LOW_ID"]],
+            ["--swarm-id", "badkey", "--swarm-key", fill["KEY"]],
+        ):
+            self.daemons.append(Spawned([*blocktrain(), *base, *more], self.env, ROOT, session=True))
+        info, keyed = map(self.wait_ready, self.daemons)  # the public swarm's, the private one's
         return {
             **fill,
             "TAKEN": info["address"].rpartition(":")[2],
@@ -382,18 +345,13 @@ class Fixtures:
             out[name] = str(path)
         return out
 
-    def start_daemon(self, args: list[str]) -> Spawned:
-        self.daemons.append(Spawned([*blocktrain(), *args], self.env, ROOT, session=True))
-        return self.daemons[-1]
-
     @staticmethod
     def wait_ready(daemon: Spawned) -> dict[str, str]:
         """The `key: value` lines it printed before `ready` (waiting up to 180 s)."""
         while daemon.running() and daemon.since() < 180 and all(line != "ready" for _, line in daemon.out):
             time.sleep(0.1)
         info: dict[str, str] = {}
-        for _, line in daemon.out:
-            key, _, value = line.partition(": ")
+        for key, _, value in (line.partition(": ") for _, line in daemon.out):
             info.setdefault(key, value)
         if not {"address", "multiaddr", "peer"} <= info.keys():
             raise SystemExit(f"a helper daemon did not start: {info}")
@@ -407,6 +365,10 @@ class Fixtures:
             daemon.wait(30)
             killpg(daemon.proc.pid, signal.SIGKILL)  # its DHT process and p2pd
             daemon.wait(10)
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def markdown(out: dict) -> str:
@@ -424,43 +386,36 @@ def markdown(out: dict) -> str:
         "within the bar. TMP: the run's temp folder; MULTIADDR: the idle daemon's, KEYED_MULTIADDR: a private "
         f"swarm's. Load average: {out['load_before']} before, {out['load_after']} after.",
         "",
-        "| input | exit | seconds | quiet est. | bar | load | message | passes |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    cells = []
     for r in rows:
-        issue = r["issue"] if not isinstance(r["issue"], bool) else 10 * r["issue"]
-        label = f"{r['name']}{f' (issue {issue})' if issue else ''}<br>`{r['command']}`"
-        message = re.sub(r"\S*blocktrain-bad-input-\w+", "TMP", r["message"]).replace("|", "\\|")
+        issue = f" (issue {r['issue']})" if r["issue"] else ""
+        label = f"{r['name']}{issue}<br>`{r['command']}`"
+        message = cell(re.sub(r"\S*blocktrain-bad-input-\w+", "TMP", r["message"]))
         if len(message) > 260:
             message = message[:257] + "..."
         if n := r.get("extra", {}).get("log_lines"):
-            message += f" (after {n} log lines of the peer, e.g. `{r['stderr'][0][:140]}`)".replace("|", "\\|")
+            message += cell(f" (after {n} log lines of the peer, e.g. `{r['stderr'][0][:140]}`)")
         secs = "-" if r["seconds"] is None else f"{r['seconds']:.2f}"
         quiet = "-" if r.get("quiet_s") is None else f"{r['quiet_s']:.2f}"
-        verdict = "yes" if r["ok"] else f"**no**: {r['why']}".replace("|", "\\|")
+        verdict = "yes" if r["ok"] else cell(f"**no**: {r['why']}")
         bar = f"{r.get('bar_s', FAST_S):.0f} s{' (DHT)' if r.get('bar') == 'dht' else ''}"
         load = r.get("load_1m", "-")
-        lines.append(f"| {label} | {r['exit_code']} | {secs} | {quiet} | {bar} | {load} | {message} | {verdict} |")
+        cells.append(f"{label} | {r['exit_code']} | {secs} | {quiet} | {bar} | {load} | {message} | {verdict}")
+    lines += results.table("input | exit | seconds | quiet est. | bar | load | message | passes", cells, "l" * 8)
     failed = ": every one." if not failing else f"; failing: {', '.join(r['name'] for r in failing)}."
     lines += ["", f"{len(rows) - len(failing)} of {len(rows)} rows pass{failed}"]
-    if over := [
-        f"{r['name']} ({r['quiet_s']:.2f} s)"
-        for r in rows
-        if r.get("bar") == "dht" and (r.get("quiet_s") or 0) >= FAST_S
-    ]:
-        lines += ["", f"Over {FAST_S:.0f} s, within the {DHT_S:.0f} s bar of a DHT client: " + "; ".join(over) + "."]
-    left = [
-        f"{r['name']}: {', '.join(r['extra']['left_processes'])}"
-        for r in rows
-        if r.get("extra", {}).get("left_processes")
-    ]
-    if left:
-        lines += ["", "Processes of a command's group left after it exited (killed): " + "; ".join(left) + "."]
+    if over := [r for r in rows if r.get("bar") == "dht" and (r.get("quiet_s") or 0) >= FAST_S]:
+        names = "; ".join(f"{r['name']} ({r['quiet_s']:.2f} s)" for r in over)
+        lines += ["", f"Over {FAST_S:.0f} s, within the {DHT_S:.0f} s bar of a DHT client: {names}."]
+    if left := [r for r in rows if r.get("extra", {}).get("left_processes")]:
+        names = "; ".join(f"{r['name']}: {', '.join(r['extra']['left_processes'])}" for r in left)
+        lines += ["", f"Processes of a command's group left after it exited (killed): {names}."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     options.add_outputs(p, "bad_input.json", "bad_input.md", results=ROOT / results.RESULTS)
     p.add_argument("--timeout-s", type=float, default=60.0, help="Give up on one case after this many seconds.")
     p.add_argument("--only", default="", help="Run only the cases whose name contains this.")
@@ -474,19 +429,16 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "BLOCKTRAIN_CACHE": str(tmp / "cache"), "COLUMNS": "200"}
     for name in ("BLOCKTRAIN_DATA", "BLOCKTRAIN_SWARM_KEY", "BLOCKTRAIN_SWARM", "BLOCKTRAIN_SWARM_ID"):
         env.pop(name, None)
-    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    fixtures = Fixtures(tmp, env)
-    rows: list[Row] = []
+    loads = lambda: " ".join(f"{x:.1f}" for x in os.getloadavg())
+    load_before = loads()
+    fixtures, rows = Fixtures(tmp, env), []
     try:
         fill = fixtures.build()
         print(f"fixtures up after {time.monotonic() - started:.0f} s", flush=True)
-        for case in (c for c in cases() if args.only in c.name):
+        for case in (c for c in CASES if args.only in c.name):
             rows.append(row := run_case(case, fill, env, args.timeout_s))
-            print(
-                f"{'ok  ' if row.ok else 'FAIL'} {row.seconds}s (quiet est. {row.quiet_s}s, load {row.load_1m}) "
-                f"exit {row.exit_code} {row.name}: {row.message} {row.why}",
-                flush=True,
-            )
+            took = f"{row['seconds']}s (quiet est. {row['quiet_s']}s, load {row['load_1m']}) exit {row['exit_code']}"
+            print(f"{'ok  ' if row['ok'] else 'FAIL'} {took} {row['name']}: {row['message']} {row['why']}", flush=True)
     finally:
         fixtures.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -495,14 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_before": load_before,
-        "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "load_after": loads(),
         "wall_s": round(time.monotonic() - started, 1),
         "fast_s": FAST_S,
-        "rows": [asdict(r) for r in rows],
+        "rows": rows,
     }
     results.write_json(args.out, out, sort_keys=False)
     args.md.write_text(markdown(out))
-    print(f"wrote {args.out} and {args.md}: {sum(r.ok for r in rows)} of {len(rows)} rows pass")
+    print(f"wrote {args.out} and {args.md}: {sum(r['ok'] for r in rows)} of {len(rows)} rows pass")
     return 0
 
 

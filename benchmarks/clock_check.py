@@ -1,18 +1,10 @@
 """Clock check: the time-to-quality cost model's round time against real daemons, each pinned to one core.
 
-time_to_quality's wall times are composed: per-step costs measured on the real trainer with one thread (one peer's
-device), times H, plus the simulator's network and merge. This script checks the composition. It measures the
-step costs of the daemons' own training config in this process, pinned to one core (the rest of the machine
-idle), runs the same schedule in the simulator (swarmd.sim.scheduled: concurrent, one peer per block, the lockstep
-regime, loopback-fast), then starts the same swarm as real daemons (`python -m swarmd`), peer i under `taskset -c
-<core i>` with one torch thread, and reads their merge-to-merge round times from their checkpoints. A daemon's
-round also pays fixed costs besides its steps and its exchange: record lookups, exchange calls, checkpoint,
-announce (StepCosts.round_s) and the local work of each predecessor pull (pull_s). The first run (H =
---steps-per-round) measures them from the daemons' round histories (fixed seconds = round - train_s - exchange
-seconds; round_s: block 0's median, which pulls nothing; pull_s: a later block's median rest per pull); a second
-swarm at --check-steps (another H) is then predicted with them and compared. Rows: per run and peer, the measured
-median round time, the model's without and with round_s, their ratios, and the daemon's median train, exchange
-and fixed seconds.
+Measures the step costs of the daemons' training config pinned to one core, runs the schedule in the simulator
+(concurrent, one peer per block, lockstep) and as real daemons (peer i under `taskset -c <core i>`, one thread),
+and reads their merge-to-merge round times from their checkpoints. The first run (H = --steps-per-round) measures
+the fixed costs a round (round_s: block 0's, which pulls nothing) and per predecessor pull (pull_s); a second at
+--check-steps is predicted with them. Writes --out: per run and peer, the measured and modelled round times.
 
     python benchmarks/clock_check.py --data-dir ../shared/data/wikitext-2
 """
@@ -32,7 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness.daemons import Swarm, check_exit, history
+from benchmarks.harness import sweeps
+from benchmarks.harness.daemons import Swarm, history
 from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
 from benchmarks.harness.results import command_line, machine, write_json
 from swarmd.core.data import ByteData
@@ -61,59 +54,46 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def daemons(a: argparse.Namespace, workdir: Path) -> Swarm:
-    """The swarm under test: one peer per block, peer i pinned to core i (taskset), one torch thread each."""
+def daemons(a: argparse.Namespace, steps: int, workdir: Path) -> Swarm:
+    """The swarm under test at H=steps: one peer per block, peer i pinned to core i (taskset), one torch thread."""
     python = [sys.executable, "-m", "swarmd", "--verbose", "--config"]  # the config file's path follows
     programs = {i: ["taskset", "-c", str(core), *python] for i, core in enumerate(a.cores)}
-    return Swarm(
-        a.blocks,
-        model_of(a),
-        a.data_dir / "train.txt",
-        workdir,
-        rounds=a.rounds,
-        steps_per_round=a.steps_per_round,
-        batch_size=a.batch_size,
-        lr=a.lr,
-        programs=programs,
-    )
+    schedule = {"rounds": a.rounds, "steps_per_round": steps, "batch_size": a.batch_size, "lr": a.lr}
+    return Swarm(a.blocks, model_of(a), a.data_dir / "train.txt", workdir, **schedule, programs=programs)
 
 
-def step_costs(a: argparse.Namespace, swarm: Swarm) -> StepCosts:
-    """The step costs of the daemons' config, measured pinned to the first core with one thread."""
-    os.sched_setaffinity(0, {a.cores[0]})
+def step_costs(core: int, swarm: Swarm) -> StepCosts:
+    """The step costs of the daemons' config, measured pinned to `core` with one thread."""
+    os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     costs = measure_step_costs(swarm.config.model, swarm.config.train)
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     return costs
 
 
-def modelled_rounds(a: argparse.Namespace, swarm: Swarm, costs: StepCosts) -> list[float]:
-    """The cost model's round times for the swarm's schedule (concurrent, one peer per block, lockstep)."""
-    cfg, train = swarm.config.model, swarm.config.train
+def modelled_round_s(a: argparse.Namespace, swarm: Swarm, costs: StepCosts) -> float:
+    """The cost model's median round time (the first left out) for the swarm's schedule (concurrent, one peer per
+    block, lockstep)."""
+    cfg, train, steps = swarm.config.model, swarm.config.train, swarm.config.gossip.steps_per_round
     regime = priced_regime(regime_named("lockstep"), costs.block_s[0])
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(1024)
-    sim_cfg = SimConfig(cfg, train, 1, a.rounds, a.steps_per_round, eval_tokens=1024, eval_every=a.rounds)
-    policy = make_policy(regime_policy(regime), regime, a.steps_per_round)
+    sim_cfg = SimConfig(cfg, train, 1, a.rounds, steps, eval_tokens=1024, eval_every=a.rounds)
+    policy = make_policy(regime_policy(regime), regime, steps)
     plan = SchedulePlan("concurrent", cfg.blocks, 1, True)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
-    return [sim.step().seconds for _ in range(a.rounds)]
+    return statistics.median([sim.step().seconds for _ in range(a.rounds)][1:])
 
 
 def measured_rounds(swarm: Swarm, timeout_s: float) -> list[dict]:
-    """Each daemon's merge-to-merge round times (from its checkpointed round history) and exchange seconds."""
-    swarm.start()
-    try:
-        check_exit(swarm, swarm.wait(timeout_s), "the daemons did not finish their rounds")
-    finally:
-        swarm.stop()
+    """Each daemon's merge-to-merge round times (from its checkpointed round history), train and exchange seconds
+    and the rest (fixed seconds = round - train - exchange)."""
+    sweeps.run_to_end(swarm, "the daemons did not finish their rounds", start_s=120, wait_s=timeout_s)
     out = []
     for p in swarm.peers:
         h = history(p)
-        at = [r["at_s"] for r in h]
-        rounds = [b - a for a, b in itertools.pairwise(at)]
-        exchange = [r["seconds"] for r in h[1:]]
-        train = [r.get("train_s", 0.0) for r in h[1:]]
+        rounds = [b["at_s"] - a["at_s"] for a, b in itertools.pairwise(h)]
+        exchange, train = [r["seconds"] for r in h[1:]], [r.get("train_s", 0.0) for r in h[1:]]
         fixed = [r - t - x for r, t, x in zip(rounds, train, exchange)]
         out.append({"each_round_s": rounds, "each_exchange_s": exchange, "each_train_s": train, "each_fixed_s": fixed})
     return out
@@ -124,10 +104,9 @@ def one_run(
 ) -> tuple[list[dict], StepCosts, Swarm]:
     """A swarm at H=steps: its rows, the model without and with `fixed` (StepCosts.round_s, pull_s; None: measured
     in this run, from the daemons' fixed seconds a round: block 0's, and a later block's less that, per pull)."""
-    a = argparse.Namespace(**{**vars(a), "steps_per_round": steps})
     with tempfile.TemporaryDirectory(prefix="clock-check-") as tmp:
-        swarm = daemons(a, Path(tmp))
-        costs = step_costs(a, swarm)
+        swarm = daemons(a, steps, Path(tmp))
+        costs = step_costs(a.cores[0], swarm)
         measured = measured_rounds(swarm, a.timeout)
     train = swarm.config.train
     pulls = [train.predecessor_pulls * p.block if train.trajectory_prob else 0 for p in swarm.peers]
@@ -136,45 +115,44 @@ def one_run(
         per_pull = [(f - round_s) / n for m, n in zip(measured, pulls) if n for f in m["each_fixed_s"]]
         fixed = round_s, max(0.0, statistics.median(per_pull)) if per_pull else 0.0
     costs = replace(costs, round_s=fixed[0], pull_s=fixed[1])
-    free_s = statistics.median(modelled_rounds(a, swarm, replace(costs, round_s=0.0, pull_s=0.0))[1:])
-    model_s = statistics.median(modelled_rounds(a, swarm, costs)[1:])
+    free_s = modelled_round_s(a, swarm, replace(costs, round_s=0.0, pull_s=0.0))
+    model_s = modelled_round_s(a, swarm, costs)
     rows = []
     for i, m in enumerate(measured):
         real_s = statistics.median(m["each_round_s"])
         medians = {f"{k}_s": statistics.median(m[f"each_{k}_s"]) for k in ("train", "exchange", "fixed")}
-        rows.append(
-            {
-                "steps_per_round": steps,
-                "peer": i,
-                "block": swarm.peers[i].block,
-                "core": a.cores[i],
-                "measured_round_s": real_s,
-                "modelled_round_s": model_s,
-                "measured_over_modelled": real_s / model_s,
-                "modelled_without_round_s": free_s,
-                "measured_over_modelled_without": real_s / free_s,
-                **medians,
-                "rounds_timed": len(m["each_round_s"]),
-                **m,
-            }
-        )
+        row = {
+            "steps_per_round": steps,
+            "peer": i,
+            "block": swarm.peers[i].block,
+            "core": a.cores[i],
+            "measured_round_s": real_s,
+            "modelled_round_s": model_s,
+            "measured_over_modelled": real_s / model_s,
+            "modelled_without_round_s": free_s,
+            "measured_over_modelled_without": real_s / free_s,
+            **medians,
+            "rounds_timed": len(m["each_round_s"]),
+            **m,
+        }
+        rows.append(row)
         print(
-            f"H={steps} peer {i} (block {rows[-1]['block']}, core {a.cores[i]}): round {real_s:.3f} s measured, "
+            f"H={steps} peer {i} (block {row['block']}, core {a.cores[i]}): round {real_s:.3f} s measured, "
             f"{model_s:.3f} s modelled with round_s {costs.round_s:.3f} and pull_s {costs.pull_s:.3f} (ratio "
-            f"{real_s / model_s:.2f}), {free_s:.3f} "
-            f"without (ratio {real_s / free_s:.2f}); train {medians['train_s']:.3f}, exchange "
-            f"{medians['exchange_s']:.3f}, fixed {medians['fixed_s']:.3f} s",
+            f"{real_s / model_s:.2f}), {free_s:.3f} without (ratio {real_s / free_s:.2f}); train "
+            f"{medians['train_s']:.3f}, exchange {medians['exchange_s']:.3f}, fixed {medians['fixed_s']:.3f} s",
             flush=True,
         )
     return rows, costs, swarm
 
 
-def run(a: argparse.Namespace) -> dict:
+def main(argv: list[str] | None = None) -> None:
+    a = options(argv)
     rows, costs, swarm = one_run(a, a.steps_per_round, None)
     if a.check_steps:
         rows += one_run(a, a.check_steps, (costs.round_s, costs.pull_s))[0]
-    return {
-        "command": command_line("clock_check.py", a.argv),
+    out = {
+        "command": command_line("clock_check.py", argv),
         "machine": machine(),
         "model": swarm.config.model.to_dict(),
         "steps_per_round": a.steps_per_round,
@@ -182,12 +160,7 @@ def run(a: argparse.Namespace) -> dict:
         "costs": costs.to_dict(),
         "rows": rows,
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    a = options(argv)
-    a.argv = argv
-    write_json(a.out, run(a))
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,10 @@
-"""Delayed averaging (issue 12, "no pause for the network"): quality cost and time saved by --overlap.
+"""Delayed averaging ("no pause for the network"): the quality cost and the time saved by --overlap.
 
-1. Quality, in the simulator (swarmd.sim, the daemon's land_merge rule): from-noise CE after every round for
-   --seeds seeds, merging at once vs late by each of --late-steps, on the lockstep network (only the delay
-   differs); --wan-regime adds a run on that regime, whose simulated clock shows the time the overlap saves.
-2. Time, with real daemons (LocalSwarm on loopback, tiny model, one block with --daemons replicas): --repeats
-   runs of each mode, alternated so load drifts hit both; per run a peer's median merge-to-merge time, the
-   first-to-last merge wall time (median over peers) and the trained model's from-noise CE.
-
-Writes --out (JSON), --png (CE curves) and --md.
+Quality in the simulator (the daemon's land_merge rule): from-noise CE after every round for each of --seeds,
+merging at once vs late by each of --late-steps on the lockstep network (--wan-regime: also on that regime's
+simulated clock). Time with real daemons (one block, --daemons replicas on loopback): --repeats runs of each mode,
+alternated; a peer's median merge-to-merge time, the first-to-last merge wall time and the trained model's CE.
+Writes --out (JSON), --png (CE curves) and --md; see BENCHMARKS.md#delayed.
 
     python benchmarks/delayed.py --data-dir /work/shared/data/wikitext-2
     python benchmarks/delayed.py --seeds 0 --sim-rounds 2 --steps 2 --late-steps 1 0 --daemon-rounds 3 --repeats 1
@@ -17,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from statistics import mean, median, stdev
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -89,10 +86,8 @@ def run_sim(a, data, held_out, late: int | None, seed: int, regime_name: str = "
     row |= {"ce": r.ce, "ce_start": r.ce_start, "sim_wall_s": r.sim_wall_s, "participation": r.participation}
     row["curve"] = [[x.round * a.steps, x.ce] for x in r.rounds if x.ce is not None]
     row["cpu_s"] = time.monotonic() - started
-    print(
-        f"sim {regime.name} seed {seed} {row['mode']}: ce {r.ce:.4f} sim {r.sim_wall_s:.1f}s ({row['cpu_s']:.0f}s)",
-        flush=True,
-    )
+    took = f"ce {r.ce:.4f} sim {r.sim_wall_s:.1f}s ({row['cpu_s']:.0f}s)"
+    print(f"sim {regime.name} seed {seed} {row['mode']}: {took}", flush=True)
     return row
 
 
@@ -107,9 +102,9 @@ def quality(a) -> dict:
     ce = {(r["seed"], r["late"]): r["ce"] for r in rows}
     gaps = {mode(m, a.steps): {str(s): ce[s, m] - ce[s, None] for s in a.seeds} for m in a.late_steps}
     out: dict = {"lockstep": rows, "ce_gap": gaps}  # mode -> seed -> CE late - CE at once
-    out["ce_gap_mean"] = {name: statistics.mean(g.values()) for name, g in gaps.items()}
+    out["ce_gap_mean"] = {name: mean(g.values()) for name, g in gaps.items()}
     if len(a.seeds) > 1:
-        out["ce_gap_stdev"] = {name: statistics.stdev(g.values()) for name, g in gaps.items()}
+        out["ce_gap_stdev"] = {name: stdev(g.values()) for name, g in gaps.items()}
     if a.wan_regime:
         wan = out["wan"] = [run_sim(a, data, held_out, late, a.seeds[0], a.wan_regime) for late in (None, 0)]
         out["wan_time_ratio"] = wan[1]["sim_wall_s"] / wan[0]["sim_wall_s"]
@@ -136,11 +131,11 @@ def run_daemons(a, n: int, late: int | None, eval_xy) -> dict:
         "late": late,
         "mode": daemon_mode(late),
         "rounds_merged": [len(h) for h in hists],
-        "round_s_median": statistics.median(between),
-        "round_s_mean": statistics.mean(between),
-        "first_to_last_merge_s": statistics.median(h[-1]["at_s"] - h[0]["at_s"] for h in hists),
-        "exchange_s_median": statistics.median(exchange),
-        "participation": statistics.mean(s["participation"] for s in sums),
+        "round_s_median": median(between),
+        "round_s_mean": mean(between),
+        "first_to_last_merge_s": median(h[-1]["at_s"] - h[0]["at_s"] for h in hists),
+        "exchange_s_median": median(exchange),
+        "participation": mean(s["participation"] for s in sums),
         "local_steps": [s.get("local_steps") for s in sums],
         "ce": ce,
     }
@@ -161,21 +156,21 @@ def timing(a) -> dict:
         runs = [run_daemons(a, n, late, eval_xy) for _ in range(a.repeats) for late in modes]
         out["runs"] += runs
         keys = ("round_s_median", "first_to_last_merge_s", "ce")
-        med = {
-            daemon_mode(m): {k: statistics.median(r[k] for r in runs if r["late"] == m) for k in keys} for m in modes
-        }
+        med = {daemon_mode(m): {k: median(r[k] for r in runs if r["late"] == m) for k in keys} for m in modes}
         off = med.pop("off")
-        out["ratios"][str(n)] = {
-            m: {
-                "round_s_ratio": x["round_s_median"] / off["round_s_median"],
-                "wall_ratio": x["first_to_last_merge_s"] / off["first_to_last_merge_s"],
-                "ce": x["ce"],
-                "ce_gap": x["ce"] - off["ce"],
-            }
-            for m, x in med.items()
-        }
+        out["ratios"][str(n)] = {m: against_off(x, off) for m, x in med.items()}
         out["ce_off"][str(n)] = off["ce"]
     return out
+
+
+def against_off(x: dict, off: dict) -> dict:
+    """A mode's medians against overlap off's: round and wall time ratios, its CE and the CE gap."""
+    return {
+        "round_s_ratio": x["round_s_median"] / off["round_s_median"],
+        "wall_ratio": x["first_to_last_merge_s"] / off["first_to_last_merge_s"],
+        "ce": x["ce"],
+        "ce_gap": x["ce"] - off["ce"],
+    }
 
 
 # -- output --------------------------------------------------------------------------------------------
@@ -231,14 +226,13 @@ def quality_lines(q: dict) -> list[str]:
         "after k of the next round's H steps (k = how long the exchange takes, in steps); k = H, a full round, "
         "is the most a daemon ever delays one, so it bounds the cost.",
         "",
-        "| seed | " + " | ".join(f"CE, {n}" for n in names) + " | "
-        + " | ".join(f"{n} - at once" for n in names[1:]) + " |",
-        "|---:|" + "---:|" * (2 * len(names) - 1),
-    ]  # fmt: skip
+    ]
+    head = " | ".join(["seed", *(f"CE, {n}" for n in names), *(f"{n} - at once" for n in names[1:])])
+    rows = []
     for seed in seeds:
         cells = [f"{ce[(n, seed)]:.4f}" for n in names] + [f"{q['ce_gap'][n][str(seed)]:+.4f}" for n in names[1:]]
-        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    lines.append("")
+        rows.append(" | ".join([str(seed), *cells]))
+    lines += [*results.table(head, rows, "r" * (2 * len(names))), ""]
     for n in names[1:]:
         spread = f" (stdev {q['ce_gap_stdev'][n]:.4f} over {len(seeds)} seeds)" if "ce_gap_stdev" in q else ""
         lines.append(f"- {n}: mean gap {q['ce_gap_mean'][n]:+.4f} nats/byte{spread}.")
@@ -248,13 +242,12 @@ def quality_lines(q: dict) -> list[str]:
         "",
         "CE over the budget (mean over seeds; every curve is in `delayed.png` and the JSON):",
         "",
-        "| steps per worker | " + " | ".join(str(x) for x in picks) + " |",
-        "|---|" + "---:|" * len(picks),
     ]
+    rows = []
     for n in names:
         curves = [dict(map(tuple, r["curve"])) for r in q["lockstep"] if r["mode"] == n]
-        lines.append(f"| {n} | " + " | ".join(f"{statistics.mean(c[x] for c in curves):.4f}" for x in picks) + " |")
-    lines.append("")
+        rows.append(" | ".join([n, *(f"{mean(c[x] for c in curves):.4f}" for x in picks)]))
+    lines += [*results.table(" | ".join(["steps per worker", *map(str, picks)]), rows), ""]
     if "wan" in q:
         plain, late = q["wan"]
         lines += [
@@ -282,17 +275,14 @@ def timing_lines(out: dict) -> list[str]:
         "Round = a peer's median merge-to-merge time (first round left out); "
         "wall = first to last merge of a peer (median over peers); exchange = own delta ready -> merge.",
         "",
-        "| run | N | overlap | round s (median) | first->last merge s | exchange s (median) | participation "
-        "| from-noise CE |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for i, r in enumerate(t["runs"]):
-        lines.append(
-            f"| {i + 1} | {r['daemons']} | {r['mode']} | {r['round_s_median']:.3f} "
-            f"| {r['first_to_last_merge_s']:.2f} | {r['exchange_s_median']:.3f} | {r['participation']:.2f} "
-            f"| {r['ce']:.4f} |"
-        )
-    lines.append("")
+    rows = [
+        f"{i + 1} | {r['daemons']} | {r['mode']} | {r['round_s_median']:.3f} | {r['first_to_last_merge_s']:.2f} "
+        f"| {r['exchange_s_median']:.3f} | {r['participation']:.2f} | {r['ce']:.4f}"
+        for i, r in enumerate(t["runs"])
+    ]
+    head = "run | N | overlap | round s (median) | first->last merge s | exchange s (median) | participation"
+    lines += [*results.table(f"{head} | from-noise CE", rows, "rrlrrrrr"), ""]
     for n, per_mode in t["ratios"].items():
         for m, r in per_mode.items():
             lines.append(

@@ -1,23 +1,13 @@
 """The Docker image, built and run for real: build time, image size, time to healthy, time to join.
 
-Where Docker Hub cannot be reached, the base is built from Debian's packages (`debootstrap --variant=minbase
-bookworm` + python3, python3-venv, ca-certificates and this host's extra CA certificates, so pip trusts the TLS proxy
-the host trusts), `docker import`ed as --base-tag (reused unless --rebuild-base). The project image is built from a
-staged copy of the build context (the files the Dockerfile copies, wheels/ with the local torch wheel:
---build-arg BASE_IMAGE=--base-tag TORCH_INDEX= TORCH_WHEELS=wheels), cold (--no-cache) unless --cache. Then, on a
-fresh docker network:
+Builds the base from Debian's packages (debootstrap bookworm + python3, the host's extra CA certificates; reused
+unless --rebuild-base) and the project image with the local torch wheel, cold unless --cache. Then on a fresh docker
+network: A runs the image's own CMD until its HEALTHCHECK is healthy; B joins it (`blocktrain join MULTIADDR --block
+N`, no --data) until it merges a round with both peers and `blocktrain status --swarm` in A lists 2 peers; both are
+stopped (`docker stop`, timed) and removed. Bounded by --timeout-s; needs root (starts dockerd when none runs).
+Writes --out (benchmarks/results/docker_image.json) and prints a markdown table (BENCHMARKS.md#docker_image).
 
-  A  the image's own CMD (`blocktrain run --data /data/train.txt ...`, a small generated text mounted there) until
-     `docker inspect` reports its HEALTHCHECK healthy (interval and start period shortened with docker run's flags);
-  B  `blocktrain join MULTIADDR --block N` with A's `join with:` and `block:` lines, no --data (the stdlib corpus),
-     until it prints a merged round with both peers in it (participation 1.00) and `blocktrain status --swarm
-     MULTIADDR`, run inside A, lists 2 peers.
-
-Both containers are stopped (SIGTERM, the seconds to exit recorded) and removed with their volumes, and the network
-removed, always; everything is bounded by --timeout-s. Needs root (debootstrap, chroot, the docker socket); starts
-dockerd (`dockerd > /tmp/dockerd.log 2>&1 &`) when none runs. Writes --out (JSON) and prints a markdown table.
-
-    python benchmarks/docker_image.py
+    python benchmarks/docker_image.py --rebuild-base
 """
 
 from __future__ import annotations
@@ -42,30 +32,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md"]
 CONTEXT_DIRS = ["swarmd", "cli", "proto"]  # the Dockerfile's COPY sources
+SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"  # the base image's Debian
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 JOIN_RE = re.compile(r"^join with: blocktrain join (\S+) --data FILE --swarm-id (\S+)", re.M)
 BLOCK_RE = re.compile(r"^block: (\d+)", re.M)
 ROUND_RE = re.compile(r"^round (\d+): block (\d+) train ce (\S+) participation ([\d.]+)", re.M)
+MILESTONES = {  # what a container's poll looks for -> the table's words for it
+    "ready": "`ready` line",
+    "healthy": "HEALTHCHECK healthy",
+    "first_round": "first merged round",
+    "full_round": "a round with both peers (participation 1.00)",
+}
 
 
 class Failed(Exception):
     """A step of the run failed (the message says which and why)."""
 
 
-class Budget:
-    """The wall-clock deadline of the whole run (--timeout-s)."""
-
-    def __init__(self, seconds: float):
-        self.deadline = time.monotonic() + seconds
-
-    def left(self, floor: float = 1.0) -> float:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise Failed("out of --timeout-s")
-        return max(floor, left)
+def time_left(deadline: float) -> float:
+    """Seconds to the run's deadline (--timeout-s), at least 1; Failed once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Failed("out of --timeout-s")
+    return max(1.0, left)
 
 
 def sh(args: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -113,7 +104,7 @@ def image_size(tag: str, check: bool = True) -> int | None:
     return int(res.stdout.strip()) if res.returncode == 0 else None
 
 
-def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget) -> float:
+def build_base(tag: str, deadline: float) -> float:
     """debootstrap a minimal Debian with python3 + venv into a temporary folder, `docker import` it as tag; seconds."""
     if shutil.which("debootstrap") is None:
         raise Failed("no debootstrap (apt-get install debootstrap) to build the base image")
@@ -121,20 +112,21 @@ def build_base(tag: str, suite: str, mirror: str, host_ca: bool, budget: Budget)
     with tempfile.TemporaryDirectory(prefix="blocktrain-rootfs-", dir="/var/tmp", ignore_cleanup_errors=True) as work:
         rootfs = Path(work) / "rootfs"
         include = "python3,python3-venv,ca-certificates"
-        sh(["debootstrap", "--variant=minbase", f"--include={include}", suite, str(rootfs), mirror], budget.left())
-        extra = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")) if host_ca else []
+        debootstrap = ["debootstrap", "--variant=minbase", f"--include={include}", SUITE, str(rootfs), MIRROR]
+        sh(debootstrap, time_left(deadline))
+        extra = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))  # the TLS proxy the host trusts
         for crt in extra:
             shutil.copy2(crt, rootfs / "usr/local/share/ca-certificates" / Path(crt).name)
         if extra:
-            sh(["chroot", str(rootfs), "update-ca-certificates"], budget.left())
+            sh(["chroot", str(rootfs), "update-ca-certificates"], time_left(deadline))
         for p in [*(rootfs / "var/cache/apt/archives").glob("*"), *(rootfs / "var/lib/apt/lists").glob("*")]:
             if p.is_file():
                 p.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         try:
             changes = ["--change", f"ENV {PATH_ENV}", "--change", 'CMD ["/bin/bash"]']
-            msg = f"debootstrap --variant=minbase {suite} +{include}" + (" + host CA certificates" if extra else "")
-            sh(["docker", "import", *changes, "--message", msg, "-", tag], budget.left(), stdin=tar.stdout)
+            msg = f"debootstrap --variant=minbase {SUITE} +{include}" + (" + host CA certificates" if extra else "")
+            sh(["docker", "import", *changes, "--message", msg, "-", tag], time_left(deadline), stdin=tar.stdout)
         finally:
             tar.stdout.close()
             tar.wait()
@@ -159,12 +151,12 @@ def stage_context(ctx: Path, wheel: Path | None) -> int:
     return size
 
 
-def docker_build(args: list[str], budget: Budget, log_path: Path) -> float:
+def docker_build(args: list[str], deadline: float, log_path: Path) -> float:
     """Run one `docker build` (its output to log_path); its seconds."""
     started = time.monotonic()
     with open(log_path, "w") as log:
         try:
-            res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=budget.left())
+            res = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=time_left(deadline))
         except subprocess.TimeoutExpired as e:
             raise Failed(f"docker build ran past the budget (log: {log_path})") from e
     if res.returncode != 0:
@@ -176,14 +168,11 @@ def layers(tag: str) -> list[dict]:
     """The image's layers that hold bytes, top first: size and the instruction that made it."""
     res = sh(["docker", "history", "--no-trunc", "--format", "{{json .}}", tag], 30)
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
-    return [
-        {"size": row.get("Size"), "created_by": row.get("CreatedBy", "")[:160]}
-        for row in rows
-        if row.get("Size") not in ("0B", "0")
-    ]
+    sized = [r for r in rows if r.get("Size") not in ("0B", "0")]
+    return [{"size": r.get("Size"), "created_by": r.get("CreatedBy", "")[:160]} for r in sized]
 
 
-def build_image(a, budget: Budget, log_path: Path) -> dict:
+def build_image(a, deadline: float, log_path: Path) -> dict:
     """The project image from a staged context: cold (--no-cache unless --cache); then, unless
     --no-rebuild, the rebuild a change of the code costs (one line appended to cli/__init__.py,
     layer cache on, tagged IMAGE-rebuild and removed again)."""
@@ -193,21 +182,17 @@ def build_image(a, budget: Budget, log_path: Path) -> dict:
         args = ["docker", "build", "--build-arg", f"BASE_IMAGE={a.base_tag}"]
         if a.torch_wheel is not None:
             args += ["--build-arg", "TORCH_INDEX=", "--build-arg", "TORCH_WHEELS=wheels"]
-        elif a.torch_index:
-            args += ["--build-arg", f"TORCH_INDEX={a.torch_index}"]
-        if a.build_network:
-            args += ["--network", a.build_network]
         cold = [*args, "-t", a.image_tag, *([] if a.cache else ["--no-cache"])]
-        out = {"build_s": round(docker_build([*cold, str(ctx)], budget, log_path), 1)}
+        out = {"build_s": round(docker_build([*cold, str(ctx)], deadline, log_path), 1)}
         out.update(context_bytes_without_wheel=context_bytes, build_command=cold)
         if a.rebuild:
             with open(ctx / "cli" / "__init__.py", "a") as f:
                 f.write("# a change of the code\n")
-            rebuild_tag = f"{a.image_tag}-rebuild"
-            seconds = docker_build([*args, "-t", rebuild_tag, str(ctx)], budget, log_path.with_suffix(".rebuild.log"))
+            tag = f"{a.image_tag}-rebuild"
+            seconds = docker_build([*args, "-t", tag, str(ctx)], deadline, log_path.with_suffix(".rebuild.log"))
             out["rebuild_after_code_change_s"] = round(seconds, 1)
             with contextlib.suppress(Failed):  # slow under load (its own copy of the venv layer): never fatal
-                sh(["docker", "rmi", rebuild_tag], 300, check=False)
+                sh(["docker", "rmi", tag], 300, check=False)
     return out
 
 
@@ -221,24 +206,17 @@ def logs(name: str, stderr: bool = True) -> str:
     return res.stdout + (res.stderr if stderr else "")
 
 
-def check_running(name: str) -> dict:
-    st = state(name)
-    if st.get("Status") != "running":
-        raise Failed(f"container {name} is {st.get('Status')} (exit {st.get('ExitCode')}):\n{logs(name)[-3000:]}")
-    return st
-
-
-def wait_for(what: str, probe, budget: Budget | None, limit_s: float, every_s: float = 0.5):
-    """Poll probe() (returns a truthy value when done) until it is done, limit_s or the budget (if any) run out."""
-    deadline = time.monotonic() + limit_s
+def wait_for(what: str, probe, deadline: float | None, limit_s: float, every_s: float = 0.5):
+    """Poll probe() (returns a truthy value when done) until it is done, limit_s or the run's deadline run out."""
+    give_up = time.monotonic() + limit_s
     while True:
         value = probe()
         if value:
             return value
-        if time.monotonic() > deadline:
+        if time.monotonic() > give_up:
             raise Failed(f"timed out after {limit_s:.0f}s waiting for {what}")
-        if budget:
-            budget.left()
+        if deadline is not None:
+            time_left(deadline)
         time.sleep(every_s)
 
 
@@ -263,11 +241,13 @@ def docker_run(name: str, net: str, a, extra: list[str], cmd: list[str]) -> None
     sh(["docker", "run", "-d", "--name", name, "--network", net, *health, *limits, *env, *extra, a.image_tag, *cmd], 60)
 
 
-def swarm_status(container: str, multiaddr: str, swarm_id: str) -> dict | None:
+def two_peers(container: str, multiaddr: str, swarm_id: str) -> dict | None:
+    """`blocktrain status --swarm --json` run in container, once it lists 2 peers (else None)."""
     cmd = ["blocktrain", "status", "--swarm", multiaddr, "--swarm-id", swarm_id, "--json", "--timeout-s", "10"]
     res = sh(["docker", "exec", container, *cmd], 90, check=False)
     with contextlib.suppress(json.JSONDecodeError):
-        return json.loads(res.stdout) if res.returncode == 0 else None
+        summary = json.loads(res.stdout) if res.returncode == 0 else None
+        return summary if summary and len(summary.get("peers", [])) >= 2 else None
     return None
 
 
@@ -278,33 +258,37 @@ def round_line(match: tuple[str, ...]) -> dict:
 
 
 class Watch:
-    """One container's milestones, each timed from its `docker run` the first time a poll sees it."""
+    """One container's MILESTONES, each timed from its `docker run` the first time a poll sees it."""
 
     def __init__(self, name: str):
         self.name, self.started, self.seen = name, time.monotonic(), {}
 
     def poll(self) -> str:
-        st = check_running(self.name)
+        st = state(self.name)
+        if st.get("Status") != "running":
+            status = f"{st.get('Status')} (exit {st.get('ExitCode')})"
+            raise Failed(f"container {self.name} is {status}:\n{logs(self.name)[-3000:]}")
         text = logs(self.name, stderr=False)
         now = round(time.monotonic() - self.started, 1)
-        events = {
+        rounds = ROUND_RE.findall(text)
+        happened = {
             "ready": "\nready" in "\n" + text,
             "healthy": st.get("Health", {}).get("Status") == "healthy",
-            "first_round": bool(ROUND_RE.search(text)),
-            "full_round": any(float(r[3]) >= 0.99 for r in ROUND_RE.findall(text)),
+            "first_round": bool(rounds),
+            "full_round": any(float(r[3]) >= 0.99 for r in rounds),
         }
-        for key, happened in events.items():
-            if happened:
-                self.seen.setdefault(key, now)
+        for key in (k for k, yes in happened.items() if yes):
+            self.seen.setdefault(key, now)
         return text
 
-    def until(self, keys: list[str], what: str, budget: Budget, limit_s: float) -> str:
-        return wait_for(
-            what, lambda: (text := self.poll()) and all(k in self.seen for k in keys) and text, budget, limit_s
-        )
+    def until(self, keys: list[str], deadline: float, limit_s: float) -> str:
+        """Its output once every one of keys was seen."""
+        done = lambda: (text := self.poll()) and all(k in self.seen for k in keys) and text
+        return wait_for(f"{self.name}: " + ", ".join(MILESTONES[k] for k in keys), done, deadline, limit_s)
 
 
-def run_swarm(a, budget: Budget, out: dict, workdir: Path) -> None:
+def run_swarm(a, deadline: float, out: dict, workdir: Path) -> None:
+    """Containers A and B on a fresh network, their milestones and `docker stop` into out; always cleaned up."""
     tag = f"{os.getpid()}"
     net, ca, cb = f"blocktrain-bench-{tag}", f"blocktrain-a-{tag}", f"blocktrain-b-{tag}"
     data = workdir / "train.txt"
@@ -317,7 +301,7 @@ def run_swarm(a, budget: Budget, out: dict, workdir: Path) -> None:
         wa = watches["a"] = Watch(ca)
         docker_run(ca, net, a, ["-v", f"{data}:/data/train.txt:ro"], [])  # the image's own CMD
         created.append(ca)
-        text = wa.until(["ready", "healthy"], "A's `ready` line and HEALTHCHECK healthy", budget, a.wait_s)
+        text = wa.until(["ready", "healthy"], deadline, a.wait_s)
         out["a_ready_s"], out["a_healthy_s"] = wa.seen["ready"], wa.seen["healthy"]
         join, block = JOIN_RE.search(text), BLOCK_RE.search(text)
         if not join or not block:
@@ -332,24 +316,17 @@ def run_swarm(a, budget: Budget, out: dict, workdir: Path) -> None:
         docker_run(cb, net, a, [], b_cmd)
         created.append(cb)
         out["b_command"] = ["docker", "run", "...", a.image_tag, *b_cmd]
-        keys = ["ready", "healthy", "first_round", "full_round"]
-        what = "B's `ready`, HEALTHCHECK healthy and a merged round with both peers (participation 1.00)"
-        text = wb.until(keys, what, budget, a.wait_s)
-        out.update({f"b_{k}_s": wb.seen[k] for k in keys})
+        text = wb.until(list(MILESTONES), deadline, a.wait_s)
+        out.update({f"b_{k}_s": wb.seen[k] for k in MILESTONES})
         rounds = ROUND_RE.findall(text)
         out["b_first_round"] = round_line(rounds[0])
         out["b_merged_round"] = round_line(next(r for r in rounds if float(r[3]) >= 0.99))
         out["b_corpus"] = next((ln for ln in logs(cb).splitlines() if ln.startswith("data: ")), None)
 
-        def two_peers():
-            summary = swarm_status(ca, multiaddr, swarm_id)
-            return summary if summary and len(summary.get("peers", [])) >= 2 else None
-
-        summary = wait_for("A's `blocktrain status --swarm` listing 2 peers", two_peers, budget, a.wait_s, 2.0)
-        out["status_peers"] = [
-            {k: p.get(k) for k in ("peer_id", "block", "round", "state", "participation", "address")}
-            for p in summary["peers"]
-        ]
+        listed = lambda: two_peers(ca, multiaddr, swarm_id)
+        summary = wait_for("A's `blocktrain status --swarm` listing 2 peers", listed, deadline, a.wait_s, 2.0)
+        keys = ("peer_id", "block", "round", "state", "participation", "address")
+        out["status_peers"] = [{k: p.get(k) for k in keys} for p in summary["peers"]]
     finally:
         out["milestones_s"] = {k: w.seen for k, w in watches.items()}  # what each reached, also on a failure
         out["stop"] = {}
@@ -395,45 +372,32 @@ def default_wheel() -> Path | None:
 
 
 def table(r: dict) -> list[str]:
-    mib = 1 << 20
-
-    def fig(key: str, unit: str = " s") -> str:
-        v = r.get(key)
-        return "-" if v is None else f"{v}{unit}"
+    """The result as a markdown table, "-" for what the run did not get to."""
+    fig = lambda key: "-" if r.get(key) is None else f"{r[key]} s"
+    mib = lambda key: f"{r[key] / (1 << 20):.0f} MiB" if r.get(key) else "-"
 
     def stops(key: str, code: bool = False) -> str:
         parts = []
-        for k in ("a", "b"):
-            st = r.get("stop", {}).get(k) or {}
+        for st in (r.get("stop", {}).get(k) or {} for k in ("a", "b")):
             v = "-" if st.get(key) is None else f"{st[key]} s"
             parts.append(f"{v} ({st.get('exit_code', '-')})" if code else v)
         return " / ".join(parts)
 
-    base = f"{r['base_size_bytes'] / mib:.0f} MiB" if r.get("base_size_bytes") else "-"
-    size = f"{r['image_size_bytes'] / mib:.0f} MiB" if r.get("image_size_bytes") else "-"
-    base_build = "cached" if r.get("base_cached") else fig("base_build_s")
+    base = f"{mib('base_size_bytes')}, built in {'cached' if r.get('base_cached') else fig('base_build_s')}"
+    cold = "(layer cache on)" if r.get("cache") else "(--no-cache: cold)"
+    peers = str(len(r["status_peers"])) if "status_peers" in r else "-"
     rows = [
-        ("base image (debootstrap bookworm + python3, `docker import`)", f"{base}, built in {base_build}"),
-        ("project image (`docker image inspect` Size)", size),
-        (
-            "build time, project layers " + ("(layer cache on)" if r.get("cache") else "(--no-cache: cold)"),
-            fig("build_s"),
-        ),
+        ("base image (debootstrap bookworm + python3, `docker import`)", base),
+        ("project image (`docker image inspect` Size)", mib("image_size_bytes")),
+        (f"build time, project layers {cold}", fig("build_s")),
         ("rebuild after a change of the code (layer cache on)", fig("rebuild_after_code_change_s")),
-        ("A: `docker run` -> `ready` line", fig("a_ready_s")),
-        ("A: `docker run` -> HEALTHCHECK healthy", fig("a_healthy_s")),
-        ("B: `docker run ... join` -> `ready` line", fig("b_ready_s")),
-        ("B: `docker run ... join` -> HEALTHCHECK healthy", fig("b_healthy_s")),
-        ("B: `docker run ... join` -> first merged round", fig("b_first_round_s")),
-        ("B: `docker run ... join` -> a round with both peers (participation 1.00)", fig("b_full_round_s")),
-        (
-            "peers listed by `blocktrain status --swarm` in A",
-            str(len(r["status_peers"])) if "status_peers" in r else "-",
-        ),
+        *((f"A: `docker run` -> {MILESTONES[k]}", fig(f"a_{k}_s")) for k in ("ready", "healthy")),
+        *((f"B: `docker run ... join` -> {what}", fig(f"b_{k}_s")) for k, what in MILESTONES.items()),
+        ("peers listed by `blocktrain status --swarm` in A", peers),
         ("`docker stop` (SIGTERM) -> `stopped at` line, A / B", stops("to_stopped_line_s")),
         ("`docker stop` (SIGTERM) -> exit (exit code), A / B", stops("to_exit_s", True)),
     ]
-    return ["| step | figure |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)]
+    return results.table("step | figure", (f"{k} | {v}" for k, v in rows))
 
 
 def parse_args(argv=None):
@@ -441,15 +405,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout-s", type=float, default=1800.0, help="bound on the whole run, seconds")
     p.add_argument("--base-tag", default="blocktrain-base:bookworm", help="the debootstrap base image's tag")
     p.add_argument("--rebuild-base", action="store_true", help="rebuild the base even if --base-tag exists")
-    p.add_argument("--suite", default="bookworm")
-    p.add_argument("--mirror", default="http://deb.debian.org/debian")
-    host_ca = "do not copy /usr/local/share/ca-certificates/*.crt into the base"
-    p.add_argument("--no-host-ca", dest="host_ca", action="store_false", help=host_ca)
     p.add_argument("--image-tag", default="blocktrain:local")
     wheel = "a local torch wheel (default: $BLOCKTRAIN_TORCH_WHEEL, else /opt/wheels/torch-*cp311*.whl)"
     p.add_argument("--torch-wheel", type=Path, default=default_wheel(), help=wheel)
-    p.add_argument("--torch-index", default="", help="without a wheel: the index torch comes from (else the default)")
-    p.add_argument("--build-network", default="", help="docker build --network (host: where the bridge has no way out)")
     p.add_argument("--cache", action="store_true", help="let docker build use its layer cache (not a cold build)")
     p.add_argument("--no-rebuild", dest="rebuild", action="store_false", help="skip the rebuild after a code change")
     p.add_argument("--skip-build", action="store_true", help="run the containers on an existing --image-tag")
@@ -458,7 +416,7 @@ def parse_args(argv=None):
     p.add_argument("--cpus", type=float, default=1.0, help="docker run --cpus per container (0: no limit)")
     p.add_argument("--stop-timeout-s", type=float, default=30.0, help="docker stop -t (docker's default: 10)")
     p.add_argument("--wait-s", type=float, default=600.0, help="the longest one wait (healthy, a round, ...) may take")
-    p.add_argument("--out", type=Path, default=RESULTS / "docker_image.json")
+    p.add_argument("--out", type=Path, default=ROOT / results.RESULTS / "docker_image.json")
     p.add_argument("--build-log", type=Path, default=Path("/tmp/blocktrain-docker-build.log"))
     a = p.parse_args(argv)
     if a.torch_wheel is not None and not a.torch_wheel.is_file():
@@ -472,7 +430,7 @@ def main(argv=None) -> int:
     if why:
         print(f"docker_image.py: cannot run here: {why}", file=sys.stderr)
         return 2
-    budget = Budget(a.timeout_s)
+    deadline = time.monotonic() + a.timeout_s
     r: dict = {
         "command": "python benchmarks/docker_image.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -489,15 +447,15 @@ def main(argv=None) -> int:
         r["docker"] = sh(["docker", "version", "-f", "{{.Server.Version}}"], 30).stdout.strip()
         r["base_cached"] = image_size(a.base_tag, check=False) is not None and not a.rebuild_base
         if not r["base_cached"]:
-            r["base_build_s"] = round(build_base(a.base_tag, a.suite, a.mirror, a.host_ca, budget), 1)
+            r["base_build_s"] = round(build_base(a.base_tag, deadline), 1)
         r["base_size_bytes"] = image_size(a.base_tag)
         if not a.skip_build:
-            r.update(build_image(a, budget, a.build_log))
+            r.update(build_image(a, deadline, a.build_log))
         r["image_size_bytes"] = image_size(a.image_tag)
         r["layers"] = layers(a.image_tag)
         r["python"] = sh(["docker", "run", "--rm", "--entrypoint", "python3", a.image_tag, "-V"], 60).stdout.strip()
         with tempfile.TemporaryDirectory(prefix="blocktrain-docker-") as tmp:
-            run_swarm(a, budget, r, Path(tmp))
+            run_swarm(a, deadline, r, Path(tmp))
         r["ok"] = True
     except Failed as e:
         r["error"] = str(e)

@@ -1,10 +1,8 @@
 """Fault tolerance: kill -9 one of 6 daemons mid-exchange; the rest finish the round by the deadline.
 
-A LocalSwarm of 6 daemons (B=3 x 2 replicas, tiny model, --rounds R). Once the victim (peer 5, block 2) has merged
---kill-after rounds, its GetStatus is polled every 20 ms and it gets SIGKILL the moment it reports "averaging" (its
-delta out, exchanges in flight). From the survivors' round histories: the exchange time of the kill round against
-the deadline in force, and the participation before, in and after it. The victim restarts from its checkpoint,
-re-syncs from its replica and trains to round R; its final block must be bit-identical to its replica's.
+6 tiny daemons (B=3 x 2 replicas); the victim (peer 5) gets SIGKILL once it reports "averaging" after --kill-after
+merged rounds, then restarts from its checkpoint and must end bit-identical to its replica. Writes
+benchmarks/results/fault.json and its section of BENCHMARKS.md:
 
     python benchmarks/fault.py --data-dir /work/shared/data/wikitext-2
 """
@@ -25,6 +23,9 @@ from swarmd.core import checkpoint as ck
 from swarmd.protocol import PeerState
 from swarmd.tools.launch import LocalSwarm
 
+CFG = daemons.TINY_CFG
+VICTIM = 5
+
 
 def parse_args(argv=None):
     p = options.parser(__doc__)
@@ -35,26 +36,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-CFG = daemons.TINY_CFG
-VICTIM = 5
-
-
-async def kill_mid_exchange(swarm: LocalSwarm, timeout_s: float = 300) -> dict:
-    victim = swarm.peers[VICTIM]
-    deadline = time.monotonic() + timeout_s
+async def kill_mid_exchange(swarm: LocalSwarm, after: int, timeout_s: float = 300) -> int:
+    """SIGKILL the victim (its daemon, DHT process and p2pd) once its status says averaging at round >= after;
+    the round it died in. Polls its status at 50 Hz."""
     from swarmd.transport import PeerClient
 
-    client = PeerClient()
+    client, deadline = PeerClient(), time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             try:
-                st = await client.status(victim.address, 1.0)
+                st = await client.status(swarm.peers[VICTIM].address, 1.0)
             except Exception:
                 st = None
-            if st is not None and PeerState.from_pb(st.state) == PeerState.AVERAGING and st.round >= swarm.kill_after:
-                swarm.kill(VICTIM, signal.SIGKILL)  # the daemon, its DHT process and p2pd
-                return {"round": st.round, "at": time.monotonic()}
-            await asyncio.sleep(0.02)  # polling the victim's status at 50 Hz
+            if st is not None and PeerState.from_pb(st.state) == PeerState.AVERAGING and st.round >= after:
+                swarm.kill(VICTIM, signal.SIGKILL)
+                return st.round
+            await asyncio.sleep(0.02)
     finally:
         await client.close()
     raise SystemExit("victim never reached the averaging state")
@@ -71,27 +68,18 @@ async def wait_round(swarm: LocalSwarm, survivors: list[int], round: int, timeou
     raise SystemExit(f"survivors did not reach round {round}")
 
 
-PARTICIPATION_NOTE = (
-    "Participation counts (peer, kind) deltas expected from the DHT records at round start: "
-    "the dead peer's record stays until its TTL (15 s) expires, and it is banned after the first failed dial, "
-    "so the drop shows in the kill round (and the next one for peers it was supposed to dial)."
-)
-
-
 def main(argv=None) -> None:
     a = parse_args(argv)
     survivors = [i for i in range(6) if i != VICTIM]
     with daemons.tiny_swarm("fault-", 6, a.data_dir, a.rounds, a.steps, deadline_max_s=a.deadline_max) as swarm:
-        swarm.kill_after = a.kill_after
         try:
             swarm.start(timeout_s=300)
-            killed = asyncio.run(kill_mid_exchange(swarm))
+            kr = asyncio.run(kill_mid_exchange(swarm, a.kill_after))
             ckpt_round = ck.read_config(swarm.peers[VICTIM].checkpoint_dir)["round"]
-            ckpt = f"its checkpoint is at round {ckpt_round}"
-            print(f"killed peer {VICTIM} during round {killed['round']} ({ckpt})", flush=True)
-            asyncio.run(wait_round(swarm, survivors, killed["round"] + 1))
+            print(f"killed peer {VICTIM} during round {kr} (its checkpoint is at round {ckpt_round})", flush=True)
+            asyncio.run(wait_round(swarm, survivors, kr + 1))
             swarm.restart(VICTIM, timeout_s=300)
-            resumed_line = swarm.peers[VICTIM].info.get("round")
+            resumed = swarm.peers[VICTIM].info.get("round")
             finished = swarm.wait(timeout_s=900)
         finally:
             swarm.stop()
@@ -100,7 +88,6 @@ def main(argv=None) -> None:
         replica = VICTIM % CFG.blocks  # peer 2 trains the same block
         identical = daemons.replicas_identical(swarm, [replica, VICTIM], replica)
         resynced = "adopted the block" in swarm.peers[VICTIM].log_path.read_text(errors="replace")
-    kr = killed["round"]
     rows = []
     for i in survivors:
         hist = {h["round"]: h for h in sums[i]["history"]}
@@ -114,8 +101,8 @@ def main(argv=None) -> None:
     vhist = sorted(sums[VICTIM]["history"], key=lambda h: h["round"])
     out = {"command": results.command_line("fault.py", argv), "config": CFG.to_dict(), "rounds": a.rounds}
     out |= {"steps_per_round": a.steps, "deadline_max_s": a.deadline_max, "killed_round": kr}
-    resumed = int(resumed_line) if resumed_line else None
-    out |= {"victim_checkpoint_round": ckpt_round, "victim_resumed_at_round": resumed, "survivors": rows}
+    out |= {"victim_checkpoint_round": ckpt_round, "victim_resumed_at_round": int(resumed) if resumed else None}
+    out["survivors"] = rows
     out["all_survivors_within_deadline"] = all(
         r["kill_round_exchange_s"] is not None and r["kill_round_exchange_s"] <= r["kill_round_deadline_s"] + 0.5
         for r in rows
@@ -132,8 +119,20 @@ def main(argv=None) -> None:
 
 def markdown(out: dict) -> list[str]:
     """The fault.py section of a result."""
-    rows, kr, ckpt_round = out["survivors"], out["killed_round"], out["victim_checkpoint_round"]
-    lines = [
+    rows, kr, ckpt_round, nan = out["survivors"], out["killed_round"], out["victim_checkpoint_round"], float("nan")
+    head = (
+        "survivor | block | exchange s in kill round | deadline s in force | participation round before "
+        "| kill round | rounds after (mean)"
+    )
+    cells = [
+        f"{r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} | {r['kill_round_deadline_s'] or 0:.2f} "
+        f"| {nan if r['participation_before'] is None else r['participation_before']:.3f} "
+        f"| {r['participation_kill_round'] or 0:.3f} "
+        f"| {sum(r['participation_after']) / len(r['participation_after']) if r['participation_after'] else nan:.3f}"
+        for r in rows
+    ]
+    participation = ", ".join(f"{p:.2f}" for p in out["victim_participation_after_restart"][:5])
+    return [
         "### Fault tolerance: kill -9 one of 6 daemons mid-exchange",
         "",
         f"Command: `{out['command']}`",
@@ -142,21 +141,7 @@ def markdown(out: dict) -> list[str]:
         f"int8, deadline_max {out['deadline_max_s']:.0f}s. Peer {VICTIM} (block {VICTIM % out['config']['blocks']}) "
         f"got SIGKILL while its status said `averaging` in round {kr} (its last checkpoint: round {ckpt_round}).",
         "",
-        "| survivor | block | exchange s in kill round | deadline s in force | participation round before "
-        "| kill round | rounds after (mean) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    nan = float("nan")
-    for r in rows:
-        after, before = r["participation_after"], r["participation_before"]
-        lines.append(
-            f"| {r['peer']} | {r['block']} | {r['kill_round_exchange_s'] or 0:.2f} "
-            f"| {r['kill_round_deadline_s'] or 0:.2f} | {before if before is not None else nan:.3f} "
-            f"| {r['participation_kill_round'] or 0:.3f} | {sum(after) / len(after) if after else nan:.3f} |"
-        )
-    participation = ", ".join(f"{p:.2f}" for p in out["victim_participation_after_restart"][:5])
-    return [
-        *lines,
+        *results.table(head, cells, align="r" * 7),
         "",
         f"Every survivor finished the kill round within its deadline: **{out['all_survivors_within_deadline']}**; "
         f"all reached round {min(r['final_round'] for r in rows)}. "
@@ -166,7 +151,9 @@ def markdown(out: dict) -> list[str]:
         f"with participation {participation}; "
         f"its final block is bit-identical to its replica's: **{out['victim_block_identical_to_replica']}**.",
         "",
-        PARTICIPATION_NOTE,
+        "Participation counts (peer, kind) deltas expected from the DHT records at round start: the dead peer's "
+        "record stays until its TTL (15 s) expires, and it is banned after the first failed dial, so the drop shows "
+        "in the kill round (and the next one for peers it was supposed to dial).",
         "",
     ]
 

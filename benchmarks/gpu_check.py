@@ -1,40 +1,21 @@
 """GPU check: train one block on --device in bf16, a two-peer swarm with one peer there, serving.py at 50 ms.
 
-Three stages, each timed and bounded (all together by --budget-s, 540 s, so the script ends inside 10 minutes even
-when a stage hangs; a failed stage records its error and the next runs):
-
-1. train: a real BlockTrainer (default B=3, L_b=4, d=512, FFN 2048, seq 128, batch 32, block 0) in a child process
-   (killed at its bound): --warmup-steps, then --train-steps timed AdamW steps on --device under --dtype (auto: bf16
-   on CUDA, else fp32). Reports tokens/s (batch * seq / median step), peak memory (CUDA's max_memory_allocated, or
-   the peak RSS training added) and the AdamW state, against the seed's figures (a few GiB observed, 0.198 GiB of
-   AdamW state for B=3, L_b=4, d=512: `blocktrain model-info`).
-2. swarm: two real daemons (LocalSwarm on loopback, 1 block x 2 replicas by default), peer 0 on --device, peer 1 on
-   the CPU; both must reach --swarm-rounds. Reports rounds, participation, train CE of the first and last round and
-   the from-noise CE of the initial and the trained model on held-out text: CE must go down.
-3. serving: `python benchmarks/serving.py` with --serving-args (default "--max-weight-gib 0": no size ladder),
-   --quick with --serving-quick, --device if serving.py has that flag (today its peers run on the CPU). Reports the
-   one-sweep / AR tok/s ratio at --serving-delay-ms (goal >= 100x; 70x on 2 CPU cores; with --quick: at the largest
-   delay measured, 5 ms) for the longest output, from its JSON or, when it ran out of time, its printed lines.
-
-Data: --data-dir (default $BLOCKTRAIN_DATA) with train.txt (and eval.txt, else train.txt is scored); without one, a
-small corpus of the Python standard library's sources (swarmd.core.corpus.stdlib_corpus). Writes --out
-(benchmarks/results/gpu_check.json): device, torch and CUDA versions, every stage's figures and seconds.
+Three stages, each timed and bounded (all together by --budget-s; a failed stage records its error and the next
+runs): train (a real BlockTrainer in a child process, the GPU config by default: tokens/s, peak memory, the AdamW
+state), swarm (two LocalSwarm daemons, peer 0 on --device and peer 1 on the CPU: rounds, participation, from-noise CE
+before and after) and serving (benchmarks/serving.py: the one-sweep / AR tok/s ratio at --serving-delay-ms). Data:
+--data-dir, else a stdlib corpus. Writes --out (benchmarks/results/gpu_check.json); BENCHMARKS.md#gpu_check.
 
     python benchmarks/gpu_check.py                     # the GPU config, on cuda
     python benchmarks/gpu_check.py --device cpu --d-model 64 --layers-per-block 1 --train-steps 3 \\
         --swarm-rounds 2 --swarm-steps 5 --serving-quick # a CPU smoke run
 
-On the device machine (no internet; python3 3.12 with a CUDA torch: this venv cannot travel) carry in as .whl what
-its image lacks (/work/.library/device/README.md: `pip download --no-deps --only-binary=:all: --python-version 3.12
-... -d .whl`): hivemind, base58, configargparse, netaddr, prefetch_generator, py-cid, py-multihash, varint, pydantic,
-pydantic-core, annotated-types, typing-inspection, cryptography, cffi, pycparser, zstandard, grpcio-health-checking,
-grpcio-reflection (grpcio and protobuf at this checkout's versions); with carry=[".whl"], timeout_s 600:
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
-      .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
-      python3 benchmarks/gpu_check.py --device cuda --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
-
-Without the wheels the train stage still runs; the swarm and serving stages record their import errors.
+On the device machine (no internet, python3 3.12) carry in as .whl (carry=[".whl"]) what its image lacks: hivemind,
+base58, configargparse, netaddr, prefetch_generator, py-cid, py-multihash, varint, pydantic, pydantic-core,
+annotated-types, typing-inspection, cryptography, cffi, pycparser, zstandard, grpcio-health-checking,
+grpcio-reflection; then `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl`, and with
+PYTHONPATH=/tmp/site: `python3 benchmarks/gpu_check.py --device cuda --out $OUT/gpu_check.json`. Without the wheels
+the train stage still runs; the swarm and serving stages record their import errors.
 """
 
 from __future__ import annotations
@@ -142,12 +123,9 @@ def find_data(a: argparse.Namespace, workdir: Path) -> dict:
 
 
 # -- stage 1: one block -------------------------------------------------------------------------------
-def nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
 def adamw_state_bytes(trainer) -> dict:
     """Bytes held for the trainable parameters: fp32 params, their grads and AdamW's two moments."""
+    nbytes = lambda t: 0 if t is None else t.numel() * t.element_size()
     params = [p for g in trainer.opt.param_groups for p in g["params"] if p.requires_grad]
     state = [trainer.opt.state.get(p, {}) for p in params]
     out = {

@@ -1,17 +1,13 @@
 """Group averaging's quality cost in the simulator: groups of k against all-to-all.
 
-swarmd.sim (real BlockTrainer steps, int8 codec + error feedback, the daemon's robust merge, with --group-size the
-daemon's groups and anchored offsets: swarmd.averaging.groups) on benchmarks/swarm.py's model and schedule, K
-replicas per block for each K of --ks. Per K and --regimes network, in the same run with the same seeds: all-to-all
-and groups of at most --group-size (a row per --full-every, --table-group-size and --layouts value; two-phase also
-averages across the groups in the same round, its phase-2 bytes counted in the upload). A row: from-noise CE of
-every replica set (block b from worker j of block b, its own byte table), their mean and spread, the CE minus
-all-to-all's, the consensus distance after each round. --outer and --overlap apply to every row (with groups the
-outer step is the local one of swarmd.averaging.outer).
+swarmd.sim on benchmarks/swarm.py's model and schedule, K replicas per block for each of --ks: per K and regime,
+all-to-all and groups of at most --group-size (a row per --full-every, --table-group-size and --layouts value; the
+daemon's groups, swarmd.averaging.groups). A row: the from-noise CE of every replica set (block b from worker j of
+block b), their mean and spread, the CE minus all-to-all's, the consensus distance after each round. --outer and
+--overlap apply to every row. Writes --out (JSON) and --md's --section; see BENCHMARKS.md#group_sim.
 
     python benchmarks/group_sim.py --ks 4 8 --group-size 4 --table-group-size 0 4 12
     python benchmarks/group_sim.py --ks 8 --group-size 4 --layouts balanced --outer nesterov --overlap
-    python benchmarks/group_sim.py --ks 8 12 --group-size 4 --layouts balanced two-phase --rounds 4 --steps 10
 """
 
 from __future__ import annotations
@@ -112,29 +108,25 @@ def write_md(a, out: dict) -> None:
         f"{a.merge} merge, {'ReplicaAdamW' if a.replica_adam else 'AdamW'}, "
         + (f"outer Nesterov (lr {a.outer_lr:g}, momentum {a.outer_momentum:g}; local in group rows), " * outer)
         + ("overlap (merges land a round late), " if a.overlap else "")
-        + f"seed {a.seed}. Groups: "
-        "the daemon's assignment (grid, or the layout the row names) and anchored offsets "
-        "(swarmd.averaging.groups), per block among its K "
-        "replicas and (table_group_size) for the byte table among all B x K workers. CE: from-noise CE "
-        "(nats/byte) of each replica set's model (block b of worker j, worker j's table), mean (min / max). "
-        "Consensus: the largest relative distance between two same-block replicas' bases or two workers' tables "
-        "after the round (0: bit-identical).",
+        + f"seed {a.seed}. Groups: the daemon's assignment (grid, or the layout the row names) and anchored offsets "
+        "(swarmd.averaging.groups), per block among its K replicas and (table_group_size) for the byte table among "
+        "all B x K workers. CE: from-noise CE (nats/byte) of each replica set's model (block b of worker j, worker "
+        "j's table), mean (min / max). Consensus: the largest relative distance between two same-block replicas' "
+        "bases or two workers' tables after the round (0: bit-identical).",
         "",
-        "| K | regime | averaging | CE mean (min / max) | minus all-to-all | consensus after rounds 1 / 4 / last "
-        "| participation | bytes up per worker per round |",
-        "|---:|---|---|---|---:|---|---:|---:|",
     ]
+    rows, all_to_all = [], {(x["K"], x["regime"]): x for x in reversed(out["rows"]) if not x["group_size"]}
     for r in out["rows"]:
-        same = [x for x in out["rows"] if x["K"] == r["K"] and x["regime"] == r["regime"] and not x["group_size"]]
-        ref = same[0] if same else None
-        diff = f"{r['ce_mean'] - ref['ce_mean']:+.4f}" if ref is not None and r is not ref else "-"
+        ref = all_to_all.get((r["K"], r["regime"]), r)
+        diff = f"{r['ce_mean'] - ref['ce_mean']:+.4f}" if r is not ref else "-"
         c = r["consensus"]
         cons = " / ".join(f"{x:.1e}" for x in (c[0], c[min(3, len(c) - 1)], c[-1]))
-        lines.append(
-            f"| {r['K']} | {r['regime']} | {label(r)} | {r['ce_mean']:.4f} ({r['ce_min']:.4f} / {r['ce_max']:.4f}) "
-            f"| {diff} | {cons} | {r['participation']:.2f} | {r['upload_bytes_per_worker_round']:,.0f} |"
-        )
-    lines += results.machine_footer(out["machine"])
+        ce = f"{r['ce_mean']:.4f} ({r['ce_min']:.4f} / {r['ce_max']:.4f})"
+        up = f"{r['participation']:.2f} | {r['upload_bytes_per_worker_round']:,.0f}"
+        rows.append(f"{r['K']} | {r['regime']} | {label(r)} | {ce} | {diff} | {cons} | {up}")
+    head = "K | regime | averaging | CE mean (min / max) | minus all-to-all | consensus after rounds 1 / 4 / last "
+    head += "| participation | bytes up per worker per round"
+    lines += [*results.table(head, rows, "rlllrlrr"), *results.machine_footer(out["machine"])]
     results.replace_section(a.md, a.section, lines)
 
 

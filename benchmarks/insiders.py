@@ -1,23 +1,13 @@
 """Insider rows of the fault matrix (issue 21): signed peers that run the project's own daemon with one line changed.
 
-Every insider is a real `python -m swarmd` (this file's `insider MODE CONFIG` as its program in a
-benchmarks.harness.daemons.Swarm) holding a valid Ed25519 identity and a signed record, speaking the real protocol
-with the real codec; only its Gossip (or its BlockServing) is subclassed here, never in the shipped daemon:
-  drift      1 of 4: its own delta + a fixed unit direction v (opposite to its first round's own delta) scaled to
-             DRIFT_FACTOR x the delta's norm, every round
-  poison     3 of 5: the same poisoned step from all three, a fixed direction at POISON_FRACTION of the norm bound
-  state      3 of 5: from round STATE_START on, each round re-adopts one poisoned state (initial weights + fixed
-             noise, the same bytes in all three), announces it STATE_JUMP rounds ahead of the most advanced honest
-             record and serves it to PullState; an honest joiner arrives mid-run
-  flood      1 of 4: every round, 40 copies of its signed delta, 40 PullState and 200 GetStatus to every honest
-             peer (benchmarks/flood.py's flooder)
-  forward    a holder of block 1 of a 2-block swarm answers Forward with garbage, then with a small bias, first
-             with an honest replica of block 1 present, then as the only holder; the client is
-             `blocktrain score --swarm` itself (CE, exit code, warnings, hops checked)
-Each row: the honest peers' from-noise CE against a clean run of the same honest peers (same seeds), adoptions of an
-insider's state, and what the honest peers' logs said (DEFENCE_PATTERNS). The rows run from the fault matrix
-(`python benchmarks/adversary.py --only insider --merge`), which writes them into benchmarks/results/adversary.json
-and its markdown; this file owns the insiders, the rows and the insider table of that markdown (insider_table).
+Each insider is a real `python -m swarmd` (this file's `insider MODE CONFIG` as a Swarm peer's program) with a valid
+identity and signed record; only its Gossip (or BlockServing) is subclassed here: drift (1 of 4: its delta + a fixed
+direction), poison (3 of 5: one poisoned step under the norm bound), state (3 of 5: a poisoned state announced ahead
+of the swarm and served to PullState; an honest joiner), flood (1 of 4: benchmarks/flood.py's flooder), forward (a
+holder of block 1 lies in Forward; the client is `blocktrain score --swarm`). Each row compares the honest peers' CE
+with a clean run of the same honest peers and counts DEFENCE_PATTERNS in their logs. The rows run from the fault
+matrix: `python benchmarks/adversary.py --only insider --merge` (rows into benchmarks/results/adversary.json);
+insider_table is their own table in its markdown.
 """
 
 from __future__ import annotations
@@ -39,14 +29,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import flood
-from benchmarks.harness import daemons, faults
+from benchmarks.harness import daemons, faults, results
 from benchmarks.harness.faults import Row, signed_delta
 from benchmarks.harness.faults import fmt as _f
 from swarmd.errors import SwarmdError
 from swarmd.tools.launch import PeerProc
 
-# What the defences log, counted in the honest peers' logs (case-insensitive substrings). The wording of the
-# issue-21 defences is theirs: extend this list when they land, nothing else here needs to change.
+# What the defences log, counted in the honest peers' logs (case-insensitive substrings)
 DEFENCE_PATTERNS = (
     "refus",  # verified adoption: "refused the state of ..."; the transport's refusals too
     "fall back",  # loss-checked merges
@@ -107,10 +96,8 @@ def _scaled(delta: dict, by: float) -> dict:
 
 
 def _insider_gossip(mode: str, crew: Path) -> type:
-    """The Gossip subclass of an insider mode (drift, poison, state).
-
-    :param crew: a folder where the insiders of one attacker list their peer ids (to tell each other's records apart)
-    """
+    """The Gossip subclass of an insider mode (drift, poison, state); crew: a folder where the insiders of one
+    attacker list their peer ids (to tell each other's records apart)."""
     import logging
 
     import torch
@@ -176,8 +163,8 @@ def _insider_gossip(mode: str, crew: Path) -> type:
             (crew / self.me.peer_id).touch()
             mates = {f.name for f in crew.iterdir()}
             others = [r for r in self.remember(records) if r.peer_id != self.me.peer_id]
-            # the same round as the other insiders (a quorum must announce one (round, weights)), STATE_JUMP
-            # rounds ahead of the most advanced honest record
+            # the other insiders' round (a quorum must announce one (round, weights)), STATE_JUMP rounds ahead of
+            # the most advanced honest record
             ours = [r.round for r in others if r.peer_id in mates]
             honest = [r.round + STATE_JUMP for r in others if r.peer_id not in mates]
             new_round = max([self.state.round, *ours, *honest])
@@ -228,7 +215,7 @@ class Outcome:
     done: dict
     same: bool
     logs: dict[str, int]  # DEFENCE_PATTERNS -> count in the honest logs
-    said: list[str]  # a few of those lines
+    said: list[str]  # the first of those lines per pattern
     adoptions: dict[str, int]  # "from an insider" / "from an honest peer" / "rejoin (source not logged)"
     insider_ce: float | None
     round_s: float | None  # honest median seconds from own delta ready to merge
@@ -236,7 +223,7 @@ class Outcome:
     partial: int  # honest rounds that merged fewer deltas than expected
     rounds: int  # honest rounds in the histories
     final_rounds: dict[int, Any]
-    insider_log: str = ""  # the insiders' own report lines (the flood's counts)
+    insider_log: str = ""  # the flooder's last two reports
     seconds: float = 0.0
 
     @property
@@ -245,8 +232,7 @@ class Outcome:
 
 
 def swarm_of(a, workdir: Path, honest: int, insiders: dict[int, str], **kw: Any) -> daemons.Swarm:
-    """The fault matrix's tiny swarm (faults.swarm): peers 0..honest-1 honest, then the insiders (this file's
-    `insider MODE`, benchmarks/flood.py's flooder for mode flood)."""
+    """faults.swarm with peers 0..honest-1 honest, then the insiders (`insider MODE`, flood.py's flooder)."""
     program = lambda m: flood.flooder_program() if m == "flood" else faults.program(__file__, "insider", m)
     programs = {i: program(m) for i, m in insiders.items()}
     return faults.swarm(a, workdir, honest + len(insiders), programs=programs, **kw)
@@ -299,36 +285,22 @@ def _read(a, sw: daemons.Swarm, watched: list[int], insiders: list[int], done: d
     sums = sw.summaries()
     hist = [sums[i].get("history", []) for i in watched]
     seconds = [h["seconds"] for hs in hist for h in hs if "seconds" in h]
-    gaps = [b["at_s"] - a_["at_s"] for hs in hist for a_, b in itertools.pairwise(hs) if "at_s" in a_ and "at_s" in b]
-    reports = [  # ours ("insider: ...") and benchmarks/flood.py's flooder's ("FLOOD {...}")
-        line[max(line.find("insider:"), 0) :][:400]
-        for i in insiders
-        for line in sw.peers[i].log_path.read_text(errors="replace").splitlines()
-        if "insider:" in line or line.startswith("FLOOD ")
-    ]
-    return Outcome(
-        ces,
-        done,
-        daemons.replicas_identical(sw, watched[:2]) if len(watched) > 1 else True,
-        logs,
-        said,
-        adoptions,
-        daemons.replica_ce(sw, insiders[0], a.data_dir, a.eval_tokens) if insiders else None,
-        statistics.median(seconds) if seconds else None,
-        statistics.median(gaps) if gaps else None,
-        sum(h.get("accepted", 0) < h.get("expected", 0) for hs in hist for h in hs),
-        sum(len(hs) for hs in hist),
-        {sw.peers[i].index: sums[i].get("round") for i in watched},
-        "; ".join(reports[-2:]),
-    )
+    gaps = [y["at_s"] - x["at_s"] for hs in hist for x, y in itertools.pairwise(hs) if "at_s" in x and "at_s" in y]
+    round_s, interval_s = (statistics.median(xs) if xs else None for xs in (seconds, gaps))
+    partial = sum(h.get("accepted", 0) < h.get("expected", 0) for hs in hist for h in hs)
+    logs_of = [sw.peers[i].log_path.read_text(errors="replace") for i in insiders]
+    flooded = [line for t in logs_of for line in t.splitlines() if line.startswith("FLOOD ")]  # flood.py's reports
+    same = daemons.replicas_identical(sw, watched[:2]) if len(watched) > 1 else True
+    insider_ce = daemons.replica_ce(sw, insiders[0], a.data_dir, a.eval_tokens) if insiders else None
+    final_rounds = {sw.peers[i].index: sums[i].get("round") for i in watched}
+    ran = (round_s, interval_s, partial, sum(len(hs) for hs in hist), final_rounds, "; ".join(flooded[-2:]))
+    return Outcome(ces, done, same, logs, said, adoptions, insider_ce, *ran)
 
 
 def _short(line: str, n: int = 160) -> str:
-    """A log line without its timestamp and logger prefix, at most n characters."""
+    """A log line from its peer tag (else its logger name) on, at most n characters."""
     at = line.find("[block")
-    if at < 0:  # a line without a peer tag: from its logger name on
-        at = max(line.find(" swarmd."), 0)
-    return line[at:].strip()[:n]
+    return line[at if at >= 0 else max(line.find(" swarmd."), 0) :].strip()[:n]
 
 
 # ---- rows
@@ -344,34 +316,26 @@ class InsiderRow(Row):
 
 
 def _row(
-    name: str, run: Outcome, clean: Outcome, tol: float, extra_ok: bool = True, note: str = "", poisoned: bool = False
+    name: str, run: Outcome, clean: Outcome, tol: float, ok: bool = True, note: str = "", poisoned: bool = False
 ) -> InsiderRow:
-    """An insider row from its run and its clean run.
-
-    :param poisoned: the insiders serve poisoned states (an adoption of theirs is of a worse state); else their
-        states are the honest peers' own (drift, flood: the merge they share), and adoptions only counted
-    """
-    ce, ce_clean = run.ce, clean.ce
-    delta = None if ce is None or ce_clean is None else ce - ce_clean
+    """An insider row from its run and its clean run (ok: the row's own condition besides the CE's; poisoned: the
+    insiders serve poisoned states, so an adoption of theirs is of a worse one; else adoptions are only counted)."""
+    delta = faults.ce_delta(run.ce, clean.ce)
     worse = run.adoptions["from an insider"] if poisoned else 0
     ended = run.done["exit"] == [0] * len(run.done["exit"]) and not run.done["tracebacks"]
-    ok = ended and delta is not None and delta <= tol and worse == 0 and extra_ok
+    ok = ok and ended and delta is not None and delta <= tol and worse == 0
     per_peer, per_clean = ({i: _f(c) for i, c in r.ces.items()} for r in (run, clean))
+    nonzero = lambda counts: {k: v for k, v in counts.items() if v}
     evidence = (
         f"honest CE per peer {per_peer} (clean {per_clean}); adoptions in the honest logs {run.adoptions}; "
-        f"insider's own final CE {_f(run.insider_ce)}; defence log lines {_nonzero(run.logs)} "
-        f"(clean run {_nonzero(clean.logs)}); first line of each: {run.said or 'none'}; honest exit codes "
+        f"insider's own final CE {_f(run.insider_ce)}; defence log lines {nonzero(run.logs)} "
+        f"(clean run {nonzero(clean.logs)}); first line of each: {run.said or 'none'}; honest exit codes "
         f"{run.done['exit']}, final rounds {run.final_rounds}, tracebacks {run.done['tracebacks']}, honest "
         f"replicas bit-identical {run.same}; partial merges {run.partial}/{run.rounds}" + (f"; {note}" if note else "")
     )
     timing = {"round_s": run.round_s, "interval_s": run.interval_s, "clean_round_s": clean.round_s}
-    seconds = round(run.seconds + clean.seconds, 1)
-    more = dict(tolerance=tol, worse_adoptions=worse, logs=run.logs, timing=timing, seconds=seconds)
-    return InsiderRow(name, ok, evidence, ce, ce_clean, **more)
-
-
-def _nonzero(counts: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in counts.items() if v}
+    more = dict(tolerance=tol, worse_adoptions=worse, logs=run.logs, timing=timing)
+    return InsiderRow(name, ok, evidence, run.ce, clean.ce, **more, seconds=round(run.seconds + clean.seconds, 1))
 
 
 def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
@@ -385,29 +349,22 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
             cleans[honest, repeat] = run_swarm(a, honest, {})
         return cleans[honest, repeat]
 
-    def add(row: InsiderRow) -> None:
-        rows.append(row)
-        print(json.dumps({"name": row.name, "survived": row.survived, "ce": row.ce, "ce_clean": row.ce_clean}))
-
     noise = ""
     if {"drift", "flood"} & set(which):  # the same clean run twice: what the CE differences can resolve
-        first, again = clean(3).ce, clean(3, repeat=1).ce
-        noise = "run-to-run noise (the 3-peer clean run again, same seed): " + (
-            "-" if first is None or again is None else f"{again - first:+.4f}"
-        )
+        again = faults.ce_delta(clean(3, repeat=1).ce, clean(3).ce)
+        noise = f"run-to-run noise (the 3-peer clean run again, same seed): {_f(again, '{:+.4f}')}"
     if "drift" in which:
         name = "insider drift (1 of 4): honest delta + a fixed direction v each round"
         note = f"v: against the insider's first own delta, at {DRIFT_FACTOR}x its delta's norm; {noise}"
-        add(_row(name, run_swarm(a, 3, {3: "drift"}), clean(3), INSIDER_CE_TOLERANCE, note=note))
+        rows.append(_row(name, run_swarm(a, 3, {3: "drift"}), clean(3), INSIDER_CE_TOLERANCE, note=note))
     if "poison" in which:
         name = "insider majority poison (3 of 5): the same poisoned step from all three, under the norm bound"
         note = f"the step: a fixed direction at {POISON_FRACTION} of the receivers' norm bound, every round"
         run = run_swarm(a, 2, dict.fromkeys((2, 3, 4), "poison"))
-        add(_row(name, run, clean(2), MAJORITY_CE_TOLERANCE, note=note))
+        rows.append(_row(name, run, clean(2), MAJORITY_CE_TOLERANCE, note=note))
     if "state" in which:
         # an honest joiner (peer seed 5) spawned at round 3 (a daemon takes seconds to start: it is ready mid-run);
-        # a joiner ends on the swarm's state, so its reference is the clean run's honest CE (a clean run's rounds
-        # end before a joiner of a loaded machine is up)
+        # it ends on the swarm's state, so its reference is the clean run's honest CE
         joiner = (5, 3)
         run, c = run_swarm(a, 2, dict.fromkeys((2, 3, 4), "state"), joiner), clean(2)
         joined = run.ces.get(5)
@@ -418,7 +375,7 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
         )
         ok = joined is not None and c.ce is not None and joined - c.ce <= MAJORITY_CE_TOLERANCE
         name = "insider poisoned state (3 of 5): announced ahead of the swarm, served to PullState; a joiner"
-        add(_row(name, run, c, MAJORITY_CE_TOLERANCE, extra_ok=ok, note=note, poisoned=True))
+        rows.append(_row(name, run, c, MAJORITY_CE_TOLERANCE, ok, note, poisoned=True))
     if "forward" in which:
         rows.extend(forward_rows(a))
     if "flood" in which:
@@ -435,14 +392,13 @@ def insider_rows(a, which: tuple[str, ...] = ROWS) -> list[InsiderRow]:
             f"{run.insider_log or 'none'}; flooder: benchmarks/flood.py; {noise}"
         )
         ok = ratio is not None and ratio <= FLOOD_ROUND_FACTOR
-        add(_row(name, run, c, INSIDER_CE_TOLERANCE, extra_ok=ok, note=note))
+        rows.append(_row(name, run, c, INSIDER_CE_TOLERANCE, ok, note))
     return rows
 
 
 # ---- the lying Forward: `blocktrain score --swarm` against a frozen 2-block swarm
 def score_cli(a, maddr: str, swarm_id: str) -> dict:
-    """`blocktrain score EVAL --swarm MADDR --json`: its CE, exit code, warnings and hops (checked, if it says)."""
-    # `blocktrain score` of this checkout (cwd below), whatever checkout the venv installed
+    """`blocktrain score EVAL --swarm MADDR --json` of this checkout: its CE, exit code, warnings and hops."""
     cmd = [sys.executable, "-c", "from cli.main import entry; entry()", "score", str(Path(a.data_dir) / "eval.txt")]
     cmd += ["--swarm", maddr, "--swarm-id", swarm_id, "--max-bytes", str(a.score_bytes), "--json"]
     began = time.monotonic()
@@ -474,32 +430,32 @@ def forward_rows(a) -> list[InsiderRow]:
         sw = swarm_of(a, Path(wd), 3, {1: "forward"}, model=FORWARD_CFG)
         mode = sw.workdir / FORWARD_MODE_FILE
 
-        def score(phase: str, what: str) -> None:
-            mode.write_text(what.split()[0])
-            scores[f"{phase}, {what}"] = got = score_cli(a, sw.peers[0].info["multiaddrs"][0], sw.config.net.swarm_id)
-            print(f"forward {phase} {what}: {got}", file=sys.stderr, flush=True)
+        def score(phase: str, *modes: str) -> None:
+            maddr, swarm_id = sw.peers[0].info["multiaddrs"][0], sw.config.net.swarm_id
+            for what in modes:
+                mode.write_text(what.split()[0])
+                scores[f"{phase}, {what}"] = got = score_cli(a, maddr, swarm_id)
+                print(f"forward {phase} {what}: {got}", file=sys.stderr, flush=True)
 
         with sw:
             sw.workdir.mkdir(parents=True, exist_ok=True)
             mode.write_text("honest")
             sw.start(300)
             trained = daemons.finish(sw, [0, 1, 2, 3], a.timeout)
-            frozen = replace(sw.config.train, lr=1e-12)
-            sw.config = replace(sw.config, train=frozen, stop_at_round=0, min_peers=3)
+            sw.config = replace(sw.config, train=replace(sw.config.train, lr=1e-12), stop_at_round=0, min_peers=3)
             for i in (0, 1, 3):
                 sw.restart(i, 300)
             daemons.wait_rounds(sw, [0, 1, 3], 2)
-            for what in ("honest", "garbage", "bias"):
-                score("with replica", what)
+            score("with replica", "honest", "garbage", "bias")
             sw.kill(3, signal.SIGTERM)  # the replica leaves: the liar is the only holder of block 1
             daemons.wait_rounds(sw, [0, 1], len(sw.peers[0].rounds_seen) + 2)
-            for what in ("honest", "garbage", "bias", "honest again"):
-                score("only holder", what)
+            score("only holder", "honest", "garbage", "bias", "honest again")
     seconds = round(time.monotonic() - began, 1)
+    honest = {k: _f(s["ce"]) for k, s in scores.items() if "honest" in k}
     rows = []
     for key in ("with replica, garbage", "with replica, bias", "only holder, garbage", "only holder, bias"):
         s, ref = scores[key], scores[key.split(",")[0] + ", honest"]["ce"]
-        delta = None if s["ce"] is None or ref is None else s["ce"] - ref
+        delta = faults.ce_delta(s["ce"], ref)
         if "replica" in key:  # a second replica: the client must route around the liar and keep the honest CE
             ok = s["exit"] == 0 and delta is not None and abs(delta) <= INSIDER_CE_TOLERANCE
         else:  # the only holder: nothing to compare with; the client must say the answer is unverified
@@ -507,9 +463,8 @@ def forward_rows(a) -> list[InsiderRow]:
         error = f"; error {s['error']}" if s["error"] else ""
         evidence = (
             f"score CE {_f(s['ce'])} vs the same swarm answering honestly {_f(ref)} (with the replica: honest "
-            f"{_f(scores['with replica, honest']['ce'])}; the only holder: honest "
-            f"{_f(scores['only holder, honest']['ce'])}, again after the lies "
-            f"{_f(scores['only holder, honest again']['ce'])}); exit code {s['exit']}; warnings "
+            f"{honest['with replica, honest']}; the only holder: honest {honest['only holder, honest']}, again "
+            f"after the lies {honest['only holder, honest again']}); exit code {s['exit']}; warnings "
             f"{s['warnings'] or 'none'}; hops {s['hops']}, checked/dropped fields of --json "
             f"{s['checked'] or 'none (not reported)'}{error}; swarm trained "
             f"{a.rounds} rounds x H={a.steps} ({trained}), then frozen (lr 1e-12)"
@@ -529,7 +484,20 @@ def insider_table(rows: list[dict], schedule: dict | None = None) -> list[str]:
     if not mine:
         return []
     s = schedule or {}
-    lines = [
+    head = (
+        "insider row | survived | honest CE | clean CE | CE - clean | tolerance | worse adoptions | defence log lines "
+        "| round s (clean) | s"
+    )
+    cells = []
+    for r in mine:
+        t, logs = r.get("timing", {}), {k: v for k, v in r.get("logs", {}).items() if v}
+        cells.append(
+            f"{r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
+            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r.get('tolerance', '-')} | {r.get('worse_adoptions', '-')} "
+            f"| {json.dumps(logs).replace('|', '/') if logs else '-'} "
+            f"| {_f(t.get('round_s'), '{:.3f}')} ({_f(t.get('clean_round_s'), '{:.3f}')}) | {r.get('seconds', 0):.0f}"
+        )
+    return [
         "",
         "#### Insider rows (issue 21): signed peers running the real daemon with a changed line",
         "",
@@ -539,20 +507,8 @@ def insider_table(rows: list[dict], schedule: dict | None = None) -> list[str]:
         "adoptions: the honest peers' adoptions of an insider's state. Defence lines: counts of DEFENCE_PATTERNS "
         "(benchmarks/insiders.py) in the honest peers' logs.",
         "",
-        "| insider row | survived | honest CE | clean CE | CE - clean | tolerance | worse adoptions "
-        "| defence log lines | round s (clean) | s |",
-        "|---|---|---:|---:|---:|---:|---:|---|---|---:|",
+        *results.table(head, cells, align="llrrrrrllr"),
     ]
-    for r in mine:
-        t = r.get("timing", {})
-        logs = {k: v for k, v in r.get("logs", {}).items() if v}
-        lines.append(
-            f"| {r['name']} | {'yes' if r['survived'] else '**no**'} | {_f(r['ce'])} | {_f(r['ce_clean'])} "
-            f"| {_f(r['ce_delta'], '{:+.4f}')} | {r.get('tolerance', '-')} | {r.get('worse_adoptions', '-')} "
-            f"| {json.dumps(logs).replace('|', '/') if logs else '-'} "
-            f"| {_f(t.get('round_s'), '{:.3f}')} ({_f(t.get('clean_round_s'), '{:.3f}')}) | {r.get('seconds', 0):.0f} |"
-        )
-    return lines
 
 
 if __name__ == "__main__":

@@ -1,11 +1,8 @@
 """Memory and throughput benchmark: one BlockTrain block worker versus the E2E model of equal depth.
 
-1. Peak memory: each case (one block with noisy targets, the last block with two frozen predecessors run forward
-   for trajectory inputs, the E2E model) trains --mem-steps steps in a fresh subprocess at the CPU config (B=3,
-   L_b=2, d=128, seq 128, batch 32); the figure is ru_maxrss after training minus before building the model.
-2. Throughput: block and E2E optimiser steps timed interleaved in one process; tokens/s = batch * seq / median step.
-3. Accounting: `blocktrain model-info` for the litepaper config (B=3, L_b=4, d=512, hidden 2048), and what
-   trajectory training costs a peer (bytes per round to download the other blocks, memory to hold them frozen).
+Peak memory (ru_maxrss after --mem-steps steps minus before building the model, each case in a fresh subprocess),
+tokens/s (block and E2E steps timed interleaved), the litepaper config's `blocktrain model-info` and what trajectory
+training costs a peer. Writes --out (JSON).
 
     python benchmarks/memory_throughput.py --data-dir $BLOCKTRAIN_DATA
 """
@@ -94,10 +91,8 @@ def throughput(args: argparse.Namespace) -> dict:
             if i >= 2:
                 times[case].append(time.perf_counter() - t0)
     tokens = TrainConfig.batch_size * mcfg.seq_len
-    out = {
-        c: {"median_step_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t)}
-        for c, t in times.items()
-    }
+    medians = {case: statistics.median(t) for case, t in times.items()}
+    out: dict = {case: {"median_step_s": m, "tokens_per_s": tokens / m} for case, m in medians.items()}
     for case in CASES[:2]:
         out[f"{case}_over_e2e_tokens_per_s"] = out[case]["tokens_per_s"] / out["e2e"]["tokens_per_s"]
     out["timed_steps"] = args.tput_steps
@@ -146,9 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
     info_cmd += [arg for k, v in PAPER_CFG.items() for arg in (f"--{k.replace('_', '-')}", str(v))] + ["--json"]
     cli = subprocess.run(info_cmd, capture_output=True, text=True)
     paper_info = json.loads(cli.stdout) if cli.returncode == 0 else model_info(ModelConfig(**PAPER_CFG))
+    config = CPU_CFG | {"batch_size": TrainConfig.batch_size, "threads": args.threads, "mem_steps": args.mem_steps}
     result = {
-        "config": CPU_CFG
-        | {"batch_size": TrainConfig.batch_size, "threads": args.threads, "mem_steps": args.mem_steps},
+        "config": config,
         "peak_memory": memory,
         "throughput": tput,
         "model_info_paper_config": {k: paper_info[k] for k in INFO_KEYS},

@@ -1,12 +1,9 @@
 """What the merge loss check (swarmd.averaging.merge.check_merge) costs an honest swarm.
 
-At benchmarks/swarm.py's config (B=3 x 2 replicas, d=64, seq 64, batch 16, lr 3e-3, 8 rounds x H=25) the six
-replicas train in one process (each its own batch stream, from the shared bases), and every round runs each peer's
-check_merge (own + the same-block replica's block delta + the other five byte-table deltas, robust rule) on a
-HeldOutCheck of each size in --sequences; the next base is the unchecked merge (what an honest swarm lands). Per
-size: the check's seconds per peer and round (minus the plain merge) against the local steps (a lower bound of a
-daemon's round) and swarm.py's median round, the honest rounds that fell back (also without merge.PROGRESS_SLACK) or
-refused a delta, and the largest share of its own progress a merge gave up beyond the tolerance.
+At benchmarks/swarm.py's config (B=3 x 2 replicas) the replicas train in one process from shared bases; every round
+runs each peer's check_merge on a HeldOutCheck of each size in --sequences, then lands the unchecked merge. Per size:
+the check's seconds per peer and round against the local steps and swarm.py's median round, the honest rounds that
+fell back (also without merge.PROGRESS_SLACK) or refused a delta, and the most own progress a merge gave up.
 
     python benchmarks/merge_check.py --data-dir /work/shared/data/wikitext-2
 """
@@ -40,7 +37,7 @@ def parse_args(argv=None):
     options.add_swarm_config(p, layers_per_block=1)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--sequences", type=int, nargs="+", default=[4, 8, 16, 32])
-    p.add_argument("--out", type=Path, default=results.RESULTS / "merge_check.json")
+    options.add_outputs(p, "merge_check.json")
     return options.parse_checked(p, argv, "train.txt")
 
 
@@ -89,10 +86,8 @@ def main(argv=None) -> dict:
                 row["check_s"].append(max(0.0, out.check_s - merge_s[-1]))
                 row["fallbacks"] += int(out.fell_back)
                 row["strict"] += int(out.candidate_ce > out.own_ce + gcfg.merge_check_tolerance)
-                progress = out.base_ce - out.own_ce  # what our own delta gained; the share the merge gave up beyond tol
-                row["give_up"].append(
-                    (out.candidate_ce - out.own_ce - gcfg.merge_check_tolerance) / max(progress, 1e-9)
-                )
+                beyond = out.candidate_ce - out.own_ce - gcfg.merge_check_tolerance  # our own delta's progress given up
+                row["give_up"].append(beyond / max(out.base_ce - out.own_ce, 1e-9))
                 row["refused"] += len(out.failed)
                 row["checks"] += 1
                 row["scores"] += out.scores
@@ -105,7 +100,7 @@ def main(argv=None) -> dict:
         base_emb = {k: base_emb[k] + merged[k] for k in base_emb}
     round_s = statistics.median(steps_s)
     result = {
-        "command": "python benchmarks/merge_check.py " + " ".join(sys.argv[1:]),
+        "command": results.command_line("merge_check.py", argv),
         "config": options.picked(a, CONFIG),
         "median_local_steps_s": round_s,
         "median_merge_s": statistics.median(merge_s),

@@ -1,11 +1,9 @@
 """Round time of a 3-host swarm (network namespaces) with and without 50 ms of user-space delay per hop.
 
-Three daemons, each in its own network namespace on a bridge (tests/netns_utils.py: 10.213.0.10-12), train one
-block as three replicas (tiny model, int8) and find each other through the real DHT. Each host's gRPC server sits
-behind tests/delay_relay.py, which delays every forwarded chunk by the run's delay (one way; the daemons announce
-the relay; DHT lookups go direct). One run per --delays value (0: the same relays, no delay), each on fresh
-namespaces: the mean round time (between two merges of a peer, the first round left out) and exchange time (own
-delta ready -> merge). Needs root and iproute2; the swarm is benchmarks/harness/daemons.py's netns_swarm.
+Three daemons, each in its own network namespace (tests/netns_utils.py), train one block as three replicas and find
+each other through the real DHT; every gRPC server sits behind tests/delay_relay.py, which delays each forwarded chunk.
+One run per --delays value: mean round and exchange times. Needs root. Writes --out and --md; --render FILE rewrites
+--md from a saved result.
 
     python benchmarks/netns.py
 """
@@ -64,43 +62,30 @@ def run_once(a, delay_ms: float) -> dict:
 def markdown(out: dict) -> list[str]:
     """The BENCHMARKS.md fragment of a result (what --render prints from a saved JSON)."""
     runs, base = out["runs"], out["runs"][0]
-    lines = [
-        "## Three daemons in three network namespaces: round time with and without delay",
-        "",
-        f"Command: `{out['command']}` (as root; writes `benchmarks/results/netns.json`; "
-        "`--render benchmarks/results/netns.json` rewrites this fragment from it).",
-        "",
-        "Three daemons, each in its own network namespace on one bridge (10.213.0.10-12 over veth pairs: addresses "
-        "only those namespaces have), train one block as three replicas (B=1, L_b=1, d=32, seq 32, batch 8, "
-        f"H={out['steps_per_round']}, int8 deltas, {out['rounds']} rounds), find each other through the hivemind "
-        "DHT and announce their namespace addresses. Every gRPC server sits behind a user-space TCP relay "
-        "(`tests/delay_relay.py`; this kernel has no `tc netem`) that holds each forwarded chunk for the one-way "
-        "delay: every exchange, state pull and status call crosses one delayed hop, a request with its answer pays "
-        "it twice; DHT lookups go direct. Round = wall time between two merges of a peer; exchange = own delta "
-        "ready -> merge (the wait for the other two included); the first round (waiting for every peer to start) "
-        f"is left out. Machine: {out['machine']}, shared with other jobs.",
-        "",
-        "| one-way delay per hop | round s (mean) | round s (median) | exchange s (mean) | exchange s (median) "
-        "| participation | round mean vs no delay |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {r['delay_ms']:g} ms | {r['round_s_mean']:.3f} | {r['round_s_median']:.3f} "
-        f"| {r['exchange_s_mean']:.3f} | {r['exchange_s_median']:.3f} | {r['participation_mean']:.2f} "
-        f"| {r['round_s_mean'] - base['round_s_mean']:+.3f} s |"
+    head = (
+        "one-way delay per hop | round s (mean) | round s (median) | exchange s (mean) | exchange s (median) "
+        "| participation | round mean vs no delay"
+    )
+    rows = [
+        f"{r['delay_ms']:g} ms | {r['round_s_mean']:.3f} | {r['round_s_median']:.3f} | {r['exchange_s_mean']:.3f} "
+        f"| {r['exchange_s_median']:.3f} | {r['participation_mean']:.2f} "
+        f"| {r['round_s_mean'] - base['round_s_mean']:+.3f} s"
         for r in runs
     ]
-    return [
-        *lines,
-        "",
-        "A round trip through a relay of d ms costs at least 2d; the rounds stayed complete (participation 1.0) "
-        "and a round gains about one such round trip (a peer's two exchanges run concurrently). The function test, "
-        "`python -m pytest -m slow tests/test_netns.py` (run by `.ci/run`): the same namespaces, daemons listening "
-        "on 0.0.0.0 and announcing their namespace address (`--announce`), rounds with participation 1.0 across "
-        "hosts, `blocktrain status --swarm MULTIADDR` in another namespace listing all three at their addresses; "
-        "then the same through 50 ms relays.",
-        "",
-    ]
+    return results.paragraphs(
+        "## Three daemons in three network namespaces: round time with and without delay",
+        f"Command: `{out['command']}` (as root; writes `benchmarks/results/netns.json`; "
+        "`--render benchmarks/results/netns.json` rewrites this fragment from it).",
+        "Three daemons, each in its own network namespace on one bridge (10.213.0.10-12), train one block as three "
+        f"replicas (B=1, L_b=1, d=32, seq 32, batch 8, H={out['steps_per_round']}, int8 deltas, {out['rounds']} "
+        "rounds) and find each other through the DHT. Every gRPC server sits behind a user-space TCP relay "
+        "(`tests/delay_relay.py`) that holds each forwarded chunk for the one-way delay; DHT lookups go direct. "
+        "Round = wall time between two merges of a peer; exchange = own delta ready -> merge; the first round is "
+        f"left out. Machine: {out['machine']}, shared with other jobs.",
+        results.table(head, rows, "r" * 7),
+        "A round trip through a relay of d ms costs at least 2d. The function test: "
+        "`python -m pytest -m slow tests/test_netns.py` (run by `.ci/run`).",
+    )
 
 
 def main(argv=None) -> None:

@@ -1,10 +1,9 @@
 """Protocol at scale, simulated: group averaging among 1,000 and 10,000 virtual peers (swarmd.sim.protocol).
 
-No training: every virtual peer starts from the shared anchor plus a random delta of the tiny model's real shapes
-(benchmarks/scale.py's block and byte table), replicas 1e-2 apart; then rounds of the daemon's grouping, codec with
-error feedback and robust merge, on a virtual clock with a swarmd.sim regime's dropout. Per size: bytes sent per peer
-per round (all-to-all's beside it), rounds until the consensus distance (max over peers of ||x - mean|| / ||mean||)
-falls below 1e-3, virtual exchange seconds per round, DHT operations per peer per round (the daemon's, counted).
+No training: virtual peers start 1e-2 apart with deltas of the tiny model's real shapes, then run the daemon's
+grouping, codec with error feedback and robust merge on a virtual clock with a regime's dropout. Per size: bytes per
+peer per round, rounds to consensus < 1e-3, virtual exchange seconds, DHT operations per peer per round. Writes --out
+and its --section of --md; --levels-sweep PEERS: the anchored payload's int8 step instead.
 
     python benchmarks/protocol_scale.py --sizes 1000 10000
 """
@@ -36,8 +35,6 @@ def parse_args(argv=None):
     p.add_argument("--group-layout", default="grid", choices=GROUP_LAYOUTS, help="GossipConfig.group_layout")
     options.add_outputs(p, "protocol_scale.json", results.BENCHMARKS)
     options.add_section(p, "protocol_scale.py")
-    options.add_from_log(p, "the table from the rows a stopped run printed")
-    p.add_argument("--render", action="store_true", help="rewrite the table from --out's stored runs, simulate nothing")
     levels = "instead: the anchored payload's int8 step (rms / 4, 16, 64, absmax / 127) at PEERS peers: bytes against "
     levels += "the consensus distance (writes protocol_scale_levels.json)"
     p.add_argument("--levels-sweep", type=int, default=0, metavar="PEERS", help=levels)
@@ -63,28 +60,25 @@ def levels_sweep(a) -> None:
     levels_json = {"command": command, "rows": rows, "chosen": chosen}
     results.write_json(a.out.with_name("protocol_scale_levels.json"), levels_json)
     base = rows[0]["bytes_per_peer_round"]
-    lines = [
+    head = "levels | bytes per peer per round | vs levels 4 | distance after the last round (block / table) "
+    head += "| rounds to 1e-3 | rounds to 1e-4"
+    table = []
+    for r in rows:
+        name = "absmax / 127" if r["levels"] is None else f"rms / {r['levels']:g}"
+        table.append(
+            f"{name} | {r['bytes_per_peer_round']:,.0f} | {r['bytes_per_peer_round'] / base:.2f}x "
+            f"| {r['final_distance_block']:.1e} / {r['final_distance_table']:.1e} | {r['rounds_to_1e-3']} "
+            f"| {r['rounds_to_1e-4']}"
+        )
+    lines = results.paragraphs(
         f"### The anchored payload's int8 step: bytes against agreement ({a.levels_sweep} virtual peers)",
-        "",
         f"Command: `{command}`",
-        "",
         f"swarmd.sim.protocol, {a.rounds} rounds, k = {a.group_size}, regime lockstep (no dropout), {a.merge} "
         "merge. The int8 step of a row is max(absmax / 127, rms / levels); a plain delta uses levels 4. An "
         "anchored payload (offset + delta) carries the drift since the anchor, so a coarse step leaves a floor "
         f"of int8 noise between the replicas. The daemon uses levels {chosen}.",
-        "",
-        "| levels | bytes per peer per round | vs levels 4 | distance after the last round (block / table) "
-        "| rounds to 1e-3 | rounds to 1e-4 |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        name = "absmax / 127" if r["levels"] is None else f"rms / {r['levels']:g}"
-        lines.append(
-            f"| {name} | {r['bytes_per_peer_round']:,.0f} | {r['bytes_per_peer_round'] / base:.2f}x "
-            f"| {r['final_distance_block']:.1e} / {r['final_distance_table']:.1e} | {r['rounds_to_1e-3']} "
-            f"| {r['rounds_to_1e-4']} |"
-        )
-    lines.append("")
+        results.table(head, table),
+    )
     results.replace_section(a.md, "protocol_scale.py-levels", lines)
 
 
@@ -121,69 +115,46 @@ def main(argv=None) -> None:
         levels_sweep(a)
         return
     runs, rows = [], []
-    if a.render:  # the stored runs of the last simulation, their own command
-        stored = json.loads(a.out.read_text())
-        runs, command = stored["runs"], stored["command"]
-        rows = [row_of(out) for out in runs]
-        cfg = runs[0]["config"]
-        a.group_size, a.rounds, a.regime, a.merge = cfg["group_size"], cfg["rounds"], cfg["regime"], cfg["merge"]
-        a.group_layout = cfg.get("layout", "grid")
-        a.sizes = [out["config"]["peers"] for out in runs]
-    if a.from_log is not None:  # a run stopped before its end: the rows it printed, no per-round runs
-        rows = [json.loads(line) for line in a.from_log.read_text().splitlines() if line.startswith("{")]
-        for r in rows:
-            r["dht_ops_per_peer_round"] = DHT_OPS_PER_ROUND  # a count of the daemon's calls, not a measurement
-        a.sizes = [r["peers"] for r in rows]
-    for n in [] if a.render or a.from_log is not None else a.sizes:
-        out = simulate(protocol_config(a, n), daemons.TINY_CFG)
-        runs.append(out)
-        rows.append(row_of(out))
+    for n in a.sizes:
+        runs.append(simulate(protocol_config(a, n), daemons.TINY_CFG))
+        rows.append(row_of(runs[-1]))
         print(json.dumps(rows[-1]), flush=True)
-    if not a.render:
-        command = results.command_line("protocol_scale.py", argv)
-    if a.from_log is not None:
-        command = (
-            f"python benchmarks/protocol_scale.py --sizes 1000 10000 --rounds {a.rounds} (stopped after "
-            f"{', '.join(map(str, a.sizes))} peers; table from its printed rows)"
-        )
+    command = results.command_line("protocol_scale.py", argv)
     results.write_json(a.out, {"command": command, "rows": rows, "runs": runs, "machine": results.machine()})
-    lines = [
+    head = (
+        "peers | grid (block / table) | bytes sent per peer per round | all-to-all would send | rounds to "
+        "consensus < 1e-3 (block / table) | distance after the last round (block / table) "
+        "| exchange s per round (virtual, median) | DHT ops per peer per round | records per lookup"
+    )
+    lines = results.paragraphs(
         f"### Protocol at scale, simulated: group averaging among {', '.join(f'{n:,}' for n in a.sizes)} virtual peers",
-        "",
         f"Command: `{command}`",
-        "",
         f"swarmd.sim.protocol: no training; each virtual peer starts 1e-2 (relative) from the others with a "
         f"random delta of the tiny model's real shapes (block and byte table of benchmarks/scale.py), then "
         f"{a.rounds} rounds of the daemon's {a.group_layout} grouping (k = {a.group_size}), int8 codec with error "
         f"feedback and {a.merge} merge; the virtual clock, latency, bandwidth and dropout of regime `{a.regime}`. "
         "B = 3: one block's replicas are simulated (peers / 3), the byte table over every peer.",
-        "",
-        "| peers | grid (block / table) | bytes sent per peer per round | all-to-all would send | rounds to "
-        "consensus < 1e-3 (block / table) | distance after the last round (block / table) "
-        "| exchange s per round (virtual, median) | DHT ops per peer per round | records per lookup |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        grid = "x".join(map(str, r["grid_block"])) + " / " + "x".join(map(str, r["grid_table"]))
-        if a.group_layout != "grid":  # no grid: the fewest groups of at most k, every round
-            grid = f"{a.group_layout}: groups of <= {a.group_size}"
-        lines.append(
-            f"| {r['peers']:,} | {grid} | {r['bytes_per_peer_round']:,.0f} "
-            f"| {r['all_to_all_bytes_per_peer_round']:,.0f} "
-            f"| {r['rounds_to_1e-3_block']} / {r['rounds_to_1e-3_table']} "
-            f"| {r['final_distance_block']:.1e} / {r['final_distance_table']:.1e} "
-            f"| {r['exchange_s_median']:.2f} | {r['dht_ops_per_peer_round']} | {r['records_per_lookup']:,} |"
-        )
-    lines += [
-        "",
+        results.table(head, (size_row(a, r) for r in rows), "rlrrrrrrr"),
         "Bytes per peer stay flat (a group has at most k members whatever the swarm size); the rounds to agree grow "
         "with the grid's dimensions, log_k of the peers. The consensus distance is the worst peer's, dropped peers "
         "(who keep their state that round) included. DHT operations per peer per round are constant (three lookups "
         "and one announce, counted, not simulated; a Kademlia lookup takes O(log N) hops), but a lookup returns "
         "every record of the swarm (the grouping needs the membership): its bytes, the one cost not flat, grow.",
-        "",
-    ]
+    )
     results.replace_section(a.md, a.section, lines)
+
+
+def size_row(a, r: dict) -> str:
+    """A row of the size table (no grid: the fewest groups of at most k, every round)."""
+    grid = "x".join(map(str, r["grid_block"])) + " / " + "x".join(map(str, r["grid_table"]))
+    if a.group_layout != "grid":
+        grid = f"{a.group_layout}: groups of <= {a.group_size}"
+    return (
+        f"{r['peers']:,} | {grid} | {r['bytes_per_peer_round']:,.0f} | {r['all_to_all_bytes_per_peer_round']:,.0f} "
+        f"| {r['rounds_to_1e-3_block']} / {r['rounds_to_1e-3_table']} "
+        f"| {r['final_distance_block']:.1e} / {r['final_distance_table']:.1e} "
+        f"| {r['exchange_s_median']:.2f} | {r['dht_ops_per_peer_round']} | {r['records_per_lookup']:,}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,10 @@
 """Quality benchmark: BlockTrain versus the end-to-end reference at equal optimiser steps per block.
 
-Trains a BlockTrain stack (B blocks of L_b layers, one block at a time, no gradient crossing blocks), the E2E
-reference (one causal transformer of B x L_b layers, `e2e`) and a plain model of one block's depth (`e2e1`) on the
-same text, batch, sequence length, optimiser and steps per block. After every round each is scored on held-out text
-(the stack by from-noise CE, with the CE after every sampler step as `trace`; the others by next-byte CE); at the end
-also on a second held-out slice (`other_text`: eval.txt bytes after the scored ones). The stack's final depth trace
-(swarmd.core.evaluate.depth_trace) gives per block KL(p_b || p_{b-1}) (`kl`) and `depth_recovery` = (block 0 alone -
-stack) / (plain - E2E). --only runs one model; --swarm (or --only swarm) also trains the stack as a LocalSwarm of one
-daemon per block and scores its assembled checkpoint the same way (`swarm_*` keys); --lr-sweep trains every model at
-every lr and reports each at its best; --task copy trains on a generated copy task instead of WikiText.
-
-Writes <out>.json (summary keys, curve, config, history, depth, lr_sweep, seconds, command) and <out>.png (the
-scaling curve; skipped without matplotlib or with --no-plot). See BENCHMARKS.md#quality for the commands.
+Trains the stack (block by block), the E2E model of its whole depth (`e2e`) and a plain model of one block's depth
+(`e2e1`) on the same text and steps, scores each on held-out text after every round and at the end on a second
+slice (`other_text`), with the stack's depth trace (`kl`, `depth_recovery`); --swarm also trains the stack as one
+daemon per block (`swarm_*`), --lr-sweep reports each model at its best lr, --task copy uses a generated copy task.
+Writes <out>.json and <out>.png (see BENCHMARKS.md#quality):
 
     python benchmarks/quality.py --data-dir $BLOCKTRAIN_DATA --out benchmarks/results/quality
 """
@@ -77,12 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options.add_block_options(p, ModelConfig())
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument(
-        "--lr-sweep",
-        type=options.positive_floats("--lr-sweep"),
-        default=None,
-        help="e.g. 1e-3,3e-3: each model reported at its best",
-    )
+    sweep = "e.g. 1e-3,3e-3: each model reported at its best"
+    p.add_argument("--lr-sweep", type=options.positive_floats("--lr-sweep"), default=None, help=sweep)
     options.add_trajectory_options(p, TrainConfig())
     for cls, names in ((ModelConfig, MODEL_NUMBERS), (TrainConfig, TRAIN_NUMBERS)):
         for name in names:
@@ -129,9 +118,8 @@ def copy_text(n_bytes: int, seed: int) -> bytes:
 
 
 def copy_floor_ce() -> float:
-    """The copy task's entropy in nats/byte with unbounded context (what a perfect model scores): each first-half
-    letter is one of 26, the end of the string is uniform over COPY_MIN..COPY_MAX, the copy and newline are free.
-    Scored windows cut some copies off from their source, so the reachable CE at a finite seq_len is a bit higher."""
+    """The copy task's entropy in nats/byte with unbounded context: each first-half letter is one of 26, the end
+    of the string uniform over COPY_MIN..COPY_MAX, the copy and newline free (a finite seq_len scores a bit higher)."""
     lengths = range(COPY_MIN, COPY_MAX + 1)
     nats = 0.0
     for n in lengths:  # a string of n letters, then '|'
@@ -199,23 +187,28 @@ def rounded(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def depth_summary(name: str, depth: dict | None, block0: float | None, stack: float | None, plain, e2e) -> dict:
-    """`<name>_kl`, `<name>_depth_recovery` ... (unprefixed for the single-process stack): the depth instrument's
-    keys; block0 and stack are taken unrounded from the stack's depth trace where there is one."""
+def prefix(kind: str) -> str:
+    """The prefix of a stack's keys: none for the single-process stack, `swarm_` for the swarm."""
+    return "" if kind == "blocktrain" else f"{kind}_"
+
+
+def depth_summary(kind: str, depth: dict | None, block0: float | None, stack: float | None, plain, e2e) -> dict:
+    """The depth instrument's keys (`kl`, `depth_recovery` ..., prefixed by kind); block0 and stack are taken
+    unrounded from the stack's depth trace where there is one."""
     if depth:
         block0, stack = depth["trace"][0]["ce"], depth["ce"]
     rec = depth_recovery(block0, stack, plain, e2e)
-    prefix = "" if name == "blocktrain" else f"{name}_"
-    return {
-        f"{prefix}kl": [rounded(r["kl"], 6) for r in depth["trace"]] if depth else None,
-        f"{prefix}depth_recovery": rec["depth_recovery"],
-        f"{prefix}depth_recovery_reason": rec["reason"],
-        f"{prefix}depth_gained": rec["gained"],
-        f"{prefix}depth_available": rec["available"],
+    keys = {
+        "kl": [rounded(r["kl"], 6) for r in depth["trace"]] if depth else None,
+        "depth_recovery": rec["depth_recovery"],
+        "depth_recovery_reason": rec["reason"],
+        "depth_gained": rec["gained"],
+        "depth_available": rec["available"],
     }
+    return {prefix(kind) + k: v for k, v in keys.items()}
 
 
-def summarise(history: dict[str, list], other: dict, depth: dict) -> dict:
+def summarise(history: dict[str, list], depth: dict) -> dict:
     last = {k: v[-1] for k, v in history.items() if v}
     bt, e2e, plain = (last[k]["eval_ce"] if k in last else None for k in ("blocktrain", "e2e", "e2e1"))
     trace = last["blocktrain"]["trace"] if "blocktrain" in last else None
@@ -232,24 +225,29 @@ def summarise(history: dict[str, list], other: dict, depth: dict) -> dict:
         sw = last["swarm"]
         out.update(swarm_ce=sw["eval_ce"], swarm_trace=sw["trace"], swarm_ratio=sw["eval_ce"] / e2e if e2e else None)
         out.update(depth_summary("swarm", depth.get("swarm"), sw["trace"][0], sw["eval_ce"], plain, e2e))
-    if other:
-        o = dict(other)
-        if "blocktrain" in o and "e2e" in o:
-            o["ratio"] = o["blocktrain"] / o["e2e"]
-        for name, pre in (("blocktrain", ""), ("swarm", "swarm_")):
-            if o.get(name) is not None:
-                rec = depth_recovery(o.get(f"{pre}block0"), o[name], o.get("e2e1"), o.get("e2e"))
-                o[f"{pre}depth_recovery"] = rec["depth_recovery"]
-        out["other_text"] = o
     return out
 
 
-def write_result(args: argparse.Namespace, result: dict, keys: tuple[str, ...]) -> None:
-    """<out>.json (and <out>.png unless --no-plot), then the summary keys as one JSON line on stdout."""
-    results.write_json(args.out.with_suffix(".json"), result, sort_keys=False)
-    if not args.no_plot:
-        plot(result, args.out.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in keys if k in result}))
+def other_text(eval_xy: tuple, other_xy: tuple, best: dict[str, dict]) -> dict:
+    """The second held-out slice's figures: each model's CE under its name; for a stack also block 0 alone, the
+    per-step CE trace and KLs and its depth recovery (prefixed as depth_summary's); the stack over the E2E."""
+    o = {"offset": eval_xy[1].numel() + 1, "tokens": int(other_xy[1].numel())}
+    for kind, r in best.items():
+        o[kind] = r["other_ce"]
+        if "other_depth" in r:
+            trace = r["other_depth"]["trace"]
+            o |= {
+                f"{prefix(kind)}block0": trace[0]["ce"],
+                f"{prefix(kind)}trace": [round(s["ce"], 4) for s in trace],
+                f"{prefix(kind)}kl": [rounded(s["kl"], 6) for s in trace],
+            }
+    if "blocktrain" in o and "e2e" in o:
+        o["ratio"] = o["blocktrain"] / o["e2e"]
+    for kind in ("blocktrain", "swarm"):
+        if o.get(kind) is not None:
+            rec = depth_recovery(o.get(f"{prefix(kind)}block0"), o[kind], o.get("e2e1"), o.get("e2e"))
+            o[f"{prefix(kind)}depth_recovery"] = rec["depth_recovery"]
+    return o
 
 
 # Training: one model at one learning rate.
@@ -286,18 +284,6 @@ def train_swarm(args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, 
     return blocks, emb, facts
 
 
-def other_depth(kind: str, od: dict) -> dict:
-    """The second held-out slice's figures of a stack (blocktrain, swarm): its CE under the kind's name, block 0
-    alone, the per-step CE trace and KLs (blocktrain's keys unprefixed, the swarm's prefixed `swarm_`)."""
-    pre = "" if kind == "blocktrain" else f"{kind}_"
-    return {
-        kind: od["ce"],
-        f"{pre}block0": od["trace"][0]["ce"],
-        f"{pre}trace": [round(s["ce"], 4) for s in od["trace"]],
-        f"{pre}kl": [rounded(s["kl"], 6) for s in od["trace"]],
-    }
-
-
 def train_one(kind: str, lr: float, args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig, data: dict) -> dict:
     """Train `kind` at learning rate lr; its record: history (one row per evaluation), eval_ce, other_ce,
     seconds, and for a stack its depth traces (depth, other_depth)."""
@@ -314,45 +300,44 @@ def train_one(kind: str, lr: float, args: argparse.Namespace, mcfg: ModelConfig,
             row["trace"] = [round(s["ce"], 4) for s in r.eval["trace"]]
         rows.append(row)
         train = "-" if r.train_ce is None else f"{r.train_ce:.3f}"
-        trace = row.get("trace", "")
-        print(
-            f"[{tag}] round {r.round}: train ce {train} eval ce {r.eval['ce']:.4f} {trace} ({r.seconds:.0f}s)",
-            flush=True,
-        )
+        done = f"train ce {train} eval ce {r.eval['ce']:.4f} {row.get('trace', '')} ({r.seconds:.0f}s)"
+        print(f"[{tag}] round {r.round}: {done}", flush=True)
 
     run = (mcfg, tcfg, data["corpus"], eval_xy, args.steps_per_round, args.rounds)
     record: dict = {"model": kind, "lr": lr}
     t0 = time.perf_counter()
-    if kind in ("blocktrain", "swarm"):
-        if kind == "blocktrain":
-            stack = train_blocktrain(
-                *run, on_round=on_round, eval_steps=args.eval_steps, trajectory_source=args.trajectory_source
-            )
-            blocks, emb = stack.blocks, stack.emb
-        else:
-            blocks, emb, record["swarm"] = train_swarm(args, mcfg, tcfg, data["train_path"])
-        record["seconds"] = round(time.perf_counter() - t0, 1)
-        d = depth_trace(blocks, emb, eval_xy[0], eval_xy[1], mcfg, steps=args.eval_steps)
-        if kind == "blocktrain" and d["ce"] != rows[-1]["eval_ce"]:  # one sampler, one noise seed: the same sweep
-            raise AssertionError(f"depth_trace ce {d['ce']} != from_noise_ce {rows[-1]['eval_ce']}")
-        if kind == "swarm":  # one row: the assembled checkpoint at the end
-            steps = args.rounds * args.steps_per_round
-            on_round(
-                RoundReport(args.rounds, steps, steps * tcfg.batch_size * mcfg.seq_len, None, d, record["seconds"])
-            )
-        record["depth"] = depth_row(d)
-        if other_xy is not None:
-            record["other_depth"] = depth_row(depth_trace(blocks, emb, *other_xy, mcfg, steps=args.eval_steps))
-            record["other_ce"] = record["other_depth"]["ce"]
+    if kind == "blocktrain":
+        how = {"eval_steps": args.eval_steps, "trajectory_source": args.trajectory_source}
+        stack = train_blocktrain(*run, on_round=on_round, **how)
+        blocks, emb = stack.blocks, stack.emb
+    elif kind == "swarm":
+        blocks, emb, record["swarm"] = train_swarm(args, mcfg, tcfg, data["train_path"])
     else:
         one = replace(mcfg, blocks=mcfg.blocks if kind == "e2e" else 1)
         trainer = train_e2e(one, *run[1:], on_round=on_round, layout=args.reference_layout)
-        record["seconds"] = round(time.perf_counter() - t0, 1)
+    record["seconds"] = round(time.perf_counter() - t0, 1)
+    if kind in ("e2e", "e2e1"):
         if other_xy is not None:
             record["other_ce"] = e2e_ce(trainer.model, *other_xy)["ce"]
-    record["eval_ce"] = rows[-1]["eval_ce"]
-    record["history"] = rows
-    return record
+        return record | {"eval_ce": rows[-1]["eval_ce"], "history": rows}
+    d = depth_trace(blocks, emb, eval_xy[0], eval_xy[1], mcfg, steps=args.eval_steps)
+    if kind == "blocktrain" and d["ce"] != rows[-1]["eval_ce"]:  # one sampler, one noise seed: the same sweep
+        raise AssertionError(f"depth_trace ce {d['ce']} != from_noise_ce {rows[-1]['eval_ce']}")
+    if kind == "swarm":  # one row: the assembled checkpoint at the end
+        steps = args.rounds * args.steps_per_round
+        tokens = steps * tcfg.batch_size * mcfg.seq_len
+        on_round(RoundReport(args.rounds, steps, tokens, None, d, record["seconds"]))
+    record["depth"] = depth_row(d)
+    if other_xy is not None:
+        record["other_depth"] = depth_row(depth_trace(blocks, emb, *other_xy, mcfg, steps=args.eval_steps))
+        record["other_ce"] = record["other_depth"]["ce"]
+    return record | {"eval_ce": rows[-1]["eval_ce"], "history": rows}
+
+
+def sweep_row(r: dict) -> dict:
+    """A run's row of the lr sweep: its record without the depth traces, with the stack's per-step CE trace."""
+    row = {k: v for k, v in r.items() if k not in ("depth", "other_depth")}
+    return row | ({"trace": [round(s["ce"], 4) for s in r["depth"]["trace"]]} if "depth" in r else {})
 
 
 def best_run(runs: list[dict]) -> dict:
@@ -391,25 +376,16 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="quality-task-") as tmp:
         data = load_data(args, mcfg, Path(tmp))
         runs = {kind: [train_one(kind, lr, args, mcfg, tcfg, data) for lr in args.lrs] for kind in selected(args)}
-    eval_xy, other_xy = data["eval_xy"], data["other_xy"]
     best = {kind: best_run(rs) for kind, rs in runs.items()}
     history = {kind: r["history"] for kind, r in best.items()}
     depth = {kind: r["depth"] for kind, r in best.items() if "depth" in r}
-    other: dict = {}
-    if other_xy is not None:
-        other = {"offset": eval_xy[1].numel() + 1, "tokens": int(other_xy[1].numel())}
-        for kind, r in best.items():
-            other.update(other_depth(kind, r["other_depth"]) if "other_depth" in r else {kind: r["other_ce"]})
-    sweep_runs = [
-        {k: v for k, v in r.items() if k not in ("depth", "other_depth")}
-        | ({"trace": [round(s["ce"], 4) for s in r["depth"]["trace"]]} if "depth" in r else {})
-        for rs in runs.values()
-        for r in rs
-    ]
+    sweep_runs = [sweep_row(r) for rs in runs.values() for r in rs]
     config_keys = ("rounds", "steps_per_round", "eval_steps", "trajectory_source", "reference_layout", "threads")
     steps = args.rounds * args.steps_per_round
-    result = {
-        **summarise(history, other, depth),
+    result = summarise(history, depth)
+    if data["other_xy"] is not None:
+        result["other_text"] = other_text(data["eval_xy"], data["other_xy"], best)
+    result |= {
         "curve": curve_rows(history),
         "config": {"model": mcfg.to_dict(), "train": tcfg.to_dict(), **options.picked(args, config_keys)},
         "task": data["task"],
@@ -417,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict:
         "depth": depth,
         "steps_per_block": steps,
         "tokens_per_block": steps * tcfg.batch_size * mcfg.seq_len,
-        "eval_tokens": int(eval_xy[1].numel()),
+        "eval_tokens": int(data["eval_xy"][1].numel()),
         "seconds": {
             **{kind: r["seconds"] for kind, r in best.items()},
             "total": round(sum(r["seconds"] for rs in runs.values() for r in rs), 1),
@@ -428,7 +404,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if "swarm" in best:
         result["swarm_run"] = best["swarm"]["swarm"]
-    write_result(args, result, (*SUMMARY_KEYS, *DEPTH_KEYS, "seconds"))
+    results.write_json(args.out.with_suffix(".json"), result, sort_keys=False)
+    if not args.no_plot:
+        plot(result, args.out.with_suffix(".png"))
+    print(json.dumps({k: result[k] for k in (*SUMMARY_KEYS, *DEPTH_KEYS, "seconds") if k in result}))
     return result
 
 

@@ -1,19 +1,14 @@
 """Replica efficiency in the simulator: outer optimizer and learning-rate scaling sweeps, and sync DP beside the swarm.
 
-swarmd.sim runs benchmarks/swarm.py's model and schedule (real training, int8 + error feedback, the daemon's merge
-and outer optimizer; lockstep network: every delta accepted). Each variant of --variants (parse_variant) runs
---rounds rounds, its CE measured every --eval-every rounds; its replica efficiency is (single-replica steps to its
-final CE, interpolated in log-steps between one replica at 1x, 2x and 4x the rounds, extrapolated and flagged past
-them) / (K x its steps per replica). --sync-dp: per K of --ks, each swarm of --swarm-variants (variant keys without
-K) beside one replica per block at K x --batch-size for the same steps and the swarm's H, at each inner-lr multiplier
-of --sync-lrs (the best CE is sync DP's); a row of "sync_dp" per swarm (K, steps_per_replica, ce, sync_dp_ce,
-excess_pct = 100 (ce - sync_dp_ce) / sync_dp_ce, both efficiencies against "sync_dp_single"). Every run is stored in
-"sync_dp_runs" and read, not rerun, later (--sweeps-from: other JSONs'). --report rewrites --md from --out
-(--sync-dp --merge A.json: with the sync-DP rows of other runs). Writes --out (JSON, every curve) and --md's section.
+swarmd.sim runs benchmarks/swarm.py's model and schedule (lockstep network: every delta accepted). Each variant of
+--variants (parse_variant) gets its replica efficiency against one replica at 1x, 2x and 4x the rounds. --sync-dp:
+per K of --ks, each swarm of --swarm-variants beside one replica per block at K x --batch-size (best of --sync-lrs),
+a "sync_dp" row each (K, steps_per_replica, ce, sync_dp_ce, excess_pct); every run is kept in "sync_dp_runs" and read,
+not rerun, later (--sweeps-from). --report rewrites --md from --out (with --merge: other runs' sync-DP rows). Writes
+--out (JSON) and --md's section; see BENCHMARKS.md#replica_sim.
 
     python benchmarks/replica_sim.py --variants K=2,outer=none K=2,outer=nesterov K=4,outer=nesterov,lr=2
     python benchmarks/replica_sim.py --sync-dp --ks 2 4 8 --sync-lrs 1,1.41,2 --rounds 64   # 1,600 steps per replica
-    python benchmarks/replica_sim.py --sync-dp --ks 4 --swarm-variants '' ra=1 H=1,ra=1
 """
 
 from __future__ import annotations
@@ -47,11 +42,9 @@ SAVED_RUN = ("ce", "curve", "wall_s")  # what "sync_dp_runs" keeps of a run
 
 def parse_variant(text: str) -> dict:
     """'K=2,outer=nesterov,olr=0.7,mom=0.9,lr=1.5,H=5,ra=1' -> dict, defaults filled in. lr: inner-lr multiplier;
-    H: local steps per round (0 = --steps; the rounds scaled to keep the steps per replica); ra=1: ReplicaAdamW;
-    codec, merge: the deltas' codec and merge rule (default int8, robust); m1=3,m2=6: AdamW's moments averaged
-    across a block's replicas every 3 and 6 rounds (swarmd.sim.moments); tp: TrainConfig.trajectory_prob; pp:
-    TrainConfig.predecessor_pulls; rg=1: each delta scaled by K replicas' step-size ratio
-    (swarmd.core.optim.replica_gain)."""
+    H: local steps per round (0 = --steps; as many steps per replica); ra=1: ReplicaAdamW; codec, merge (default
+    int8, robust); m1=3,m2=6: AdamW's moments averaged across a block's replicas every 3 and 6 rounds; tp, pp:
+    TrainConfig.trajectory_prob, predecessor_pulls; rg=1: swarmd.core.optim.replica_gain."""
     v: dict = {"K": 2, "outer": "none", "olr": 0.7, "mom": 0.9, "lr": 1.0, "H": 0, "ra": 0}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")

@@ -1,10 +1,9 @@
 """Robust merge vs plain mean with honest peers: from-noise CE and the time the merge adds per round.
 
-The simulator's real training, codec (int8 + error feedback) and merge on the "lockstep" regime (every delta
-accepted, only the merge rule differs: --merges, MERGES), K replicas per block, benchmarks/swarm.py's model and
-schedule. Merge time: the merge calls of one peer's round (its block merge and the byte-table merge) against its
-round's training and encoding time (an upper bound on the share: the network adds to a real round). --sign-flip adds
-one replica per block that sends its delta negated. Writes --out (JSON) and --md (markdown fragment).
+The simulator's real training, codec and merge on the lockstep regime (only the merge rule differs: --merges,
+MERGES), K replicas per block, benchmarks/swarm.py's model and schedule; the merge calls of one peer's round against
+its training and encoding time. --sign-flip adds one replica per block that sends its delta negated. Writes --out
+(JSON) and --md (markdown fragment, with attack_table: how far one attacker moves the merge).
 
     python benchmarks/robust_merge.py --data-dir /work/shared/data/wikitext-2
 """
@@ -102,10 +101,7 @@ def attack_table(seed: int = 0, numel: int = 100_000, noise: float = 0.3) -> lis
         "noise (honest norm)": scale * torch.randn(numel, generator=g),
         "noise x100": 100 * scale * torch.randn(numel, generator=g),
     }
-    lines = [
-        "| attack (1 peer) | with 1 honest: robust | mean | with 3 honest: robust | mean |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for name, bad in attacks.items():
         cells = []
         for n_good in (1, 3):
@@ -114,46 +110,40 @@ def attack_table(seed: int = 0, numel: int = 100_000, noise: float = 0.3) -> lis
             for merge in (robust_merge(good | {"zz": {"w": bad}})[0]["w"], merge_mean(good | {"zz": {"w": bad}})["w"]):
                 moved = float((merge - clean).norm() / clean.norm())
                 cells.append(f"{moved:.3g}" if math.isfinite(moved) else "inf")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(f"{name} | " + " | ".join(cells))
+    return results.table("attack (1 peer) | with 1 honest: robust | mean | with 3 honest: robust | mean", rows, "lllll")
 
 
 def table(rows: list[dict]) -> list[str]:
     """Markdown rows: one per (replicas, seed) with both a mean and a robust honest run (and robust-trim if run)."""
-    lines = [
-        "| replicas per block | peers | seed | CE mean | CE robust | robust - mean | CE robust without the outlier "
-        "check | merge ms / round / peer | train s / round / peer | merge share |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for workers, seed in sorted({(r["replicas"], r["seed"]) for r in rows if not r.get("sign_flip")}):
         pair = {r["merge"]: r for r in rows if (r["replicas"], r["seed"]) == (workers, seed) and not r.get("sign_flip")}
         if not {"mean", "robust"} <= set(pair):
             continue
         m, r, nodir = pair["mean"], pair["robust"], pair.get("robust-trim")
         lines.append(
-            f"| {workers} | {r['peers']} | {seed} | {m['ce']:.4f} | {r['ce']:.4f} | {r['ce'] - m['ce']:+.4f} | "
+            f"{workers} | {r['peers']} | {seed} | {m['ce']:.4f} | {r['ce']:.4f} | {r['ce'] - m['ce']:+.4f} | "
             f"{'-' if nodir is None else format(nodir['ce'], '.4f')} | "
             f"{1e3 * r['merge_s_per_round_per_peer']:.2f} (mean: {1e3 * m['merge_s_per_round_per_peer']:.2f}) | "
-            f"{r['train_s_per_round_per_peer']:.2f} | {100 * r['merge_share']:.2f}% |"
+            f"{r['train_s_per_round_per_peer']:.2f} | {100 * r['merge_share']:.2f}%"
         )
-    return lines
+    head = "replicas per block | peers | seed | CE mean | CE robust | robust - mean | CE robust without the outlier "
+    head += "check | merge ms / round / peer | train s / round / peer | merge share"
+    return results.table(head, lines, "l" * 10)
 
 
 def flip_table(rows: list[dict]) -> list[str]:
     """Markdown rows: one per (replicas, seed, merge) with a sign flipper, against the honest K-replica run."""
-    lines = [
-        "| honest replicas + 1 sign flipper | seed | merge | CE honest alone | CE with the flipper | difference |",
-        "|---|---|---|---|---|---|",
-    ]
     honest = {(r["replicas"], r["seed"], r["merge"]): r["ce"] for r in rows if not r.get("sign_flip")}
+    lines = []
     for r in rows:
         ref = honest.get((r["replicas"] - 1, r["seed"], "robust"))
         if r.get("sign_flip") and ref is not None:
-            lines.append(
-                f"| {r['replicas'] - 1} + 1 | {r['seed']} | {r['merge']} | {ref:.4f} | {r['ce']:.4f} | "
-                f"{r['ce'] - ref:+.4f} |"
-            )
-    return lines
+            ces = f"{ref:.4f} | {r['ce']:.4f} | {r['ce'] - ref:+.4f}"
+            lines.append(f"{r['replicas'] - 1} + 1 | {r['seed']} | {r['merge']} | {ces}")
+    head = "honest replicas + 1 sign flipper | seed | merge | CE honest alone | CE with the flipper | difference"
+    return results.table(head, lines, "l" * 6)
 
 
 def main(argv=None) -> None:

@@ -1,19 +1,11 @@
 """Serving benchmark: traversal economics, swarm vs local generation, served size, failover.
 
+Every peer is a real gRPC server on 127.0.0.1 hosting one block, all in this process; the client is a RemoteSweeper
+that sleeps the per-hop delay before every hop. Measures one-sweep scoring against an autoregressive pipeline, bytes/s
+of `generate` through the swarm and locally, the largest random-weight model three peers serve, and a failover
+mid-generation. Writes --out (JSON); --render FILE prints its tables.
+
     python benchmarks/serving.py [--quick] [--out benchmarks/results/serving.json] [--render FILE]
-
-Every peer is a real gRPC server on 127.0.0.1 (start_server hosting a BlockServing through ServingOnlyHandler),
-one block each, all in this process; the client is a RemoteSweeper that awaits asyncio.sleep(delay) before every
-hop (user space: no tc netem, no proxy), so a traversal of B blocks pays B delays.
-
-1. Traversal (random weights, B=3, L_b=4, d=512, FFN 2048): one-sweep scoring of N bytes (ONE traversal over N
-   positions) against an autoregressive pipeline on the same servers (one traversal per token, KV caches);
-   tokens/s = N / wall time, ratio = one_sweep_tok_s / ar_tok_s.
-2. Generation: bytes/s of `generate` through the swarm vs locally, same checkpoint, seed and text.
-3. Size: a ladder of random-weight shapes served by three peers; the largest that serves a 128-byte window
-   within the time and memory budget, with the hop trace of that sweep.
-4. Failover: two replicas of block 1; the one the session uses is stopped mid-generation; the request
-   completes; added latency = that byte's time minus the median byte time.
 """
 
 from __future__ import annotations
@@ -148,8 +140,7 @@ async def traversal(cfg, blocks, emb, delays_ms, lengths, reps) -> tuple[list[di
                 rows.append(row | {"ratio": ar / one, "one_sweep_s": one, "ar_s": ar})
                 print(
                     f"traversal delay {delay_ms:>3} ms  {n:>4} bytes: one sweep {n / one:8.1f} tok/s  "
-                    f"AR {n / ar:7.1f} tok/s  ratio {ar / one:6.1f}x",
-                    flush=True,
+                    f"AR {n / ar:7.1f} tok/s  ratio {ar / one:6.1f}x"
                 )
     return rows, hops
 
@@ -168,16 +159,10 @@ async def generation(cfg, blocks, emb, delays_ms, n_bytes) -> list[dict]:
                 sweeper = swarm.sweeper(delay_ms / 1000)
                 st = GenerationStats()
                 out = await generate_bytes(sweeper, b"The ", n_bytes, 1.0, seed=1, stats=st)
-                rate = n_bytes / st.seconds
-                rows.append(
-                    dict(delay_ms=delay_ms, bytes=n_bytes, swarm_bytes_s=rate, local_bytes_s=local_rate)
-                    | dict(same_text=out == ref, sweeps=st.sweeps, hops=len(sweeper.trace))
-                )
-                print(
-                    f"generation delay {delay_ms:>3} ms: swarm {rate:7.1f} B/s  "
-                    f"local {local_rate:7.1f} B/s  same text {out == ref}",
-                    flush=True,
-                )
+                rate, same = n_bytes / st.seconds, out == ref
+                row = dict(delay_ms=delay_ms, bytes=n_bytes, swarm_bytes_s=rate, local_bytes_s=local_rate)
+                rows.append(row | dict(same_text=same, sweeps=st.sweeps, hops=len(sweeper.trace)))
+                print(f"generation delay {delay_ms:>3} ms: swarm {rate:7.1f} B/s, local {local_rate:7.1f}, same {same}")
     return rows
 
 
@@ -209,11 +194,7 @@ async def size(ladder, seq_len, budget_s, max_param_bytes) -> dict:
             break
         rung |= dict(hidden=4 * d, params=params, params_fp16_gb=params * 2 / 1e9, sweep_s=seconds)
         rungs.append(rung | {"build_s": time.perf_counter() - t0 - seconds, "hop_trace": trace})
-        print(
-            f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, "
-            f"one sweep of {seq_len} bytes in {seconds:.2f} s over {len(trace)} hops",
-            flush=True,
-        )
+        print(f"size d={d} L_b={layers}: {params / 1e6:.1f}M params, a sweep of {seq_len} bytes in {seconds:.2f} s")
         best = rungs[-1]
         if seconds > budget_s:
             break
@@ -239,11 +220,7 @@ async def failover(cfg, blocks, emb, n_bytes, kill_at, delay_ms) -> dict:
         row |= dict(failover_byte_s=times[kill_at], added_latency_s=times[kill_at] - normal)
         row |= dict(resent_positions=[h.positions for h in resent], new_peer=resent[0].address if resent else None)
         row["killed_peer"] = victim.address if victim else None
-    print(
-        f"failover: completed {row['completed']}, same text {row['same_text']}, "
-        f"added latency {1000 * row['added_latency_s']:.1f} ms (median byte {1000 * normal:.1f} ms)",
-        flush=True,
-    )
+    print(f"failover: completed {row['completed']}, same text {row['same_text']}, added {row['added_latency_s']:.3f} s")
     return row
 
 
@@ -335,6 +312,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-weight-gib", type=int, default=8, help="skip rungs whose fp32 weights (x2) exceed this")
     parser.add_argument("--render", type=Path, help="print the markdown tables of an existing result file and exit")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines show as they come
     if args.render:
         print(render(json.loads(args.render.read_text())))
         sys.exit(0)

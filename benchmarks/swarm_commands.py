@@ -1,19 +1,13 @@
 """Fast swarm commands: seconds of `status --swarm`, `score`/`generate --swarm` and the dashboard, and where they go.
 
-Starts a local swarm (benchmarks.harness.daemons.tiny: 3 daemons, one per block, on the real hivemind DHT on
-loopback; with --idle waiting for a 4th peer, so serving but not training), then times each command (command_args)
-end to end as a fresh `blocktrain` process, --reps times: status (checked: every peer listed), score, generate (also
-seconds to its first stdout byte, the prompt echoed once the swarm is reached), dashboard (seconds to its URL line,
-to its page and whether the page carries every peer, to the first /api/swarm listing every peer). The first
---probe-reps repetitions also run each command in a probe (this script with --probe: the same CLI entry point
-in-process, with timestamps around imports, the DHT start, lookups, calls, sweeps and shutdown; each instant counted
-once, see breakdown). With --before-tree (a copy of the checkout before a change) both trees run each command back
-to back under the same load. Medians are reported, and the load average around every command.
+Starts a local swarm (benchmarks.harness.daemons.tiny: 3 daemons, one per block; with --idle waiting for a 4th peer:
+serving, not training) and times each command (command_args) as a fresh `blocktrain` process, --reps times; the first
+--probe-reps also run it under a probe (this script with --probe: the CLI in-process, with timestamps around imports,
+the DHT start, lookups, calls, sweeps and shutdown; see breakdown). --before-tree runs a checkout from before a change
+side by side under the same load. Writes benchmarks/results/swarm_commands.json (one entry per label, kept across
+runs) and swarm_commands.md (BENCHMARKS.md#swarm_commands):
 
     python benchmarks/swarm_commands.py --label after --before-tree /tmp/before --reps 5 --probe-reps 3
-
-Writes benchmarks/results/swarm_commands.json (one entry per label, kept across runs) and the fragment
-benchmarks/results/swarm_commands.md.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import functools  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import shlex  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -183,11 +176,8 @@ def breakdown(events: list[dict], spawned: float, ended: float) -> dict[str, Any
         out[phase] = sum(o == phase for o in owner) / 1000
     out["other"] = sum(o is None for o in owner) / 1000
     out["total"] = ended - spawned
-    out["imports"] = [
-        {"name": e["name"], "s": round(e["t1"] - e["t0"], 3), "torch": e["torch"]}
-        for e in events
-        if e["kind"] == "import"
-    ]
+    imports = [e for e in events if e["kind"] == "import"]
+    out["imports"] = [{"name": e["name"], "s": round(e["t1"] - e["t0"], 3), "torch": e["torch"]} for e in imports]
     out["calls"] = {p: sum(e["kind"] == p for e in events) for p in ("lookup", "status_call", "config_call", "sweep")}
     return out
 
@@ -319,7 +309,8 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
                 for name in args.commands:
                     for label, tree in trees if rep % 2 == 0 else trees[::-1]:
                         launch, env = blocktrain(tree, base)
-                        cmd = [*launch, *command_args(name, maddr, text)]
+                        cmd_args = command_args(name, maddr, text)
+                        cmd = [*launch, *cmd_args]
                         if name == "dashboard":
                             row = run_dashboard(cmd, env, peer_ids, args.timeout_s, tree) | {"load": loadavg()}
                         else:
@@ -327,9 +318,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
                         rows[label][name].append(row)
                         print(f"rep {rep} {label} {name}: {json.dumps(row)}", flush=True)
                         if rep < args.probe_reps:
-                            pr = run_probe(
-                                name, command_args(name, maddr, text), env, peer_ids, args.timeout_s, tmp, tree
-                            )
+                            pr = run_probe(name, cmd_args, env, peer_ids, args.timeout_s, tmp, tree)
                             probes[label][name].append(pr)
                             phases = {k: round(v, 2) for k, v in pr.items() if isinstance(v, float)}
                             print(f"rep {rep} {label} {name} probe: {json.dumps(phases)} {pr['calls']}", flush=True)
@@ -442,8 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--probe"]:
         probe(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("BLOCKTRAIN_DATA", "/work/shared/data/wikitext-2"))
+    sys.path.insert(0, str(ROOT))  # not in the probe: there the tree on PYTHONPATH comes first
+    from benchmarks.harness import options, results
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    options.add_data_dir(p, fallback=options.SHARED_DATA)
     p.add_argument("--label", default="after", help="name of this checkout's run in the record (before, after, ...)")
     p.add_argument("--before-tree", type=Path, default=None, help="a copy of the checkout before the change")
     p.add_argument("--before-label", default="before", help="name of --before-tree's run in the record")
@@ -454,24 +446,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout-s", type=float, default=240.0)
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--idle", action="store_true", help="daemons that never train (waiting for a 4th peer)")
-    p.add_argument("--out", type=Path, default=RESULTS / "swarm_commands.json")
-    p.add_argument("--md", type=Path, default=RESULTS / "swarm_commands.md")
+    options.add_outputs(p, "swarm_commands.json", "swarm_commands.md", results=RESULTS)
     p.add_argument("--render", action="store_true", help="only rewrite --md from --out (nothing runs)")
     args = p.parse_args(argv)
-    args.command = shlex.join(["python", "benchmarks/swarm_commands.py", *argv])
+    args.command = results.command_line("swarm_commands.py", argv)
     args.probe_reps = args.reps if args.probe_reps is None else args.probe_reps
     record = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     if not args.render:
-        if not (Path(args.data_dir) / "train.txt").is_file():
-            p.error(f"--data-dir must hold train.txt (got {args.data_dir}); set BLOCKTRAIN_DATA")
-        sys.path.insert(0, str(ROOT))  # not in the probe: there the tree on PYTHONPATH comes first
-        from benchmarks.harness import results
-
+        options.check_data(p, args, "train.txt")
         record["runs"].update(measure(args))
         record["commands"] = {c: "blocktrain " + " ".join(command_args(c, "MULTIADDR", Path("TEXT"))) for c in COMMANDS}
         results.write_json(args.out, record)
-    args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(markdown(record))
+    results.write_text(args.md, markdown(record))
     print(f"wrote {args.out} and {args.md}")
     return 0
 

@@ -1,19 +1,10 @@
 """Time to quality: the assembled model's held-out CE against wall time on dedicated hardware, per schedule and P.
 
-Every peer its own device. The clock is a cost model measured on the real trainer (swarmd.sim.costs: per-step time
-of each block with its predecessor work and of the end-to-end step, one thread here, --device cuda on a GPU) plus
-the simulator's network regimes with the real codec, merge and deadline (swarmd.sim.scheduled), and with
---fixed-costs a daemon's own seconds a round and per predecessor pull (clock_check.py). For P = K x B peers
-(K per block for each K of --ks) and every schedule of --schedules, it runs the swarm; beside it, the references:
-  e2e one peer     the end-to-end model of the same depth on one peer (its CE at --steps sets the target);
-  sync DP ideal    the end-to-end model with P-way synchronous data parallelism (a P-fold batch; free all-reduce);
-  pipelined e2e    the end-to-end model pipelined over the P peers as SWARM parallelism trains it (B stages of K
-                   replicas: the K-fold batch; 8-bit activations and gradients across every boundary each step);
-  one block        one diffusion block holding the whole depth, its P peers as replicas.
-Every model at the best of --lrs (the end-to-end one-peer run at each; the others at each too, unless --lr-for
-pins them), warmup then cosine to --min-lr-ratio over its own steps. Rows carry P, B, K, schedule, regime,
-wall_s, ce, e2e_one_peer_ce_at_wall, sync_dp_ideal_ce_at_wall, busy_share, time_to_target_s,
-e2e_one_peer_time_to_target_s, wire bytes per peer and round against raw fp32 bytes, and the curve.
+The clock is a cost model measured on the real trainer (swarmd.sim.costs; --fixed-costs adds clock_check.py's
+fixed seconds a round and per pull) with the simulator's network regimes (swarmd.sim.scheduled). For P = K x B
+peers and every schedule it runs the swarm beside the references (the one-peer E2E model, whose CE at --steps is the
+target; sync DP ideal; pipelined E2E; one block of the whole depth). Writes --out (rows, references, the one-peer
+curve, costs) and --plot; see BENCHMARKS.md#time_to_quality.
 
     python benchmarks/time_to_quality.py --data-dir ../shared/data/wikitext-2
 """
@@ -21,6 +12,7 @@ e2e_one_peer_time_to_target_s, wire bytes per peer and round against raw fp32 by
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import replace
@@ -45,6 +37,8 @@ from swarmd.sim.policies import make_policy, regime_policy
 from swarmd.sim.regimes import regime_named
 from swarmd.sim.scheduled import ScheduledSimulator, SchedulePlan
 
+Curve = list[tuple[int, float]]
+
 
 def options(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__, holds="train.txt and eval.txt")
@@ -54,9 +48,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1600, help="steps per peer of every run (the target: E2E at these)")
     p.add_argument("--steps-per-round", type=int, default=25, help="H")
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4], help="peers per block: P = K x B")
-    p.add_argument(
-        "--schedules", nargs="+", default=list(SCHEDULES), choices=[*SCHEDULES, *(f"{s}-pinned" for s in SCHEDULES)]
-    )
+    schedules = [*SCHEDULES, *(f"{s}-pinned" for s in SCHEDULES)]
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=schedules)
     p.add_argument("--growth", type=float, default=0.25, help="grow: each block's growth phase, share of the rounds")
     p.add_argument("--turn", type=float, default=1.0, help="sequential: each block's turn, share of --steps")
     p.add_argument("--regimes", nargs="+", default=["lockstep", "wan-mid"])
@@ -85,7 +78,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
 
 def e2e_curve(
     cfg: ModelConfig, train: TrainConfig, data: ByteData, eval_xy: tuple, steps: int, every: int, stop: float | None
-) -> list[tuple[int, float]]:
+) -> Curve:
     """(steps, held-out CE) of the end-to-end model, measured every `every` steps; stops once CE <= stop."""
     trainer = E2ETrainer(cfg, replace(train, total_steps=steps))
     stream = data.stream(seed_for("data", train.seed, "e2e", train.batch_size), train.batch_size)
@@ -99,30 +92,29 @@ def e2e_curve(
     return curve
 
 
-def best(curves: dict[float, list[tuple[int, float]]]) -> tuple[float, list[tuple[int, float]]]:
+def best(curves: dict[float, Curve]) -> tuple[float, Curve]:
     """The lr whose curve ends lowest (a curve stopped at the target ends at it: the earliest stop wins)."""
     return min(curves.items(), key=lambda kv: (kv[1][-1][1], kv[1][-1][0]))
 
 
-def timed(curve: list[tuple[int, float]], seconds_per_step: float) -> list[tuple[float, float]]:
+def timed(curve: Curve, seconds_per_step: float) -> list[tuple[float, float]]:
     return [(s * seconds_per_step, ce) for s, ce in curve]
 
 
 def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, stop=None) -> dict:
     """One simulated swarm of K x B peers under a schedule and regime, on the cost model's clock (regime priced by
     costs.priced_regime); with `stop`, it ends at the first measurement at or below that CE."""
-    B, H = cfg.blocks, a.steps_per_round
+    B, H, peers = cfg.blocks, a.steps_per_round, k * cfg.blocks
     rounds_per_block = max(1, a.steps // H)
-    pinned = schedule.endswith("-pinned")
     name = schedule.removesuffix("-pinned")
-    share = a.turn if name == "sequential" else a.growth
-    turn = max(1, round(share * rounds_per_block))
+    turn = max(1, round((a.turn if name == "sequential" else a.growth) * rounds_per_block))
     rounds = B * turn if name == "sequential" else rounds_per_block
     regime = priced_regime(regime_named(regime_name), costs.block_s[0])
     pulls = {"pull_codec": a.pull_codec, "pull_int8_levels": a.pull_int8_levels or None}
     sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every, **pulls)
     policy = make_policy(regime_policy(regime), regime, H)
-    sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, SchedulePlan(name, k * B, turn, pinned), costs)
+    plan = SchedulePlan(name, peers, turn, schedule.endswith("-pinned"))
+    sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
     result = SimResult(regime.name, policy.name, train.seed, sim.measure())
     for r in range(1, rounds + 1):  # the engine's run loop, ended once the target is reached
         record = sim.step()
@@ -132,8 +124,6 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
         if record.ce is not None and stop is not None and record.ce <= stop:
             break
     rounds = len(result.rounds)
-    peers = k * B
-    trained = sum(r.trained_s for r in sim.records)
     held = peers * sum(r.seconds for r in result.rounds)
     return {
         "schedule": schedule,
@@ -142,7 +132,7 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
         "curve": result.curve(),
         "wall_s": result.sim_wall_s,
         "ce": result.ce,
-        "busy_share": trained / held if held else 0.0,
+        "busy_share": sum(r.trained_s for r in sim.records) / held if held else 0.0,
         "participation": result.participation,
         "wire_bytes_per_peer_round": (result.wire_bytes + sum(r.pull_bytes for r in sim.records)) / (peers * rounds),
         "raw_fp32_bytes_per_peer_round": raw_bytes_per_round(sim, peers, rounds, costs),
@@ -161,6 +151,45 @@ def raw_bytes_per_round(sim: ScheduledSimulator, peers: int, rounds: int, costs:
     return raw / (peers * rounds)
 
 
+def clock(a: argparse.Namespace, cfg: ModelConfig, base: TrainConfig) -> StepCosts:
+    """The step costs: --costs' (a saved result's "costs" or a StepCosts JSON) or measured here; with --fixed-costs,
+    a daemon's fixed seconds a round and per pull as clock_check.py measured them."""
+    saved = json.loads(a.costs.read_text()) if a.costs else None
+    costs = StepCosts.from_dict(saved.get("costs", saved)) if saved else measure_step_costs(cfg, base, a.device)
+    if a.fixed_costs:
+        fixed = json.loads(a.fixed_costs.read_text())["costs"]
+        costs = replace(costs, round_s=fixed["round_s"], pull_s=fixed["pull_s"])
+    return costs
+
+
+def references(a, cfg, base, data, eval_xy, costs, k: int, one_peer: tuple, stop) -> dict:
+    """The references at P = K x B of --references: sync DP ideal (a P-fold batch, best of --lrs), the E2E model
+    pipelined over the peers per regime (stages of K replicas: the K-fold batch) and one block of the whole depth;
+    one_peer: the one-peer E2E's (lr, steps curve, target CE)."""
+    (e2e_lr, e2e_steps, target), P, B = one_peer, k * cfg.blocks, cfg.blocks
+    every, refs = a.steps_per_round * a.eval_every, {}
+
+    def curve(lr: float, batch: int, until: float | None) -> Curve:
+        return e2e_curve(cfg, replace(base, lr=lr, batch_size=batch), data, eval_xy, a.steps, every, until)
+
+    if "sync_dp" in a.references:
+        lr, dp = best({lr: curve(lr, P * a.batch_size, target) for lr in a.lrs})
+        refs["sync_dp_ideal"] = {"lr": lr, "curve": timed(dp, costs.e2e_s)}
+    if "pipelined" in a.references:
+        stage = e2e_steps if k == 1 else curve(e2e_lr, k * a.batch_size, target)
+        for regime_name in a.regimes:
+            r = priced_regime(regime_named(regime_name), costs.block_s[0])
+            per_step = pipelined_e2e_s(costs, 1, B, r.bandwidth_Bps.median, r.latency_s.median)
+            refs[f"pipelined_e2e/{regime_name}"] = {"curve": timed(stage, per_step)}
+    if "one_block" in a.references:  # its step is the E2E step (no predecessors), the P peers its replicas
+        one_cfg = replace(cfg, blocks=1, layers_per_block=B * cfg.layers_per_block)
+        train = replace(base, lr=e2e_lr, total_steps=a.steps)
+        one_costs = replace(costs, block_s=(costs.e2e_s,))
+        one = swarm_run(a, one_cfg, train, data, eval_xy, one_costs, P, "concurrent", "lockstep", stop)
+        refs["one_block/lockstep"] = {"curve": one["curve"], "busy_share": one["busy_share"]}
+    return refs
+
+
 def run(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -168,74 +197,42 @@ def run(a: argparse.Namespace) -> dict:
     data, eval_xy = swarm_text(a, cfg)
     if a.train_bytes:
         data = ByteData(data.data[: a.train_bytes].numpy(), cfg.seq_len)
-    base = TrainConfig(
-        batch_size=a.batch_size, seed=a.seed, min_lr_ratio=a.min_lr_ratio, trajectory_reuse=a.trajectory_reuse
-    )
-    saved = json.loads(a.costs.read_text()) if a.costs else None
-    costs = StepCosts.from_dict(saved.get("costs", saved)) if saved else measure_step_costs(cfg, base, a.device)
-    if a.fixed_costs:  # a daemon's fixed seconds a round and per pull, as clock_check.py measured them
-        fixed = json.loads(a.fixed_costs.read_text())["costs"]
-        costs = replace(costs, round_s=fixed["round_s"], pull_s=fixed["pull_s"])
-    H, B = a.steps_per_round, cfg.blocks
-    every = H * a.eval_every
+    how = {"min_lr_ratio": a.min_lr_ratio, "trajectory_reuse": a.trajectory_reuse}
+    base = TrainConfig(batch_size=a.batch_size, seed=a.seed, **how)
+    costs = clock(a, cfg, base)
     if a.e2e_from:  # the same one-peer reference as an earlier run (same config, same costs)
         earlier = json.loads(a.e2e_from.read_text())
         e2e_lr, e2e_t, target = earlier["e2e_one_peer"]["lr"], earlier["e2e_one_peer"]["curve"], earlier["target_ce"]
         e2e = [(round(t / costs.e2e_s), ce) for t, ce in e2e_t]
     else:
+        every = a.steps_per_round * a.eval_every
         one = {lr: e2e_curve(cfg, replace(base, lr=lr), data, eval_xy, a.steps, every, None) for lr in a.lrs}
         e2e_lr, e2e = best(one)
-        target = e2e[-1][1]
-        e2e_t = timed(e2e, costs.e2e_s)
+        target, e2e_t = e2e[-1][1], timed(e2e, costs.e2e_s)
     stop = target if a.stop_at_target else None
-    swarm_lrs = a.swarm_lrs or [e2e_lr]
-
-    def decayed(lr: float) -> TrainConfig:  # each block's cosine spans its own rounds (SchedulePlan.life)
-        return replace(base, lr=lr, total_steps=a.steps)
-
     out: dict = {
         "command": command_line("time_to_quality.py", a.argv),
         "machine": machine(),
         "model": cfg.to_dict(),
         "costs": costs.to_dict(),
-        "cost_breakdown_last_block": breakdown(cfg, base, B - 1, a.device) if not a.costs else None,
+        "cost_breakdown_last_block": breakdown(cfg, base, cfg.blocks - 1, a.device) if not a.costs else None,
         "target_ce": target,
         "e2e_one_peer": {"lr": e2e_lr, "curve": e2e_t, "time_to_target_s": time_to(e2e_t, target)},
         "references": {},
         "rows": [],
     }
     for k in a.ks:
-        P = k * B
-        refs: dict = {}
-        if "sync_dp" in a.references:
-            dp = {
-                lr: e2e_curve(
-                    cfg, replace(base, lr=lr, batch_size=P * a.batch_size), data, eval_xy, a.steps, every, target
-                )
-                for lr in a.lrs
-            }
-            lr, curve = best(dp)
-            refs["sync_dp_ideal"] = {"lr": lr, "curve": timed(curve, costs.e2e_s)}
-        if "pipelined" in a.references:
-            stage = {1: e2e}.get(k) or e2e_curve(
-                cfg, replace(base, lr=e2e_lr, batch_size=k * a.batch_size), data, eval_xy, a.steps, every, target
-            )
-            for regime_name in a.regimes:
-                r = priced_regime(regime_named(regime_name), costs.block_s[0])
-                per_step = pipelined_e2e_s(costs, 1, B, r.bandwidth_Bps.median, r.latency_s.median)
-                refs[f"pipelined_e2e/{regime_name}"] = {"curve": timed(stage, per_step)}
-        if "one_block" in a.references:  # one diffusion block of the whole depth, the P peers its replicas
-            one_cfg = replace(cfg, blocks=1, layers_per_block=B * cfg.layers_per_block)
-            one_costs = replace(costs, block_s=(costs.e2e_s,))  # its step is the E2E step (no predecessors)
-            one = swarm_run(a, one_cfg, decayed(e2e_lr), data, eval_xy, one_costs, P, "concurrent", "lockstep", stop)
-            refs["one_block/lockstep"] = {"curve": one["curve"], "busy_share": one["busy_share"]}
+        P = k * cfg.blocks
+        refs = references(a, cfg, base, data, eval_xy, costs, k, (e2e_lr, e2e, target), stop)
         for ref in refs.values():
             ref["time_to_target_s"] = time_to(ref["curve"], target)
         out["references"][str(P)] = refs
-        for regime_name, schedule, lr in ((r, s, x) for r in a.regimes for s in a.schedules for x in swarm_lrs):
-            row = swarm_run(a, cfg, decayed(lr), data, eval_xy, costs, k, schedule, regime_name, stop)
-            out["rows"].append(against_target(out, {"P": P, "B": B, "K": k, "regime": regime_name, "lr": lr, **row}))
-            print(json.dumps({k2: v for k2, v in out["rows"][-1].items() if k2 not in ("curve", "staffing")}))
+        for regime_name, schedule, lr in itertools.product(a.regimes, a.schedules, a.swarm_lrs or [e2e_lr]):
+            train = replace(base, lr=lr, total_steps=a.steps)  # each block's cosine spans its own rounds
+            row = swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, stop)
+            row = {"P": P, "B": cfg.blocks, "K": k, "regime": regime_name, "lr": lr, **row}
+            out["rows"].append(against_target(out, row))
+            print(json.dumps({x: v for x, v in out["rows"][-1].items() if x not in ("curve", "staffing")}))
             write_json(a.out, out)
     write_json(a.out, out)
     return out
@@ -257,15 +254,12 @@ def step_costs(a: argparse.Namespace) -> dict:
                 "later_over_first": costs.later_over_first(),
                 "breakdown_last_block": breakdown(cfg, train, cfg.blocks - 1, a.device),
             }
-            print(
-                f"B={blocks} reuse {reuse}: block ms {[round(x * 1e3, 1) for x in costs.block_s]}, "
-                f"e2e {costs.e2e_s * 1e3:.1f} ms, last / first {costs.later_over_first():.2f}",
-                flush=True,
-            )
+            block_ms = [round(x * 1e3, 1) for x in costs.block_s]
+            took = f"block ms {block_ms}, e2e {costs.e2e_s * 1e3:.1f} ms, last / first {costs.later_over_first():.2f}"
+            print(f"B={blocks} reuse {reuse}: {took}", flush=True)
         out["by_blocks"][str(blocks)] = at
     # beside an earlier result at --out (its step_costs key), else on its own
-    result = {**json.loads(a.out.read_text()), "step_costs": out} if a.out.is_file() else out
-    write_json(a.out, result)
+    write_json(a.out, {**json.loads(a.out.read_text()), "step_costs": out} if a.out.is_file() else out)
     return out
 
 
@@ -325,18 +319,14 @@ def plot(out: dict, path: Path) -> None:
     for ax, P in zip(axes[0], peers):
         curves = [("e2e one peer", out["e2e_one_peer"]["curve"], "k")]
         curves += [(n, ref["curve"], None) for n, ref in out["references"].get(str(P), {}).items()]
-        curves += [
-            (f"{r['schedule']} t{r.get('turn_rounds')} {r['regime']} lr {r['lr']:g}", r["curve"], None)
-            for r in out["rows"]
-            if r["P"] == P
-        ]
+        for r in (r for r in out["rows"] if r["P"] == P):
+            curves.append((f"{r['schedule']} t{r.get('turn_rounds')} {r['regime']} lr {r['lr']:g}", r["curve"], None))
         for name, curve, color in curves:
             t, ce = zip(*curve[1:])
             ax.plot(t, ce, label=name, color=color, lw=1.2)
         ax.axhline(out["target_ce"], color="grey", ls=":", lw=1)
         ax.set_ylim(out["target_ce"] - 0.15, out["target_ce"] + 0.45)
-        ax.set_xlabel("wall time on dedicated hardware (s, cost model)")
-        ax.set_ylabel("held-out CE (nats/byte)")
+        ax.set(xlabel="wall time on dedicated hardware (s, cost model)", ylabel="held-out CE (nats/byte)")
         ax.set_title(f"P = {P} peers")
         ax.legend(fontsize=6)
     save_figure(fig, path)

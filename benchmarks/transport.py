@@ -1,16 +1,9 @@
 """Transport benchmark: a large delta exchange over the gRPC stream versus a plain TCP socket copy.
 
-Part 1 (throughput, loopback): a client streams a pre-encoded fp32 payload of --mb MiB (zstd off and/or on) to a
-swarmd.v1 server in another process, which answers each ExchangeDeltas with a payload of the same size, as gossip
-does (1 MiB chunks, framing and sha256 checked on both sides); the baseline copies as many bytes each way over one
-plain TCP socket. Each round runs every path once, in turn (the same background load); MB/s = 2 x payload / wall
-time of one exchange; best and median of --repeats rounds after a warm-up, and the ratio gRPC/TCP.
-
-Part 2 (codecs): wire bytes per codec against raw fp32, relative L2 error and encode+decode time, for block 1 of a
-default ModelConfig trained --train-steps BlockTrainer steps on --data-dir (default $BLOCKTRAIN_DATA; without data,
-a Gaussian delta, and the output says so).
-
-Writes --out (JSON) and --md (a markdown fragment with the table and the command).
+Throughput (loopback): an fp32 payload of --mb MiB each way through ExchangeDeltas to a server in another process (as
+gossip sends it: 1 MiB chunks, framing and sha256 checked) against as many bytes over one TCP socket; every path once
+per round, --repeats rounds after a warm-up. Codecs: wire bytes, L2 error and seconds of each codec on a trained block
+delta (a Gaussian one without --data-dir). Writes --out (JSON) and --md (a markdown fragment).
 
     python benchmarks/transport.py --data-dir /work/shared/data/wikitext-2
 """
@@ -46,12 +39,8 @@ MIB = 1 << 20
 
 NOTES = (  # the fragment's closing paragraph
     "Notes: wire bytes count the zstd payload plus the serialized header. The int8 row is the default encoder (step "
-    "max(absmax/127, rms/4) per row: zstd packs a value into ~4.2 bits; ErrorFeedback carries its error into the "
-    "next round); the absmax/127 row is the same format at the finest step (int8_rms_levels=None). Beyond TCP's two "
-    "kernel copies, gRPC costs: the sender frames each chunk once (none on a repeat send) and grpc copies it into its "
-    "slices; the receiver gets each message as bytes (one copy), keeps a view of the chunk, hashes it on a helper "
-    "thread (sha256 of the payload, for its signature) and joins the chunks once; plus HTTP/2 framing and flow "
-    "control. Two processes on 2 CPUs shared with other jobs: figures vary run to run."
+    "max(absmax/127, rms/4) per row); the absmax/127 row is the same format at the finest step. Beyond TCP's two "
+    "kernel copies, gRPC frames, copies, hashes (sha256) and joins each chunk, plus HTTP/2 framing and flow control."
 )
 
 
@@ -66,8 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def gaussian_payload(mb: int, zstd: bool, seed: int) -> Encoded:
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(mb * MIB // 4, generator=g) * 1e-3
+    t = torch.randn(mb * MIB // 4, generator=torch.Generator().manual_seed(seed)) * 1e-3
     enc = encode({"delta": t}, "fp32", **META, zstd=zstd)
     enc.sha256()  # computed once up front, as a daemon does when it encodes its delta
     return enc
@@ -81,22 +69,16 @@ def fresh_copy(enc: Encoded) -> Encoded:
 
 
 class _ReplyHandler:
+    """The server's side: GetStatus (the client dials with it) and ExchangeDeltas, answered with `reply`."""
+
     def __init__(self, reply: Encoded, cached: bool):
         self.reply, self.cached = reply, cached
 
     def status(self):
         return pb.PeerStatus(peer_id="bench-server")
 
-    def swarm_config(self):
-        return pb.SwarmConfig(swarm_id="bench")
-
     async def exchange(self, incoming: Encoded) -> Encoded:
         return self.reply if self.cached else fresh_copy(self.reply)
-
-    pull_state = exchange
-
-    async def forward(self, request):
-        raise NotImplementedError
 
 
 def _grpc_server_main(mb: int, zstd: bool, cached: bool, conn) -> None:
@@ -162,32 +144,47 @@ def cpu_s(*pids: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> dict:
-    """Every variant once per repeat, round-robin, so all see the same background load.
+async def grpc_runs(client: PeerClient, mb: int, zstd_variants: list[bool], procs: list) -> dict:
+    """name -> (async () -> (seconds, CPU s, bytes moved), the row's extra keys) of every gRPC path, each against a
+    server process of its own (appended to procs): fresh payloads per zstd variant, and (zstd off) a repeat send."""
+    runs = {}
+    for zstd, cached in [(z, False) for z in zstd_variants] + [(False, True)] * (False in zstd_variants):
+        proc, pipe, port = _spawn(_grpc_server_main, mb, zstd, cached)
+        procs.append((proc, pipe))
+        name = f"gRPC ExchangeDeltas (fp32, zstd {'on' if zstd else 'off'}{', repeat send' if cached else ''})"
+        payload, address = gaussian_payload(mb, zstd, seed=0), f"127.0.0.1:{port}"
+        await client.status(address, timeout_s=60)  # dial the channel
 
-    Besides wall time, each run's CPU seconds of both processes (client and server, all threads) are
-    recorded: a figure that other jobs on the machine disturb much less than the wall time.
-    """
-    procs, runs = [], {}  # runs: name -> (async () -> (seconds, cpu s, bytes moved), the row's extra keys)
+        async def run(address=address, payload=payload, cached=cached, pid=proc.pid):
+            outgoing = payload if cached else fresh_copy(payload)
+            cpu0, start = cpu_s(os.getpid(), pid), time.perf_counter()
+            reply = await client.exchange(address, outgoing, timeout_s=300)
+            seconds, cpu = time.perf_counter() - start, cpu_s(os.getpid(), pid) - cpu0
+            assert reply.raw_bytes == payload.raw_bytes
+            return seconds, cpu, payload.header.payload_bytes + reply.header.payload_bytes
+
+        extra = dict(payload_bytes=payload.header.payload_bytes, raw_bytes=payload.raw_bytes, zstd=zstd)
+        runs[name] = (run, extra | {"frames_cached": cached})
+    return runs
+
+
+def summary(times: list[float], cpus: list[float], moved: int, tcp_times: list[float], tcp_moved: int) -> dict:
+    """One path's row: best and median MB/s, its per-round ratios to TCP (paired: the same load), CPU s per GB."""
+    best, median = min(times), statistics.median(times)
+    out = dict(seconds=times, best_s=best, median_s=median, mb_per_s_best=moved / best / 1e6)
+    per_round = [(moved / a) / (tcp_moved / b) for a, b in zip(times, tcp_times)]
+    out |= dict(mb_per_s_median=moved / median / 1e6, bytes_moved=moved, ratio_to_tcp_per_round=per_round)
+    out |= dict(ratio_to_tcp_median=statistics.median(per_round), cpu_s=cpus)
+    return out | dict(cpu_s_per_gb_median=statistics.median(cpus) / (moved / 1e9))
+
+
+async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> dict:
+    """Every path once per round, in turn, so all see the same background load; besides the wall time, the CPU
+    seconds of both processes (all threads), which other jobs on the machine disturb much less."""
+    procs: list = []
     client = PeerClient(max_payload_bytes=2 * mb * MIB)
     try:
-        for zstd, cached in [(z, False) for z in zstd_variants] + [(False, True)] * (False in zstd_variants):
-            proc, pipe, port = _spawn(_grpc_server_main, mb, zstd, cached)
-            procs.append((proc, pipe))
-            name = f"gRPC ExchangeDeltas (fp32, zstd {'on' if zstd else 'off'}{', repeat send' if cached else ''})"
-            payload, address = gaussian_payload(mb, zstd, seed=0), f"127.0.0.1:{port}"
-            await client.status(address, timeout_s=60)  # dial the channel
-
-            async def grpc_run(address=address, payload=payload, cached=cached, pid=proc.pid):
-                outgoing = payload if cached else fresh_copy(payload)
-                cpu0, start = cpu_s(os.getpid(), pid), time.perf_counter()
-                reply = await client.exchange(address, outgoing, timeout_s=300)
-                seconds, cpu = time.perf_counter() - start, cpu_s(os.getpid(), pid) - cpu0
-                assert reply.raw_bytes == payload.raw_bytes
-                return seconds, cpu, payload.header.payload_bytes + reply.header.payload_bytes
-
-            extra = dict(payload_bytes=payload.header.payload_bytes, raw_bytes=payload.raw_bytes, zstd=zstd)
-            runs[name] = (grpc_run, extra | {"frames_cached": cached})
+        runs = await grpc_runs(client, mb, zstd_variants, procs)
         data = os.urandom(mb * MIB)
         proc, pipe, tcp_port = _spawn(_tcp_server_main, len(data), repeats + 1)
         procs.append((proc, pipe))
@@ -209,16 +206,9 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
                     cpus[name].append(cpu)
             if i:
                 rates = (f"{n.split(' (')[-1].rstrip(')')} {moved[n] / times[n][-1] / 1e6:.0f} MB/s" for n in runs)
-                print(f"  round {i}: " + ", ".join(rates), flush=True)
-        out = {}
-        for name, (_, extra) in runs.items():
-            t, m = times[name], moved[name]
-            best, median = min(t), statistics.median(t)
-            out[name] = dict(seconds=t, best_s=best, median_s=median, mb_per_s_best=m / best / 1e6)
-            out[name] |= dict(mb_per_s_median=m / median / 1e6, bytes_moved=m, **extra)
-            per_round = [(m / a) / (moved["tcp"] / b) for a, b in zip(t, times["tcp"])]  # paired: same load
-            out[name] |= dict(ratio_to_tcp_per_round=per_round, ratio_to_tcp_median=statistics.median(per_round))
-            out[name] |= dict(cpu_s=cpus[name], cpu_s_per_gb_median=statistics.median(cpus[name]) / (m / 1e9))
+                print(f"  round {i}: " + ", ".join(rates))
+        tcp = (times["tcp"], moved["tcp"])
+        out = {name: summary(times[name], cpus[name], moved[name], *tcp) | extra for name, (_, extra) in runs.items()}
         for r in out.values():
             r["cpu_over_tcp"] = r["cpu_s_per_gb_median"] / out["tcp"]["cpu_s_per_gb_median"]
         return out
@@ -233,14 +223,14 @@ async def bench_throughput(mb: int, zstd_variants: list[bool], repeats: int) -> 
 
 
 def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tensor], str]:
+    """(block 1's delta after `steps` BlockTrainer steps on data_dir's train.txt, else a Gaussian one; what it is)."""
     from swarmd.core.config import ModelConfig, TrainConfig
     from swarmd.core.data import ByteData
     from swarmd.core.train import BlockTrainer, init_block
 
     train_file = data_dir / "train.txt" if data_dir else None
     if train_file is None or not train_file.exists():
-        g = torch.Generator().manual_seed(0)
-        block = init_block(ModelConfig(), 1, 0).state_dict()
+        g, block = torch.Generator().manual_seed(0), init_block(ModelConfig(), 1, 0).state_dict()
         how = "gaussian (no --data-dir): N(0, 1e-3) per element, shaped like a default block"
         return {k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in block.items()}, how
     torch.manual_seed(0)
@@ -255,6 +245,7 @@ def block_delta(data_dir: Path | None, steps: int) -> tuple[dict[str, torch.Tens
 
 
 def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
+    """Per codec (and int8 at its finest step): wire bytes with and without zstd, relative L2 error, seconds."""
     shapes, out = shapes_of(delta), {}
     l2 = lambda ts: torch.sqrt(sum((t.double() ** 2).sum() for t in ts)).item()
     norm = l2(delta.values())
@@ -265,71 +256,59 @@ def bench_codecs(delta: dict[str, torch.Tensor]) -> dict:
         decoded = decode(enc, shapes, **META)
         seconds = time.perf_counter() - start
         plain = encode(delta, codec, **META, zstd=False, **kw)
-        err = l2(decoded[k].double() - delta[k].double() for k in delta)
-        raw, wire, plain_wire = enc.raw_bytes, enc.wire_bytes, plain.wire_bytes
-        rel = err / norm if norm else 0.0
-        out[label] = dict(raw_bytes=raw, wire_bytes=wire, wire_over_raw=wire / raw, wire_bytes_no_zstd=plain_wire)
-        out[label] |= dict(wire_over_raw_no_zstd=plain_wire / plain.raw_bytes, relative_l2_error=rel)
+        rel = l2(decoded[k].double() - delta[k].double() for k in delta) / norm if norm else 0.0
+        raw, wire = enc.raw_bytes, enc.wire_bytes
+        out[label] = dict(raw_bytes=raw, wire_bytes=wire, wire_over_raw=wire / raw, wire_bytes_no_zstd=plain.wire_bytes)
+        out[label] |= dict(wire_over_raw_no_zstd=plain.wire_bytes / plain.raw_bytes, relative_l2_error=rel)
         out[label]["encode_decode_s"] = seconds
     return out
 
 
 def markdown(result: dict) -> str:
     tp, cod, head = result["throughput"], result["codecs"], result["headline"]
-    lines = [
+    path_head = (
+        "path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) "
+        "| ratio to TCP (median of rounds) | CPU s/GB | CPU / TCP's"
+    )
+    paths = [
+        f"{name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
+        f"| {r['mb_per_s_best'] / tp['tcp']['mb_per_s_best']:.2f} | {r['ratio_to_tcp_median']:.2f} "
+        f"| {r['cpu_s_per_gb_median']:.2f} | {r['cpu_over_tcp']:.2f}"
+        for name, r in tp.items()
+    ]
+    codecs = [
+        f"{codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
+        f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f}"
+        for codec, r in cod.items()
+    ]
+    codec_head = "codec | wire bytes (zstd) | wire / raw fp32 | without zstd | relative L2 error | encode+decode s"
+    lines = results.paragraphs(
         "### Transport: gRPC delta exchange vs plain TCP (loopback)",
-        "",
         f"**gRPC / TCP bytes per second: {head['grpc_over_tcp']:.2f}x** ({head['path']}, median of per-round "
         f"ratios; target >= 0.7x). Load average while it ran: {result['load_average']}.",
-        "",
         f"Command: `{result['command']}`",
-        "",
         f"{result['payload_mib']} MiB of fp32 payload each way (Gaussian values), server in another process, best / "
-        f"median of {result['repeats']} rounds after a warm-up round (each round runs every path once, in turn: the "
-        "same background load); MB/s = payload bytes moved both ways / wall time. gRPC includes what gossip does "
-        "per exchange: 1 MiB chunks, framing checks and sha256 on both sides. Each send is a payload sent for the "
-        "first time (chunks framed anew) but in the `repeat send` row (frames cached: a daemon's delta sent to, or "
-        "served to, its second and later peers). CPU s/GB: CPU seconds of both processes (all threads) per GB "
-        "moved, median of rounds; other jobs disturb it less than the wall time.",
-        "",
-        "| path | bytes on the wire each way | best MB/s | median MB/s | ratio to TCP (best / best) "
-        "| ratio to TCP (median of rounds) | CPU s/GB | CPU / TCP's |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        *(
-            f"| {name} | {r['payload_bytes']:,} | {r['mb_per_s_best']:.0f} | {r['mb_per_s_median']:.0f} "
-            f"| {r['mb_per_s_best'] / tp['tcp']['mb_per_s_best']:.2f} | {r['ratio_to_tcp_median']:.2f} "
-            f"| {r['cpu_s_per_gb_median']:.2f} | {r['cpu_over_tcp']:.2f} |"
-            for name, r in tp.items()
-        ),
-        "",
+        f"median of {result['repeats']} rounds after a warm-up round (every path once per round, in turn); MB/s = "
+        "payload bytes moved both ways / wall time. The `repeat send` row sends a payload whose frames are cached (a "
+        "daemon's delta to its second and later peers). CPU s/GB: CPU seconds of both processes per GB moved.",
+        results.table(path_head, paths),
         f"### Wire bytes per codec for one block delta ({result['delta_source']})",
-        "",
         f"Raw fp32 size: {next(iter(cod.values()))['raw_bytes']:,} bytes.",
-        "",
-        "| codec | wire bytes (zstd) | wire / raw fp32 | without zstd | relative L2 error | encode+decode s |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(
-            f"| {codec} | {r['wire_bytes']:,} | {r['wire_over_raw']:.3f} | {r['wire_over_raw_no_zstd']:.3f} "
-            f"| {r['relative_l2_error']:.2e} | {r['encode_decode_s']:.3f} |"
-            for codec, r in cod.items()
-        ),
-        "",
-        NOTES,
-        *results.machine_footer(result["machine"]),
-    ]
-    return "\n".join(lines)
+        results.table(codec_head, codecs),
+    )
+    return "\n".join([*lines, NOTES, *results.machine_footer(result["machine"])])
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines show as they come
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.zstd]
-    print(f"gRPC exchange vs TCP copy, {args.mb} MiB each way, {args.repeats} rounds ...", flush=True)
+    print(f"gRPC exchange vs TCP copy, {args.mb} MiB each way, {args.repeats} rounds ...")
     throughput = asyncio.run(bench_throughput(args.mb, variants, args.repeats))
     grpc_paths = [k for k in throughput if k != "tcp"]
     ratios = ", ".join(f"{k}: {throughput[k]['ratio_to_tcp_median']:.2f}" for k in grpc_paths)
-    print(f"ratio gRPC/TCP (median of rounds): {ratios}", flush=True)
-    print("codecs on a block delta ...", flush=True)
+    print(f"ratio gRPC/TCP (median of rounds): {ratios}\ncodecs on a block delta ...")
     delta, source = block_delta(args.data_dir, args.train_steps)
     first, tcp_best = grpc_paths[0], throughput["tcp"]["mb_per_s_best"]
     result = {

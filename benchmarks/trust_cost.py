@@ -1,13 +1,9 @@
 """What peer identity costs per round: signing and verifying payloads and records, the swarm key.
 
-At the swarm benchmark's config (benchmarks/swarm.py: 3 blocks x 2 replicas = 6 peers, d_model 64, seq_len 64,
-batch 16, H=25, int8), on one CPU thread: a round's compute (H local steps of one block: the denominator),
-sign_payload / verify_payload on the real int8 deltas and an fp32 state, sign_record / record_problem (uncached) on
-a discovery record, the swarm key's make_proof + ProofChecker.problem per RPC, the re-sync hash of a pulled state;
-and the bytes they add (signature, record fields, proof metadata). Per round and peer, what one peer of that swarm
-does: 2 payloads signed, 1 + 5 verified (the other replica's block delta, 5 byte-table deltas), 1 + round_s /
-announce_period records signed, 5 x 2 lookups' records verified, ~6 RPCs proved and checked. Writes
-benchmarks/results/trust_cost.json and the trust_cost.md fragment.
+At benchmarks/swarm.py's config (3 blocks x 2 replicas, d_model 64, seq_len 64, batch 16, H=25, int8) on one thread:
+a round's compute (H local steps of one block) against sign_payload / verify_payload of real deltas and an fp32 state,
+sign_record / record_problem of a discovery record, the swarm key's proof per RPC, the re-sync hash of a pulled state,
+and the bytes they add; then their sum over what one peer does per round. Writes --out and --md (trust_cost.md).
 
     python benchmarks/trust_cost.py
 """
@@ -36,7 +32,7 @@ from swarmd.membership.trust import record_problem, sign_payload, sign_record, v
 from swarmd.protocol import Codec
 from swarmd.transport.auth import AUTH_HEADER, ProofChecker, make_proof, new_swarm_key, parse_swarm_key
 
-PEERS, BLOCKS, ANNOUNCE_PERIOD_S = 6, 3, 2.0
+PEERS, BLOCKS, ANNOUNCE_PERIOD_S, H = 6, 3, 2.0, 25
 OTHERS, SAME_BLOCK = PEERS - 1, PEERS // BLOCKS - 1  # the peers a peer exchanges with, those of its block
 
 
@@ -51,23 +47,8 @@ def timed(fn, n: int) -> float:
     return statistics.median(runs)
 
 
-def main(argv=None) -> None:
-    p = options.parser(__doc__)
-    p.add_argument("--repeats", type=int, default=200)
-    options.add_outputs(p, "trust_cost.json", "trust_cost.md")
-    a = p.parse_args(argv)
-    torch.set_num_threads(1)
-    cfg = ModelConfig(blocks=BLOCKS, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)
-    train = TrainConfig(batch_size=16, lr=3e-3, warmup_steps=0)
-    H = 25
-    state = BlockState(BlockTrainer(cfg, train, 1, worker_seed=0))
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_bytes()
-    batches = ByteData(torch.frombuffer(bytearray(text), dtype=torch.uint8).numpy(), cfg.seq_len).stream(0, 16)
-    started = time.perf_counter()
-    state.train_steps(H, batches)
-    round_compute_s = time.perf_counter() - started
-
-    me = Identity.generate()
+def payload_rows(cfg: ModelConfig, state: BlockState, me: Identity, repeats: int) -> list[dict]:
+    """Bytes, signature bytes and sign / verify microseconds of a block delta, a byte-table delta and a block state."""
     block_delta, emb_delta = state.deltas()
     hdr = dict(swarm_id="bench", config_hash=cfg.config_hash(), round=7, peer_id=me.peer_id, weight=float(H))
     int8 = lambda delta, **kw: ErrorFeedback().compress(delta, Codec.INT8, **kw, **hdr)[0]
@@ -81,38 +62,54 @@ def main(argv=None) -> None:
         sign_payload(enc, me)
         row = {"payload": name, "payload_bytes": len(enc.payload)}
         row["signature_bytes"] = enc.header.ByteSize() - _unsigned_size(enc)
-        row["sign_us"] = 1e6 * timed(lambda enc=enc: sign_payload(enc, me), a.repeats)
-        rows.append(row | {"verify_us": 1e6 * timed(lambda enc=enc: verify_payload(enc), a.repeats)})
+        row["sign_us"] = 1e6 * timed(lambda enc=enc: sign_payload(enc, me), repeats)
+        rows.append(row | {"verify_us": 1e6 * timed(lambda enc=enc: verify_payload(enc), repeats)})
+    return rows
+
+
+def main(argv=None) -> None:
+    p = options.parser(__doc__)
+    p.add_argument("--repeats", type=int, default=200)
+    options.add_outputs(p, "trust_cost.json", "trust_cost.md")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = ModelConfig(blocks=BLOCKS, layers_per_block=1, d_model=64, n_heads=4, hidden=256, seq_len=64)
+    state = BlockState(BlockTrainer(cfg, TrainConfig(batch_size=16, lr=3e-3, warmup_steps=0), 1, worker_seed=0))
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_bytes()
+    batches = ByteData(torch.frombuffer(bytearray(text), dtype=torch.uint8).numpy(), cfg.seq_len).stream(0, 16)
+    started = time.perf_counter()
+    state.train_steps(H, batches)
+    round_compute_s = time.perf_counter() - started
+    me = Identity.generate()
+    rows = payload_rows(cfg, state, me, a.repeats)
+    out = {"command": results.command_line("trust_cost.py", argv), "machine": results.machine()}
+    out["config"] = {"peers": PEERS, "blocks": BLOCKS, "d_model": 64, "seq_len": 64, "batch": 16, "H": H}
+    out["config"]["codec"] = "int8"
+    out |= {"round_compute_s": round_compute_s, "payloads": rows}
     record = PeerRecord(me.peer_id, "10.0.0.1:50051", 1, 7, 12.5, cfg.config_hash(), state.block_hash, False, "bench")
     record = record.__class__(**{**record.to_value(), "emb_hash": state.emb_hash})
     signed = sign_record(record, me, 15.0)
     unsigned = {k: v for k, v in record.to_value().items() if k not in ("expires", "signature", "tls_fingerprint")}
-    record_bytes = {"unsigned": len(msgpack.packb(unsigned)), "signed": len(msgpack.packb(signed.to_value()))}
-    record_sign_us = 1e6 * timed(lambda: sign_record(record, me, 15.0), a.repeats)
-    record_verify_us = 1e6 * timed(lambda: record_problem(signed), a.repeats)
-
+    out["record_bytes"] = {"unsigned": len(msgpack.packb(unsigned)), "signed": len(msgpack.packb(signed.to_value()))}
+    out["record_sign_us"] = 1e6 * timed(lambda: sign_record(record, me, 15.0), a.repeats)
+    out["record_verify_us"] = 1e6 * timed(lambda: record_problem(signed), a.repeats)
     key = parse_swarm_key(new_swarm_key())
-    checker = ProofChecker(key)
-    method = "/swarmd.v1.Swarm/ExchangeDeltas"
+    checker, method = ProofChecker(key), "/swarmd.v1.Swarm/ExchangeDeltas"
     proof_bytes = len(AUTH_HEADER) + len(make_proof(key, method))
     proof_us = 1e6 * timed(lambda: checker.problem(method, make_proof(key, method)), a.repeats)
-    hash_block_ms = 1e3 * timed(lambda: weights_hash(state.base_block), max(5, a.repeats // 20))
+    out |= {"swarm_key_proof_us": proof_us, "swarm_key_proof_bytes": proof_bytes}
+    out["resync_hash_check_ms"] = 1e3 * timed(lambda: weights_hash(state.base_block), max(5, a.repeats // 20))
 
     blk, emb, wire_bytes = delta_rows(rows)
     announces = 1 + round_compute_s / ANNOUNCE_PERIOD_S
-    per_round_s = blk["sign_us"] + emb["sign_us"] + SAME_BLOCK * blk["verify_us"] + OTHERS * emb["verify_us"]
-    per_round_s = 1e-6 * (per_round_s + announces * record_sign_us + 2 * OTHERS * record_verify_us + 6 * proof_us)
+    per_round_us = blk["sign_us"] + emb["sign_us"] + SAME_BLOCK * blk["verify_us"] + OTHERS * emb["verify_us"]
+    per_round_us += announces * out["record_sign_us"] + 2 * OTHERS * out["record_verify_us"] + 6 * proof_us
     sent_payloads = SAME_BLOCK + OTHERS  # each peer's deltas go to every peer that exchanges with it
-    record_extra = 2 * announces * (record_bytes["signed"] - record_bytes["unsigned"])  # stored under two keys
-    per_round_bytes = sent_payloads * emb["signature_bytes"] + record_extra + 6 * proof_bytes
-    out = {"command": results.command_line("trust_cost.py", argv), "machine": results.machine()}
-    out["config"] = {"peers": PEERS, "blocks": BLOCKS, "d_model": 64, "seq_len": 64, "batch": 16, "H": H}
-    out["config"]["codec"] = "int8"
-    out |= {"round_compute_s": round_compute_s, "payloads": rows, "record_bytes": record_bytes}
-    out |= {"record_sign_us": record_sign_us, "record_verify_us": record_verify_us, "swarm_key_proof_us": proof_us}
-    out |= {"swarm_key_proof_bytes": proof_bytes, "resync_hash_check_ms": hash_block_ms}
-    out["per_round_per_peer"] = {"seconds": per_round_s, "fraction_of_round_compute": per_round_s / round_compute_s}
-    out["per_round_per_peer"] |= {"bytes": per_round_bytes, "fraction_of_delta_bytes": per_round_bytes / wire_bytes}
+    signed_extra = out["record_bytes"]["signed"] - out["record_bytes"]["unsigned"]  # x 2: stored under two keys
+    per_round_bytes = sent_payloads * emb["signature_bytes"] + 2 * announces * signed_extra + 6 * proof_bytes
+    per = {"seconds": 1e-6 * per_round_us, "fraction_of_round_compute": 1e-6 * per_round_us / round_compute_s}
+    per |= {"bytes": per_round_bytes, "fraction_of_delta_bytes": per_round_bytes / wire_bytes}
+    out["per_round_per_peer"] = per
     results.write_json(a.out, out)
     md = markdown(out)
     results.write_text(a.md, "\n".join(md))
@@ -129,19 +126,17 @@ def delta_rows(rows: list[dict]) -> tuple[dict, dict, int]:
 def markdown(out: dict) -> list[str]:
     """The trust_cost.md fragment of a result."""
     rows, record_bytes, per = out["payloads"], out["record_bytes"], out["per_round_per_peer"]
+    table = [
+        f"{r['payload']} | {r['payload_bytes']} | {r['signature_bytes']} | {r['sign_us']:.0f} | {r['verify_us']:.0f}"
+        for r in rows
+    ]
     return [
         "## Cost of peer identity, signatures and the swarm key (issue 9)",
         "",
         f"`{out['command']}` ({out['machine']}, one torch thread). Benchmark-swarm config: 6 peers = 3 blocks x 2"
         " replicas, d_model 64, seq_len 64, batch 16, H = 25, int8 deltas.",
         "",
-        "| payload | payload bytes | signature bytes | sign (us) | verify (us) |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r['payload']} | {r['payload_bytes']} | {r['signature_bytes']} | {r['sign_us']:.0f} |"
-            f" {r['verify_us']:.0f} |"
-            for r in rows
-        ),
+        *results.table("payload | payload bytes | signature bytes | sign (us) | verify (us)", table, "lllll"),
         "",
         f"- discovery record: {record_bytes['unsigned']} -> {record_bytes['signed']} bytes (msgpack); sign"
         f" {out['record_sign_us']:.0f} us, verify {out['record_verify_us']:.0f} us (uncached; a record seen before is"

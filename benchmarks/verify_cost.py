@@ -1,10 +1,8 @@
 """Cost of verified inference per sweep, and the divergence honest replicas show (issue 21 item 3).
 
-Serves every block from two replicas (real gRPC servers on 127.0.0.1) and scores the same windows with
---verify-share 0 (range checks only), 0.5 and 1.0: extra Forward calls and seconds per sweep. Then how far honest
-answers to one hop lie apart (swarmd.serve.verify.divergence, D units): batched vs alone, cached vs uncached, CPU
-vs --device (fp32, TF32, bf16 autocast) and one base vs a base one short training round later. Last, one
-tie-break by recomputation (swarmd.serve.tiebreak): two signed replicas of block 1, one a liar, and no third.
+Two replicas of every block (real gRPC servers on 127.0.0.1) score the same windows at verify shares 0, 0.5 and 1:
+extra Forward calls and seconds per sweep. Then how far honest answers to one hop lie apart (D units; batched, cached,
+--device, a round later) and one tie-break by recomputation against a lying replica. Writes --out (JSON).
 
     python benchmarks/verify_cost.py [--device cuda] [--d-model 64] [--blocks 4] [--windows 256]
 """
@@ -182,18 +180,15 @@ def main() -> None:
     ap.add_argument("--tiebreak-only", action="store_true", help="only the two-replica liar case (tie-break cost)")
     options.add_outputs(ap, "verify_cost.json")
     a = ap.parse_args()
-    cfg = ModelConfig(
-        blocks=a.blocks, layers_per_block=2, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model, seq_len=a.seq_len
-    )
-    blocks = [init_block(cfg, b, 0).eval() for b in range(cfg.blocks)]
-    emb = init_embedding(cfg, 0)
+    shape = dict(blocks=a.blocks, d_model=a.d_model, seq_len=a.seq_len)
+    cfg = ModelConfig(**shape, layers_per_block=2, n_heads=4, hidden=4 * a.d_model)
+    blocks, emb = [init_block(cfg, b, 0).eval() for b in range(cfg.blocks)], init_embedding(cfg, 0)
     data = torch.randint(0, 256, (a.windows, cfg.seq_len + 1), generator=torch.Generator().manual_seed(2))
     x, y = data[:, :-1], data[:, 1:]
-    report = {"config": {"blocks": a.blocks, "d_model": a.d_model, "seq_len": a.seq_len, "windows": a.windows}}
+    report = {"config": shape | {"windows": a.windows}}
     if not a.tiebreak_only:
         report["divergence_D_units"] = honest_divergence(cfg, blocks, emb, x[:4], a.device)
-        cost = [asyncio.run(sweep_cost(cfg, blocks, emb, x, y, s, a.batch_size)) for s in (0.0, 0.5, 1.0)]
-        report["cost"] = cost
+        report["cost"] = [asyncio.run(sweep_cost(cfg, blocks, emb, x, y, s, a.batch_size)) for s in (0.0, 0.5, 1.0)]
     report["two_replica_liar_tiebreak"] = asyncio.run(tiebreak_cost(cfg, blocks, emb, x, y, a.batch_size))
     results.write_json(a.out, report, sort_keys=False)
     print(a.out.read_text(), end="")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -76,13 +77,16 @@ def test_the_sampler_reads_proc_and_starts_a_series_per_process():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         s = Sampler()
-        s.sample({"peer0": child.pid, "me": os.getpid()}, 0.0)
+        with socket.socket() as held:  # a socket of ours: an fd, not one of the other fds
+            s.sample({"peer0": child.pid, "me": os.getpid()}, 0.0)
+            assert held.fileno() >= 0
         s.sample({"peer0": child.pid}, 1.0)
         one = s.series[child.pid]
         assert one.name == "peer0#0" and len(one.samples) == 2
-        _, rss, fds, threads, group_rss = one.samples[0]
-        assert rss > 0 and fds >= 3 and threads >= 1 and group_rss >= rss
-        assert s.series[os.getpid()].name == "me#0"
+        _, rss, fds, threads, group_rss, other_fds = one.samples[0]
+        assert rss > 0 and fds >= 3 and threads >= 1 and group_rss >= rss and other_fds == fds  # it holds no socket
+        mine = s.series[os.getpid()]
+        assert mine.name == "me#0" and mine.samples[0][5] < mine.samples[0][2]
     finally:
         child.kill()
         child.wait(timeout=10)

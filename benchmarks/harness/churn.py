@@ -1,15 +1,10 @@
 """Churn for a soak run: a seeded fault schedule, and the faults a LocalSwarm of daemons suffers while it trains.
 
-Owns: FAULTS (the kinds: kill -9 and restart from the checkpoint, SIGTERM and rejoin, a new joiner, a peer leaving
-for good, the DHT bootstrap peer, peer 0, killed and restarted, a peer's whole process group paused), draw_schedule
-(when and which, from a seed: every kind once in every six) and Churn, which injects them without blocking:
-inject(kind, t) starts a fault, tick(t) carries on the ones in flight (the SIGCONT after a pause, the restart after a
-stop, a restarted peer's readiness and the round it resumed), release() continues the paused groups (so that they
-can be stopped).
-Churn keeps the swarm from shrinking to nothing: a peer leaves only while more than min_peers are up, joins only
-while fewer than max_peers are (else the other of the two happens), and a fault takes down no peer whose block has
-no other peer up (nor a peer with a fault in flight; peer 0 takes only its own). A restart that does not resume its
-checkpoint's round, or does not start, is a lost checkpoint.
+draw_schedule: when and which fault (every kind of FAULTS once in every six). Churn injects them without blocking:
+inject(kind, t) starts one, tick(t) carries on those in flight (SIGCONT after a pause, restart after a stop, the
+restarted peer's readiness and resumed round), release() continues paused groups. It keeps between min_peers and
+max_peers up and never takes down a block's last peer up; a restart that does not resume its checkpoint's round, or
+does not start, is a lost checkpoint.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A `blocktrain` command run as a fresh process and read while it runs (swarm_commands.py, bad_input.py).
 
-Owns: Spawned (a command whose stdout and stderr are read line by line, each line with its seconds since the spawn,
-with the seconds to its first stdout byte; wait() reaps it with its CPU seconds, url() waits for a printed URL,
-stop() ends it), killpg (a signal to a process group), get, poll_json (a JSON endpoint polled until it answers
-what is wanted) and loadavg. Standard library only: swarm_commands' probe must not pay for imports of its own.
+Owns: Spawned (its stdout and stderr read line by line, each line timed from the spawn), killpg, get, poll_json
+and loadavg. Standard library only: swarm_commands' probe must not pay for imports of its own.
 """
 
 from __future__ import annotations
@@ -38,15 +36,10 @@ class Spawned:
     seconds to its first stdout byte."""
 
     def __init__(self, cmd: list[str], env: dict, cwd: Path, session: bool = False):
-        self.wall0, self.t0 = time.time(), time.monotonic()
+        self.t0 = time.monotonic()
+        pipe = subprocess.PIPE
         self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=session,
+            cmd, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=env, cwd=cwd, start_new_session=session
         )
         self.out: list[tuple[float, str]] = []
         self.err: list[tuple[float, str]] = []

@@ -1,12 +1,9 @@
 """The daemon swarms of the benchmarks: how they are built and started, and what a script reads off them.
 
-Owns: TINY_CFG (the tiny model the daemon benchmarks train), add_run_options (the run arguments they share)
-and tiny_options (the LocalSwarm options they share: int8 deltas, batch 8, lr 3e-3); Swarm, a LocalSwarm
-with the hooks the fault matrix needs (a peer that runs another program on its config, a swarm key, rounds
-that wait for every expected delta); tiny, tiny_swarm and temporary_swarm (such swarms, the last two in a
-temporary folder); netns_swarm (the same daemons on the hosts of a tests/netns_utils.py NetnsLab);
-start_staggered (joiners a few at a time); and the readings: check_exit, finish, wait_rounds, log_count,
-outlier_drops, history, replicas_identical, replica_ce. Every wait has a deadline.
+TINY_CFG, add_run_options and tiny_options (what the tiny daemon benchmarks share); Swarm (a LocalSwarm with the fault
+matrix's hooks) and its builders tiny, tiny_swarm, temporary_swarm, netns_swarm; start_staggered; the readings:
+check_exit, finish, wait_rounds, log_count, outlier_drops, history, replicas_identical, replica_ce. Every wait has a
+deadline.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ _DROPS = re.compile(r"dropped (\d+) delta\(s\) as outliers")
 
 
 def add_run_options(p: argparse.ArgumentParser, timeout_s: float) -> None:
-    """A daemon-swarm benchmark's --deadline-max (the daemons' round deadline, s), --eval-tokens (held-out bytes of
-    a row's CE) and --timeout (how long a run may take, s; default `timeout_s`)."""
+    """--deadline-max (the daemons' round deadline, s), --eval-tokens (held-out bytes), --timeout (s a run may take)."""
     p.add_argument("--deadline-max", type=float, default=10.0)
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--timeout", type=float, default=timeout_s, help="seconds a run may take to finish its rounds")
@@ -64,8 +60,7 @@ class Swarm(LocalSwarm):
     :param programs: peer index -> the command that runs that peer instead of `python -m swarmd` (its config
         file's path appended), e.g. a daemon whose Gossip misbehaves
     :param swarm_key: every peer's --swarm-key file
-    :param wait_all: every round waits for all expected deltas (up to deadline_max): runs differ by what the
-        script does to them, not by the machine's load
+    :param wait_all: every round waits for all expected deltas (up to deadline_max), whatever the machine's load
     """
 
     def __init__(

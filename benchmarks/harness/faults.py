@@ -1,10 +1,7 @@
 """What the fault matrix (benchmarks/adversary.py), its insider rows (benchmarks/insiders.py) and the flood rows
-(benchmarks/flood.py) share.
-
-Owns: CFG (the one-block tiny model of the matrix's swarms) and swarm (such a swarm of daemons), Row (one row of
-the matrix), program and run_daemon (a misbehaving peer: the real daemon with a class of its own, run as the program
-of a Swarm's peer), signed_delta (a misbehaving daemon's delta, encoded and signed as its honest one would be) and
-fmt (a figure or "-").
+(benchmarks/flood.py) share: CFG and swarm (the one-block tiny swarm of daemons), program and run_daemon (a
+misbehaving peer: the real daemon with a class of its own), signed_delta (its delta, signed as an honest one), Row
+(one row of the matrix) and fmt (a figure or "-").
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ CFG = replace(daemons.TINY_CFG, blocks=1, pred_input="none", pred_output="none")
 
 
 def swarm(a: Any, workdir: Path, peers: int = 4, seed: int = 0, **kw: Any) -> daemons.Swarm:
-    """The rows' swarm: tiny daemons on CFG (kw may name another model), --rounds x --steps, no trajectory
-    training, every round waiting for every delta; kw: more of daemons.tiny's options (programs, swarm_key, ...)."""
+    """Tiny daemons on CFG (kw may name another model), --rounds x --steps, no trajectory training, every round
+    waiting for every delta; kw: more of daemons.tiny's options (programs, swarm_key, ...)."""
     kw = dict(model=CFG, trajectory_prob=0.0, seed=seed, wait_all=True) | kw
     return daemons.tiny(peers, a.data_dir, workdir, a.rounds, a.steps, a.deadline_max, **kw)
 
@@ -43,6 +40,24 @@ def run_daemon(config: str, **classes: type) -> int:
     return entry.main(["--config", config, "--verbose"])
 
 
+def signed_delta(gossip: Any, kind: Any, bad: dict, ahead: int = 0, weight: float | None = None) -> Any:
+    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now (+ ahead), as its honest delta
+    would be (weight: its steps per round unless given)."""
+    from swarmd.averaging.delta import encode
+    from swarmd.membership.trust import sign_payload
+
+    rs = gossip.current
+    assert rs is not None
+    weight = float(gossip.cfg.steps_per_round) if weight is None else weight
+    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=weight, **gossip.hdr(kind, rs.round + ahead))
+    return sign_payload(enc, gossip.identity)
+
+
+def ce_delta(ce: float | None, ce_clean: float | None) -> float | None:
+    """ce - ce_clean, None where either is missing."""
+    return None if ce is None or ce_clean is None else ce - ce_clean
+
+
 @dataclass
 class Row:
     name: str
@@ -55,20 +70,7 @@ class Row:
 
     @property
     def ce_delta(self) -> float | None:
-        return None if self.ce is None or self.ce_clean is None else self.ce - self.ce_clean
-
-
-def signed_delta(gossip: Any, kind: Any, bad: dict, ahead: int = 0, weight: float | None = None) -> Any:
-    """`bad` encoded and signed as `gossip`'s delta of `kind` for the round open now (+ ahead), as its honest delta
-    would be (weight: its steps per round unless given); a misbehaving daemon's Gossip sends it instead."""
-    from swarmd.averaging.delta import encode
-    from swarmd.membership.trust import sign_payload
-
-    rs = gossip.current
-    assert rs is not None
-    weight = float(gossip.cfg.steps_per_round) if weight is None else weight
-    enc = encode(bad, gossip.cfg.codec, base_hash=rs.hashes[kind], weight=weight, **gossip.hdr(kind, rs.round + ahead))
-    return sign_payload(enc, gossip.identity)
+        return ce_delta(self.ce, self.ce_clean)
 
 
 def fmt(x: float | None, spec: str = "{:.4f}") -> str:

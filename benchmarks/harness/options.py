@@ -1,11 +1,7 @@
 """The benchmark scripts' command lines: the parser every script starts from and the option groups they repeat.
 
-Owns: parser (description from the script's docstring, --data-dir first: $BLOCKTRAIN_DATA, for the LocalSwarm
-scripts falling back to the shared wikitext-2) and the check that the folder holds the text; the option groups
-(--out/--md, the schedule, the model's shape and training options, the block and trajectory options,
---threads/--seed, --from-log, --section, --render) and positive_floats (a comma-separated list flag's type);
-model_of (the ModelConfig of the shape options), picked (options as config fields) and swarm_text (a simulator
-benchmark's text).
+parser (--data-dir first), check_data / parse_checked (it holds train.txt), the option groups (add_*), positive_floats
+(a comma-separated list flag's type), model_of and picked (options as config fields) and swarm_text.
 """
 
 from __future__ import annotations
@@ -22,12 +18,8 @@ SHARED_DATA = "/work/shared/data/wikitext-2"
 
 
 def parser(doc: str, holds: str | None = None) -> argparse.ArgumentParser:
-    """An ArgumentParser described by doc's first line, with --data-dir as its first option.
-
-    :param holds: None for the LocalSwarm scripts (default $BLOCKTRAIN_DATA, else the shared
-        wikitext-2); else what the folder must hold, e.g. "train.txt" (default $BLOCKTRAIN_DATA,
-        checked by parse_checked)
-    """
+    """An ArgumentParser described by doc's first line, with --data-dir ($BLOCKTRAIN_DATA) as its first option;
+    holds: what the folder must hold (parse_checked checks it), None: it falls back to the shared wikitext-2."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     if holds is None:
         add_data_dir(p, fallback=SHARED_DATA)
@@ -108,19 +100,13 @@ def add_swarm_config(p: argparse.ArgumentParser, layers_per_block: int | None = 
 
 
 def model_of(a: argparse.Namespace, documented: bool = False) -> ModelConfig:
-    """The ModelConfig of add_shape's options (L_b 1 unless given, 4 heads, FFN 4 d); documented: on the
-    documented block (ModelConfig.documented) instead of the default one."""
-    return (ModelConfig.documented if documented else ModelConfig)(
-        blocks=a.blocks,
-        layers_per_block=getattr(a, "layers_per_block", 1),
-        d_model=a.d_model,
-        n_heads=4,
-        hidden=4 * a.d_model,
-        seq_len=a.seq_len,
-    )
+    """The ModelConfig of add_shape's options (L_b 1 unless given, 4 heads, FFN 4 d); documented: the documented one."""
+    make = ModelConfig.documented if documented else ModelConfig
+    shape = dict(blocks=a.blocks, layers_per_block=getattr(a, "layers_per_block", 1), seq_len=a.seq_len)
+    return make(**shape, d_model=a.d_model, n_heads=4, hidden=4 * a.d_model)
 
 
-BLOCK_OPTIONS = (
+BLOCK_OPTIONS = (  # the ModelConfig fields of add_block_options
     "sigma_lo",
     "sigma_hi",
     "context_input",
@@ -153,24 +139,15 @@ def add_block_options(p: argparse.ArgumentParser, model: ModelConfig) -> None:
 def add_trajectory_options(p: argparse.ArgumentParser, train: TrainConfig) -> None:
     """--freeze-z-in, --trajectory-prob, --sigma-sampling (defaults from train) and --trajectory-source."""
     p.add_argument("--freeze-z-in", choices=("none", "block0", "all"), default=train.freeze_z_in)
-    p.add_argument(
-        "--trajectory-prob",
-        type=float,
-        default=train.trajectory_prob,
-        help="1: train every block on the sampler's own trajectory; 0: the documented noisy targets",
-    )
+    trajectory_help = "1: train every block on the sampler's own trajectory; 0: the documented noisy targets"
+    p.add_argument("--trajectory-prob", type=float, default=train.trajectory_prob, help=trajectory_help)
     p.add_argument("--sigma-sampling", choices=("lognormal", "loguniform", "sampler"), default=train.sigma_sampling)
-    p.add_argument(
-        "--trajectory-source",
-        choices=("snapshot", "live"),
-        default="snapshot",
-        help="live: predecessors as they are now (diagnostic for staleness)",
-    )
+    source_help = "live: predecessors as they are now (diagnostic for staleness)"
+    p.add_argument("--trajectory-source", choices=("snapshot", "live"), default="snapshot", help=source_help)
 
 
 def swarm_text(a: argparse.Namespace, cfg: ModelConfig) -> tuple:
-    """(training text, held-out windows) of a simulator benchmark: --data-dir's train.txt as ByteData and
-    --eval-tokens bytes of its eval.txt as (x, y)."""
+    """(--data-dir's train.txt as ByteData, --eval-tokens bytes of its eval.txt as (x, y)): a simulator's text."""
     from swarmd.core.data import ByteData
 
     data = ByteData.from_path(a.data_dir / "train.txt", cfg.seq_len)

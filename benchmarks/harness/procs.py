@@ -1,10 +1,8 @@
 """Samples of running processes read from /proc (resident memory, open fds, threads) and how a series of them grew.
 
-Owns: proc_sample (one sample of a live process; None once it is gone), groups and group_pids (the live processes of
-process groups: a daemon, its DHT process, p2pd), Sampler (a series per process incarnation, keyed by pid: a
-restarted daemon starts a new series) and the growth readings: windows (the first window after a warm-up and the
-last one of a series) and growth (their means, and the change); maxrss_bytes (this process's peak resident memory:
-gpu_check.py, memory_throughput.py). Linux only; no psutil.
+proc_sample (one live process), groups (the live processes of each process group), Sampler (a series per process
+incarnation: a restarted daemon starts a new one), windows and growth (a series' first window after a warm-up against
+its last), maxrss_bytes (this process's peak). Linux only; no psutil.
 """
 
 from __future__ import annotations
@@ -15,21 +13,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 
-FIELDS = ("rss_kb", "fds", "threads", "group_rss_kb")  # what a sample holds besides its time
+FIELDS = ("rss_kb", "fds", "threads", "group_rss_kb", "other_fds")  # what a sample holds besides its time
 
 
 def proc_sample(pid: int) -> dict[str, int] | None:
-    """{"rss_kb", "fds", "threads"} of a live process from /proc/<pid>; None if it is gone (or a zombie)."""
+    """{"rss_kb", "fds", "threads", "other_fds"} of a live process from /proc/<pid>; None if it is gone (or a zombie).
+    other_fds: the fds that are not sockets (files, pipes, eventfds): sockets come and go with the peers connected,
+    the rest should not grow."""
     base = Path(f"/proc/{pid}")
     try:
         status = dict(line.split(":", 1) for line in (base / "status").read_text().splitlines() if ":" in line)
         if status.get("State", "").strip().startswith("Z"):
             return None
-        fds = len(os.listdir(base / "fd"))
+        fds = os.listdir(base / "fd")
     except (OSError, ValueError):
         return None
+    sockets = sum(1 for fd in fds if _link(base / "fd" / fd).startswith("socket:"))
     rss = status.get("VmRSS", "0 kB").split()[0]
-    return {"rss_kb": int(rss), "fds": fds, "threads": int(status.get("Threads", "0").strip())}
+    threads = int(status.get("Threads", "0").strip())
+    return {"rss_kb": int(rss), "fds": len(fds), "threads": threads, "other_fds": len(fds) - sockets}
+
+
+def _link(path: Path) -> str:
+    """Where an fd points ("socket:[1234]", a file's path), "" if it closed meanwhile."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def maxrss_bytes() -> int:
@@ -53,20 +63,14 @@ def groups() -> dict[int, list[int]]:
     return out
 
 
-def group_pids(pgid: int) -> list[int]:
-    """The pids of the live processes in process group pgid."""
-    return groups().get(pgid, [])
-
-
 @dataclass
 class Series:
-    """The samples of one process incarnation: name ("peer3#1": peer 3's second process), pid, when it started (s
-    since the run's start) and its samples, each (t, rss_kb, fds, threads, group_rss_kb)."""
+    """One process incarnation ("peer3#1": peer 3's second): its samples (t, *FIELDS), t in s since the run's start."""
 
     name: str
     pid: int
     started_s: float
-    samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    samples: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
 
     def values(self, what: str) -> list[tuple[float, float]]:
         """(t, value) of one of FIELDS."""
@@ -75,8 +79,7 @@ class Series:
 
 
 class Sampler:
-    """Series of the daemon processes it is shown, one per pid: sample({name: pid}, t) adds a sample of each (the
-    daemon's own figures, and the resident memory of its whole process group, the daemon being its group's leader)."""
+    """A Series per pid shown to sample({name: pid}, t): each daemon's figures and its process group's memory."""
 
     def __init__(self) -> None:
         self.series: dict[int, Series] = {}
@@ -94,14 +97,13 @@ class Sampler:
             if one is None:
                 continue
             group = sum((s or {}).get("rss_kb", 0) for s in map(proc_sample, by_group.get(pid, [])))
-            self.series[pid].samples.append((t, one["rss_kb"], one["fds"], one["threads"], group))
+            self.series[pid].samples.append((t, one["rss_kb"], one["fds"], one["threads"], group, one["other_fds"]))
 
 
 def windows(
     values: list[tuple[float, float]], warmup_s: float, window_s: float
 ) -> tuple[list[float], list[float]] | None:
-    """(the values of the first window_s after warmup_s from the series' first sample, those of its last window_s);
-    None when the series is shorter than warmup_s + 2 window_s (the windows would overlap)."""
+    """(values of the first window_s after warmup_s, those of the last window_s); None if they would overlap."""
     if not values or values[-1][0] - values[0][0] < warmup_s + 2 * window_s:
         return None
     t0, t_end = values[0][0], values[-1][0]
@@ -111,8 +113,7 @@ def windows(
 
 
 def growth(values: list[tuple[float, float]], warmup_s: float, window_s: float) -> dict | None:
-    """{"first", "last", "change", "pct"}: the means of windows' two windows, last - first and 100 (last/first - 1);
-    None when the series is too short (windows)."""
+    """{"first", "last", "change", "pct"}: the windows' means, last - first, 100 (last/first - 1); None: too short."""
     w = windows(values, warmup_s, window_s)
     if w is None:
         return None

@@ -1,7 +1,6 @@
 """What a benchmark writes: its result JSON, the command line and machine it records, its markdown fragment.
 
-Owns: command_line, machine, write_json / write_text, rendered_or (--render's saved result, else a fresh run
-written to --out), table (a markdown table), machine_footer, replace_section (one script's section of a markdown file
+Also rendered_or (--render's saved result, else a fresh run), table, replace_section (a script's section of a page
 several scripts share, such as BENCHMARKS.md) and pyplot / save_figure (a plot, where matplotlib is installed).
 """
 
@@ -79,6 +78,12 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def paragraphs(*parts) -> list[str]:
+    """The lines of a markdown fragment: each part (a line, or a table's lines) followed by a blank line; a part that
+    is empty or false (a paragraph this run has not) is left out."""
+    return [line for part in parts if part for line in [*([part] if isinstance(part, str) else part), ""]]
 
 
 def machine_footer(line: str) -> list[str]:

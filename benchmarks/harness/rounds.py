@@ -1,11 +1,8 @@
 """What a soak run reads off its daemons' round histories: merging groups, splits, and rounds that got stuck.
 
-Every daemon checkpoints its last 50 rounds (swarmd.metrics round_history: the round, its participation, its end in
-seconds since the process started, merged_block: the peer ids whose block deltas the merge took, own included).
-Owns: RoundLog (those entries gathered from the checkpoints as the run goes, one per peer and round, with their
-wall time and process), merge_groups (one block's merging groups in one round: the connected components of the
-sets its peers merged), splits (runs of consecutive rounds in which a block merged in two or more disjoint groups)
-and stuck_rounds (gaps between a process's consecutive round ends longer than a limit).
+A daemon checkpoints its last 50 rounds (swarmd.metrics round_history: the round, its participation, its end in s
+since the process started, merged_block: the peer ids the merge took). RoundLog gathers them as the run goes;
+merge_groups, splits and stuck_rounds read them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What swarm.py, delayed.py, scale.py and async_sim.py repeat: a LocalSwarm run to its end and its readings.
-
-Owns: run_to_end (start, wait, stop, check every peer's exit), eval_windows (--eval-tokens held-out windows),
-assembled_ce (the from-noise CE of the model a swarm's checkpoints assemble), round_times (the peers' histories
-and their merge-to-merge and exchange seconds) and sim_text (a simulator run's training and held-out text).
+"""A LocalSwarm run to its end and its readings (run_to_end, eval_windows, assembled_ce, round_times), and
+sim_text, a simulator run's text: what the daemon and simulator benchmarks repeat.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ from swarmd.tools.launch import LocalSwarm
 def run_to_end(
     swarm: LocalSwarm, what: str, start_s: float = 300, wait_s: float = 1800, staggered: bool = False
 ) -> tuple[float, float]:
-    """(seconds until every daemon was ready, seconds until all stopped): swarm started (staggered:
-    daemons.start_staggered), waited for and stopped; SystemExit "<what>: ..." unless every peer finished."""
+    """Start (staggered: daemons.start_staggered), wait for and stop the swarm; (seconds until every daemon was
+    ready, seconds until all stopped). SystemExit "<what>: ..." unless every peer finished."""
     start = time.monotonic()
     try:
         if staggered:
