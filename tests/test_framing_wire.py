@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -90,6 +91,20 @@ def test_read_payload_of_parsed_wire_messages(offload, monkeypatch):
         read(msgs, max_chunk_bytes=4095)
     with pytest.raises(ValidationError, match="exceed the declared"):
         read(msgs[:-1] + msgs[1:2] + msgs[-1:], max_chunk_bytes=4096)
+
+
+def test_the_hash_thread_started_up_front_is_the_one_a_large_payload_uses(monkeypatch):
+    monkeypatch.setattr(framing, "_HASHER", None)  # as in a fresh daemon process
+    before = threading.active_count()
+    framing.start_hash_thread()
+    assert threading.active_count() == before + 1
+    monkeypatch.setattr(framing, "HASH_OFFLOAD_BYTES", 1)
+    enc = encoded(50_000)
+    try:
+        assert read([parse_message(m) for m in wire_messages(enc, 4096)], max_chunk_bytes=4096).payload == enc.payload
+        assert threading.active_count() == before + 1
+    finally:
+        framing._hash_thread().shutdown(wait=True)
 
 
 def test_encoded_repr_leaves_the_payload_out():

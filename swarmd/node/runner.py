@@ -151,6 +151,7 @@ def run_foreground(config: DaemonConfig, echo: Callable[[str], None] = _print) -
 
 async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
     from swarmd.node.daemon import Daemon
+    from swarmd.transport.framing import start_hash_thread
 
     def on_round(report: MergeReport) -> None:
         st, m = daemon.state, daemon.metrics
@@ -160,7 +161,8 @@ async def _main(config: DaemonConfig, echo: Callable[[str], None]) -> None:
         )
 
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(started_worker_pool())
+    loop.set_default_executor(started_worker_pool())  # every long-lived thread starts now: a count that grows leaks
+    start_hash_thread()
     daemon = Daemon(config, on_round=on_round)
     daemon.reachability.on_result = lambda result: echo(result.line)  # `reachable: ...` once a peer dialled us back
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -74,6 +74,12 @@ def _hash_thread() -> ThreadPoolExecutor:
     return _HASHER
 
 
+def start_hash_thread() -> None:
+    """Start the hashing thread now, not at the first large payload: a daemon starts its long-lived threads at its
+    start, so that a thread count that grows over hours is a leak."""
+    _hash_thread().submit(int).result()
+
+
 def _chunk_prefix(n: int) -> bytes:
     """Tag and varint length of a Payload whose only field is a chunk of n bytes (protobuf's own encoding)."""
     out = bytearray((_CHUNK_TAG,))
