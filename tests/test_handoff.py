@@ -135,3 +135,16 @@ def test_the_e2e_reference_trains_with_the_same_term_and_logs_its_plain_ce():
     metrics = trainer.step(x, y)
     assert metrics["loss"] > metrics["ce"] > 0  # the term is in the loss, not in the logged CE
     assert hasattr(E2EModel(HANDOFF), "handoff_head") and not hasattr(E2EModel(CFG), "handoff_head")
+
+
+def test_a_trainer_on_noisy_targets_draws_its_noise_from_its_own_generator():
+    """The documented path (trajectory_prob 0) drew eps from torch's global generator: a simulator run's CE moved
+    with whatever else drew from it. Two trainers of one seed now take the same steps whatever the global state."""
+    tcfg = TrainConfig(batch_size=3, warmup_steps=0, trajectory_prob=0.0)
+    batch = random_windows(CFG.seq_len, 3)
+    losses = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        trainer = BlockTrainer(CFG, tcfg, 1)
+        losses.append([trainer.step(*batch)["loss"] for _ in range(2)])
+    assert losses[0] == losses[1]

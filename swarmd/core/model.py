@@ -381,10 +381,12 @@ def block_loss(
     autocast_dtype: torch.dtype | None = None,
     pred: torch.Tensor | None = None,
     handoff_weight: float = 1.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss to minimise, unweighted CE for logging) of one block at per-sequence sigmas.
 
-    z defaults to the documented noisy target e_hat[y] + sigma * eps; a caller may pass another
+    z defaults to the documented noisy target e_hat[y] + sigma * eps (eps from `generator`, else torch's global
+    generator); a caller may pass another
     input at the same sigmas (for example a point on the sampler's own trajectory). pred: the
     predecessor's feature for pred_input=feature (computed without gradient by the caller). With
     handoff_loss=prev_byte (or prev_skip) the loss adds handoff_weight x mean w(sigma) x handoff_ce of the block's
@@ -393,7 +395,7 @@ def block_loss(
     """
     table_hat = emb.normalized()
     if z is None:
-        z = noisy_targets(table_hat, y, sigma)
+        z = noisy_targets(table_hat, y, sigma, generator)
     logits, _, feature = denoise(block, table_hat, x, z, sigma, autocast_dtype=autocast_dtype, pred=pred)
     ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     w = precondition(sigma, block.cfg.sigma_data).weight

@@ -349,6 +349,7 @@ class BlockTrainer:
             autocast_dtype=self.autocast,
             pred=pred,
             handoff_weight=self.train_cfg.handoff_weight,
+            generator=self.gen,  # the noisy targets' eps: this trainer's noise, not torch's global generator
         )
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
