@@ -95,14 +95,15 @@ def test_read_payload_of_parsed_wire_messages(offload, monkeypatch):
 
 def test_the_hash_thread_started_up_front_is_the_one_a_large_payload_uses(monkeypatch):
     monkeypatch.setattr(framing, "_HASHER", None)  # as in a fresh daemon process
-    before = threading.active_count()
+    hashers = lambda: sum(t.name.startswith("swarmd-sha256") for t in threading.enumerate())
+    before = hashers()  # the hashing threads only: other tests' threads may come and go meanwhile
     framing.start_hash_thread()
-    assert threading.active_count() == before + 1
+    assert hashers() == before + 1
     monkeypatch.setattr(framing, "HASH_OFFLOAD_BYTES", 1)
     enc = encoded(50_000)
     try:
         assert read([parse_message(m) for m in wire_messages(enc, 4096)], max_chunk_bytes=4096).payload == enc.payload
-        assert threading.active_count() == before + 1
+        assert hashers() == before + 1
     finally:
         framing._hash_thread().shutdown(wait=True)
 

@@ -123,12 +123,13 @@ def test_a_daemon_prints_each_round_once_and_keeps_stderr_quiet_without_verbose(
 
 def test_a_daemons_worker_pool_starts_every_thread_up_front_and_never_grows():
     """Lazy pool growth under bursts of slow calls read as a thread leak in the soak; started up front, it is flat."""
-    before = threading.active_count()
+    workers = lambda: sum(t.name.startswith("swarmd-worker") for t in threading.enumerate())
+    before = workers()  # the pool's own threads: other tests' threads may come and go meanwhile
     pool = started_worker_pool(5)
     try:
-        assert threading.active_count() - before == 5
+        assert workers() - before == 5
         list(pool.map(time.sleep, [0.05] * 20))  # a burst of blocking calls
-        assert threading.active_count() - before == 5
+        assert workers() - before == 5
     finally:
         pool.shutdown(wait=True)
-    assert threading.active_count() == before
+    assert workers() == before
