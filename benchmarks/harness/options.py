@@ -180,11 +180,6 @@ def add_torch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def add_from_log(p: argparse.ArgumentParser, help: str) -> None:
-    """--from-log: the printed lines of a run that was stopped early, to build the result from."""
-    p.add_argument("--from-log", type=Path, default=None, help=help)
-
-
 def add_section(p: argparse.ArgumentParser, default: str) -> None:
     """--section: the name of this script's fragment in a markdown file that several scripts share."""
     p.add_argument("--section", default=default, help="name of the fragment's section (a second variant's own)")
