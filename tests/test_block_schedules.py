@@ -218,7 +218,8 @@ def test_reference_clocks_on_pinned_costs():
     assert priced.deadline_s(25) == pytest.approx(wan.deadline_s(25) / 10)
 
 
-def test_trajectory_replay_runs_predecessors_on_a_share_of_the_batch_and_keeps_the_batch_size():
+def test_trajectory_replay_refreshes_the_whole_buffer_every_r_steps_and_keeps_the_batch_size(monkeypatch):
+    from swarmd.core import train as train_module
     from swarmd.core.train import BlockTrainer, init_block
 
     cfg = ModelConfig(blocks=3, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
@@ -226,11 +227,19 @@ def test_trajectory_replay_runs_predecessors_on_a_share_of_the_batch_and_keeps_t
     trainer = BlockTrainer(cfg, train, 2)
     assert trainer.reuse() == 2 and BlockTrainer(cfg, train, 0).reuse() == 1
     trainer.set_others({b: init_block(cfg, b) for b in range(2)})
+    calls: list[int] = []  # windows per predecessor-forward call
+    real_prefix = train_module.trajectory_prefix
+    monkeypatch.setattr(
+        train_module, "trajectory_prefix", lambda *a, **kw: calls.append(a[2].shape[0]) or real_prefix(*a, **kw)
+    )
     data = _data(3).stream(0, 6)
-    first_x, _ = next(data)
-    trainer.step(first_x, first_x)
-    assert trainer.replay is not None and torch.equal(trainer.replay[0], first_x)  # the first step fills it
-    second_x, _ = next(data)
-    trainer.step(second_x, second_x)
-    assert trainer.replay[0].shape[0] == 6
-    assert torch.equal(trainer.replay[0][:3], first_x[3:]) and torch.equal(trainer.replay[0][3:], second_x[:3])
+    batches = [next(data)[0] for _ in range(5)]
+    trained: list[torch.Tensor] = []
+    for x in batches:
+        trainer.step(x, x)
+        assert trainer.replay is not None
+        trained.append(trainer.replay[0])
+    assert calls == [6, 6, 6]  # steps 1, 3 and 5 run the predecessors, each on its whole batch
+    # steps 1-2 train on batch 1's windows, 3-4 on batch 3's, 5 on batch 5's: each window serves R = 2 steps
+    for step, source in enumerate([0, 0, 2, 2, 4]):
+        assert torch.equal(trained[step], batches[source])

@@ -201,9 +201,9 @@ class TrainConfig:
     # block refines a converged predecessor's estimate, and the table it trains is the one block 0 reads)
     later_lr_scale: float = 1.0
     # trajectory replay: a later block's predecessor forwards serve this many steps. 1: every step runs them on its
-    # whole batch (block b pays b forwards a step); R > 1: each step runs them on 1/R of its batch (fresh windows)
-    # and takes the rest from a buffer of the last steps' trajectory states, each given a fresh sigma (the final
-    # Euler step is recomputed); 0: R = the block's index, so every later block pays about one forward a step
+    # whole batch (block b pays b forwards a step); R > 1: every R steps they run on that step's whole batch, and
+    # the R steps train on those trajectory states, each given a fresh sigma (the final Euler step is recomputed);
+    # 0: R = the block's index, so every later block pays about one forward a step
     trajectory_reuse: int = 1
 
     def __post_init__(self) -> None:

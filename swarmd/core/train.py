@@ -227,6 +227,7 @@ class BlockTrainer:
         self.plan = sampler_plan(model_cfg, steps)
         self.own_steps = [k for k, (b, _, _) in enumerate(self.plan) if b == block_index]
         self.replay: list[torch.Tensor] | None = None  # trajectory replay's buffer (TrainConfig.trajectory_reuse)
+        self.replay_served = 0  # steps the buffer has served since its refresh
 
     def set_replicas(self, replicas: int) -> None:
         """How many replicas' deltas the last merge averaged (own included): the K of a ReplicaAdamW
@@ -314,17 +315,20 @@ class BlockTrainer:
         sigma: torch.Tensor,
         steps: list[tuple[int, float]],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Trajectory replay: the predecessors run on ceil(n / R) fresh windows of this batch (on all n at the first
-        step), which push out the buffer's oldest; the step trains on the buffer's n windows, each taking the final
-        Euler step to its own fresh sigma. A window serves about R steps, against predecessors at most R steps old."""
+        """Trajectory replay: every R steps the predecessors run on this step's whole batch, which replaces the
+        buffer; each step trains on the buffer's n windows, each taking the final Euler step to its own fresh sigma.
+        A window serves R steps, against predecessors at most R steps old. One call on n windows every R steps, not
+        n / R windows every step: the same forwards per window (and the same held-out CE), without R-fold the
+        per-call cost of small forwards."""
         n = x.shape[0]
-        fresh = n if self.replay is None else max(1, math.ceil(n / self.reuse()))
-        z, mean, s_last, message = trajectory_prefix(
-            blocks, table_hat, x[:fresh], self.model_cfg, self.gen, steps, self.autocast
-        )
-        sigma_from = torch.full((fresh,), s_last, device=z.device)
-        new = [x[:fresh], y[:fresh], z, mean, sigma_from, *([message] if message is not None else [])]
-        self.replay = [t if self.replay is None else torch.cat([o[fresh:], t]) for o, t in zip(self.replay or new, new)]
+        if self.replay is None or self.replay_served >= self.reuse() or self.replay[0].shape[0] != n:
+            z, mean, s_last, message = trajectory_prefix(
+                blocks, table_hat, x, self.model_cfg, self.gen, steps, self.autocast
+            )
+            sigma_from = torch.full((n,), s_last, device=z.device)
+            self.replay = [x, y, z, mean, sigma_from, *([message] if message is not None else [])]
+            self.replay_served = 0
+        self.replay_served += 1
         bx, by, bz, bmean, bfrom = self.replay[:5]
         r = (sigma / bfrom)[:, None, None]
         return bx, by, r * bz + (1.0 - r) * bmean, self.replay[5] if len(self.replay) > 5 else None
