@@ -328,26 +328,3 @@ def test_a_peer_that_trained_nothing_lands_the_trainers_merge_and_still_refuses_
     # nothing but our zeros: the base is kept
     alone = check_merge("p0", zero, {BLOCK: {}, EMB: {}}, CFG, check, landing, own_counts=False)
     assert alone.merged_from == {BLOCK: ("p0",), EMB: ("p0",)} and same_bits(alone.parts, zero)
-
-
-def scaled(delta: dict[str, Tensors], factor: float) -> dict[str, Tensors]:
-    return {kind: {n: v * factor for n, v in d.items()} for kind, d in delta.items()}
-
-
-def test_replicas_whose_own_deltas_differ_agree_on_a_probation_delta(honest):
-    """Probation's verdict depends on the base, the delta and the sample, not on the judge's own delta: two replicas
-    of one block, one that made much progress this round and one that made little, merge the same set (judged
-    against each one's own delta alone, a modest honest delta failed at the first and passed at the second: the two
-    landed different merges and split)."""
-    landing, (a, b, c, d) = honest
-    modest = scaled(c, 0.25)
-    verdicts = []
-    for me, own in (("p0", scaled(a, 2.0)), ("p1", scaled(b, 0.05))):
-        inbox = inbox_of(["p2", "p3"], [d, modest])
-        out = check_merge(me, own, inbox, CFG, sample(), landing, must_pass={"p3"})
-        verdicts.append((out.passed, out.failed, out.fell_back))
-    assert verdicts[0] == verdicts[1] == (frozenset({"p3"}), frozenset(), False)
-    # a harmful delta on probation fails at both
-    for me, own in (("p0", scaled(a, 2.0)), ("p1", scaled(b, 0.05))):
-        out = check_merge(me, own, inbox_of(["p3"], [poison(landing, c)]), CFG, sample(), landing, must_pass={"p3"})
-        assert out.failed == {"p3"}

@@ -31,12 +31,9 @@
     lands a merge that gives up more than the allowance of its own round's progress (on its sample);
     what an attacker can still take is that allowance each round (training slows, it does not turn);
   - the seam for the trust rules (check_merge's must_pass and leave_out; what Exchange.must_pass and
-    Exchange.leave_out hand in): deltas of peers on probation count only when they pass alone even in a round
-    whose candidate passes: the delta as the round's only step on the base, within the tolerance of the base's
-    CE (IDLE_SLACK's when we trained nothing), a verdict every replica holding the same sample shares, whatever
-    its own delta; a candidate that fails sends them through the fallback's check with the others; deltas of
-    peers left out (slow-drift suspects) do not count at all; MergeOutcome says who passed and who failed an
-    individual check;
+    Exchange.leave_out hand in): deltas of peers on probation count only when they pass the one-by-one
+    check even in a round whose candidate passes, deltas of peers left out (slow-drift suspects) do
+    not count at all; MergeOutcome says who passed and who failed an individual check;
   - consensus: every verdict is a deterministic function of the sample, our own delta and the
     accepted set (CPU fp32 scores, peer-id order), so replicas with the same inputs decide alike, and a
     round whose candidate passes everywhere (every honest round measured) lands exactly the unchecked
@@ -251,30 +248,23 @@ def check_merge(
         bound = own_ce + tolerance + PROGRESS_SLACK * max(0.0, base_ce - own_ce)
     else:  # no own step to protect (see IDLE_SLACK)
         bound = base_ce + max(tolerance, IDLE_SLACK)
+    verdicts: dict[str, bool] = {}
 
-    def in_place_of_ours(pid: str) -> dict[str, Tensors | None]:
-        """A peer's delta where ours would be: a same-block peer's block and table deltas; another block's table
-        delta merged with ours (as the round lands it) beside our block delta."""
-        alone: dict[str, Tensors | None] = {kind: inbox[kind].get(pid, own[kind]) for kind in KINDS}
-        if own_counts and pid not in inbox[BLOCK] and pid in inbox[EMB]:
-            alone[EMB] = merge_deltas({me: own[EMB], pid: inbox[EMB][pid]}, cfg)
-        return alone
+    def judge(ids: set[str]) -> None:
+        """Score each peer's delta in the place of ours (sorted order): within the bound or not."""
+        for pid in sorted(ids - set(verdicts)):
+            alone: dict[str, Tensors | None] = {kind: inbox[kind].get(pid, own[kind]) for kind in KINDS}
+            if own_counts and pid not in inbox[BLOCK] and pid in inbox[EMB]:  # another block's: joins our table delta
+                alone[EMB] = merge_deltas({me: own[EMB], pid: inbox[EMB][pid]}, cfg)
+            verdicts[pid] = score(alone) <= bound  # inf (garbage) never passes
 
-    # probation: each delta as the round's only step on the base, within `harmless` of the base's CE: a verdict
-    # from what every replica of the block shares (the base, the delta, the sample of the same text), not from
-    # our own delta, so replicas agree on it and merge the same set (judged against each one's own delta, they
-    # split a round whenever a delta sat between their bounds)
-    harmless = base_ce + (tolerance if own_counts else max(tolerance, IDLE_SLACK))
-    verdicts = {
-        pid: score({kind: inbox[kind].get(pid) for kind in KINDS}) <= harmless  # inf (garbage) never passes
-        for pid in sorted(pool & set(must_pass))
-    }
+    judge(pool & set(must_pass))
     counted = {p for p in pool if verdicts.get(p, True)}
     values, stats, used = _merge(me, own, inbox, counted, cfg, own_counts)
     candidate_ce = landed_ce = score(dict(values))
     fell_back = not candidate_ce <= bound
-    if fell_back:  # every accepted delta, probation's too, in the place of ours: within the bound or not
-        verdicts = {pid: score(in_place_of_ours(pid)) <= bound for pid in sorted(pool)}
+    if fell_back:
+        judge(pool)
         kept = {p for p in pool if verdicts[p]}
         if kept != counted:  # (the same set is the candidate again)
             values, stats, used = _merge(me, own, inbox, kept, cfg, own_counts)
