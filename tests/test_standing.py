@@ -164,3 +164,28 @@ def test_a_peer_whose_record_is_rounds_ahead_is_not_waited_for():
     reports, ahead_id = asyncio.run(scenario())
     assert all(ahead_id not in r.expected_block and ahead_id not in r.expected_emb for r in reports)
     assert all(len(r.accepted_block) == 1 for r in reports)
+
+
+def test_a_joiner_counts_the_incumbents_whose_state_it_adopted():
+    """A joiner of a public swarm adopts the state the incumbents' records announce (scored first): their deltas count
+    for it at once, unjudged. Before, it judged each incumbent's delta against its own fresh one for its probation
+    rounds and kept some out: it merged apart from its block, a split a round, healed only by the next re-sync."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0, 0], blocks=1, checks=True, public=True, probation_rounds=3)
+        board.pop(peers[3].me.peer_id)  # the joiner is not up yet
+        for _ in range(4):  # the incumbents pass their probation among themselves
+            await memory_round(peers, board, skip={3})
+        joiner, incumbents = peers[3], {g.me.peer_id for g in peers[:3]}
+        assert joiner.state.round == 0 and all(joiner.standing.probation.on_probation(i) for i in incumbents)
+        await joiner.sync(list(board.values()))  # its first sync adopts the incumbents' state
+        board[joiner.me.peer_id] = joiner.record()
+        reports = await memory_round(peers, board)
+        return joiner, incumbents, reports
+
+    joiner, incumbents, reports = asyncio.run(scenario())
+    assert not any(joiner.standing.probation.on_probation(i) for i in incumbents)
+    joined = reports[3]
+    assert set(joined.accepted_block) == incumbents and not set(joined.passed) & incumbents  # merged unjudged
+    judged = [set(r.passed) | set(r.refused) for r in reports[:3]]
+    assert all(joiner.me.peer_id in ids for ids in judged)  # the incumbents still judge the newcomer

@@ -24,7 +24,8 @@
   a rejoin rule's state, a split round's move) the state is judged against the last one we held with others
   too (Agreement.agreed), so a peer that got ahead alone still rejoins. A joiner (round 0: fresh weights) also
   pulls the other states several peers announce (quorum.candidates, JOIN_CANDIDATES per part) and takes the
-  best that passes, its initial weights included;
+  best that passes, its initial weights included; the identities whose records announce the states it adopted count
+  for it from then on, without probation (Standing.admit_incumbents);
 - pulls and serving (swarmd.averaging.pulls.StatePulls): the signed states pulled and validated before any of the
   above adopts one, and state_payload, the PullState answer (the base, or the anchor the records announce).
 """
@@ -57,6 +58,17 @@ logger = logging.getLogger(__name__)
 
 HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majority from a diverged one
 JOIN_CANDIDATES = 3  # distinct states of each part a joiner pulls and scores (the normal target included)
+
+
+def announcers(adopted: list[Candidate], block_pool: list[PeerRecord], pool: list[PeerRecord]) -> set[str]:
+    """The peers that served the adopted states or whose records announce them (a block state among the block's
+    records, a byte table among all)."""
+    ids = set()
+    for c in adopted:
+        weights = (lambda r: r.base_hash) if c.kind.is_block else (lambda r: r.emb_hash)
+        ids |= {r.peer_id for r in (block_pool if c.kind.is_block else pool) if weights(r) == c.weights}
+        ids |= {c.peer_id} - {""}
+    return ids
 
 
 class Agreement:
@@ -106,7 +118,10 @@ class Agreement:
         for kind, pool in ((PayloadKind.BLOCK_STATE, ours), (PayloadKind.EMBEDDING_STATE, others)):
             found[kind] = await self._candidates(kind, me, pool, others, joining)
         p.last_split = {}  # consumed
-        return await self._adopt_passing(found[PayloadKind.BLOCK_STATE], found[PayloadKind.EMBEDDING_STATE], joining)
+        chosen = await self._adopt_passing(found[PayloadKind.BLOCK_STATE], found[PayloadKind.EMBEDDING_STATE], joining)
+        if joining:  # the incumbents whose records announce what we adopted count for us from now on
+            p.standing.admit_incumbents(me.round, announcers(chosen, ours, others))
+        return [c.kind.part for c in chosen]
 
     async def _candidates(
         self, kind: PayloadKind, me: PeerRecord, pool: list[PeerRecord], others: list[PeerRecord], joining: bool
@@ -187,9 +202,9 @@ class Agreement:
         got = await asyncio.gather(*(self.pulls.try_fetch(r, kind, (weights(r), r.round), limit) for r in picked))
         return [c for c in got if c is not None]
 
-    async def _adopt_passing(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> list[str]:
+    async def _adopt_passing(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> list[Candidate]:
         """Adopt the candidates of both parts that pass the held-out check (all first ones when not verifying);
-        returns the parts adopted."""
+        returns the candidates adopted."""
         if not blocks and not embs:
             return []
         if not self.verifying:
@@ -201,7 +216,7 @@ class Agreement:
         for c in chosen:
             if c is not None:
                 await self._adopt(c)
-                adopted.append(c.kind.part)
+                adopted.append(c)
         return adopted
 
     async def _judge(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> Verdict:

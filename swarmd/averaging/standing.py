@@ -79,6 +79,17 @@ class Standing:
             return records
         return counting_records(records, self.probation, self.per_range) or records
 
+    def admit_incumbents(self, round: int, peer_ids: Iterable[str]) -> None:
+        """A joiner adopted the state these peers' signed records announce, after scoring it on its held-out sample:
+        they count from now on. Judging the incumbents' deltas against its own fresh delta, a joiner kept some out
+        round after round and merged apart from its block every time (a split a round, healed by the next re-sync);
+        it trusts their state already, and every round's merge still passes the held-out check."""
+        if not self.probation.rounds_required:
+            return
+        admitted = self.probation.admit(round, peer_ids)
+        if admitted:
+            logger.info("joined: %d incumbent identities count without probation", len(admitted))
+
     def plan(
         self, round: int, records: Iterable[PeerRecord], block: int | None = None
     ) -> tuple[frozenset[str], frozenset[str]]:

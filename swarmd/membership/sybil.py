@@ -192,6 +192,20 @@ class Probation:
                 logger.info("round %d: %s passed its probation (%d rounds)", round, peer_id[-6:], known.passes)
         return graduated
 
+    def admit(self, round: int, peer_ids: Iterable[str]) -> set[str]:
+        """Count these identities from now on, without probation (a joiner's incumbents: the peers whose signed
+        state it scored and adopted); returns the ones that did not count before."""
+        admitted = set()
+        for peer_id in sorted(set(peer_ids) - self.trusted):
+            known = self._ids.get(peer_id)
+            if known is None:
+                known = self._ids[peer_id] = _Identity(first_round=round, last_round=round)
+            if not known.counts:
+                known.counts, known.passes, known.in_a_row = True, 0, 0
+                admitted.add(peer_id)
+        self._evict()
+        return admitted
+
     def _evict(self) -> None:
         if len(self._ids) <= self.max_identities:
             return
