@@ -174,12 +174,10 @@ def test_a_peer_sitting_a_round_out_waits_for_the_trainers_only_not_for_another_
 class FakeGossip:
     """A round's gossip whose re-sync adopts a state of round `adopts` (what a peer ahead announced)."""
 
-    def __init__(self, state, adopts: int | None):
+    def __init__(self, state, adopts: int):
         self.state, self.adopts, self.rounds = state, adopts, SimpleNamespace(idle=False)
 
     async def sync(self, records):
-        if self.adopts is None:  # our base is the swarm's: nothing to adopt
-            return []
         self.state.round = self.adopts
         return ["block"]
 
@@ -194,7 +192,7 @@ class FakeGossip:
 class FakePeer:
     """The RoundPeer parts PlainRounds drives, counting the local steps it is asked for."""
 
-    def __init__(self, round: int, adopts: int | None):
+    def __init__(self, round: int, adopts: int):
         self.state = SimpleNamespace(round=round, local_steps=0)
         self.gossip, self.trained, self.stopping = FakeGossip(self.state, adopts), [], asyncio.Event()
 
@@ -226,24 +224,4 @@ def test_a_resync_to_the_runs_last_round_ends_the_run_there(last, ends):
     rounds = PlainRounds(peer, GossipConfig(steps_per_round=4))  # type: ignore[arg-type]
     rounds.last = last
     report = asyncio.run(rounds.run_round())
-    # (a round that goes on after an adoption is sat out: see the next test)
-    assert (report, peer.trained, peer.state.round) == ((None, [], 30) if ends else ("merged", [], 31))
-
-
-def test_the_round_of_an_adopted_state_is_sat_out_but_never_two_in_a_row():
-    """A peer that adopted a state at its round's re-sync trains nothing that round and merges the others' deltas
-    without its own (weight 0, as a pipelined block's idle round): the peers it adopted from are already training that
-    round, and a delta trained now would come after they closed it and land alone, on weights nobody holds. A peer
-    that adopts at every re-sync still trains every other round; one that adopts nothing trains every round."""
-    peer = FakePeer(round=5, adopts=7)
-    rounds = PlainRounds(peer, GossipConfig(steps_per_round=4))  # type: ignore[arg-type]
-    sat_out = []
-    for _ in range(3):
-        asyncio.run(rounds.run_round())
-        sat_out.append(rounds.sat_out)
-    assert peer.trained == [4] and sat_out == [True, False, True] and peer.gossip.rounds.idle
-    steady = FakePeer(round=5, adopts=None)
-    rounds = PlainRounds(steady, GossipConfig(steps_per_round=4))  # type: ignore[arg-type]
-    for _ in range(3):
-        asyncio.run(rounds.run_round())
-    assert steady.trained == [4, 4, 4]
+    assert (report, peer.trained, peer.state.round) == ((None, [], 30) if ends else ("merged", [4], 31))

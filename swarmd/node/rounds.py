@@ -30,7 +30,7 @@ from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
 from swarmd.node.config import DaemonConfig
 from swarmd.node.settle import settle
-from swarmd.node.training import no_steps, run_plan, windowed
+from swarmd.node.training import run_plan, windowed
 from swarmd.protocol import PeerState
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,6 @@ class PlainRounds:
     def __init__(self, peer: RoundPeer, cfg: GossipConfig):
         self.peer, self.cfg = peer, cfg
         self.last = 0  # the run's last round (round_loop's; 0 = none)
-        self.sat_out = False  # the last round was sat out after an adoption (see run_round)
 
     def rounds_started(self) -> int:
         """Rounds merged: what the loop compares with its last round."""
@@ -91,8 +90,7 @@ class PlainRounds:
         """One round: sync, H local steps, average, the end-of-round work. Returns the MergeReport (None if stopped)."""
         d = self.peer
         g, H, started = d.gossip, self.cfg.steps_per_round, time.monotonic()
-        adopted = await g.sync(await d.records())
-        if adopted:
+        if await g.sync(await d.records()):
             d.update_serving()
             with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
                 await d.announce()
@@ -102,12 +100,7 @@ class PlainRounds:
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps
-        # the round of a state just adopted is sat out (weight 0: the others' deltas merge without ours, as in a
-        # pipelined block's idle round): the peers we adopted from are already training it, a delta we trained now
-        # would come after they closed it, and we would land it alone on weights nobody else holds (a split that
-        # took 4-5 rounds to heal); never two rounds in a row, so a peer that keeps adopting still trains
-        self.sat_out = bool(adopted) and not self.sat_out
-        stats = no_steps() if self.sat_out else await d.train(H)
+        stats = await d.train(H)
         observe_training(d, stats, steps_before)
         g.rounds.idle = not stats.get("samples")  # pipelined, not this block's turn: weight 0, wait for the trainers
         if d.stopping.is_set():

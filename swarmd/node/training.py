@@ -87,17 +87,12 @@ def never_trained(state: BlockState) -> bool:
     return state.block_hash == weights_hash(init_block(state.cfg, state.block_index, state.train_cfg.seed).state_dict())
 
 
-def no_steps() -> dict:
-    """The stats of a round without local steps (a pipelined block's idle round, a round sat out)."""
-    return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}
-
-
 async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> dict:
     """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step once `stop` is set),
     in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
     train, state = peer.config.train, peer.state
     if not peer.me.trains(state.round + 1):
-        return no_steps()  # not this block's turn
+        return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
     warm = train.pipeline and train.block_init == "predecessor"  # our turn's first round: start as block b - 1
     first = warm and (state.round + 1 == peer.me.train_first or await asyncio.to_thread(never_trained, state))
     if first and await asyncio.to_thread(state.warm_start):
