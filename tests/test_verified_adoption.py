@@ -311,3 +311,25 @@ def test_a_peer_that_trained_apart_and_got_ahead_still_rejoins_the_majority():
     assert [r.participation for r in reports[-1]] == [1.0, 1.0, 1.0]
     assert a.state.block_hash == b.state.block_hash == c.state.block_hash and c.state.round == a.state.round
     assert c.metrics.adoptions_refused == {}
+
+
+def test_two_parts_adopted_in_one_sync_leave_the_round_counter_at_the_higher_round():
+    """A restarted peer's re-sync took a block of round 112 and then a table reconciliation of round 110, both
+    allowed to move the counter back: the counter ended at 110 beside a block of 112, a pair nobody held, and every
+    delta it sent was refused for 10 rounds. The higher round is adopted last, in either order of the parts."""
+
+    async def scenario(block_round: int, table_round: int) -> tuple[int, list[str]]:
+        (me, other), _, _ = memory_swarm([0, 0], codec="fp32")
+        me.state.round = 108
+        _, block, emb = other.state.snapshot()
+        chosen = [
+            Candidate(BLOCK.state, "b", weights_hash(block), block_round, block, back=True, round_limit=120),
+            Candidate(EMB.state, "e", weights_hash(emb), table_round, emb, back=True, round_limit=120),
+        ]
+        # no held-out check here: the plain path adopts each part's first candidate
+        adopted = await me.agreement._adopt_passing(chosen[:1], chosen[1:], joining=False)
+        return me.state.round, [c.kind.part for c in adopted]
+
+    for block_round, table_round in ((112, 110), (110, 112)):
+        round_no, parts = asyncio.run(scenario(block_round, table_round))
+        assert round_no == 112 and sorted(parts) == ["block", "embedding"]

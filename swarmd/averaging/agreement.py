@@ -213,10 +213,11 @@ class Agreement:
             verdict = await self._judge(blocks, embs, joining)
             chosen = verdict.chosen or ()
         adopted = []
-        for c in chosen:
-            if c is not None:
-                await self._adopt(c)
-                adopted.append(c)
+        # the higher round last: a part adopted `back` after the other moved the round counter below the first one's
+        # round, a (round, weights) pair nobody holds (a restart's block of 112, a table of 110: apart 10 rounds)
+        for c in sorted((c for c in chosen if c is not None), key=lambda c: c.round):
+            await self._adopt(c)
+            adopted.append(c)
         return adopted
 
     async def _judge(self, blocks: list[Candidate], embs: list[Candidate], joining: bool) -> Verdict:
