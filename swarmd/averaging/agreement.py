@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -60,12 +61,17 @@ HISTORY_ROUNDS = 16  # rounds of our own base hashes kept to tell a lagging majo
 JOIN_CANDIDATES = 3  # distinct states of each part a joiner pulls and scores (the normal target included)
 
 
+def announced(kind: PayloadKind) -> Callable[[PeerRecord], str]:
+    """What a record announces of a part: its block's base hash, or its byte table's hash."""
+    return (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+
+
 def announcers(adopted: list[Candidate], block_pool: list[PeerRecord], pool: list[PeerRecord]) -> set[str]:
     """The peers that served the adopted states or whose records announce them (a block state among the block's
     records, a byte table among all)."""
     ids = set()
     for c in adopted:
-        weights = (lambda r: r.base_hash) if c.kind.is_block else (lambda r: r.emb_hash)
+        weights = announced(c.kind)
         ids |= {r.peer_id for r in (block_pool if c.kind.is_block else pool) if weights(r) == c.weights}
         ids |= {c.peer_id} - {""}
     return ids
@@ -129,7 +135,7 @@ class Agreement:
         """The states of one part this sync may adopt, pulled and validated, none adopted: the re-sync target
         (reference, diverged majority, split round) or the rejoin rule's state, then a joiner's other candidates."""
         p = self.peer
-        weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+        weights = announced(kind)
         if kind.delta in p.last_split:  # a round was merged since the last sync: were we isolated in it?
             alone = not p.last_split[kind.delta][0] and bool(pool)
             self.isolated[kind.delta] = self.isolated[kind.delta] + 1 if alone else 0
@@ -191,7 +197,7 @@ class Agreement:
         """A joiner's other candidates: the distinct states several peers announce (quorum.candidates), pulled
         concurrently, at most JOIN_CANDIDATES of the part in all (the `have` ones count)."""
         p = self.peer
-        weights = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
+        weights = announced(kind)
 
         def can_pull(r: PeerRecord) -> bool:
             fresh = weights(r) not in have and not self.refusals.refused(weights(r), r.peer_id)
@@ -239,8 +245,8 @@ class Agreement:
         verdict = choose(scored, ours, p.cfg.adopt_tolerance, joining, agreed)
         for c, ce, threshold in verdict.refused:
             p.metrics.refuse_adoption(c.kind.part)
-            for peer_id, announced in c.also_served:
-                self.refusals.add(peer_id, c.weights, announced)
+            for peer_id, named in c.also_served:
+                self.refusals.add(peer_id, c.weights, named)
             if self.refusals.add(c.peer_id, c.weights, c.announced):
                 logger.warning(
                     "%s refused the %s state of %s (%s, round %d): held-out CE %.4f, ours %.4f%s, limit %.4f",
@@ -264,10 +270,10 @@ class Agreement:
         does not count."""
         p = self.peer
         self.isolated[kind.delta] = 0  # one attempt per ISOLATED_ROUNDS isolated rounds
-        announced = (lambda r: r.base_hash) if kind.is_block else (lambda r: r.emb_hash)
-        askable = (r for r in pool if r.address and p.usable(r) and not self.refusals.refused(announced(r), r.peer_id))
+        of_record = announced(kind)
+        askable = (r for r in pool if r.address and p.usable(r) and not self.refusals.refused(of_record(r), r.peer_id))
         peers = sorted(askable, key=lambda r: r.peer_id)[: rejoin.MAX_PULLS]
-        named = {r.peer_id: announced(r) for r in peers}
+        named = {r.peer_id: of_record(r) for r in peers}
         need = quorum(len({r.peer_id for r in pool}))
         prev: dict[str, tuple[int, str]] | None = None
         settled: tuple = ()
