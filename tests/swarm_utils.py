@@ -92,7 +92,7 @@ class MemoryTransport:
     async def pull_state(self, address: str, request, timeout_s: float) -> Encoded:
         if address in self.dead or address not in self.peers:
             raise PeerUnavailable(f"peer {address} is down")
-        enc = self.peers[address].state_payload(request)
+        enc = await self.peers[address].served_state(request)
         if self.meter is not None:
             self.meter.add_received(enc.wire_bytes, enc.raw_bytes)
         return enc

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from swarm_utils import memory_round, memory_swarm, tiny_train
+from swarm_utils import batches, memory_round, memory_swarm, tiny_train
 
 from swarmd.averaging import rejoin
 from swarmd.averaging.adoption import Candidate, Refusals, choose, options
@@ -25,6 +25,7 @@ from swarmd.membership.quorum import candidates
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_record
 from swarmd.protocol import PayloadKind
+from swarmd.v1 import swarm_pb2 as pb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -333,3 +334,63 @@ def test_two_parts_adopted_in_one_sync_leave_the_round_counter_at_the_higher_rou
     for block_round, table_round in ((112, 110), (110, 112)):
         round_no, parts = asyncio.run(scenario(block_round, table_round))
         assert round_no == 112 and sorted(parts) == ["block", "embedding"]
+
+
+def test_a_peer_a_round_ahead_rejoins_the_majority_at_the_round_it_ends_not_a_round_back():
+    """Soak logs: a peer that merged alone at a deadline finished its round first, saw its block-mates' majority
+    still in the round it had left, took the state they were leaving and went back a round with it, a round behind
+    them again and its byte table with it. Asked for the round after theirs, they answer once their round ends."""
+
+    async def scenario():
+        peers, _, board = memory_swarm([0, 0, 0], blocks=1, codec="fp32")
+        a, b, c = peers
+        await memory_round(peers, board, steps=2)
+        pair = {g.me.peer_id: board[g.me.peer_id] for g in (a, b)}
+        await memory_round(peers, pair, steps=2, skip={2})  # a and b merge together
+        await memory_round(peers, {c.me.peer_id: board[c.me.peer_id]}, steps=2, skip={0, 1})  # c alone
+        await memory_round(peers, {c.me.peer_id: board[c.me.peer_id]}, steps=2, skip={0, 1})  # c a round ahead
+        board.update({g.me.peer_id: g.record() for g in peers})
+        behind = a.state.round
+        assert c.state.round == behind + 1 and c.state.block_hash != a.state.block_hash
+        records = list(board.values())
+        rejoining = asyncio.create_task(c.sync(records))  # while a and b are still in their round
+        for g in (a, b):
+            await g.open_round()
+            await asyncio.to_thread(g.state.train_steps, 2, batches(peers.index(g)))
+        await asyncio.gather(a.average(list(pair.values())), b.average(list(pair.values())))
+        adopted = await asyncio.wait_for(rejoining, 10)
+        return adopted, behind, a, b, c
+
+    adopted, behind, a, b, c = asyncio.run(scenario())
+    assert sorted(adopted) == ["block", "embedding"]
+    assert a.state.round == b.state.round == c.state.round == behind + 1
+    assert c.state.block_hash == a.state.block_hash == b.state.block_hash
+    assert c.state.emb_hash == a.state.emb_hash
+
+
+def test_a_state_asked_for_the_round_after_ours_comes_at_this_rounds_end_and_never_waits_otherwise():
+    async def scenario():
+        (peer, _), _, _ = memory_swarm([0, 0], codec="fp32")
+        request = pb.PullStateRequest(
+            swarm_id=peer.me.swarm_id, config_hash=peer.me.config_hash, kind=BLOCK.state.to_pb(), block_index=0
+        )
+        now = peer.state.round
+        at_once = [await peer.served_state(replace_request(request, min_round=r)) for r in (0, now, now + 2)]
+        waiting = asyncio.create_task(peer.served_state(replace_request(request, min_round=now + 1)))
+        done, _ = await asyncio.wait({waiting}, timeout=0.3)
+        assert not done  # still in round `now`
+        await asyncio.to_thread(peer.state.apply_merge, None, None)  # the round ends
+        answer = await asyncio.wait_for(waiting, 5)
+        return now, at_once, answer
+
+    now, at_once, answer = asyncio.run(scenario())
+    assert [int(e.header.round) for e in at_once] == [now, now, now]
+    assert int(answer.header.round) == now + 1
+
+
+def replace_request(request, **fields):
+    out = type(request)()
+    out.CopyFrom(request)
+    for k, v in fields.items():
+        setattr(out, k, v)
+    return out

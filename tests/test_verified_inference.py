@@ -75,7 +75,7 @@ class BasedHandler(ServingOnlyHandler):
 class SignedHandler(ServingOnlyHandler):
     """An inference peer with an Ed25519 identity, as a training daemon is: its status carries a signed record
     announcing the base_hash / emb_hash of the weights it serves, and it answers PullState with them, fp32 and
-    signed (what swarmd.averaging.agreement.Agreement.state_payload sends), so a client can break a tie by
+    signed (what swarmd.averaging.pulls.StatePulls.state_payload sends), so a client can break a tie by
     recomputation.
 
     :param served: the block state PullState sends instead (a liar serving weights it does not announce)
@@ -581,7 +581,7 @@ def test_cli_score_breaks_a_two_replica_tie_by_recomputation(tmp_path):
 
 
 def test_tie_break_pulls_and_verifies_a_real_daemons_state(tmp_path):
-    """Against a real training daemon (swarmd.node.daemon: PullState is Agreement.state_payload, its record signed
+    """Against a real training daemon (swarmd.node.daemon: PullState is StatePulls.served_state, its record signed
     by its identity), the tie-breaker's pull verifies (signature, hash = the record's base/emb hash), and the
     recomputation confirms an honest answer and names a biased one."""
     from swarmd.core.model import DenoisingBlock, euler_step, sampler_plan

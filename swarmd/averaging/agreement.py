@@ -27,7 +27,7 @@
   best that passes, its initial weights included; the identities whose records announce the states it adopted count
   for it from then on, without probation (Standing.admit_incumbents);
 - pulls and serving (swarmd.averaging.pulls.StatePulls): the signed states pulled and validated before any of the
-  above adopts one, and state_payload, the PullState answer (the base, or the anchor the records announce).
+  above adopts one, and served_state, the PullState answer (the base, or the anchor the records announce).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ RECORD_LEAD_ROUNDS = 1
 
 class Transport(Protocol):
     """Dials peers; it counts the bytes it moves into the peer's Metrics (PeerClient(meter=metrics)),
-    while Gossip counts what it answers as the callee (handle_exchange, state_payload)."""
+    while Gossip counts what it answers as the callee (handle_exchange, served_state)."""
 
     async def exchange(self, address: str, outgoing: Encoded, timeout_s: float) -> Encoded: ...
 

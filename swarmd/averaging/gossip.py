@@ -96,6 +96,6 @@ class Gossip(PeerContext):
         """Another block's working weights now (mid-round; StatePulls.fetch_working)."""
         return await self.agreement.pulls.fetch_working(peer, compact, held)
 
-    def state_payload(self, request: pb.PullStateRequest) -> Encoded:
-        """The base (merged) block or embedding as an fp32 payload, for PullState."""
-        return self.agreement.pulls.state_payload(request)
+    async def served_state(self, request: pb.PullStateRequest) -> Encoded:
+        """PullState's answer: the state, after this round's end when asked for the next (StatePulls.served_state)."""
+        return await self.agreement.pulls.served_state(request)

@@ -9,7 +9,11 @@ StatePulls owns the PullState traffic of state agreement (swarmd.averaging.agree
   - fetch_block: another peer's merged block for the CE measurement (swarmd.node.measure) or trajectory training's
     frozen predecessors (compact: int8 + zstd, swarmd.averaging.compact), never adopted;
   - state_payload: what this peer answers a PullState with: the base, or the anchor its records announce
-    (group averaging), with the outer momentum when asked, signed (fp32; a block int8 when asked compact).
+    (group averaging), with the outer momentum when asked, signed (fp32; a block int8 when asked compact);
+    served_state answers it once this round ends when the caller asks for the round after ours (min_round):
+    a peer a round ahead that re-syncs to us (fetch with `back`) then takes the state we merge at the end of
+    the round, at the round it is in, where the state we are leaving would set its round counter back a round
+    and leave its other part, and every delta it sends, a round behind the swarm.
 Talks to the peer's Transport only (no grpc here); hashes and decodes in the worker thread where costly.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import torch
 
@@ -38,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 REJOIN_AHEAD_ROUNDS = 8  # a majority member asked for its state may have merged this many rounds since its record
 SPLIT_BACK_ROUNDS = 2  # a split round's move takes a state at most this many rounds behind ours (and its round)
+ROUND_WAIT_S = 5.0  # longest a PullState for the round after ours waits for this round's end (served_state)
+ROUND_POLL_S = 0.02  # how often that wait looks at the round counter
 
 
 def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
@@ -78,7 +85,8 @@ class StatePulls:
         round's move, a state at most SPLIT_BACK_ROUNDS behind ours)."""
         p = self.peer
         outer = p.state.outer is not None  # adopt the reference's outer buffer with its weights
-        enc = await self.pull_signed(peer, kind, outer_state=outer)
+        # moving to a state of peers a round behind us: the one they merge at the end of their round (served_state)
+        enc = await self.pull_signed(peer, kind, outer_state=outer, min_round=p.state.round if back else 0)
         h = enc.header
         want_hash, want_round = expect if expect is not None else (h.base_hash, int(h.round))
         if back and expect is not None and want_round < int(h.round) <= want_round + REJOIN_AHEAD_ROUNDS:
@@ -184,10 +192,9 @@ class StatePulls:
             return ""
         return last[0] if all(last[1][k] is held[k] for k in held) else ""
 
-    async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool | str) -> Encoded:
+    async def pull_signed(self, peer: PeerRecord, kind: PayloadKind, **extra: bool | str | int) -> Encoded:
         """PullState of `kind` from `peer` (extra: PullStateRequest's outer_state / current / working / compact /
-        against);
-        the reply must come signed by that peer (ValidationError otherwise)."""
+        against / min_round); the reply must come signed by that peer (ValidationError otherwise)."""
         p = self.peer
         request = pb.PullStateRequest(
             swarm_id=p.me.swarm_id,
@@ -199,6 +206,7 @@ class StatePulls:
             working=bool(extra.get("working", False)),
             compact=bool(extra.get("compact", False)),
             against=str(extra.get("against", "")),
+            min_round=int(extra.get("min_round", 0)),
         )
         enc = await p.transport.pull_state(peer.address, request, p.cfg.rpc_timeout_s)
         self.check_signed(enc, peer.peer_id)
@@ -210,6 +218,16 @@ class StatePulls:
         if enc.header.peer_id != peer_id:
             raise ValidationError(f"state signed by {enc.header.peer_id[-6:] or '?'}, asked {peer_id[-6:]}")
         verify_payload(enc)
+
+    async def served_state(self, request: pb.PullStateRequest) -> Encoded:
+        """state_payload; asked for the round after ours (request.min_round), once this round ends, waiting at most
+        ROUND_WAIT_S (or half our rpc timeout) and then answering what we hold: never longer than a caller waits."""
+        p = self.peer
+        if request.min_round == p.state.round + 1:
+            end = time.monotonic() + min(ROUND_WAIT_S, p.cfg.rpc_timeout_s / 2)
+            while p.state.round < request.min_round and time.monotonic() < end:
+                await asyncio.sleep(ROUND_POLL_S)
+        return self.state_payload(request)
 
     def state_payload(self, request: pb.PullStateRequest) -> Encoded:
         """The base (merged) block or embedding as an fp32 payload, for PullState (request.working: the block's

@@ -129,7 +129,7 @@ class SwarmService:
         if request.weights_hash:  # exactly the weights a Forward answer named
             serving = self.peer.serving
             return served_payload(self._gossip(), None if serving is None else serving.served, request)
-        return self._gossip().state_payload(request)
+        return await self._gossip().served_state(request)
 
     async def exchange(self, incoming: Encoded) -> Encoded:
         return await self._gossip().handle_exchange(incoming)

@@ -136,7 +136,7 @@ class PeerStatus(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., block_index: _Optional[int] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., local_steps: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., last_ce: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., participation: _Optional[float] = ..., uptime_s: _Optional[float] = ..., address: _Optional[str] = ..., swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., consensus_distance: _Optional[float] = ..., base_hash: _Optional[str] = ..., multiaddrs: _Optional[_Iterable[str]] = ..., client_mode: _Optional[bool] = ..., raw_bytes_sent: _Optional[int] = ..., last_round_s: _Optional[float] = ..., sketch: _Optional[_Iterable[float]] = ..., param_norm: _Optional[float] = ..., emb_hash: _Optional[str] = ..., train_ce: _Optional[float] = ..., signed_record: _Optional[str] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., reachability_detail: _Optional[str] = ...) -> None: ...
 
 class PullStateRequest(_message.Message):
-    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "outer_state", "current", "working", "weights_hash", "compact", "against")
+    __slots__ = ("swarm_id", "config_hash", "kind", "block_index", "outer_state", "current", "working", "weights_hash", "compact", "against", "min_round")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class PullStateRequest(_message.Message):
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     COMPACT_FIELD_NUMBER: _ClassVar[int]
     AGAINST_FIELD_NUMBER: _ClassVar[int]
+    MIN_ROUND_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     config_hash: str
     kind: PayloadKind
@@ -157,7 +158,8 @@ class PullStateRequest(_message.Message):
     weights_hash: str
     compact: bool
     against: str
-    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., outer_state: _Optional[bool] = ..., current: _Optional[bool] = ..., working: _Optional[bool] = ..., weights_hash: _Optional[str] = ..., compact: _Optional[bool] = ..., against: _Optional[str] = ...) -> None: ...
+    min_round: int
+    def __init__(self, swarm_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., block_index: _Optional[int] = ..., outer_state: _Optional[bool] = ..., current: _Optional[bool] = ..., working: _Optional[bool] = ..., weights_hash: _Optional[str] = ..., compact: _Optional[bool] = ..., against: _Optional[str] = ..., min_round: _Optional[int] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes")
