@@ -22,13 +22,14 @@ from swarmd.averaging.exchange import dials
 from swarmd.averaging.merge import merge_mean
 from swarmd.averaging.sketch import count_sketch, sketch_distance
 from swarmd.averaging.state import relative_distance, weights_hash
-from swarmd.errors import SwarmdError
+from swarmd.errors import NotReady, SwarmdError
 from swarmd.membership.identity import Identity
 from swarmd.membership.quorum import rank, reference
 from swarmd.membership.records import PeerRecord
 from swarmd.membership.trust import sign_payload, sign_record
 from swarmd.protocol import PayloadKind
 from swarmd.transport.framing import Encoded
+from swarmd.transport.server import ANSWER_MARGIN_S, answer_by
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -277,6 +278,68 @@ def test_a_caller_one_round_ahead_is_not_waited_for_in_our_round():
 
     judged, ahead_id = asyncio.run(scenario())
     assert judged == {ahead_id}
+
+
+def test_a_delta_whose_sender_stops_waiting_before_our_answer_reaches_it_is_merged_on_neither_side():
+    # soak logs: a callee that answered after its caller's deadline merged the caller's delta, while the caller merged
+    # nothing of the callee's: two states out of one round, a split that took rounds to heal
+    async def scenario():
+        peers, _, _ = memory_swarm([0], codec="fp32", deadline_max_s=30.0)
+        (g,) = peers
+        await g.open_round()
+        await g.publish()
+        late, in_time = Identity.generate(bytes([78]) * 32), Identity.generate(bytes([79]) * 32)
+        g.remember(
+            [sign_record(replace(g.record(), peer_id=i.peer_id, address="mem:x"), i, 300) for i in (late, in_time)]
+        )
+        too_late = _tampered(g, signer=late)
+        too_late.answer_by = time.monotonic() - 0.01
+        with pytest.raises(NotReady, match="after its deadline"):
+            await g.handle_exchange(too_late)
+        ok = _tampered(g, signer=in_time)
+        ok.answer_by = time.monotonic() + 5.0
+        reply = await g.handle_exchange(ok)
+        return set(g.current.inbox[BLOCK]), reply.header.peer_id, g.me.peer_id, in_time.peer_id
+
+    inbox, replied_by, me, in_time_id = asyncio.run(scenario())
+    assert inbox == {in_time_id} and replied_by == me
+
+
+def test_an_answer_is_due_before_the_callers_deadline_by_twice_its_payloads_arrival_or_the_margin():
+    now = time.monotonic()
+    assert answer_by(None, 0.1) is None  # a caller without a deadline
+    assert abs(answer_by(5.0, 0.01) - (now + 5.0 - ANSWER_MARGIN_S)) < 0.5
+    assert abs(answer_by(5.0, 1.0) - (now + 3.0)) < 0.5
+
+
+def test_the_server_tells_the_handler_when_its_callers_deadline_leaves_no_time_for_an_answer():
+    """Over real gRPC: the handler sees answer_by from the caller's own call timeout."""
+    from swarmd.transport import PeerClient, start_server
+
+    seen: list[float | None] = []
+
+    class Handler:
+        async def exchange(self, incoming):
+            seen.append(incoming.answer_by)
+            return incoming
+
+    async def main():
+        server = await start_server(Handler())
+        client = PeerClient()
+        try:
+            enc = encode(
+                {"w": torch.zeros(4)}, "fp32", swarm_id="s", config_hash="c", kind=BLOCK, block_index=0, round=1
+            )
+            sent = time.monotonic()
+            await client.exchange(server.address, enc, timeout_s=4.0)
+            return sent
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    sent = asyncio.run(main())
+    assert len(seen) == 1 and seen[0] is not None
+    assert sent + 4.0 - 1.5 < seen[0] < sent + 4.0 - ANSWER_MARGIN_S + 0.05
 
 
 def test_client_mode_peer_dials_out_and_is_averaged():

@@ -226,14 +226,21 @@ class Exchange:
             p.metrics.reject(reject_reason(exc))
             logger.info("%s refused a %s exchange from %s: %s", p.tag, kind, (h.peer_id or "?")[-6:], exc)
             raise
-        # still training: wait for our delta as the policy bounds a round this long (the caller's call has its own
-        # deadline); a later block's round outlasts an earlier one's by design (swarmd.averaging.deadline)
+        # still training: wait for our delta as the policy bounds a round this long, and no longer than an answer can
+        # still reach the caller in time; a later block's round outlasts an earlier one's (swarmd.averaging.deadline)
         wait_s = self.deadline.cap_s(time.monotonic() - rs.opened_at)
+        if incoming.answer_by is not None:
+            wait_s = min(wait_s, incoming.answer_by - time.monotonic())
         try:
-            await asyncio.wait_for(rs.ready.wait(), wait_s)
+            if not rs.ready.is_set():
+                await asyncio.wait_for(rs.ready.wait(), max(0.0, wait_s))
         except TimeoutError:
             raise NotReady(f"own delta of round {rs.round} not ready in time") from None
         await p.refresh_known(h, kind)
+        if incoming.answer_by is not None and time.monotonic() > incoming.answer_by:
+            # the caller's round closes before our answer reaches it: its delta merged here and ours not there would
+            # leave the two on different states (a split that takes rounds to heal); neither merges the other's
+            raise NotReady(f"our answer of round {rs.round} would reach the caller after its deadline")
         try:
             accept(p, rs, incoming, kind)
         except BaseMismatch:

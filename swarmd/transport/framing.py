@@ -46,6 +46,9 @@ class Encoded:
     _sha256: str = field(default="", init=False, repr=False, compare=False)
     # (chunk size, the payload framed, its chunk messages) once wire_messages sent it whole: later sends copy nothing
     _frames: tuple[int, bytes, list[bytes]] | None = field(default=None, init=False, repr=False, compare=False)
+    # a payload received in a call: the local monotonic time after which an answer would reach its sender too late
+    # (its call's deadline less the time the answer takes on the wire); None: no deadline known (never on the wire)
+    answer_by: float | None = field(default=None, repr=False, compare=False)
 
     @property
     def raw_bytes(self) -> int:

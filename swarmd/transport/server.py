@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
 MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
 PAYLOAD_TIMEOUT_S = 30.0  # a caller's whole payload must arrive within this (a stalled stream frees its slot)
+ANSWER_MARGIN_S = 0.2  # an ExchangeDeltas answer leaves at least this long before its caller's deadline (answer_by)
 _REQUESTS = (DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST)  # the default budgets per identity (CallerBudget.of)
 _PULLS = (DEFAULT_PULL_RATE, DEFAULT_PULL_BURST)
 _FORWARD = (DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST)
@@ -97,6 +98,15 @@ class SwarmHandler(Protocol):
 
     # optional: async dial_back(request: pb.DialBackRequest, caller: Caller) -> pb.DialBackReply (DialBack);
     # a handler without it answers DialBack with NOT_FOUND
+
+
+def answer_by(remaining_s: float | None, arrival_s: float) -> float | None:
+    """The local time after which an answer reaches its caller too late: the call's deadline (`remaining_s` from
+    now, None: the caller set none) less ANSWER_MARGIN_S or twice the time its own payload took to arrive, the
+    larger (an answer of about its size takes about as long back)."""
+    if remaining_s is None:
+        return None
+    return time.monotonic() + remaining_s - max(ANSWER_MARGIN_S, 2 * arrival_s)
 
 
 async def _maybe_await(value):
@@ -281,6 +291,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         A ValidationError (bad framing or a delta the handler refuses) is answered in-band with
         Payload(reject=reason), which the caller's read_payload turns into PeerRejected.
         """
+        opened = time.monotonic()
         try:
             caller = self._admitted(context, "ExchangeDeltas", self.requests, stream=True)
         except Busy as exc:
@@ -298,6 +309,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
                 raise DeadlineExceeded(f"the payload did not arrive within {self.payload_timeout_s:g} s") from None
             if caller.peer_id and incoming.header.peer_id != caller.peer_id:
                 raise ValidationError(f"a payload of {incoming.header.peer_id[-6:] or '?'} sent by {caller}")
+            incoming.answer_by = answer_by(context.time_remaining(), time.monotonic() - opened)
             reply = await self.handler.exchange(incoming)
         except ValidationError as exc:
             self.streams.release(caller)
