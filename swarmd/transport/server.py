@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Swarm"].full_name  # "swarmd.v1.Swarm"
 MAX_MESSAGE_BYTES = 64 << 20  # per-message limit both ways: Forward carries (n, t, d) activations
 PAYLOAD_TIMEOUT_S = 30.0  # a caller's whole payload must arrive within this (a stalled stream frees its slot)
-ANSWER_MARGIN_S = 0.2  # an ExchangeDeltas answer leaves at least this long before its caller's deadline (answer_by)
+ANSWER_MARGIN_S = 0.05  # an ExchangeDeltas answer leaves at least this long before its caller's deadline (answer_by)
 _REQUESTS = (DEFAULT_REQUEST_RATE, DEFAULT_REQUEST_BURST)  # the default budgets per identity (CallerBudget.of)
 _PULLS = (DEFAULT_PULL_RATE, DEFAULT_PULL_BURST)
 _FORWARD = (DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST)
@@ -102,11 +102,12 @@ class SwarmHandler(Protocol):
 
 def answer_by(remaining_s: float | None, arrival_s: float) -> float | None:
     """The local time after which an answer reaches its caller too late: the call's deadline (`remaining_s` from
-    now, None: the caller set none) less ANSWER_MARGIN_S or twice the time its own payload took to arrive, the
-    larger (an answer of about its size takes about as long back)."""
+    now, None: the caller set none) less ANSWER_MARGIN_S or the time its own payload took to arrive, the larger (an
+    answer of about its size takes about as long back). Only an answer that would come too late is refused: a
+    refused pair leaves a group of three or more on different states as surely as a late answer does."""
     if remaining_s is None:
         return None
-    return time.monotonic() + remaining_s - max(ANSWER_MARGIN_S, 2 * arrival_s)
+    return time.monotonic() + remaining_s - max(ANSWER_MARGIN_S, arrival_s)
 
 
 async def _maybe_await(value):
