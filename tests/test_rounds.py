@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.exchange import out_of_reach
 from swarmd.errors import ConfigError
 from swarmd.node.config import DaemonConfig
 from swarmd.node.rounds import PlainRounds
@@ -225,3 +226,57 @@ def test_a_resync_to_the_runs_last_round_ends_the_run_there(last, ends):
     rounds.last = last
     report = asyncio.run(rounds.run_round())
     assert (report, peer.trained, peer.state.round) == ((None, [], 30) if ends else ("merged", [4], 31))
+
+
+class BehindGossip(FakeGossip):
+    """A restarted peer's gossip: its re-sync adopts nothing until the `adopts_at`-th call (its fresh DHT view holds
+    too few of the swarm's records to back the round its block-mates announce), then the state of round 40."""
+
+    def __init__(self, state, adopts_at: int | None):
+        super().__init__(state, 40)
+        self.me = SimpleNamespace(peer_id="me", block_index=0, swarm_id="s", config_hash="c")
+        self.adopts_at, self.syncs = adopts_at, 0
+
+    async def sync(self, records):
+        self.syncs += 1
+        return await super().sync(records) if self.syncs == self.adopts_at else []
+
+
+class BehindPeer(FakePeer):
+    def __init__(self, round: int, adopts_at: int | None, mates_at: int):
+        super().__init__(round, 40)
+        self.gossip = BehindGossip(self.state, adopts_at)
+        self.mates_at = mates_at
+
+    async def records(self):
+        mate = dict(block_index=0, swarm_id="s", config_hash="c", round=self.mates_at)
+        return [SimpleNamespace(peer_id=f"mate{i}", **mate) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "adopts_at, mates_at, syncs, trained_at",
+    [
+        (3, 40, 3, 40),  # soak: a restart merged two rounds alone before its re-sync could adopt; now it waits
+        (None, 40, 3, 30),  # nothing adopted after CATCH_UP_TRIES re-syncs: it trains on, the wait is bounded
+        (None, 31, 1, 30),  # block-mates a round ahead exchange with us: no wait
+    ],
+)
+def test_a_peer_whose_block_mates_are_all_rounds_ahead_re_syncs_again_before_it_merges_a_round_alone(
+    monkeypatch, adopts_at, mates_at, syncs, trained_at
+):
+    monkeypatch.setattr("swarmd.node.rounds.CATCH_UP_PAUSE_S", 0.01)
+    peer = BehindPeer(round=30, adopts_at=adopts_at, mates_at=mates_at)
+    report = asyncio.run(PlainRounds(peer, GossipConfig(steps_per_round=4)).run_round())  # type: ignore[arg-type]
+    assert (report, peer.gossip.syncs, peer.trained, peer.state.round) == ("merged", syncs, [4], trained_at + 1)
+
+
+def test_out_of_reach_counts_our_block_first_and_every_peer_without_block_mates():
+    def rec(peer_id, block, round, swarm="s"):
+        return SimpleNamespace(peer_id=peer_id, block_index=block, round=round, swarm_id=swarm, config_hash="c")
+
+    me = rec("me", 0, 10)
+    assert not out_of_reach(me, 10, [])  # nobody known: nobody to wait for
+    assert out_of_reach(me, 10, [rec("a", 0, 12), rec("b", 0, 15), rec("c", 1, 10)])  # our block is ahead
+    assert not out_of_reach(me, 10, [rec("a", 0, 11), rec("b", 0, 15)])  # one block-mate a round ahead: reachable
+    assert out_of_reach(me, 10, [rec("c", 1, 12)]) and not out_of_reach(me, 10, [rec("c", 1, 10)])  # no mates
+    assert not out_of_reach(me, 10, [rec("x", 0, 50, swarm="other"), rec("me", 0, 50)])  # other swarms, ourselves

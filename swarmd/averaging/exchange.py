@@ -74,6 +74,18 @@ AHEAD_ROUNDS = 1  # a delta (or record) at most this many rounds ahead of ours i
 REDIAL_PAUSE_S = 0.5  # a callee still training (Busy: its own delta not ready in time) is dialled again after this
 
 
+def out_of_reach(me: PeerRecord, round: int, records: list[PeerRecord]) -> bool:
+    """Whether a round of ours at `round` would exchange with nobody it should: our block's other peers (with none,
+    every other peer of our swarm and config) all announce rounds more than AHEAD_ROUNDS past it, so average() waits
+    for none of them (a restart, a paused peer, a joiner whose first re-sync could not adopt yet). Such a round
+    merges alone and leaves us on weights nobody holds, a split of our own until a re-sync."""
+    others = [
+        r for r in records if r.peer_id != me.peer_id and r.swarm_id == me.swarm_id and r.config_hash == me.config_hash
+    ]
+    mates = [r for r in others if r.block_index == me.block_index] or others
+    return bool(mates) and all(r.round > round + AHEAD_ROUNDS for r in mates)
+
+
 def dials(me: PeerRecord, other: PeerRecord) -> bool:
     """Whether `me` opens the exchange with `other`: exactly one side of each pair dials."""
     if other.client_mode or not other.address:

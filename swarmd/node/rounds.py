@@ -2,7 +2,9 @@
 
 RoundPeer is what a round driver drives of its peer (swarmd.node.daemon.Daemon): its state, the round's
 steps around the exchange, the end-of-round work. PlainRounds runs a round in order: re-sync if our base
-differs (joiners too; an adopted state is announced before this round's deltas), open the round,
+differs (joiners too; an adopted state is announced before this round's deltas; while every peer we should
+exchange with is rounds ahead and nothing was adopted, re-sync again CATCH_UP_TRIES times, CATCH_UP_PAUSE_S
+apart, rather than merge a round alone: swarmd.averaging.exchange.out_of_reach), open the round,
 trajectory training's predecessors, H local steps in the worker thread, lookup, Gossip.average, then the
 peer's end-of-round work (serving, announce, round time, checkpoint, measurements, on_round). With
 gossip.overlap the daemon drives swarmd.node.overlap.OverlapRounds instead: the same interface
@@ -22,6 +24,7 @@ import time
 from typing import Protocol
 
 from swarmd.averaging.config import GossipConfig
+from swarmd.averaging.exchange import out_of_reach
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.round import MergeReport
 from swarmd.averaging.state import BlockState
@@ -36,6 +39,8 @@ from swarmd.protocol import PeerState
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 2.0  # a stopping daemon lets the round in progress finish this long, then abandons it
+CATCH_UP_TRIES = 3  # re-syncs a round makes while every peer it should exchange with is rounds ahead (at most ...
+CATCH_UP_PAUSE_S = 1.0  # ... this long apart: what announced rounds can cost a round, whoever announces them)
 
 
 class RoundPeer(Protocol):
@@ -90,11 +95,24 @@ class PlainRounds:
         """One round: sync, H local steps, average, the end-of-round work. Returns the MergeReport (None if stopped)."""
         d = self.peer
         g, H, started = d.gossip, self.cfg.steps_per_round, time.monotonic()
-        if await g.sync(await d.records()):
-            d.update_serving()
-            with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
-                await d.announce()
-            if reached_end(d.state, self.last):
+        for attempt in range(1, CATCH_UP_TRIES + 1):
+            records = await d.records()
+            if await g.sync(records):
+                d.update_serving()
+                with contextlib.suppress(SwarmdError):  # our record names the adopted state before this round's deltas
+                    await d.announce()
+                if reached_end(d.state, self.last):
+                    return None
+                break
+            if attempt == CATCH_UP_TRIES or not out_of_reach(g.me, d.state.round, records):
+                break
+            logger.info(
+                "round %d: every peer to exchange with is rounds ahead and nothing was adopted yet: re-syncing again",
+                d.state.round,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(d.stopping.wait(), CATCH_UP_PAUSE_S)
+            if d.stopping.is_set():
                 return None
         await g.open_round()
         await d.load_predecessors()
