@@ -36,7 +36,9 @@ Owns one peer's rounds (litepaper §2.3-2.4, ../shared/docs/gossip.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -240,23 +242,19 @@ class Exchange:
             raise
         # still training: wait for our delta as the policy bounds a round this long, and no longer than an answer can
         # still reach the caller in time; a later block's round outlasts an earlier one's (swarmd.averaging.deadline)
-        wait_s = self.deadline.cap_s(time.monotonic() - rs.opened_at)
-        if incoming.answer_by is not None:
-            wait_s = min(wait_s, incoming.answer_by - time.monotonic())
+        answer_by = math.inf if incoming.answer_by is None else incoming.answer_by
+        wait_s = min(self.deadline.cap_s(time.monotonic() - rs.opened_at), answer_by - time.monotonic())
         try:
             if not rs.ready.is_set():
                 await asyncio.wait_for(rs.ready.wait(), max(0.0, wait_s))
         except TimeoutError:
             raise NotReady(f"own delta of round {rs.round} not ready in time") from None
         await p.refresh_known(h, kind)
-        if incoming.answer_by is not None and time.monotonic() > incoming.answer_by:
-            # the caller's round closes before our answer reaches it: its delta merged here and ours not there would
-            # leave the two on different states (a split that takes rounds to heal); neither merges the other's
+        if time.monotonic() > answer_by:  # the caller's round closes before our answer reaches it: its delta merged
+            # here and ours not there would leave two states (a split that takes rounds to heal); neither merges either
             raise NotReady(f"our answer of round {rs.round} would reach the caller after its deadline")
-        try:
+        with contextlib.suppress(BaseMismatch):  # still answer: the caller sees the mismatch too; both re-sync
             accept(p, rs, incoming, kind)
-        except BaseMismatch:
-            pass  # still answer: the caller sees the mismatch too and both apply the re-sync rule
         reply = rs.outgoing[kind]
         p.metrics.add_sent(reply.wire_bytes, reply.raw_bytes)
         return reply
