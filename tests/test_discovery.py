@@ -244,3 +244,48 @@ def test_a_dht_call_task_nobody_references_survives_garbage_collection_only_when
         return True
 
     assert asyncio.run(main()) is held
+
+
+async def _collector_state(dht, node) -> tuple[bool, int]:
+    """Run in a DHT process (DHT.run_coroutine): whether it collects garbage, and how many objects it froze."""
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+@pytest.mark.swarm
+def test_a_dht_process_never_collects_what_the_fork_copied_and_collects_the_rest():
+    """The daemon forks its DHT process while gRPC's threads run; a collection in the child that reached objects
+    copied mid-use segfaulted one DHT process of the default suite ("Garbage-collecting" in its first neighbour check)
+    and hung another (every DHT call of its daemon timed out). The fork happens with the collector off, and the child
+    freezes what it inherited before it collects again; the parent collects again once the fork is done."""
+    import gc
+
+    async def main():
+        discovery = await HivemindDiscovery.create("sw", [], start_timeout_s=20)
+        try:
+            return gc.isenabled(), await discovery.dht.run_coroutine(_collector_state, return_future=True)
+        finally:
+            await discovery.shutdown()
+
+    parent_collects, (child_collects, child_frozen) = asyncio.run(main())
+    assert parent_collects and child_collects
+    assert child_frozen > 10_000  # the daemon's modules and objects: the interpreter's whole inheritance
+
+
+def test_the_collector_is_paused_across_a_dht_fork_and_restored_as_it_was():
+    import gc
+
+    from swarmd.membership.dht_process import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a process that runs without the collector stays without it
+    finally:
+        gc.enable()

@@ -38,6 +38,7 @@ from swarmd.membership.dht_process import (
     _end_process,
     _p2p_socket_prefix,
     _parent_bound_dht,
+    gc_paused,
     light_hivemind,
     remove_sockets,
 )
@@ -234,7 +235,7 @@ class HivemindDiscovery:
                 port = free_port(host)
             if not any(d is not self and d.dht_alive() for d in list(_INSTANCES)):  # no other DHT uses it now
                 fresh_mpfuture_backend()  # a DHT process killed mid-update may have left the old one wedged
-            with _p2p_socket_prefix(self._sockets):  # read by the DHT process forked here
+            with _p2p_socket_prefix(self._sockets), gc_paused():  # the prefix is read by the DHT process forked here
                 dht = _parent_bound_dht()(
                     initial_peers=list(initial_peers),
                     host_maddrs=[] if client_mode else [multiaddr(host, port)],

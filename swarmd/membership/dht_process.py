@@ -2,7 +2,8 @@
 
 Owns ParentBoundDHT (hivemind.DHT whose forked process, and the p2pd it spawns, end within
 PARENT_POLL_S of its parent's death, or at SIGTERM, removing its tagged unix sockets; every call it
-runs holds its own task), the socket-prefix tagging around the fork, ending a DHT process
+runs holds its own task), the socket-prefix tagging and the collector paused around the fork (gc_paused;
+the child freezes what it inherited), ending a DHT process
 (SIGTERM, then SIGKILL), and the coroutines HivemindDiscovery runs in that process (the neighbour
 check, the re-bootstrap after a partition). swarmd.membership.dht drives it; hivemind is imported
 inside the functions, so importing this module stays light, and only the parts a DHT needs (light_hivemind).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import glob
 import importlib.util
 import os
@@ -87,6 +89,31 @@ def _p2p_socket_prefix(prefix: str) -> Iterator[None]:
             P2P._UNIX_SOCKET_PREFIX = saved
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage collection in this process while it forks a DHT process (ParentBoundDHT.run freezes in the child
+    what it inherited before it collects again).
+
+    The daemon forks its DHT process while gRPC's threads run: objects of theirs the fork copied mid-use, if a
+    collection in the child reaches them, run finalizers against locks and state those threads held. Seen in the
+    default suite: a DHT process that segfaulted "Garbage-collecting" in its first neighbour check, and one that
+    hung, every DHT call of its daemon timing out. Use it under _p2p_socket_prefix (one fork at a time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _frozen_inheritance() -> None:
+    """In a forked DHT process, first: what the fork copied goes to the collector's permanent generation, never
+    collected here, and collection resumes for what this process makes (gc_paused disabled it across the fork)."""
+    gc.freeze()
+    gc.enable()
+
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PARENT_POLL_S = 1.0  # how often a DHT process checks that the process that started it is alive
 
@@ -141,6 +168,7 @@ def _parent_bound_dht() -> type:
 
     class ParentBoundDHT(DHT):
         def run(self) -> None:  # in the forked DHT process
+            _frozen_inheritance()
             parent, sockets = os.getppid(), P2P._UNIX_SOCKET_PREFIX.removeprefix("/unix")
             _forget_parent_signals(lambda *_: self._end(sockets))
             _p2pd_dies_with_us()
