@@ -106,7 +106,8 @@ def test_hivemind_dht_announce_find_and_expiry():
     """Two DHT nodes: records stored, found across nodes, scoped by swarm id, expired. Run in a fresh interpreter:
     the tests before it in this process fork and kill dozens of DHT processes, and in some CI runs every DHT call
     of this test then hung (three tries of 20 s) while it passed alone and on the same commit elsewhere; one cause
-    is fixed (fresh_mpfuture_backend, test below), another is not found yet."""
+    is fixed (fresh_mpfuture_backend, test below), a likely second (a collection in the forked DHT process) too
+    (gc_paused, the last tests of this file)."""
     here = Path(__file__).resolve().parent
     code = "import asyncio, test_discovery as t; asyncio.run(t._announce_find_and_expiry())"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
