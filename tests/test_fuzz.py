@@ -5,7 +5,7 @@ project's error (swarmd.errors.SwarmdError subclasses: ValidationError and frien
 returns None) — never another exception type, never an allocation beyond its declared limit. Targets:
 the payload header and chunk stream (framing.read_payload), payload decoding (delta.decode: codecs, zstd),
 raw tensors (wire.bytes_to_tensor / from_proto / zstd_decompress), undecodable protobuf requests
-(transport.server's lenient parser), DHT records (discovery.PeerRecord.from_value) and Forward request
+(transport.decoding's lenient parser), DHT records (discovery.PeerRecord.from_value) and Forward request
 validation (serving.BlockServing). The default suite runs ~150 examples per property (derandomized: the
 same examples every run, a few seconds in all); `-m slow` runs 2,000 each.
 """
@@ -26,8 +26,8 @@ from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.serve.serving import BlockServing
+from swarmd.transport.decoding import Undecodable, lenient
 from swarmd.transport.framing import Encoded, read_payload
-from swarmd.transport.server import Undecodable, _lenient
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.wire import DTYPES, bytes_to_tensor, from_proto, zstd_compress, zstd_decompress
 from tests.test_inference import CFG, tiny_model
@@ -131,7 +131,7 @@ def test_read_payload_of_a_valid_payload_cut_and_spliced(examples):
 
 @pytest.mark.parametrize("examples", EXAMPLES)
 def test_undecodable_protobuf_never_raises_in_the_server_parser(examples):
-    parsers = [_lenient(cls) for cls in (pb.Payload, pb.ForwardRequest, pb.PullStateRequest, pb.StatusRequest)]
+    parsers = [lenient(cls) for cls in (pb.Payload, pb.ForwardRequest, pb.PullStateRequest, pb.StatusRequest)]
 
     def check(data):
         for parse in parsers:

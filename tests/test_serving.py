@@ -390,12 +390,12 @@ def test_no_peer_for_a_block_is_a_clear_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# Real gRPC on loopback: BlockServing hosted by swarmd.transport.server.start_server.
+# Real gRPC on loopback: BlockServing hosted by swarmd.transport.hosting.start_server.
 # ---------------------------------------------------------------------------------------------
 async def start_hosts(blocks, emb, layout):
     """layout: block index per server; returns [(server, handler)]."""
     from swarmd.serve.serving import ServingOnlyHandler
-    from swarmd.transport.server import start_server
+    from swarmd.transport.hosting import start_server
 
     hosts = []
     for i, b in enumerate(layout):

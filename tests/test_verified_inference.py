@@ -144,7 +144,7 @@ async def start_hosts(blocks, emb, layout, liars=None, bases=None, weights=None,
     base_hash its status names; weights: server index -> another block state to serve; signed: server index ->
     SignedHandler kwargs (every server is signed when it is a dict, even empty; None: none).
     Returns [(server, handler)]."""
-    from swarmd.transport.server import start_server
+    from swarmd.transport.hosting import start_server
 
     hosts = []
     try:

@@ -450,7 +450,7 @@ class ServingOnlyHandler:
     """A SwarmHandler that only serves inference for one block (benchmarks, tests, inference-only peers).
 
     Answers GetStatus/GetConfig so discovery and clients can find it; refuses state and gossip.
-    Start it with swarmd.transport.server.start_server(handler) and then set `address`.
+    Start it with swarmd.transport.hosting.start_server(handler) and then set `address`.
     """
 
     def __init__(self, serving: BlockServing, swarm_id: str = "blocktrain", peer_id: str = ""):

@@ -1,8 +1,9 @@
 """gRPC transport between daemons (the only swarmd package that imports grpc).
 
-- server.py: start_server() -> SwarmServer; SwarmServicer delegates swarmd.v1.Swarm to a
-  SwarmHandler (the daemon) and maps SwarmdErrors to status codes; also serves grpc.health.v1
-  and server reflection.
+- server.py: SwarmServicer delegates swarmd.v1.Swarm to a SwarmHandler (the daemon), maps SwarmdErrors to status
+  codes and holds each caller to its budgets.
+- hosting.py: start_server() -> SwarmServer: the servicer, grpc.health.v1 and server reflection on one address.
+- decoding.py: requests parsed leniently (an undecodable message is INVALID_ARGUMENT, not grpc's INTERNAL).
 - status.py: the one table SwarmdError class <-> status code, used by both of the above.
 - client.py: PeerClient: channel cache, retry policy via service config, per-call deadlines,
   exchange() on one bidirectional stream (works from behind NAT), forward_session().
@@ -15,7 +16,8 @@ Payload bytes, codecs and validation live in swarmd.averaging.delta.
 """
 
 from swarmd.transport.client import ForwardSession, PeerClient, error_from_rpc
-from swarmd.transport.server import SwarmHandler, SwarmServer, SwarmServicer, start_server
+from swarmd.transport.hosting import SwarmServer, start_server
+from swarmd.transport.server import SwarmHandler, SwarmServicer
 from swarmd.transport.status import error_for, status_code_for
 
 __all__ = [

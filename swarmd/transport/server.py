@@ -1,10 +1,9 @@
-"""gRPC server of a daemon: a thin SwarmServicer over the SwarmHandler protocol.
+"""gRPC service of a daemon: a thin SwarmServicer over the SwarmHandler protocol.
 
-Owns the grpc.aio server: swarmd.v1.Swarm (delegating every RPC to a SwarmHandler the daemon
-implements), grpc.health.v1 (SERVING while up) and server reflection, so grpcurl and
-grpc_health_probe work against a daemon. Maps SwarmdError subclasses to status codes (through
-swarmd.transport.status, the class name travelling in trailing metadata); no torch
-math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits), keyed by
+Owns swarmd.v1.Swarm's servicer, delegating every RPC to a SwarmHandler the daemon implements
+(swarmd.transport.hosting starts it in a grpc.aio server beside health and reflection). Maps SwarmdError
+subclasses to status codes (through swarmd.transport.status, the class name travelling in trailing metadata);
+no torch math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits), keyed by
 the caller's verified peer id (its call's identity proof, swarmd.transport.auth.CallerCheck; an
 unproven caller by its host) under a ceiling per caller host: payload streams at once (the one over
 is refused with RESOURCE_EXHAUSTED at once), requests per second (GetStatus, GetConfig,
@@ -29,18 +28,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from swarmd.errors import Busy, DeadlineExceeded, NotFound, StaleRound, SwarmdError, Unauthenticated, ValidationError
+from swarmd.transport.decoding import Undecodable, checked
 from swarmd.transport.framing import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_CHUNK_BYTES,
     Encoded,
     PayloadLimit,
-    parse_message,
     read_payload,
-    serialize_message,
     wire_messages,
 )
 from swarmd.transport.limits import (
@@ -60,12 +56,12 @@ from swarmd.transport.limits import (
     caller_host,
     forward_cost,
 )
-from swarmd.transport.status import status_code_for, trailing_metadata
+from swarmd.transport.status import one_line, status_code_for, trailing_metadata
 from swarmd.v1 import swarm_pb2 as pb
 from swarmd.v1 import swarm_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from swarmd.transport.auth import CallerCheck, OnRefusal
+    from swarmd.transport.auth import CallerCheck
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +108,6 @@ def answer_by(remaining_s: float | None, arrival_s: float) -> float | None:
 
 async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class SwarmServicer(pb_grpc.SwarmServicer):
@@ -192,7 +184,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         while len(self._refusals) > 4096:
             self._refusals.pop(next(iter(self._refusals)))
         more = f" (and {count} more refused since the last line)" if count else ""
-        logger.info("[Swarm.%s] %s: %s%s", method, status_code_for(exc).name, _one_line(exc), more)
+        logger.info("[Swarm.%s] %s: %s%s", method, status_code_for(exc).name, one_line(exc), more)
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext, method: str, caller: Caller | None, exc: SwarmdError
@@ -200,7 +192,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         """Abort a call refused for a budget or a cap (RESOURCE_EXHAUSTED) or a stale round, logged as _refused
         does."""
         self._refused(method, caller or Caller(caller_host(context.peer())), exc)
-        await context.abort(status_code_for(exc), _one_line(exc), trailing_metadata(exc))
+        await context.abort(status_code_for(exc), one_line(exc), trailing_metadata(exc))
         raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> NoReturn:
@@ -208,8 +200,8 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         if code == grpc.StatusCode.INTERNAL:
             logger.exception("[Swarm.%s] handler failed", method, exc_info=exc)
         else:
-            logger.info("[Swarm.%s] %s: %s", method, code.name, _one_line(exc))
-        await context.abort(code, _one_line(exc), trailing_metadata(exc))
+            logger.info("[Swarm.%s] %s: %s", method, code.name, one_line(exc))
+        await context.abort(code, one_line(exc), trailing_metadata(exc))
         raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
     async def _answer(self, context: grpc.aio.ServicerContext, method: str, call: Callable[[], Any]) -> Any:
@@ -302,7 +294,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
             try:
                 incoming = await asyncio.wait_for(
                     read_payload(
-                        _checked(request_iterator), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit
+                        checked(request_iterator), self.max_payload_bytes, self.max_chunk_bytes, self.payload_limit
                     ),
                     self.payload_timeout_s,
                 )
@@ -315,8 +307,8 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         except ValidationError as exc:
             self.streams.release(caller)
             self.requests.charge(caller, REJECT_COST)  # a refused payload (a repeat too) costs its sender alone
-            logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), _one_line(exc))
-            yield pb.Payload(reject=_one_line(exc))
+            logger.info("[Swarm.ExchangeDeltas] rejected %s: %s", context.peer(), one_line(exc))
+            yield pb.Payload(reject=one_line(exc))
             return
         except BaseException as exc:
             self.streams.release(caller)
@@ -336,7 +328,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
     async def Forward(self, request_iterator, context) -> AsyncIterator[pb.ForwardReply]:
         """One reply per request, in order, on one long-lived stream (a sampling session)."""
         caller = self.caller(context, "Forward")
-        requests = aiter(_checked(request_iterator))
+        requests = aiter(checked(request_iterator))
         while True:
             try:
                 request = await anext(requests)
@@ -367,138 +359,3 @@ async def _drain(requests: AsyncIterator[Any], max_messages: int = DRAIN_MESSAGE
         await asyncio.wait_for(read(), timeout_s)
     except Exception:  # whatever the caller sent (or not), the call is refused next
         pass
-
-
-class Undecodable:
-    """What a request that is not a valid protobuf message becomes (the servicer answers INVALID_ARGUMENT)."""
-
-    def __init__(self, type_name: str, error: Exception):
-        self.type_name, self.error = type_name, error
-
-    def exception(self) -> ValidationError:
-        return ValidationError(f"request is not a valid {self.type_name}: {_one_line(self.error)}")
-
-
-def _lenient(cls: Any) -> Callable[[bytes], Any]:
-    """cls.FromString that returns an Undecodable instead of raising (grpc would answer UNKNOWN/INTERNAL).
-
-    A Payload is parsed by framing.parse_message (chunks without a protobuf copy)."""
-    name = cls.DESCRIPTOR.full_name
-    from_string = parse_message if cls is pb.Payload else cls.FromString
-
-    def parse(data: bytes) -> Any:
-        try:
-            return from_string(data)
-        except Exception as exc:  # google.protobuf.message.DecodeError, or a RuntimeWarning-ish parse failure
-            return Undecodable(name, exc)
-
-    return parse
-
-
-async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """A request stream that raises the ValidationError of the first undecodable message."""
-    async for request in requests:
-        if isinstance(request, Undecodable):
-            raise request.exception()
-        yield request
-
-
-def _add_servicer(servicer: SwarmServicer, server: grpc.aio.Server) -> None:
-    """pb_grpc.add_SwarmServicer_to_server, with requests parsed leniently (undecodable -> INVALID_ARGUMENT)."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    handlers = {}
-    for method in pb.DESCRIPTOR.services_by_name["Swarm"].methods:
-        request_cls, reply_cls = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        handlers[method.name] = kinds[(method.client_streaming, method.server_streaming)](
-            getattr(servicer, method.name),
-            request_deserializer=_lenient(request_cls),
-            response_serializer=serialize_message if reply_cls is pb.Payload else reply_cls.SerializeToString,
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-class SwarmServer:
-    """A started server: `.port`, `.address` ("host:port") and `await stop(grace_s)`."""
-
-    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, host: str, port: int):
-        self._server, self._health = server, health_servicer
-        self.host, self.port = host, port
-        self.address = format_address(host, port)
-
-    async def set_serving(self, serving: bool) -> None:
-        """grpc.health.v1 SERVING or NOT_SERVING (the swarm service and the server as a whole)."""
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in (SERVICE_NAME, ""):
-            await self._health.set(service, status)
-
-    async def stop(self, grace_s: float = 1.0) -> None:
-        """Report NOT_SERVING, let in-flight calls finish for up to grace_s seconds, then close."""
-        await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace_s)
-
-    async def wait_for_termination(self, timeout_s: float | None = None) -> bool:
-        return await self._server.wait_for_termination(timeout_s)
-
-
-def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),  # port 0 must give this server its own port
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ]
-
-
-async def start_server(
-    handler: SwarmHandler,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    swarm_key: bytes | None = None,
-    tls: tuple[bytes, bytes] | None = None,
-    max_message_bytes: int = MAX_MESSAGE_BYTES,
-    on_refusal: OnRefusal | None = None,
-    **limits: Any,
-) -> SwarmServer:
-    """Start swarmd.v1.Swarm + health + reflection on host:port (0 = an ephemeral port).
-
-    :param swarm_key: a private swarm's key: every call but health checks must prove it (swarmd.transport.auth)
-    :param tls: (certificate PEM, private key PEM): serve TLS only (swarmd.transport.tls); None = plaintext
-    :param max_message_bytes: gRPC per-message limit both ways (Forward activations), in bytes
-    :param on_refusal: with a swarm key, called with the error of every call refused for its proof
-    :param limits: SwarmServicer's keyword arguments (max_payload_bytes, max_chunk_bytes, payload_limit, streams,
-        forward_rate, payload_timeout_s, callers, requests, pulls: what callers may send and hold)
-    :raises SwarmdError: the address cannot be bound
-    """
-    from swarmd.transport.auth import server_interceptors
-    from swarmd.transport.tls import add_port
-
-    interceptors = server_interceptors(swarm_key, on_refusal)
-    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=interceptors)
-    servicer = SwarmServicer(handler, **limits)
-    _add_servicer(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    try:
-        bound = add_port(server, format_address(host, port), tls)
-    except RuntimeError as exc:
-        raise SwarmdError(f"cannot listen on {format_address(host, port)}: {_one_line(exc)}") from None
-    if not bound:
-        raise SwarmdError(f"cannot listen on {format_address(host, port)}: the address is in use or invalid")
-    await server.start()
-    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    logger.info("gRPC server listening on %s", format_address(host, bound))
-    return SwarmServer(server, health_servicer, host, bound)

@@ -67,3 +67,8 @@ def error_for(code: grpc.StatusCode, message: str, tag: str = "") -> SwarmdError
     if cls is None or cls.status != code.name or code == grpc.StatusCode.INTERNAL:
         cls = DEFAULT_CLASS.get(code, errors.PeerFailed)
     return cls(message)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (its class name when it has none): what a status's details carry."""
+    return " ".join(str(exc).split()) or type(exc).__name__
