@@ -258,8 +258,9 @@ async def _collector_state(dht, node) -> tuple[bool, int]:
 def test_a_dht_process_never_collects_what_the_fork_copied_and_collects_the_rest():
     """The daemon forks its DHT process while gRPC's threads run; a collection in the child that reached objects
     copied mid-use segfaulted one DHT process of the default suite ("Garbage-collecting" in its first neighbour check)
-    and hung another (every DHT call of its daemon timed out). The fork happens with the collector off, and the child
-    freezes what it inherited before it collects again; the parent collects again once the fork is done."""
+    and very likely hung another (every DHT call of its daemon timed out). The fork happens with the collector off,
+    and the child freezes what it inherited before it collects again; the parent collects again once the fork is
+    done."""
     import gc
 
     async def main():

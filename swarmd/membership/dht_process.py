@@ -96,8 +96,9 @@ def gc_paused() -> Iterator[None]:
 
     The daemon forks its DHT process while gRPC's threads run: objects of theirs the fork copied mid-use, if a
     collection in the child reaches them, run finalizers against locks and state those threads held. Seen in the
-    default suite: a DHT process that segfaulted "Garbage-collecting" in its first neighbour check, and one that
-    hung, every DHT call of its daemon timing out. Use it under _p2p_socket_prefix (one fork at a time)."""
+    default suite: a DHT process that segfaulted "Garbage-collecting" in its first neighbour check (and, very likely
+    of the same cause, one that hung: every DHT call of its daemon timed out). Use it under _p2p_socket_prefix
+    (one fork at a time)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
