@@ -47,6 +47,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--cores", type=int, nargs="+", help="the core of each peer (default: 0 .. peers - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the daemons may take")
+    p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
     a = parse_checked(p, argv, "train.txt")
     a.cores = a.cores or list(range(a.blocks))
     if len(a.cores) != a.blocks or max(a.cores) >= (os.cpu_count() or 1):
@@ -59,6 +60,7 @@ def daemons(a: argparse.Namespace, steps: int, workdir: Path) -> Swarm:
     python = [sys.executable, "-m", "swarmd", "--verbose", "--config"]  # the config file's path follows
     programs = {i: ["taskset", "-c", str(core), *python] for i, core in enumerate(a.cores)}
     schedule = {"rounds": a.rounds, "steps_per_round": steps, "batch_size": a.batch_size, "lr": a.lr}
+    schedule["prefetch_pulls"] = a.prefetch
     return Swarm(a.blocks, model_of(a), a.data_dir / "train.txt", workdir, **schedule, programs=programs)
 
 

@@ -186,6 +186,15 @@ PredecessorPulls = Annotated[
         bounds=AT_LEAST_1,
     ),
 ]
+PrefetchPulls = Annotated[
+    bool | None,
+    flag(
+        "--prefetch-pulls/--no-prefetch-pulls",
+        "Pull the predecessors' working weights while the steps go on (each pull starts halfway through the "
+        "steps before the ones it is for) instead of stopping the steps until the pull is in.",
+        T,
+    ),
+]
 # model and training options are typed `X | None`: join and demo default them to None (= the swarm's, the demo's)
 
 # -- data and training -----------------------------------------------------------------------------
@@ -553,7 +562,13 @@ RequestBurst = Annotated[
     float, flag("--request-burst", "The --request-rate bucket: bursts of up to this many.", LIM, bounds=AT_LEAST_1)
 ]
 PullRate = Annotated[
-    float, flag("--pull-rate", "State pulls per second per caller identity (0 = unlimited).", LIM, bounds=AT_LEAST_0)
+    float,
+    flag(
+        "--pull-rate",
+        "State pulls per second per caller identity (a compact predecessor pull counts a quarter; 0 = unlimited).",
+        LIM,
+        bounds=AT_LEAST_0,
+    ),
 ]
 PullBurst = Annotated[
     float, flag("--pull-burst", "The --pull-rate bucket: bursts of up to this many.", LIM, bounds=AT_LEAST_1)

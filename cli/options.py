@@ -69,6 +69,7 @@ class TrainOptions(OptionGroup):
     freeze_z_in: f.FreezeZIn
     replica_adam: f.ReplicaAdam
     predecessor_pulls: f.PredecessorPulls
+    prefetch_pulls: f.PrefetchPulls
     handoff_weight: f.HandoffWeight
     pipeline: f.Pipeline
     pipeline_stagger: f.PipelineStagger

@@ -188,6 +188,45 @@ def test_daemons_pull_their_predecessors_working_weights_mid_round(tmp_path):
     assert last.state.predecessors is not None and set(last.state.predecessors) == {0, 1}  # the bound's reference
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_prefetched_pull_runs_while_the_chunk_before_it_ends_and_its_weights_run_from_the_next(tmp_path, prefetch):
+    """TrainConfig.prefetch_pulls: the pull for chunk 2 starts halfway through chunk 1 and the steps go on while it
+    is in flight (the pull here answers only once a later step was taken); without it the steps stop at the
+    chunk's end until the pull is in. Either way chunk 2 runs the pulled weights."""
+
+    async def scenario():
+        configs = [
+            trajectory_config(tmp_path, b, blocks=2, predecessor_pulls=2, prefetch_pulls=prefetch) for b in (0, 1)
+        ]
+        configs = [replace(c, gossip=replace(c.gossip, pull_codec="fp32")) for c in configs]
+        async with running(*configs) as daemons:
+            link_static(daemons)
+            last = daemons[1]
+            assert await last.load_predecessors() == 1
+            await daemons[0].train(3)  # block 0 moved: its working weights are what a mid-round pull gets
+            working = daemons[0].state.current()[0]
+            real, at = last.gossip.fetch_working, []
+
+            async def fetch(*args, **kwargs):
+                at.append(last.state.trainer.step_count)
+                if prefetch:  # answer only once the chunk's second half took a step: the steps did not wait
+                    async with asyncio.timeout(30):
+                        while last.state.trainer.step_count <= at[0]:
+                            await asyncio.sleep(0.01)
+                return await real(*args, **kwargs)
+
+            last.gossip.fetch_working = fetch
+            before = last.state.trainer.step_count
+            await last.train(4)
+            return at, before, last, working
+
+    at, before, last, working = asyncio.run(scenario())
+    assert at == [before + (1 if prefetch else 2)]  # halfway through chunk 1 (2 steps), or at its end
+    assert last.state.trainer.step_count == before + 4
+    for k, v in working.items():  # chunk 2 ran block 0's working weights as pulled
+        assert torch.allclose(last.state.trainer.others[0].state_dict()[k], v, rtol=1e-3, atol=1e-6)
+
+
 def test_a_round_without_predecessors_refreshes_nothing(tmp_path):
     cfg = daemon_config(tmp_path, 1, blocks=3, seed=0, discovery="static")
     cfg = replace(cfg, train=replace(cfg.train, trajectory_prob=1.0, predecessor_pulls=4))

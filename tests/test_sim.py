@@ -178,6 +178,29 @@ def test_workers_refresh_their_predecessors_mid_round_as_daemons_do(corpus, pull
     assert all(torch.equal(ran[k], merged[k]) for k in merged) == (pulls == 1)
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_prefetched_pull_runs_block_0_as_it_was_halfway_through_the_chunk_before(corpus, prefetch):
+    """TrainConfig.prefetch_pulls in the simulator, as in the daemon: with 4 steps in 2 chunks the pull for the
+    second chunk is block 0's replica after its first step (halfway through chunk 1), else after its second."""
+    train = replace(TINY.train, trajectory_prob=1.0, predecessor_pulls=2, prefetch_pulls=prefetch)
+    cfg = replace(TINY, rounds=1, steps_per_round=4, train=train)
+    sim = Simulator(cfg, regime_named("lockstep"), Lockstep(), corpus[0], corpus[1].eval_windows(cfg.eval_tokens))
+    source, seen = sim.heads()[0], []
+    steps = source.state.train_steps
+
+    def recorded(n, batches, stop=None):
+        out = steps(n, batches, stop)
+        seen.append((source.state.trainer.step_count, source.state.current()[0]))
+        return out
+
+    source.state.train_steps = recorded
+    sim.step()
+    ran = sim.workers[-1].state.trainer.others[0].state_dict()  # what a block-1 replica ran last
+    after = dict(seen)[1 if prefetch else 2]
+    assert all(torch.allclose(ran[k], after[k], atol=1e-6) for k in after)
+    assert [n for n, _ in seen] == ([1, 2, 4] if prefetch else [2, 4])
+
+
 def test_group_averaging_merges_each_group_apart_and_a_full_round_reunites_them(corpus):
     """Groups of 2 among 4 replicas per block (and 8 workers for the table): members of a round's group end
     bit-identical, groups differ (consensus > 0) until a one-group round, which sets every replica to the same

@@ -176,6 +176,31 @@ def test_pull_state_and_its_errors():
     with_peer(body)
 
 
+def test_a_compact_pull_costs_a_quarter_of_the_pull_budget():
+    """A later block pulls its predecessors compact (int8) several times a round: each costs COMPACT_PULL_COST of the
+    caller's pull budget, a full state one unit, so a burst of 2 admits 8 compact pulls or 2 full ones."""
+    from swarmd.transport.limits import CallerBudget
+    from swarmd.transport.server import COMPACT_PULL_COST
+
+    assert COMPACT_PULL_COST == 0.25
+
+    def pulls(n: int, compact: bool):
+        async def body(client, server, h):
+            request = pb.PullStateRequest(
+                config_hash=META["config_hash"], kind=PayloadKind.BLOCK_STATE.to_pb(), compact=compact
+            )
+            for _ in range(n):
+                await client.pull_state(server.address, request, timeout_s=5)
+            with pytest.raises(Busy, match="over its rate"):
+                await client.pull_state(server.address, request, timeout_s=5)
+            return True
+
+        return body
+
+    for n, compact in ((8, True), (2, False)):
+        assert with_peer(pulls(n, compact), pulls=CallerBudget.of(rate=0.001, burst=2, host_shares=1))
+
+
 def test_handler_validation_error_reaches_the_client():
     async def body(client, server, h):
         bad = encode(delta(2), "fp32", **{**META, "config_hash": "wrong"})

@@ -173,6 +173,12 @@ class TrainConfig:
     # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
     # predecessor is what made them give back what block 1 gained (BENCHMARKS.md#quality)
     predecessor_pulls: int = 4
+    # the mid-round pulls run while the steps do: each is started halfway through the chunk before the one it is for
+    # and run from that chunk's end, so the steps never wait on a predecessor's answer (its weights half a chunk
+    # older). Off: on peers of one core each the rounds measured the same either way (the pull's work is the core's
+    # own) and a concurrent swarm ended 0.005 nats worse with it (BENCHMARKS.md#time_to_quality); it can pay where
+    # the steps run on a GPU and the pull beside them (not measured yet)
+    prefetch_pulls: bool = False
     handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term relative to the CE beside it
     # pipelined schedule (swarm peers): block b trains from round b + 1 on, for as many rounds as block 0, and every
     # peer runs B - 1 rounds more to let the last block finish; with predecessor_pulls 1 each round of block b then

@@ -50,7 +50,9 @@ class NetConfig:
     max_streams_per_identity: int = 8  # ... for one caller identity (an honest daemon holds 2-4) (0 = no cap)
     request_rate: float = 100.0  # GetStatus / GetConfig / ExchangeDeltas per s per caller identity (0 = unlimited)
     request_burst: float = 200.0  # ... with bursts up to this many
-    pull_rate: float = 2.0  # PullState requests per second per caller identity (0 = unlimited; each sends a state)
+    # PullState requests per second per caller identity (0 = unlimited; each sends a state; a compact one, int8
+    # predecessor weights, counts a quarter: 4 predecessor pulls a round fit rounds down to half a second)
+    pull_rate: float = 2.0
     pull_burst: float = 16.0  # ... with bursts up to this many (a join pulls block, table and outer state)
     host_shares: float = 8.0  # a caller host's request and pull ceiling, in identities' budgets (>= 1)
     forward_rate: float = 2000.0  # Forward request units (64 KiB) per second per caller identity (0 = unlimited)

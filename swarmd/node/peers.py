@@ -136,9 +136,20 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
     start); how many. Nothing is pulled while the round trains without predecessors."""
     if not state.predecessors:
         return 0
-    own = await asyncio.to_thread(state.moved)
-    fresh = {}
-    for b, merged in sorted(state.predecessors.items()):
+    fresh = await pull_working(gossip, state, records, await asyncio.to_thread(state.moved))
+    if fresh:
+        await asyncio.to_thread(state.refresh_predecessors, fresh)
+    return len(fresh)
+
+
+async def pull_working(
+    gossip: Gossip, state: BlockState, records: list[PeerRecord], own_moved: float
+) -> dict[int, StateDict]:
+    """The working weights of each predecessor trajectory training runs (all pulled at once), from the first of its
+    peers (pull_order) whose weights are within WORKING_DRIFT x `own_moved` of its merged state; a predecessor no
+    peer answers for in bounds is left out. Installs nothing: the caller runs them between two steps."""
+
+    async def one(b: int, merged: StateDict) -> StateDict | None:
         for r in pull_order(records, b):
             try:
                 delta = gossip.cfg.pull_codec == "int8-delta"  # an int8 delta against the round-start pull
@@ -148,15 +159,16 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
                     "%s could not pull block %d's working weights from %s: %s", gossip.tag, b, r.peer_id[-6:], exc
                 )
                 continue
-            if within_drift(working, merged, own):
-                fresh[b] = working
-                break
+            if within_drift(working, merged, own_moved):
+                return working
             logger.warning(
                 "%s block %d's working weights from %s are too far off its merged state: not run",
                 gossip.tag,
                 b,
                 r.peer_id[-6:],
             )
-    if fresh:
-        await asyncio.to_thread(state.refresh_predecessors, fresh)
-    return len(fresh)
+        return None
+
+    blocks = sorted(state.predecessors.items())
+    pulled = await asyncio.gather(*(one(b, merged) for b, merged in blocks))
+    return {b: w for (b, _), w in zip(blocks, pulled) if w is not None}

@@ -8,7 +8,8 @@ Owns the daemon's side of TrainConfig's schedule (the steps themselves are Block
   train_round  a round's local AdamW steps in the worker thread: none when it is not this block's turn, the
                warm start of a pipelined turn's first round (block_init=predecessor; also the first round of a
                --block auto peer that moved into a block nobody trained: never_trained), TrainConfig.predecessor_pulls
-               chunks with trajectory training's predecessors refreshed between them (swarmd.node.peers).
+               chunks with trajectory training's predecessors refreshed between them (swarmd.node.peers), each
+               refresh pulled while the chunk before it trains its second half (TrainConfig.prefetch_pulls).
 No grpc here; one worker thread at a time (asyncio.to_thread).
 """
 
@@ -30,7 +31,7 @@ from swarmd.core.pipeline import pipeline_rounds
 from swarmd.core.train import init_block, split_steps
 from swarmd.membership.records import PeerRecord
 from swarmd.node.config import DaemonConfig
-from swarmd.node.peers import refresh_predecessors
+from swarmd.node.peers import pull_working, refresh_predecessors
 from swarmd.node.presence import Presence
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def never_trained(state: BlockState) -> bool:
 
 async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> dict:
     """`steps` local AdamW steps in the worker thread (the round's batches; ends at the next step once `stop` is set),
-    in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them."""
+    in TrainConfig.predecessor_pulls chunks with trajectory training's predecessors refreshed between them; with
+    TrainConfig.prefetch_pulls the pulls for a chunk start halfway through the one before and run while it ends."""
     train, state = peer.config.train, peer.state
     if not peer.me.trains(state.round + 1):
         return {"ce": float("nan"), "samples": 0, "seconds": 0.0, "samples_per_s": 0.0}  # not this block's turn
@@ -98,12 +100,32 @@ async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> 
     if first and await asyncio.to_thread(state.warm_start):
         b = state.block_index
         logger.info("%s warm start: block %d from block %d", peer.gossip.tag, b, b - 1)
-    parts = []
-    for i, chunk in enumerate(split_steps(steps, train.predecessor_pulls)):
-        if i and state.predecessors:  # the peers of the last lookup within an announce period
-            records = await peer.presence.recent(peer.config.net.announce_period_s)
-            await refresh_predecessors(peer.gossip, state, records)
-        parts.append(await asyncio.to_thread(state.train_steps, chunk, peer.batches, stop))
-        if peer.stopping.is_set():
-            break
+    parts: list[dict] = []
+    chunks = split_steps(steps, train.predecessor_pulls)
+    ahead: asyncio.Task | None = None  # the next chunk's predecessors, pulled while this chunk's second half trains
+    try:
+        for i, chunk in enumerate(chunks):
+            if i and ahead is not None:
+                fresh, ahead = await ahead, None
+                if fresh:
+                    await asyncio.to_thread(state.refresh_predecessors, fresh)
+            elif i and state.predecessors:  # the peers of the last lookup within an announce period
+                await refresh_predecessors(peer.gossip, state, await recent(peer))
+            if train.prefetch_pulls and state.predecessors and i + 1 < len(chunks) and chunk > 1:
+                parts.append(await asyncio.to_thread(state.train_steps, chunk // 2, peer.batches, stop))
+                own = await asyncio.to_thread(state.moved)
+                ahead = asyncio.create_task(pull_working(peer.gossip, state, await recent(peer), own))
+                chunk -= chunk // 2
+            parts.append(await asyncio.to_thread(state.train_steps, chunk, peer.batches, stop))
+            if peer.stopping.is_set():
+                break
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+            await asyncio.gather(ahead, return_exceptions=True)
     return merge_train_stats(parts)
+
+
+async def recent(peer: TrainingPeer) -> list[PeerRecord]:
+    """The peers of the last lookup within an announce period (whom a mid-round pull asks)."""
+    return await peer.presence.recent(peer.config.net.announce_period_s)

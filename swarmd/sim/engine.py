@@ -271,7 +271,8 @@ class Simulator:
     def _train(self, trained: list[_Worker]) -> dict[str, float]:
         """The round's H real steps of these workers (id -> train CE). Without overlap they run in
         TrainConfig.predecessor_pulls chunks, each worker's predecessors refreshed between chunks from the first
-        trained replica of each predecessor block as it is then (the daemon's mid-round pulls, in lockstep)."""
+        trained replica of each predecessor block as it is then (the daemon's mid-round pulls, in lockstep), or as
+        it was halfway through the chunk before (TrainConfig.prefetch_pulls: the pull ran while that chunk ended)."""
         self.pulled = {}
         for w in trained:
             self._use_predecessors(w)
@@ -290,13 +291,22 @@ class Simulator:
         for w in trained:
             sources.setdefault(w.block, w)
         parts: dict[str, list[dict]] = {w.id: [] for w in trained}
-        for c, chunk in enumerate(split_steps(H, self.cfg.train.predecessor_pulls)):
+        chunks = split_steps(H, self.cfg.train.predecessor_pulls)
+        ahead = any(w.state.predecessors for w in trained) and self.cfg.train.prefetch_pulls
+        working: dict[int, Tensors] = {}
+        for c, chunk in enumerate(chunks):
             if c:
-                working = {b: src.state.current()[0] for b, src in sources.items()}
+                working = working or {b: src.state.current()[0] for b, src in sources.items()}
                 for w in trained:
                     if w.state.predecessors:  # what it runs: a daemon pulls only those
                         fresh = {b: working[b] for b in w.state.predecessors if b in working}
                         w.state.refresh_predecessors(self._handoff(w, fresh, w.state.predecessors))
+                working = {}
+            if ahead and c + 1 < len(chunks) and chunk > 1:  # the next pull is taken halfway through (prefetch)
+                for w in trained:
+                    parts[w.id].append(w.state.train_steps(chunk // 2, w.batches))
+                working = {b: src.state.current()[0] for b, src in sources.items()}
+                chunk -= chunk // 2
             for w in trained:
                 parts[w.id].append(w.state.train_steps(chunk, w.batches))
         return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}

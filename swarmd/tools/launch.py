@@ -69,6 +69,7 @@ class LocalSwarm:
     :param freeze_z_in: TrainConfig.freeze_z_in of every peer (none for the documented block)
     :param replica_adam: TrainConfig.replica_adam of every peer (ReplicaAdamW, swarmd.core.optim)
     :param predecessor_pulls: TrainConfig.predecessor_pulls of every peer (trajectory predecessors refreshed per round)
+        and prefetch_pulls (those pulls run while the steps go on)
     :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
     :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
@@ -96,6 +97,7 @@ class LocalSwarm:
         freeze_z_in: str = TrainConfig.freeze_z_in,
         replica_adam: bool = TrainConfig.replica_adam,
         predecessor_pulls: int = TrainConfig.predecessor_pulls,
+        prefetch_pulls: bool = TrainConfig.prefetch_pulls,
         pipeline: bool = TrainConfig.pipeline,
         pipeline_stagger: int = TrainConfig.pipeline_stagger,
         outer: str = GossipConfig.outer,
@@ -121,6 +123,7 @@ class LocalSwarm:
             freeze_z_in=freeze_z_in,
             replica_adam=replica_adam,
             predecessor_pulls=predecessor_pulls,
+            prefetch_pulls=prefetch_pulls,
             pipeline=pipeline,
             pipeline_stagger=pipeline_stagger,
         )

@@ -8,12 +8,12 @@ the caller's verified peer id (its call's identity proof, swarmd.transport.auth.
 unproven caller by its host) under a ceiling per caller host: payload streams at once (the one over
 is refused with RESOURCE_EXHAUSTED at once), requests per second (GetStatus, GetConfig,
 ExchangeDeltas; an exchange the handler rejects costs its sender more), PullState requests per
-second, Forward request units per second; a payload admitted only up to the size its kind has under
-the daemon's config (payload_limit) and within payload_timeout_s, and a proven caller's payload must
-be its own (signed by the id it proved); a request that is not a valid protobuf message is
-INVALID_ARGUMENT. DialBack costs DIAL_BACK_COST request units and is answered only for a caller that proved its
-peer id; the handler is handed the Caller (its host as grpc saw it: the only host a dial-back may dial).
-Runs on the caller's asyncio loop and starts no threads itself.
+second (a compact one a quarter: COMPACT_PULL_COST), Forward request units per second; a payload admitted
+only up to the size its kind has under the daemon's config (payload_limit) and within payload_timeout_s,
+and a proven caller's payload must be its own (signed by the id it proved); a request that is not a valid
+protobuf message is INVALID_ARGUMENT. DialBack costs DIAL_BACK_COST request units and is answered only for a
+caller that proved its peer id; the handler is handed the Caller (its host as grpc saw it: the only host a
+dial-back may dial). Runs on the caller's asyncio loop and starts no threads itself.
 Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
 
@@ -75,6 +75,10 @@ _FORWARD = (DEFAULT_FORWARD_RATE, DEFAULT_FORWARD_BURST)
 DRAIN_MESSAGES = 8  # a refused ExchangeDeltas stream: messages read (and dropped) before the refusal
 REFUSAL_LOG_S = 10.0  # calls refused for one caller's budget: one log line per caller per this many seconds
 DIAL_BACK_COST = 10.0  # request units a DialBack costs its caller (it makes this peer open a connection)
+# pull units a compact PullState costs (int8 per row + zstd: about a quarter of a state's fp32 bytes), so that a
+# later block's predecessor pulls (TrainConfig.predecessor_pulls a round, compact by default) fit the default
+# budget down to half-second rounds
+COMPACT_PULL_COST = 0.25
 
 
 class SwarmHandler(Protocol):
@@ -270,7 +274,8 @@ class SwarmServicer(pb_grpc.SwarmServicer):
 
     async def PullState(self, request: pb.PullStateRequest, context) -> AsyncIterator[pb.Payload | bytes]:
         await self._parsed(context, "PullState", request)
-        caller = await self._admit(context, "PullState", self.pulls, stream=True)
+        cost = COMPACT_PULL_COST if request.compact else 1.0
+        caller = await self._admit(context, "PullState", self.pulls, stream=True, cost=cost)
         try:
             enc = await self._answer(context, "PullState", partial(self.handler.pull_state, request))
             for msg in wire_messages(enc, self.max_chunk_bytes):
