@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from dataclasses import replace
 
 import pytest
@@ -205,18 +206,26 @@ def test_a_prefetched_pull_runs_while_the_chunk_before_it_ends_and_its_weights_r
             assert await last.load_predecessors() == 1
             await daemons[0].train(3)  # block 0 moved: its working weights are what a mid-round pull gets
             working = daemons[0].state.current()[0]
-            real, at = last.gossip.fetch_working, []
+            real, at, asked = last.gossip.fetch_working, [], threading.Event()
+            before = last.state.trainer.step_count
 
             async def fetch(*args, **kwargs):
                 at.append(last.state.trainer.step_count)
+                asked.set()
                 if prefetch:  # answer only once the chunk's second half took a step: the steps did not wait
                     async with asyncio.timeout(30):
                         while last.state.trainer.step_count <= at[0]:
                             await asyncio.sleep(0.01)
                 return await real(*args, **kwargs)
 
+            def gated(batches):  # with prefetch, the second half's first step waits until the pull was asked for
+                for batch in batches:
+                    if prefetch and last.state.trainer.step_count == before + 1:
+                        assert asked.wait(30)
+                    yield batch
+
             last.gossip.fetch_working = fetch
-            before = last.state.trainer.step_count
+            last.batches = gated(last.batches)
             await last.train(4)
             return at, before, last, working
 

@@ -169,6 +169,6 @@ async def pull_working(
             )
         return None
 
-    blocks = sorted(state.predecessors.items())
-    pulled = await asyncio.gather(*(one(b, merged) for b, merged in blocks))
-    return {b: w for (b, _), w in zip(blocks, pulled) if w is not None}
+    async with asyncio.TaskGroup() as group:  # one failing beyond a SwarmdError cancels the others
+        tasks = {b: group.create_task(one(b, merged)) for b, merged in sorted(state.predecessors.items())}
+    return {b: t.result() for b, t in tasks.items() if t.result() is not None}

@@ -113,8 +113,9 @@ async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> 
                 await refresh_predecessors(peer.gossip, state, await recent(peer))
             if train.prefetch_pulls and state.predecessors and i + 1 < len(chunks) and chunk > 1:
                 parts.append(await asyncio.to_thread(state.train_steps, chunk // 2, peer.batches, stop))
-                own = await asyncio.to_thread(state.moved)
-                ahead = asyncio.create_task(pull_working(peer.gossip, state, await recent(peer), own))
+                if stop.is_set() or peer.stopping.is_set():
+                    break
+                ahead = asyncio.create_task(prefetch(peer))
                 chunk -= chunk // 2
             parts.append(await asyncio.to_thread(state.train_steps, chunk, peer.batches, stop))
             if peer.stopping.is_set():
@@ -122,10 +123,21 @@ async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> 
     finally:
         if ahead is not None:
             ahead.cancel()
-            await asyncio.gather(ahead, return_exceptions=True)
+            (error,) = await asyncio.gather(ahead, return_exceptions=True)
+            if isinstance(error, Exception):  # the round ended before it was needed: its failure is logged here
+                logger.warning("%s a predecessor pull failed: %s", peer.gossip.tag, error)
     return merge_train_stats(parts)
 
 
 async def recent(peer: TrainingPeer) -> list[PeerRecord]:
     """The peers of the last lookup within an announce period (whom a mid-round pull asks)."""
     return await peer.presence.recent(peer.config.net.announce_period_s)
+
+
+async def prefetch(peer: TrainingPeer) -> dict[int, dict[str, torch.Tensor]]:
+    """The predecessors' working weights for the next chunk, pulled while the steps go on (TrainConfig.prefetch_pulls):
+    the lookup, then our own movement so far (the bound's reference; BlockState.moved takes the lock between two
+    steps), then the pulls."""
+    records = await recent(peer)
+    own = await asyncio.to_thread(peer.state.moved)
+    return await pull_working(peer.gossip, peer.state, records, own)
