@@ -176,7 +176,7 @@ class TrainConfig:
     # the mid-round pulls run while the steps do: each is started halfway through the chunk before the one it is for
     # and run from that chunk's end, so the steps never wait on a predecessor's answer (its weights half a chunk
     # older). Off: on peers of one core each the rounds measured the same either way (the pull's work is the core's
-    # own) and a concurrent swarm ended 0.005 nats worse with it (BENCHMARKS.md#time_to_quality); it can pay where
+    # own) and a concurrent swarm ended 0.009 nats worse with it (BENCHMARKS.md#time_to_quality); it can pay where
     # the steps run on a GPU and the pull beside them (not measured yet)
     prefetch_pulls: bool = False
     handoff_weight: float = 1.0  # weight of ModelConfig.handoff_loss's term relative to the CE beside it
