@@ -201,6 +201,51 @@ def test_a_compact_pull_costs_a_quarter_of_the_pull_budget():
         assert with_peer(pulls(n, compact), pulls=CallerBudget.of(rate=0.001, burst=2, host_shares=1))
 
 
+def test_a_caller_past_its_budget_gets_its_refusals_late_and_a_connection_s_worth_at_a_time():
+    """A refusal for a budget is answered server.TARPIT_S late, and a connection carries at most
+    hosting.MAX_CONCURRENT_STREAMS calls at once, so 3x that many calls past the budget take at least 3 tarpits (in
+    waves), each at least one; another identity's call meanwhile is answered."""
+    from swarmd.membership.identity import Identity, verify
+    from swarmd.transport.auth import CallerCheck, new_swarm_key, parse_swarm_key
+    from swarmd.transport.hosting import MAX_CONCURRENT_STREAMS
+    from swarmd.transport.limits import CallerBudget
+    from swarmd.transport.server import TARPIT_S
+
+    key = parse_swarm_key(new_swarm_key())
+    flooder, honest, callee = Identity.generate(), Identity.generate(), Identity.generate().peer_id
+
+    async def timed(client: PeerClient, address: str) -> tuple[float, BaseException | None]:
+        start = time.monotonic()
+        try:
+            await client.status(address, timeout_s=30)
+            return time.monotonic() - start, None
+        except Busy as exc:
+            return time.monotonic() - start, exc
+
+    async def main():
+        budget = CallerBudget.of(rate=0.001, burst=1, host_shares=4)
+        server = await start_server(FakeHandler(), swarm_key=key, callers=CallerCheck(verify, callee), requests=budget)
+        flood, other = PeerClient(swarm_key=key, signer=flooder), PeerClient(swarm_key=key, signer=honest)
+        for c in (flood, other):
+            c.bind(server.address, callee)
+        try:
+            await flood.status(server.address)  # its one call within budget
+            start = time.monotonic()
+            calls = asyncio.gather(*(timed(flood, server.address) for _ in range(3 * MAX_CONCURRENT_STREAMS)))
+            await asyncio.sleep(0.05)
+            answered = await other.status(server.address, timeout_s=30)
+            return await calls, time.monotonic() - start, answered
+        finally:
+            await flood.close()
+            await other.close()
+            await server.stop(0)
+
+    refused, took, answered = asyncio.run(main())
+    assert answered.peer_id == FakeHandler().status().peer_id  # another identity is answered meanwhile
+    assert all(isinstance(exc, Busy) and seconds >= TARPIT_S * 0.9 for seconds, exc in refused)
+    assert took >= 3 * TARPIT_S * 0.9  # in waves of one connection's streams, not all at once
+
+
 def test_handler_validation_error_reaches_the_client():
     async def body(client, server, h):
         bad = encode(delta(2), "fp32", **{**META, "config_hash": "wrong"})

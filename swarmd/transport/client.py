@@ -90,6 +90,9 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
         ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # a connection of this client's own, never one another client in the process shares (daemons in one
+        # process, as in tests, then call as separate processes do; a server's stream cap is per connection)
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 

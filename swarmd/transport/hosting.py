@@ -73,8 +73,14 @@ class SwarmServer:
         return await self._server.wait_for_termination(timeout_s)
 
 
+# calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): more wait in the caller's
+# channel at no cost to us; with server.TARPIT_S it bounds the refusals a caller past its budget gets a second
+MAX_CONCURRENT_STREAMS = 32
+
+
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),  # port 0 must give this server its own port

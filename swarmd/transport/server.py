@@ -81,6 +81,11 @@ DIAL_BACK_COST = 10.0  # request units a DialBack costs its caller (it makes thi
 # d=64 block): at the default 2 units a second an identity can spend ~30 ms of the server's CPU a second on
 # them, the order its request budget already allows (100 GetStatus a second at 0.26-0.44 ms each)
 COMPACT_PULL_COST = 0.25
+# a call refused for a budget or a cap is answered this late (a tarpit): with hosting.MAX_CONCURRENT_STREAMS a
+# connection, a caller that keeps calling past its budget gets at most that many refusals per TARPIT_S out of
+# one connection, however fast it calls, each costing this server a header check and an idle coroutine
+TARPIT_S = 0.25
+MAX_HELD = 256  # refusals held back at once (past it the next is answered at once)
 
 
 class SwarmHandler(Protocol):
@@ -158,6 +163,7 @@ class SwarmServicer(pb_grpc.SwarmServicer):
         self.requests = budget(requests if requests is not None else CallerBudget.of(*_REQUESTS))
         self.pulls = budget(pulls if pulls is not None else CallerBudget.of(*_PULLS))
         self._refusals: dict[str, tuple[int, float]] = {}  # Caller.key -> (refusals not logged yet, last logged)
+        self._held = 0  # refusals now held back (TARPIT_S)
 
     def caller(
         self, context: grpc.aio.ServicerContext, method: str, over: Callable[[Caller], bool] | None = None
@@ -195,9 +201,15 @@ class SwarmServicer(pb_grpc.SwarmServicer):
     async def _refuse(
         self, context: grpc.aio.ServicerContext, method: str, caller: Caller | None, exc: SwarmdError
     ) -> NoReturn:
-        """Abort a call refused for a budget or a cap (RESOURCE_EXHAUSTED) or a stale round, logged as _refused
-        does."""
+        """Abort a call refused for a budget or a cap (RESOURCE_EXHAUSTED; TARPIT_S late, while fewer than MAX_HELD
+        are held) or a stale round, logged as _refused does."""
         self._refused(method, caller or Caller(caller_host(context.peer())), exc)
+        if isinstance(exc, Busy) and self._held < MAX_HELD:
+            self._held += 1
+            try:
+                await asyncio.sleep(TARPIT_S)
+            finally:
+                self._held -= 1
         await context.abort(status_code_for(exc), one_line(exc), trailing_metadata(exc))
         raise RuntimeError("context.abort() returned")  # it always raises; this line is for type checkers
 
