@@ -137,6 +137,7 @@ def test_the_flag_reaches_run_join_and_the_demo_peers(tmp_path):
     from swarmd.tools.launch import LocalSwarm
 
     fields = dict.fromkeys(("batch_size", "lr", "seed", "trajectory_prob", "freeze_z_in", "predecessor_pulls"))
+    fields["prefetch_pulls"] = None
     fields["handoff_weight"] = fields["pipeline"] = fields["pipeline_stagger"] = fields["block_init"] = None
     fields["grow"] = None
     assert TrainOptions(**fields, replica_adam=True).config().replica_adam is True
