@@ -60,6 +60,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pull-int8-levels", type=float, default=PULL_INT8_LEVELS, help="int8 pulls' steps per row rms")
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
+    p.add_argument("--predecessor-pulls", type=int, default=TrainConfig.predecessor_pulls, help="pulls a round")
     p.add_argument("--references", nargs="+", default=["sync_dp", "pipelined", "one_block"])
     p.add_argument("--stop-at-target", action="store_true", help="end each swarm once it reaches the target CE")
     p.add_argument("--eval-every", type=int, default=2, help="rounds between CE measurements")
@@ -199,6 +200,7 @@ def run(a: argparse.Namespace) -> dict:
     if a.train_bytes:
         data = ByteData(data.data[: a.train_bytes].numpy(), cfg.seq_len)
     how = {"min_lr_ratio": a.min_lr_ratio, "trajectory_reuse": a.trajectory_reuse, "prefetch_pulls": a.prefetch}
+    how["predecessor_pulls"] = a.predecessor_pulls
     base = TrainConfig(batch_size=a.batch_size, seed=a.seed, **how)
     costs = clock(a, cfg, base)
     if a.e2e_from:  # the same one-peer reference as an earlier run (same config, same costs)
