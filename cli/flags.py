@@ -181,7 +181,8 @@ PredecessorPulls = Annotated[
     flag(
         "--predecessor-pulls",
         "Times per round a swarm peer refreshes the earlier blocks trajectory training runs: at round start, "
-        "then their working weights every steps-per-round / N steps (1 = round start only).",
+        "then their working weights every steps-per-round / N steps (default 1: round start only; it measured "
+        "fastest to a given CE).",
         T,
         bounds=AT_LEAST_1,
     ),

@@ -70,7 +70,7 @@ def test_open_after_waits_for_patience_rounds_below_the_threshold():
 
 # -- the simulated swarm on pinned costs -------------------------------------------------------------------------
 CFG = ModelConfig(blocks=2, layers_per_block=1, d_model=16, n_heads=2, hidden=32, seq_len=16)
-TRAIN = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=2)
+TRAIN = TrainConfig(batch_size=4, lr=3e-3, warmup_steps=2, predecessor_pulls=4)  # the clock tests price four pulls
 COSTS = StepCosts((0.01, 0.02), 0.05, block_bytes=1_000, table_bytes=2_000, activation_bytes=500)
 STEADY = Regime("steady", Dist(0.1), Dist(0.0), Dist(1e6))  # no jitter, 1 MB/s, no latency: a hand-checked clock
 

@@ -136,7 +136,7 @@ def test_variant_trajectory_keys_reach_the_train_config(rs, tmp_path, data, monk
         ["--data-dir", str(data), *TINY, "--variants", "K=2,tp=0,pp=1", "K=2", "--no-single", "--out", out, "--md", md]
     )
     assert (seen[0].trajectory_prob, seen[0].predecessor_pulls) == (0.0, 1)
-    assert (seen[1].trajectory_prob, seen[1].predecessor_pulls) == (1.0, 4)  # the defaults when not named
+    assert (seen[1].trajectory_prob, seen[1].predecessor_pulls) == (1.0, 1)  # the defaults when not named
 
 
 def test_report_merges_the_rows_of_other_runs(rs, tmp_path, data):

@@ -170,9 +170,11 @@ class TrainConfig:
     replica_adam: bool = False
     # trajectory training's frozen predecessors are refreshed this many times per round: at round start (the
     # merged states) and then every steps_per_round / predecessor_pulls steps (the predecessors' working weights
-    # as they train now). 1 = at round start only. Later blocks chase predecessors that move; a round-old
-    # predecessor is what made them give back what block 1 gained (BENCHMARKS.md#quality)
-    predecessor_pulls: int = 4
+    # as they train now). 1 = at round start only: on the clock (BENCHMARKS.md#time_to_quality, B=4, 1,600 steps)
+    # it beat 4 in every run measured, ending lower in less wall time (concurrent 1.5709 in 48.5 s against
+    # 1.5765 in 59.0 s; grow 1.5507 against 1.5530; on the WAN 1.6257 against 1.6301, twice the participation);
+    # at equal steps in a B=3 x 2 stack 4 had let later blocks keep what block 1 gained (BENCHMARKS.md#quality)
+    predecessor_pulls: int = 1
     # the mid-round pulls run while the steps do: each is started halfway through the chunk before the one it is for
     # and run from that chunk's end, so the steps never wait on a predecessor's answer (its weights half a chunk
     # older). Off: on peers of one core each the rounds measured the same either way (the pull's work is the core's
