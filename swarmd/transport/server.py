@@ -6,7 +6,7 @@ subclasses to status codes (through swarmd.transport.status, the class name trav
 no torch math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits), keyed by
 the caller's verified peer id (its call's identity proof, swarmd.transport.auth.CallerCheck; an
 unproven caller by its host) under a ceiling per caller host: payload streams at once (the one over
-is refused with RESOURCE_EXHAUSTED at once), requests per second (GetStatus, GetConfig,
+is refused with RESOURCE_EXHAUSTED, as every call over a budget or cap is: TARPIT_S late), requests per second (GetStatus, GetConfig,
 ExchangeDeltas; an exchange the handler rejects costs its sender more), PullState requests per
 second (a compact one a quarter: COMPACT_PULL_COST), Forward request units per second; a payload admitted
 only up to the size its kind has under the daemon's config (payload_limit) and within payload_timeout_s,
