@@ -6,15 +6,15 @@ subclasses to status codes (through swarmd.transport.status, the class name trav
 no torch math and no gossip policy here. Bounds what a caller can hold (swarmd.transport.limits), keyed by
 the caller's verified peer id (its call's identity proof, swarmd.transport.auth.CallerCheck; an
 unproven caller by its host) under a ceiling per caller host: payload streams at once (the one over
-is refused with RESOURCE_EXHAUSTED, as every call over a budget or cap is: TARPIT_S late), requests per second (GetStatus, GetConfig,
-ExchangeDeltas; an exchange the handler rejects costs its sender more), PullState requests per
-second (a compact one a quarter: COMPACT_PULL_COST), Forward request units per second; a payload admitted
-only up to the size its kind has under the daemon's config (payload_limit) and within payload_timeout_s,
-and a proven caller's payload must be its own (signed by the id it proved); a request that is not a valid
-protobuf message is INVALID_ARGUMENT. DialBack costs DIAL_BACK_COST request units and is answered only for a
-caller that proved its peer id; the handler is handed the Caller (its host as grpc saw it: the only host a
-dial-back may dial). Runs on the caller's asyncio loop and starts no threads itself.
-Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
+is refused with RESOURCE_EXHAUSTED, as every call over a budget or cap is: TARPIT_S late), requests per
+second (GetStatus, GetConfig, ExchangeDeltas; an exchange the handler rejects costs its sender more),
+PullState requests per second (a compact one a quarter: COMPACT_PULL_COST), Forward request units per
+second; a payload admitted only up to the size its kind has under the daemon's config (payload_limit) and
+within payload_timeout_s, and a proven caller's payload must be its own (signed by the id it proved); a
+request that is not a valid protobuf message is INVALID_ARGUMENT. DialBack costs DIAL_BACK_COST request
+units and is answered only for a caller that proved its peer id; the handler is handed the Caller (its host
+as grpc saw it: the only host a dial-back may dial). Runs on the caller's asyncio loop and starts no
+threads itself. Follows grpc/grpc examples/python/route_guide (asyncio servicer) and flower's fleet servicer.
 """
 
 from __future__ import annotations
