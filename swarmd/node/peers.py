@@ -169,6 +169,8 @@ async def pull_working(
             )
         return None
 
+    if not state.predecessors:
+        return {}
     async with asyncio.TaskGroup() as group:  # one failing beyond a SwarmdError cancels the others
         tasks = {b: group.create_task(one(b, merged)) for b, merged in sorted(state.predecessors.items())}
-    return {b: t.result() for b, t in tasks.items() if t.result() is not None}
+    return {b: working for b, t in tasks.items() if (working := t.result()) is not None}

@@ -123,7 +123,7 @@ async def train_round(peer: TrainingPeer, steps: int, stop: threading.Event) -> 
     finally:
         if ahead is not None:
             ahead.cancel()
-            (error,) = await asyncio.gather(ahead, return_exceptions=True)
+            error: object = (await asyncio.gather(ahead, return_exceptions=True))[0]
             if isinstance(error, Exception):  # the round ended before it was needed: its failure is logged here
                 logger.warning("%s a predecessor pull failed: %s", peer.gossip.tag, error)
     return merge_train_stats(parts)
