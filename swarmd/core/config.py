@@ -173,7 +173,8 @@ class TrainConfig:
     # as they train now). 1 = at round start only: on the clock (BENCHMARKS.md#time_to_quality, B=4, 1,600 steps)
     # it beat 4 in every run measured, ending lower in less wall time (concurrent 1.5709 in 48.5 s against
     # 1.5765 in 59.0 s; grow 1.5507 against 1.5530; on the WAN 1.6257 against 1.6301, twice the participation);
-    # at equal steps in a B=3 x 2 stack 4 had let later blocks keep what block 1 gained (BENCHMARKS.md#quality)
+    # at B=3 x 2, d=128 it is even (4 ends 0.0016 lower but 6% later: 0.0007 ahead at equal wall) with a quarter of
+    # the pull bytes; at equal steps 4 had let later blocks keep what block 1 gained (BENCHMARKS.md#quality)
     predecessor_pulls: int = 1
     # the mid-round pulls run while the steps do: each is started halfway through the chunk before the one it is for
     # and run from that chunk's end, so the steps never wait on a predecessor's answer (its weights half a chunk
