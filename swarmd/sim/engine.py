@@ -269,10 +269,8 @@ class Simulator:
         return out
 
     def _train(self, trained: list[_Worker]) -> dict[str, float]:
-        """The round's H real steps of these workers (id -> train CE). Without overlap they run in
-        TrainConfig.predecessor_pulls chunks, each worker's predecessors refreshed between chunks from the first
-        trained replica of each predecessor block as it is then (the daemon's mid-round pulls, in lockstep), or as
-        it was halfway through the chunk before (TrainConfig.prefetch_pulls: the pull ran while that chunk ended)."""
+        """The round's H real steps of these workers (id -> train CE): with overlap, the merge in flight lands
+        partway; else in chunks with the daemon's mid-round predecessor pulls between them (train_in_chunks)."""
         self.pulled = {}
         for w in trained:
             self._use_predecessors(w)
@@ -287,29 +285,7 @@ class Simulator:
                 ces[w.id] = (k * before["ce"] + (H - k) * after["ce"]) / H
                 w.exact = w.state.deltas()
             return ces
-        sources: dict[int, _Worker] = {}
-        for w in trained:
-            sources.setdefault(w.block, w)
-        parts: dict[str, list[dict]] = {w.id: [] for w in trained}
-        chunks = split_steps(H, self.cfg.train.predecessor_pulls)
-        ahead = any(w.state.predecessors for w in trained) and self.cfg.train.prefetch_pulls
-        working: dict[int, Tensors] = {}
-        for c, chunk in enumerate(chunks):
-            if c:
-                working = working or {b: src.state.current()[0] for b, src in sources.items()}
-                for w in trained:
-                    if w.state.predecessors:  # what it runs: a daemon pulls only those
-                        fresh = {b: working[b] for b in w.state.predecessors if b in working}
-                        w.state.refresh_predecessors(self._handoff(w, fresh, w.state.predecessors))
-                working = {}
-            if ahead and c + 1 < len(chunks) and chunk > 1:  # the next pull is taken halfway through (prefetch)
-                for w in trained:
-                    parts[w.id].append(w.state.train_steps(chunk // 2, w.batches))
-                working = {b: src.state.current()[0] for b, src in sources.items()}
-                chunk -= chunk // 2
-            for w in trained:
-                parts[w.id].append(w.state.train_steps(chunk, w.batches))
-        return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}
+        return train_in_chunks(trained, H, self.cfg.train, self._handoff)
 
     def _encode(self, w: _Worker) -> tuple[int, Tensors, Tensors]:
         """Both deltas of a worker that trained, through the real codec: (upload bytes, decoded block, emb)."""
@@ -474,3 +450,40 @@ def simulate(
     """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it (see Simulator.run)."""
     sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens), merge, gossip)
     return sim.run(on_round, until_s)
+
+
+def train_in_chunks(
+    trained: list[_Worker],
+    steps: int,
+    train: TrainConfig,
+    handoff: Callable[[_Worker, dict[int, Tensors], dict[int, Tensors] | None], dict[int, Tensors]],
+) -> dict[str, float]:
+    """`steps` real steps of each worker (id -> train CE) in TrainConfig.predecessor_pulls chunks, in lockstep: between
+    chunks each worker runs its predecessors as the first trained replica of each block holds them then, or as it
+    held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled through `handoff`."""
+    sources: dict[int, _Worker] = {}
+    for w in trained:
+        sources.setdefault(w.block, w)
+
+    def now() -> dict[int, Tensors]:
+        return {b: src.state.current()[0] for b, src in sources.items()}
+
+    parts: dict[str, list[dict]] = {w.id: [] for w in trained}
+    chunks = split_steps(steps, train.predecessor_pulls)
+    ahead = train.prefetch_pulls and any(w.state.predecessors for w in trained)
+    pulled: dict[int, Tensors] = {}  # taken halfway through the chunk before (prefetch), else at the chunk's end
+    for c, chunk in enumerate(chunks):
+        if c:
+            pulled = pulled or now()
+            for w in trained:
+                if w.state.predecessors:  # what it runs: a daemon pulls only those
+                    fresh = {b: pulled[b] for b in w.state.predecessors if b in pulled}
+                    w.state.refresh_predecessors(handoff(w, fresh, w.state.predecessors))
+            pulled = {}
+        if ahead and c + 1 < len(chunks) and chunk > 1:
+            for w in trained:
+                parts[w.id].append(w.state.train_steps(chunk // 2, w.batches))
+            pulled, chunk = now(), chunk - chunk // 2
+        for w in trained:
+            parts[w.id].append(w.state.train_steps(chunk, w.batches))
+    return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}
