@@ -134,20 +134,17 @@ async def refresh_predecessors(gossip: Gossip, state: BlockState, records: list[
     """Mid-round: pull the working weights of the predecessors trajectory training runs from these peers and run
     those within WORKING_DRIFT of their merged state from the next step on (the rest stay as pulled at round
     start); how many. Nothing is pulled while the round trains without predecessors."""
-    if not state.predecessors:
-        return 0
-    fresh = await pull_working(gossip, state, records, await asyncio.to_thread(state.moved))
+    fresh = await pull_working(gossip, state, records)
     if fresh:
         await asyncio.to_thread(state.refresh_predecessors, fresh)
     return len(fresh)
 
 
-async def pull_working(
-    gossip: Gossip, state: BlockState, records: list[PeerRecord], own_moved: float
-) -> dict[int, StateDict]:
+async def pull_working(gossip: Gossip, state: BlockState, records: list[PeerRecord]) -> dict[int, StateDict]:
     """The working weights of each predecessor trajectory training runs (all pulled at once), from the first of its
-    peers (pull_order) whose weights are within WORKING_DRIFT x `own_moved` of its merged state; a predecessor no
-    peer answers for in bounds is left out. Installs nothing: the caller runs them between two steps."""
+    peers (pull_order) whose weights are within WORKING_DRIFT x our own block's movement so far (BlockState.moved,
+    which takes the lock between two steps) of its merged state; a predecessor no peer answers for in bounds is
+    left out. Installs nothing: the caller runs them between two steps."""
 
     async def one(b: int, merged: StateDict) -> StateDict | None:
         for r in pull_order(records, b):
@@ -171,6 +168,7 @@ async def pull_working(
 
     if not state.predecessors:
         return {}
+    own_moved = await asyncio.to_thread(state.moved)
     async with asyncio.TaskGroup() as group:  # one failing beyond a SwarmdError cancels the others
         tasks = {b: group.create_task(one(b, merged)) for b, merged in sorted(state.predecessors.items())}
     return {b: working for b, t in tasks.items() if (working := t.result()) is not None}

@@ -136,8 +136,5 @@ async def recent(peer: TrainingPeer) -> list[PeerRecord]:
 
 async def prefetch(peer: TrainingPeer) -> dict[int, dict[str, torch.Tensor]]:
     """The predecessors' working weights for the next chunk, pulled while the steps go on (TrainConfig.prefetch_pulls):
-    the lookup, then our own movement so far (the bound's reference; BlockState.moved takes the lock between two
-    steps), then the pulls."""
-    records = await recent(peer)
-    own = await asyncio.to_thread(peer.state.moved)
-    return await pull_working(peer.gossip, peer.state, records, own)
+    the lookup too runs in this task, off the steps' path."""
+    return await pull_working(peer.gossip, peer.state, await recent(peer))
