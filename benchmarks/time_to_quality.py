@@ -199,9 +199,9 @@ def run(a: argparse.Namespace) -> dict:
     data, eval_xy = swarm_text(a, cfg)
     if a.train_bytes:
         data = ByteData(data.data[: a.train_bytes].numpy(), cfg.seq_len)
-    how = {"min_lr_ratio": a.min_lr_ratio, "trajectory_reuse": a.trajectory_reuse, "prefetch_pulls": a.prefetch}
-    how["predecessor_pulls"] = a.predecessor_pulls
-    base = TrainConfig(batch_size=a.batch_size, seed=a.seed, **how)
+    how = {"min_lr_ratio": a.min_lr_ratio, "trajectory_reuse": a.trajectory_reuse}
+    pulls = {"predecessor_pulls": a.predecessor_pulls, "prefetch_pulls": a.prefetch}
+    base = TrainConfig(batch_size=a.batch_size, seed=a.seed, **how, **pulls)
     costs = clock(a, cfg, base)
     if a.e2e_from:  # the same one-peer reference as an earlier run (same config, same costs)
         earlier = json.loads(a.e2e_from.read_text())

@@ -231,10 +231,10 @@ def test_a_caller_past_its_budget_gets_its_refusals_late_and_a_connection_s_wort
         try:
             await flood.status(server.address)  # its one call within budget
             start = time.monotonic()
-            calls = asyncio.gather(*(timed(flood, server.address) for _ in range(3 * MAX_CONCURRENT_STREAMS)))
-            await asyncio.sleep(0.05)
-            answered = await other.status(server.address, timeout_s=30)
-            return await calls, time.monotonic() - start, answered
+            calls = [asyncio.create_task(timed(flood, server.address)) for _ in range(3 * MAX_CONCURRENT_STREAMS)]
+            await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)  # the first wave's refusals are in
+            answered = await other.status(server.address, timeout_s=30)  # ... while the next waves are held
+            return await asyncio.gather(*calls), time.monotonic() - start, answered
         finally:
             await flood.close()
             await other.close()
