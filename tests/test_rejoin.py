@@ -156,8 +156,8 @@ def test_a_split_rounds_move_takes_the_states_round_too_so_the_next_round_merges
     so its next delta is on their base; kept at its own round it would hold a (round, weights) pair nobody holds
     and every delta it sends would be refused for its base (a split that never heals)."""
 
-    async def scenario():
-        peers, _, board = memory_swarm([0, 0, 0, 0], codec="fp32", blocks=1, deadline_max_s=1.0)
+    async def scenario():  # a round waits 0.8 s at least for a delta: d never sends, and a loaded machine is slow
+        peers, _, board = memory_swarm([0, 0, 0, 0], codec="fp32", blocks=1, deadline_max_s=1.0, deadline_min_s=0.8)
         a, b, c, d = peers
         await memory_round(peers, board)
         r = c.state.round
