@@ -34,7 +34,7 @@ import time
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.round import MergeReport
 from swarmd.membership.records import PeerRecord
-from swarmd.node.rounds import RoundPeer, observe_training, reached_end
+from swarmd.node.rounds import RoundPeer, balanced_steps, observe_training, reached_end
 from swarmd.protocol import PeerState
 
 logger = logging.getLogger(__name__)
@@ -68,13 +68,15 @@ class OverlapRounds:
     async def run_round(self) -> MergeReport | None:
         """Train round r while round r-1's exchange finishes; returns r-1's MergeReport (None if none landed)."""
         d = self.peer
-        g, H = d.gossip, self.cfg.steps_per_round
+        g, records = d.gossip, self.pending_records
         if self.pending is None:
-            if await g.sync(await d.records()):
+            records = await d.records()
+            if await g.sync(records):
                 d.update_serving()
                 if reached_end(d.state, self.last):
                     return None
             await g.open_round()
+        H = balanced_steps(d, self.cfg, records)  # the lookup of this round's start, or of the exchange in flight
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps

@@ -5,7 +5,8 @@ steps around the exchange, the end-of-round work. PlainRounds runs a round in or
 differs (joiners too; an adopted state is announced before this round's deltas; while every peer we should
 exchange with is rounds ahead and nothing was adopted, re-sync again CATCH_UP_TRIES times, CATCH_UP_PAUSE_S
 apart, rather than merge a round alone: swarmd.averaging.exchange.out_of_reach), open the round,
-trajectory training's predecessors, H local steps in the worker thread, lookup, Gossip.average, then the
+trajectory training's predecessors, H local steps in the worker thread (more with GossipConfig.balance:
+balanced_steps), lookup, Gossip.average, then the
 peer's end-of-round work (serving, announce, round time, checkpoint, measurements, on_round). With
 gossip.overlap the daemon drives swarmd.node.overlap.OverlapRounds instead: the same interface
 (RoundDriver: run_round, rounds_started, drain, cancel), the next round's steps running while a round's
@@ -28,6 +29,7 @@ from swarmd.averaging.exchange import out_of_reach
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.round import MergeReport
 from swarmd.averaging.state import BlockState
+from swarmd.core.balance import round_steps, slowest_rate
 from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
@@ -68,6 +70,17 @@ class RoundPeer(Protocol):
     ) -> None: ...
 
 
+def balanced_steps(peer: RoundPeer, cfg: GossipConfig, records: list[PeerRecord]) -> int:
+    """This round's local steps: H, or with GossipConfig.balance > 1 as many as our steps fit in the time the
+    slowest peer of the lookup takes for H (swarmd.core.balance: the rates the records announce, at most balance x
+    H; the swarm's peers share one batch size)."""
+    if cfg.balance <= 1:
+        return cfg.steps_per_round
+    me = peer.gossip.me.peer_id
+    slowest = slowest_rate(r.samples_per_s for r in records if r.peer_id != me)
+    return round_steps(cfg.steps_per_round, peer.metrics.samples_per_s, slowest, cfg.balance)
+
+
 def observe_training(peer: RoundPeer, stats: dict, steps_before: int) -> None:
     """Count a round's local steps (train_steps' `stats`) into the peer's throughput and train CE metrics (a round
     without steps, a pipelined block waiting its turn, counts nothing)."""
@@ -94,7 +107,7 @@ class PlainRounds:
     async def run_round(self) -> MergeReport | None:
         """One round: sync, H local steps, average, the end-of-round work. Returns the MergeReport (None if stopped)."""
         d = self.peer
-        g, H, started = d.gossip, self.cfg.steps_per_round, time.monotonic()
+        g, started = d.gossip, time.monotonic()
         for attempt in range(1, CATCH_UP_TRIES + 1):
             records = await d.records()
             if await g.sync(records):
@@ -118,7 +131,7 @@ class PlainRounds:
         await d.load_predecessors()
         d.phase = PeerState.TRAINING
         steps_before = d.state.local_steps
-        stats = await d.train(H)
+        stats = await d.train(balanced_steps(d, self.cfg, records))
         observe_training(d, stats, steps_before)
         g.rounds.idle = not stats.get("samples")  # pipelined, not this block's turn: weight 0, wait for the trainers
         if d.stopping.is_set():

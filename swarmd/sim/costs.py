@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from swarmd.core.balance import round_steps
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import count_params
 from swarmd.core.train import BlockTrainer, E2ETrainer, init_block, init_embedding
@@ -67,6 +68,11 @@ class StepCosts:
     def later_over_first(self) -> float:
         """Block B-1's step cost over block 0's (the predecessor work a later block pays)."""
         return self.block_s[-1] / self.block_s[0]
+
+    def balanced_steps(self, steps: int, cap: float) -> tuple[int, ...]:
+        """Each block's steps a round when it trains as long as the slowest block takes for `steps` steps, at most
+        cap x `steps` (swarmd.core.balance.round_steps, from the step rates alone, as a daemon sees them)."""
+        return tuple(round_steps(steps, 1 / s, 1 / max(self.block_s), cap) for s in self.block_s)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -285,7 +285,11 @@ class Simulator:
                 ces[w.id] = (k * before["ce"] + (H - k) * after["ce"]) / H
                 w.exact = w.state.deltas()
             return ces
-        return train_in_chunks(trained, H, self.cfg.train, self._handoff)
+        return train_in_chunks(trained, {w.id: self.steps_of(w) for w in trained}, self.cfg.train, self._handoff)
+
+    def steps_of(self, w: _Worker) -> int:
+        """The steps `w` takes a round: H (a subclass may give each block its own)."""
+        return self.cfg.steps_per_round
 
     def _encode(self, w: _Worker) -> tuple[int, Tensors, Tensors]:
         """Both deltas of a worker that trained, through the real codec: (upload bytes, decoded block, emb)."""
@@ -308,7 +312,7 @@ class Simulator:
                 kind=kind,
                 block_index=w.block if kind.is_block else -1,
                 base_hash=anchor.hash if anchor.active else base_hash,
-                weight=float(self.cfg.steps_per_round),
+                weight=float(self.steps_of(w)),
                 int8_rms_levels=offset_int8_levels(anchor),
                 **header,
             )
@@ -454,13 +458,14 @@ def simulate(
 
 def train_in_chunks(
     trained: list[_Worker],
-    steps: int,
+    steps: int | dict[str, int],
     train: TrainConfig,
     handoff: Callable[[_Worker, dict[int, Tensors], dict[int, Tensors] | None], dict[int, Tensors]],
 ) -> dict[str, float]:
-    """`steps` real steps of each worker (id -> train CE) in TrainConfig.predecessor_pulls chunks, in lockstep: between
-    chunks each worker runs its predecessors as the first trained replica of each block holds them then, or as it
-    held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled through `handoff`."""
+    """`steps` real steps of each worker (or steps[id] of each; id -> train CE) in TrainConfig.predecessor_pulls
+    chunks, in lockstep: between chunks each worker runs its predecessors as the first trained replica of each block
+    holds them then, or as it held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled
+    through `handoff`."""
     sources: dict[int, _Worker] = {}
     for w in trained:
         sources.setdefault(w.block, w)
@@ -469,10 +474,14 @@ def train_in_chunks(
         return {b: src.state.current()[0] for b, src in sources.items()}
 
     parts: dict[str, list[dict]] = {w.id: [] for w in trained}
-    chunks = split_steps(steps, train.predecessor_pulls)
+    chunks = {
+        w.id: split_steps(steps if isinstance(steps, int) else steps[w.id], train.predecessor_pulls) for w in trained
+    }
+    count = max((len(c) for c in chunks.values()), default=0)
     ahead = train.prefetch_pulls and any(w.state.predecessors for w in trained)
     pulled: dict[int, Tensors] = {}  # taken halfway through the chunk before (prefetch), else at the chunk's end
-    for c, chunk in enumerate(chunks):
+    for c in range(count):
+        todo = {w.id: chunks[w.id][c] if c < len(chunks[w.id]) else 0 for w in trained}
         if c:
             pulled = pulled or now()
             for w in trained:
@@ -480,10 +489,11 @@ def train_in_chunks(
                     fresh = {b: pulled[b] for b in w.state.predecessors if b in pulled}
                     w.state.refresh_predecessors(handoff(w, fresh, w.state.predecessors))
             pulled = {}
-        if ahead and c + 1 < len(chunks) and chunk > 1:
+        if ahead and c + 1 < count and max(todo.values()) > 1:
             for w in trained:
-                parts[w.id].append(w.state.train_steps(chunk // 2, w.batches))
-            pulled, chunk = now(), chunk - chunk // 2
+                parts[w.id].append(w.state.train_steps(todo[w.id] // 2, w.batches))
+                todo[w.id] -= todo[w.id] // 2
+            pulled = now()
         for w in trained:
-            parts[w.id].append(w.state.train_steps(chunk, w.batches))
+            parts[w.id].append(w.state.train_steps(todo[w.id], w.batches))
     return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}

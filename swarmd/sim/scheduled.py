@@ -7,7 +7,9 @@ to a block) and ScheduledSimulator, the engine's Simulator with three things add
     to a block adopts the block's merged state and the swarm's merged table, and pays the download on its clock;
   - growth: a block's first round warm-starts it from its predecessor's merged state (TrainConfig.block_init
     "predecessor", BlockState.warm_start, as a daemon does);
-  - the clock: a worker's compute is H x its block's measured step cost (StepCosts.block_s) times the regime's
+  - balanced steps (SchedulePlan.balance): a block whose step is cheaper takes more steps a round, as many as
+    fill the slowest block's round (StepCosts.balanced_steps), its learning-rate schedule over its own steps;
+  - the clock: a worker's compute is its steps x its block's measured step cost (StepCosts.block_s) times the regime's
     jitter, stretched to the time its predecessor pulls take on its link, plus a daemon's fixed costs of a round
     (StepCosts.round_s, and pull_s per predecessor pull); the rest (latency, upload of the real
     codec's bytes, deadline, merge) is the engine's.
@@ -43,6 +45,7 @@ class SchedulePlan:
     peers: int
     turn: int
     pinned: bool = False
+    balance: float = 1.0  # grow, concurrent: a block takes up to this x H steps, as the slowest takes H (balance.py)
 
     def staffing(self, round_no: int, blocks: int) -> list[int]:
         return allocate(self.peers, training_blocks(self.schedule, round_no, blocks, self.turn), blocks, self.pinned)
@@ -94,6 +97,11 @@ class ScheduledSimulator(Simulator):
         self._pulls: list[int] = []
         self._downloads = 0  # this round's joiners' downloads (fp32: adopted state)
         self._pull_ratio = 1.0  # wire over fp32 bytes of the last round's predecessor pulls (prices this round's)
+        H, cap = cfg.steps_per_round, plan.balance if plan.schedule != "sequential" else 1.0  # a turn: one block
+        self.block_steps = costs.balanced_steps(H, cap)
+
+    def steps_of(self, w: _Worker) -> int:
+        return self.block_steps[w.block]
 
     # -- staffing -------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -149,10 +157,11 @@ class ScheduledSimulator(Simulator):
         """Each worker's place in its block's learning-rate schedule (TrainConfig.total_steps > 0): the steps since
         the block's first round, over a cosine as long as the block's life (SchedulePlan.life); a peer that comes
         to a block takes up the block's place in it."""
-        t, H = self.cfg.train, self.cfg.steps_per_round
+        t = self.cfg.train
         if t.total_steps <= 0:
             return
         for w in self.workers:
+            H = self.block_steps[w.block]
             first, last = self.plan.life(w.block, self.cfg.model.blocks, self.cfg.rounds)
             w.state.train_cfg = replace(t, total_steps=(last - first + 1) * H)
             w.state.trainer.train_cfg = replace(w.state.trainer.train_cfg, total_steps=(last - first + 1) * H)
@@ -168,7 +177,7 @@ class ScheduledSimulator(Simulator):
         c = self.costs
         self._pulls, self._downloads = [], 0
         for i, w in enumerate(self.workers):
-            draw.compute_s[i] *= c.block_s[w.block] / median
+            draw.compute_s[i] *= c.block_s[w.block] / median * self.block_steps[w.block] / steps
             self._compute[w.id] = float(draw.compute_s[i])
             pulls = self.cfg.train.predecessor_pulls * w.block if self.cfg.train.trajectory_prob else 0
             pulled = int(pulls * c.block_bytes * self._pull_ratio)
