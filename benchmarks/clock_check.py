@@ -48,6 +48,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, nargs="+", help="the core of each peer (default: 0 .. peers - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the daemons may take")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
+    p.add_argument("--balance", type=float, default=1.0, help="a faster peer's steps, at most this x H (GossipConfig)")
     a = parse_checked(p, argv, "train.txt")
     a.cores = a.cores or list(range(a.blocks))
     if len(a.cores) != a.blocks or max(a.cores) >= (os.cpu_count() or 1):
@@ -60,7 +61,7 @@ def daemons(a: argparse.Namespace, steps: int, workdir: Path) -> Swarm:
     python = [sys.executable, "-m", "swarmd", "--verbose", "--config"]  # the config file's path follows
     programs = {i: ["taskset", "-c", str(core), *python] for i, core in enumerate(a.cores)}
     schedule = {"rounds": a.rounds, "steps_per_round": steps, "batch_size": a.batch_size, "lr": a.lr}
-    schedule["prefetch_pulls"] = a.prefetch
+    schedule.update(prefetch_pulls=a.prefetch, balance=a.balance)
     return Swarm(a.blocks, model_of(a), a.data_dir / "train.txt", workdir, **schedule, programs=programs)
 
 
@@ -82,7 +83,7 @@ def modelled_round_s(a: argparse.Namespace, swarm: Swarm, costs: StepCosts) -> f
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(1024)
     sim_cfg = SimConfig(cfg, train, 1, a.rounds, steps, eval_tokens=1024, eval_every=a.rounds)
     policy = make_policy(regime_policy(regime), regime, steps)
-    plan = SchedulePlan("concurrent", cfg.blocks, 1, True)
+    plan = SchedulePlan("concurrent", cfg.blocks, 1, True, swarm.config.gossip.balance)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
     return statistics.median([sim.step().seconds for _ in range(a.rounds)][1:])
 
@@ -97,7 +98,8 @@ def measured_rounds(swarm: Swarm, timeout_s: float) -> list[dict]:
         rounds = [b["at_s"] - a["at_s"] for a, b in itertools.pairwise(h)]
         exchange, train = [r["seconds"] for r in h[1:]], [r.get("train_s", 0.0) for r in h[1:]]
         fixed = [r - t - x for r, t, x in zip(rounds, train, exchange)]
-        out.append({"each_round_s": rounds, "each_exchange_s": exchange, "each_train_s": train, "each_fixed_s": fixed})
+        times = {"each_round_s": rounds, "each_exchange_s": exchange, "each_train_s": train, "each_fixed_s": fixed}
+        out.append({**times, "each_steps": [r.get("steps", 0) for r in h[1:]]})
     return out
 
 

@@ -120,6 +120,7 @@ class Metrics:
     last_participation: float = float("nan")  # participation of the last merged round
     last_round_s: float = 0.0
     last_train_s: float = 0.0  # seconds of the last round's local steps (its history entry's train_s)
+    last_steps: int = 0  # ... and how many (its entry's steps: H, or more in balanced rounds)
     last_ce: float = float("nan")  # last from-noise CE measured (nats/byte)
     last_train_ce: float = float("nan")  # mean training CE of the last round's local steps (nats/byte)
     consensus_distance: float = float("nan")
@@ -140,7 +141,7 @@ class Metrics:
             rate if self.samples_per_s == 0 else (1 - self.alpha) * self.samples_per_s + self.alpha * rate
         )
         self.steps += int(steps)
-        self.last_train_s = float(seconds)
+        self.last_train_s, self.last_steps = float(seconds), int(steps)
 
     def observe_train_ce(self, ce: float) -> None:
         """The training CE of a round's local steps; NaN (no step was taken) keeps the last value."""
@@ -201,16 +202,17 @@ class Metrics:
         self.peers_per_block = {b: len(ids) for b, ids in sorted(seen.items())}
 
     def end_round(self, participation: float, seconds: float, **extra: float | list[str]) -> None:
-        """Count one merged round; its entry in round_history: participation, seconds, train_s (its local steps'
-        seconds, last_train_s) and `extra` (the round, its deadline, ..., merged_block: the peer ids whose block
-        deltas the merge took, own included)."""
+        """Count one merged round; its entry in round_history: participation, seconds, train_s and steps (its local
+        steps' seconds and count: last_train_s, last_steps) and `extra` (the round, its deadline, ..., merged_block:
+        the peer ids whose block deltas the merge took, own included)."""
         self.rounds += 1
         self.participation_sum += participation
         self.last_participation = participation
         self.last_round_s = seconds
         entry = {"participation": participation, "seconds": seconds, "train_s": self.last_train_s, **extra}
+        entry["steps"] = self.last_steps
         self.round_history.append(entry)
-        self.last_train_s = 0.0  # a round without local steps (a pipelined block waiting) trained for 0 s
+        self.last_train_s, self.last_steps = 0.0, 0  # a round without local steps (a pipelined block waiting): none
         del self.round_history[:-50]
 
     @property
