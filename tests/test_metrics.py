@@ -143,10 +143,11 @@ def test_participation_is_the_mean_over_merged_rounds():
 def test_round_history_keeps_the_extras_and_only_the_last_50_rounds():
     m = Metrics()
     m.end_round(0.75, 1.5, round=1, accepted=3)
-    assert m.round_history == [{"participation": 0.75, "seconds": 1.5, "train_s": 0.0, "round": 1, "accepted": 3}]
-    m.observe_throughput(32, 0.25, 4)  # a round's local steps: its entry says how long they took
+    first = {"participation": 0.75, "seconds": 1.5, "train_s": 0.0, "round": 1, "accepted": 3, "steps": 0}
+    assert m.round_history == [first]
+    m.observe_throughput(32, 0.25, 4)  # a round's local steps: its entry says how long they took, and how many
     m.end_round(1.0, 0.1, round=2)
-    assert m.round_history[-1]["train_s"] == 0.25
+    assert (m.round_history[-1]["train_s"], m.round_history[-1]["steps"]) == (0.25, 4)
     for i in range(3, 121):
         m.end_round(1.0, 0.1, round=i)
     assert m.rounds == 120
