@@ -3,9 +3,12 @@ within [H, cap x H]; and the daemon's use of it (swarmd.node.rounds.balanced_ste
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from swarm_utils import daemon_config, link_static, running
 
 from swarmd.averaging.config import GossipConfig
 from swarmd.core.balance import round_steps, slowest_rate
@@ -60,3 +63,34 @@ def test_a_daemon_balances_against_the_slowest_other_peer_of_its_lookup():
 def test_balance_below_one_is_refused():
     with pytest.raises(ConfigError, match="balance"):
         GossipConfig(balance=0.5)
+
+
+def test_two_real_daemons_the_faster_takes_the_steps_the_slower_s_announced_rate_leaves_it_and_they_stay_merged(
+    tmp_path,
+):
+    """Two daemons of one block over real gRPC, balance 2: b announces a hundredth of the rate it measures, so once
+    a sees it a takes 2 H steps a round (the cap) and b H; both merge every round and end on one state."""
+    H = 3
+    configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", max_rounds=4, steps=H) for i in range(2)]
+    configs = [replace(c, gossip=replace(c.gossip, balance=2.0)) for c in configs]
+
+    async def scenario():
+        async with running(*configs) as daemons:
+            link_static(daemons)
+            slow = daemons[1].metrics
+            measured = slow.observe_throughput
+
+            def slower(samples, seconds, steps=0):
+                measured(samples, seconds * 100, steps)
+
+            slow.observe_throughput = slower
+            await asyncio.wait_for(asyncio.gather(*(d.serve() for d in daemons)), 90)
+            return daemons
+
+    a, b = asyncio.run(scenario())
+    steps_a = [r["steps"] for r in a.metrics.round_history]
+    steps_b = [r["steps"] for r in b.metrics.round_history]
+    assert steps_b == [H] * 4  # the slowest takes H
+    assert steps_a[0] == H and 2 * H in steps_a and set(steps_a) <= {H, 2 * H}  # its own rate known after round 1
+    assert a.state.local_steps == sum(steps_a) > b.state.local_steps == 4 * H
+    assert a.state.round == b.state.round == 4 and a.state.block_hash == b.state.block_hash
