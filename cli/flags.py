@@ -316,6 +316,16 @@ OverlapSteps = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
+Balance = Annotated[
+    float,
+    flag(
+        "--balance",
+        "A peer whose steps are faster than the slowest peer's takes as many as fit in the slowest one's round, "
+        "at most this x --steps-per-round (1 = the same steps every round).",
+        S,
+        bounds=Bounds(lo=1.0),
+    ),
+]
 GroupSize = Annotated[
     int,
     flag(
