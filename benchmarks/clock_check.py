@@ -28,6 +28,7 @@ from benchmarks.harness import sweeps
 from benchmarks.harness.daemons import Swarm, history
 from benchmarks.harness.options import add_outputs, add_shape, model_of, parse_checked, parser
 from benchmarks.harness.results import command_line, machine, write_json
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.data import ByteData
 from swarmd.sim.costs import StepCosts, measure_step_costs, priced_regime
 from swarmd.sim.engine import SimConfig
@@ -48,7 +49,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, nargs="+", help="the core of each peer (default: 0 .. peers - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the daemons may take")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
-    p.add_argument("--balance", type=float, default=1.0, help="a faster peer's steps, at most this x H (GossipConfig)")
+    p.add_argument("--balance", type=float, default=GossipConfig.balance, help="a faster peer's steps, at most x H")
     a = parse_checked(p, argv, "train.txt")
     a.cores = a.cores or list(range(a.blocks))
     if len(a.cores) != a.blocks or max(a.cores) >= (os.cpu_count() or 1):

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness.options import add_outputs, add_shape, add_torch, model_of, parse_checked, parser, swarm_text
 from benchmarks.harness.results import command_line, machine, pyplot, save_figure, table, write_json
 from swarmd.averaging.compact import PULL_CODECS, PULL_INT8_LEVELS
+from swarmd.averaging.config import GossipConfig
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import e2e_ce
@@ -60,7 +61,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pull-int8-levels", type=float, default=PULL_INT8_LEVELS, help="int8 pulls' steps per row rms")
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
-    p.add_argument("--balance", type=float, default=1.0, help="a block's steps, at most this x H (SchedulePlan)")
+    p.add_argument("--balance", type=float, default=GossipConfig.balance, help="a block's steps, at most x H")
     p.add_argument("--predecessor-pulls", type=int, default=TrainConfig.predecessor_pulls, help="pulls a round")
     p.add_argument("--references", nargs="+", default=["sync_dp", "pipelined", "one_block"])
     p.add_argument("--stop-at-target", action="store_true", help="end each swarm once it reaches the target CE")

@@ -208,8 +208,13 @@ def daemon_config(
     return DaemonConfig(
         model=tiny_model(blocks),
         train=tiny_train(),
-        gossip=GossipConfig(
-            steps_per_round=steps, codec=codec, deadline_min_s=0.5, deadline_max_s=deadline_max_s, rpc_timeout_s=5.0
+        gossip=GossipConfig(  # H steps every round (balance 1): the tests count steps (test_balance balances)
+            steps_per_round=steps,
+            codec=codec,
+            deadline_min_s=0.5,
+            deadline_max_s=deadline_max_s,
+            rpc_timeout_s=5.0,
+            balance=1.0,
         ),
         net=NetConfig(
             swarm_id="test",

@@ -57,7 +57,7 @@ def test_a_daemon_balances_against_the_slowest_other_peer_of_its_lookup():
     assert balanced_steps(_peer(750.0), cfg, records) == 15  # 750 / 500 x 10
     assert balanced_steps(_peer(400.0), cfg, records) == 10  # the slowest of all: H
     assert balanced_steps(_peer(0.0), cfg, records) == 10  # its own rate not measured yet: H
-    assert balanced_steps(_peer(750.0), GossipConfig(steps_per_round=10), records) == 10  # balance off
+    assert balanced_steps(_peer(750.0), GossipConfig(steps_per_round=10, balance=1.0), records) == 10  # off
 
 
 def test_balance_below_one_is_refused():

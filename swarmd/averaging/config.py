@@ -22,8 +22,9 @@ PULL_CODECS = ("fp32", "int8", "int8-delta")  # GossipConfig.pull_codec (swarmd.
 class GossipConfig:
     steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
     # balanced rounds (swarmd.core.balance): a peer whose steps are faster than the slowest training peer's takes
-    # as many as fit in the slowest one's H, at most this x H (1 = H every round)
-    balance: float = 1.0
+    # as many as fit in the slowest one's H, at most this x H (1 = H every round). 2 measured best: the time-to-quality
+    # benchmark's busy schedules end 0.03-0.06 nats lower at about the same wall time (docs/research.md)
+    balance: float = 2.0
     codec: Codec = Codec.INT8  # delta codec on the wire (always followed by zstd); its name is accepted too
     deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
     deadline_max_s: float = 30.0  # ... and never exceeds this (or 1.5 x the round's own training time, if longer)
