@@ -49,7 +49,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, nargs="+", help="the core of each peer (default: 0 .. peers - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the daemons may take")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
-    p.add_argument("--balance", type=float, default=GossipConfig.balance, help="a faster peer's steps, at most x H")
+    p.add_argument(
+        "--balance-steps", type=float, default=GossipConfig.balance_steps, help="a faster peer's steps, at most x H"
+    )
     a = parse_checked(p, argv, "train.txt")
     a.cores = a.cores or list(range(a.blocks))
     if len(a.cores) != a.blocks or max(a.cores) >= (os.cpu_count() or 1):
@@ -62,7 +64,7 @@ def daemons(a: argparse.Namespace, steps: int, workdir: Path) -> Swarm:
     python = [sys.executable, "-m", "swarmd", "--verbose", "--config"]  # the config file's path follows
     programs = {i: ["taskset", "-c", str(core), *python] for i, core in enumerate(a.cores)}
     schedule = {"rounds": a.rounds, "steps_per_round": steps, "batch_size": a.batch_size, "lr": a.lr}
-    schedule.update(prefetch_pulls=a.prefetch, balance=a.balance)
+    schedule.update(prefetch_pulls=a.prefetch, balance_steps=a.balance_steps)
     return Swarm(a.blocks, model_of(a), a.data_dir / "train.txt", workdir, **schedule, programs=programs)
 
 
@@ -84,7 +86,7 @@ def modelled_round_s(a: argparse.Namespace, swarm: Swarm, costs: StepCosts) -> f
     eval_xy = ByteData.from_path(a.data_dir / "eval.txt", cfg.seq_len).eval_windows(1024)
     sim_cfg = SimConfig(cfg, train, 1, a.rounds, steps, eval_tokens=1024, eval_every=a.rounds)
     policy = make_policy(regime_policy(regime), regime, steps)
-    plan = SchedulePlan("concurrent", cfg.blocks, 1, True, swarm.config.gossip.balance)
+    plan = SchedulePlan("concurrent", cfg.blocks, 1, True, swarm.config.gossip.balance_steps)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
     return statistics.median([sim.step().seconds for _ in range(a.rounds)][1:])
 

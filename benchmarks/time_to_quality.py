@@ -61,7 +61,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pull-int8-levels", type=float, default=PULL_INT8_LEVELS, help="int8 pulls' steps per row rms")
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")
-    p.add_argument("--balance", type=float, default=GossipConfig.balance, help="a block's steps, at most x H")
+    p.add_argument(
+        "--balance-steps", type=float, default=GossipConfig.balance_steps, help="a block's steps, at most x H"
+    )
     p.add_argument("--predecessor-pulls", type=int, default=TrainConfig.predecessor_pulls, help="pulls a round")
     p.add_argument("--references", nargs="+", default=["sync_dp", "pipelined", "one_block"])
     p.add_argument("--stop-at-target", action="store_true", help="end each swarm once it reaches the target CE")
@@ -117,7 +119,7 @@ def swarm_run(a, cfg, train, data, eval_xy, costs, k, schedule, regime_name, sto
     pulls = {"pull_codec": a.pull_codec, "pull_int8_levels": a.pull_int8_levels or None}
     sim_cfg = SimConfig(cfg, train, 1, rounds, H, eval_tokens=a.eval_tokens, eval_every=a.eval_every, **pulls)
     policy = make_policy(regime_policy(regime), regime, H)
-    plan = SchedulePlan(name, peers, turn, schedule.endswith("-pinned"), a.balance)
+    plan = SchedulePlan(name, peers, turn, schedule.endswith("-pinned"), a.balance_steps)
     sim = ScheduledSimulator(sim_cfg, regime, policy, data, eval_xy, plan, costs)
     result = SimResult(regime.name, policy.name, train.seed, sim.measure())
     for r in range(1, rounds + 1):  # the engine's run loop, ended once the target is reached

@@ -316,10 +316,10 @@ OverlapSteps = Annotated[
         bounds=AT_LEAST_0,
     ),
 ]
-Balance = Annotated[
+BalanceSteps = Annotated[
     float,
     flag(
-        "--balance",
+        "--balance-steps",
         "A peer whose steps are faster than the slowest peer's takes as many as fit in the slowest one's round, "
         "at most this x --steps-per-round (1 = the same steps every round).",
         S,

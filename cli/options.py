@@ -110,7 +110,7 @@ class PeerOptions(OptionGroup):
         "outer_momentum": GOSSIP.outer_momentum,
         "overlap": GOSSIP.overlap,
         "overlap_steps": GOSSIP.overlap_steps,
-        "balance": GOSSIP.balance,
+        "balance_steps": GOSSIP.balance_steps,
         "group_size": GOSSIP.group_size,
         "group_full_every": GOSSIP.group_full_every,
         "group_layout": GOSSIP.group_layout,
@@ -164,7 +164,7 @@ class PeerOptions(OptionGroup):
     outer_momentum: f.OuterMomentum
     overlap: f.Overlap
     overlap_steps: f.OverlapSteps
-    balance: f.Balance
+    balance_steps: f.BalanceSteps
     group_size: f.GroupSize
     group_full_every: f.GroupFullEvery
     group_layout: f.GroupLayout
@@ -211,7 +211,7 @@ class PeerOptions(OptionGroup):
             outer_momentum=self.outer_momentum,
             overlap=self.overlap,
             overlap_steps=self.overlap_steps,
-            balance=self.balance,
+            balance_steps=self.balance_steps,
             group_size=self.group_size,
             group_full_every=self.group_full_every,
             group_layout=self.group_layout,

@@ -214,7 +214,7 @@ def daemon_config(
             deadline_min_s=0.5,
             deadline_max_s=deadline_max_s,
             rpc_timeout_s=5.0,
-            balance=1.0,
+            balance_steps=1.0,
         ),
         net=NetConfig(
             swarm_id="test",

@@ -116,14 +116,14 @@ def test_a_balanced_swarm_s_cheaper_block_takes_the_steps_that_fill_the_slower_b
     """Block 0's step costs half block 1's: balanced (cap 2), it takes 6 steps a round to block 1's 3, its round as
     long as block 1's, every peer busy the whole round but for the exchange; a sequential turn is never balanced."""
     torch.manual_seed(0)
-    sim = _sim(SchedulePlan("concurrent", peers=2, turn=1, balance=2.0), rounds=2)
+    sim = _sim(SchedulePlan("concurrent", peers=2, turn=1, balance_steps=2.0), rounds=2)
     result = sim.run()
     assert sim.block_steps == (6, 3)
     assert [w.state.trainer.step_count for w in sim.heads()] == [12, 6]
     for rec, sched in zip(result.rounds, sim.records):
         assert 0.06 <= rec.seconds < 0.07  # the slower block's 3 x 0.02 s, as unbalanced
         assert sched.busy_share == pytest.approx((0.06 + 0.06) / (2 * rec.seconds))
-    assert _sim(SchedulePlan("sequential", peers=2, turn=2, balance=2.0)).block_steps == (3, 3)
+    assert _sim(SchedulePlan("sequential", peers=2, turn=2, balance_steps=2.0)).block_steps == (3, 3)
 
 
 def test_grow_staffs_block_0_with_every_peer_then_splits_and_warm_starts_block_1():

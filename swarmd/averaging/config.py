@@ -21,10 +21,10 @@ PULL_CODECS = ("fp32", "int8", "int8-delta")  # GossipConfig.pull_codec (swarmd.
 @dataclass(frozen=True)
 class GossipConfig:
     steps_per_round: int = 20  # H: local optimiser steps between two averaging rounds
-    # balanced rounds (swarmd.core.balance): a peer whose steps are faster than the slowest training peer's takes
-    # as many as fit in the slowest one's H, at most this x H (1 = H every round). 2 measured best: the time-to-quality
-    # benchmark's busy schedules end 0.03-0.06 nats lower at about the same wall time (docs/research.md)
-    balance: float = 2.0
+    # balanced rounds (swarmd.core.balanced_rounds): a peer whose steps are faster than the slowest training peer's
+    # takes as many as fit in the slowest one's H, at most this x H (1 = H every round). On by default: the
+    # time-to-quality benchmark's busy schedules end 0.03-0.06 nats lower at about the same wall time (research.md)
+    balance_steps: float = 2.0
     codec: Codec = Codec.INT8  # delta codec on the wire (always followed by zstd); its name is accepted too
     deadline_min_s: float = 2.0  # the collection deadline never drops below this (after own delta is ready)
     deadline_max_s: float = 30.0  # ... and never exceeds this (or 1.5 x the round's own training time, if longer)
@@ -98,8 +98,8 @@ class GossipConfig:
             raise ConfigError(f"max_round_jump must be >= 1, got {self.max_round_jump}")
         if self.merge not in ("robust", "mean"):
             raise ConfigError(f"merge must be 'robust' or 'mean', got {self.merge!r}")
-        if not 1 <= self.balance < float("inf"):
-            raise ConfigError(f"balance must be >= 1 (1 = H steps every round), got {self.balance}")
+        if not 1 <= self.balance_steps < float("inf"):
+            raise ConfigError(f"balance_steps must be >= 1 (1 = H steps every round), got {self.balance_steps}")
         if not 0 <= self.overlap_steps <= self.steps_per_round:
             raise ConfigError(f"overlap_steps must be in [0, steps_per_round], got {self.overlap_steps}")
         if self.clip_factor < 0 or not 0 <= self.trim_fraction < 0.5 or self.max_delta_factor < 0:

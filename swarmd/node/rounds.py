@@ -5,7 +5,7 @@ steps around the exchange, the end-of-round work. PlainRounds runs a round in or
 differs (joiners too; an adopted state is announced before this round's deltas; while every peer we should
 exchange with is rounds ahead and nothing was adopted, re-sync again CATCH_UP_TRIES times, CATCH_UP_PAUSE_S
 apart, rather than merge a round alone: swarmd.averaging.exchange.out_of_reach), open the round,
-trajectory training's predecessors, H local steps in the worker thread (more with GossipConfig.balance:
+trajectory training's predecessors, H local steps in the worker thread (more with GossipConfig.balance_steps:
 balanced_steps), lookup, Gossip.average, then the
 peer's end-of-round work (serving, announce, round time, checkpoint, measurements, on_round). With
 gossip.overlap the daemon drives swarmd.node.overlap.OverlapRounds instead: the same interface
@@ -29,7 +29,7 @@ from swarmd.averaging.exchange import out_of_reach
 from swarmd.averaging.gossip import Gossip
 from swarmd.averaging.round import MergeReport
 from swarmd.averaging.state import BlockState
-from swarmd.core.balance import round_steps, slowest_rate
+from swarmd.core.balanced_rounds import round_steps, slowest_rate
 from swarmd.errors import SwarmdError
 from swarmd.membership.records import PeerRecord
 from swarmd.metrics import Metrics
@@ -71,14 +71,14 @@ class RoundPeer(Protocol):
 
 
 def balanced_steps(peer: RoundPeer, cfg: GossipConfig, records: list[PeerRecord]) -> int:
-    """This round's local steps: H, or with GossipConfig.balance > 1 as many as our steps fit in the time the
-    slowest peer of the lookup takes for H (swarmd.core.balance: the rates the records announce, at most balance x
-    H; the swarm's peers share one batch size)."""
-    if cfg.balance <= 1:
+    """This round's local steps: H, or with GossipConfig.balance_steps > 1 as many as our steps fit in the time the
+    slowest peer of the lookup takes for H (swarmd.core.balanced_rounds: the rates the records announce, at most
+    balance_steps x H; the swarm's peers share one batch size)."""
+    if cfg.balance_steps <= 1:
         return cfg.steps_per_round
     me = peer.gossip.me.peer_id
     slowest = slowest_rate(r.samples_per_s for r in records if r.peer_id != me)
-    return round_steps(cfg.steps_per_round, peer.metrics.samples_per_s, slowest, cfg.balance)
+    return round_steps(cfg.steps_per_round, peer.metrics.samples_per_s, slowest, cfg.balance_steps)
 
 
 def observe_training(peer: RoundPeer, stats: dict, steps_before: int) -> None:

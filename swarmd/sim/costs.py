@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from swarmd.core.balance import round_steps
+from swarmd.core.balanced_rounds import round_steps
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.model import count_params
 from swarmd.core.train import BlockTrainer, E2ETrainer, init_block, init_embedding
@@ -71,7 +71,7 @@ class StepCosts:
 
     def balanced_steps(self, steps: int, cap: float) -> tuple[int, ...]:
         """Each block's steps a round when it trains as long as the slowest block takes for `steps` steps, at most
-        cap x `steps` (swarmd.core.balance.round_steps, from the step rates alone, as a daemon sees them)."""
+        cap x `steps` (swarmd.core.balanced_rounds.round_steps, from the step rates alone, as a daemon sees them)."""
         return tuple(round_steps(steps, 1 / s, 1 / max(self.block_s), cap) for s in self.block_s)
 
     def to_dict(self) -> dict:

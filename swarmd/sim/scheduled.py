@@ -7,7 +7,7 @@ to a block) and ScheduledSimulator, the engine's Simulator with three things add
     to a block adopts the block's merged state and the swarm's merged table, and pays the download on its clock;
   - growth: a block's first round warm-starts it from its predecessor's merged state (TrainConfig.block_init
     "predecessor", BlockState.warm_start, as a daemon does);
-  - balanced steps (SchedulePlan.balance): a block whose step is cheaper takes more steps a round, as many as
+  - balanced steps (SchedulePlan.balance_steps): a block whose step is cheaper takes more steps a round, as many as
     fill the slowest block's round (StepCosts.balanced_steps), its learning-rate schedule over its own steps;
   - the clock: a worker's compute is its steps x its block's measured step cost (StepCosts.block_s) times the regime's
     jitter, stretched to the time its predecessor pulls take on its link, plus a daemon's fixed costs of a round
@@ -45,7 +45,9 @@ class SchedulePlan:
     peers: int
     turn: int
     pinned: bool = False
-    balance: float = 1.0  # grow, concurrent: a block takes up to this x H steps, as the slowest takes H (balance.py)
+    balance_steps: float = (
+        1.0  # grow, concurrent: a block takes up to this x H steps, as the slowest takes H (balanced_rounds.py)
+    )
 
     def staffing(self, round_no: int, blocks: int) -> list[int]:
         return allocate(self.peers, training_blocks(self.schedule, round_no, blocks, self.turn), blocks, self.pinned)
@@ -97,7 +99,7 @@ class ScheduledSimulator(Simulator):
         self._pulls: list[int] = []
         self._downloads = 0  # this round's joiners' downloads (fp32: adopted state)
         self._pull_ratio = 1.0  # wire over fp32 bytes of the last round's predecessor pulls (prices this round's)
-        H, cap = cfg.steps_per_round, plan.balance if plan.schedule != "sequential" else 1.0  # a turn: one block
+        H, cap = cfg.steps_per_round, plan.balance_steps if plan.schedule != "sequential" else 1.0  # a turn: one block
         self.block_steps = costs.balanced_steps(H, cap)
 
     def steps_of(self, w: _Worker) -> int:

@@ -73,7 +73,7 @@ class LocalSwarm:
     :param pipeline: TrainConfig.pipeline of every peer (block b starts b rounds late; B - 1 more rounds)
     :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
-    :param balance: GossipConfig.balance of every peer (a faster peer takes up to this x H steps a round)
+    :param balance_steps: GossipConfig.balance_steps of every peer (a faster peer takes up to this x H steps a round)
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging); table_group_size: the
         byte table's; group_layout: how the groups are drawn (GossipConfig.group_layout)
     :param device: torch device of every peer (cpu, cuda)
@@ -106,7 +106,7 @@ class LocalSwarm:
         outer_momentum: float = GossipConfig.outer_momentum,
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
-        balance: float = GossipConfig.balance,
+        balance_steps: float = GossipConfig.balance_steps,
         group_size: int = GossipConfig.group_size,
         table_group_size: int = GossipConfig.table_group_size,
         group_layout: str = GossipConfig.group_layout,
@@ -141,7 +141,7 @@ class LocalSwarm:
                 outer_momentum=outer_momentum,
                 overlap=overlap,
                 overlap_steps=overlap_steps,
-                balance=balance,
+                balance_steps=balance_steps,
                 group_size=group_size,
                 table_group_size=table_group_size,
                 group_layout=group_layout,

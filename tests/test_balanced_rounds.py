@@ -1,5 +1,5 @@
-"""Balanced rounds (swarmd.core.balance): how many steps a peer takes a round, from the rates the records announce,
-within [H, cap x H]; and the daemon's use of it (swarmd.node.rounds.balanced_steps)."""
+"""Balanced rounds (swarmd.core.balanced_rounds): how many steps a peer takes a round, from the rates the records
+announce, within [H, cap x H]; and the daemon's use of it (swarmd.node.rounds.balanced_steps)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from swarm_utils import daemon_config, link_static, running
 
 from swarmd.averaging.config import GossipConfig
-from swarmd.core.balance import round_steps, slowest_rate
+from swarmd.core.balanced_rounds import round_steps, slowest_rate
 from swarmd.errors import ConfigError
 from swarmd.node.rounds import balanced_steps
 from swarmd.sim.costs import StepCosts
@@ -52,17 +52,17 @@ def _rec(peer_id: str, rate: float) -> SimpleNamespace:
 
 
 def test_a_daemon_balances_against_the_slowest_other_peer_of_its_lookup():
-    cfg = GossipConfig(steps_per_round=10, balance=2.0)
+    cfg = GossipConfig(steps_per_round=10, balance_steps=2.0)
     records = [_rec("me", 1.0), _rec("a", 800.0), _rec("b", 500.0), _rec("new", 0.0)]  # own record and a newcomer
     assert balanced_steps(_peer(750.0), cfg, records) == 15  # 750 / 500 x 10
     assert balanced_steps(_peer(400.0), cfg, records) == 10  # the slowest of all: H
     assert balanced_steps(_peer(0.0), cfg, records) == 10  # its own rate not measured yet: H
-    assert balanced_steps(_peer(750.0), GossipConfig(steps_per_round=10, balance=1.0), records) == 10  # off
+    assert balanced_steps(_peer(750.0), GossipConfig(steps_per_round=10, balance_steps=1.0), records) == 10  # off
 
 
 def test_balance_below_one_is_refused():
-    with pytest.raises(ConfigError, match="balance"):
-        GossipConfig(balance=0.5)
+    with pytest.raises(ConfigError, match="balance_steps"):
+        GossipConfig(balance_steps=0.5)
 
 
 def test_two_real_daemons_the_faster_takes_the_steps_the_slower_s_announced_rate_leaves_it_and_they_stay_merged(
@@ -72,7 +72,7 @@ def test_two_real_daemons_the_faster_takes_the_steps_the_slower_s_announced_rate
     a sees it a takes 2 H steps a round (the cap) and b H; both merge every round and end on one state."""
     H = 3
     configs = [daemon_config(tmp_path, 0, seed=i, discovery="static", max_rounds=4, steps=H) for i in range(2)]
-    configs = [replace(c, gossip=replace(c.gossip, balance=2.0)) for c in configs]
+    configs = [replace(c, gossip=replace(c.gossip, balance_steps=2.0)) for c in configs]
 
     async def scenario():
         async with running(*configs) as daemons:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-BALANCE_CAP = 2.0  # GossipConfig.balance's default: at most this x H steps a round
-
 
 def round_steps(steps: int, own_rate: float, slowest_rate: float, cap: float) -> int:
     """Steps this round: `steps` (H) x own_rate / slowest_rate, rounded down, within [H, cap x H]; H when either
