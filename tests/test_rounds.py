@@ -222,7 +222,7 @@ def test_a_resync_to_the_runs_last_round_ends_the_run_there(last, ends):
     """A peer a round behind that adopts, at its last round's re-sync, the state the swarm ended the run with ends
     with it; training and merging one more round alone would leave it a round ahead on weights nobody holds."""
     peer = FakePeer(round=29, adopts=30)
-    rounds = PlainRounds(peer, GossipConfig(steps_per_round=4))  # type: ignore[arg-type]
+    rounds = PlainRounds(peer, GossipConfig(steps_per_round=4, balance_steps=1.0))  # type: ignore[arg-type]
     rounds.last = last
     report = asyncio.run(rounds.run_round())
     assert (report, peer.trained, peer.state.round) == ((None, [], 30) if ends else ("merged", [4], 31))
@@ -266,7 +266,7 @@ def test_a_peer_whose_block_mates_are_all_rounds_ahead_re_syncs_again_before_it_
 ):
     monkeypatch.setattr("swarmd.node.rounds.CATCH_UP_PAUSE_S", 0.01)
     peer = BehindPeer(round=30, adopts_at=adopts_at, mates_at=mates_at)
-    report = asyncio.run(PlainRounds(peer, GossipConfig(steps_per_round=4)).run_round())  # type: ignore[arg-type]
+    report = asyncio.run(PlainRounds(peer, GossipConfig(steps_per_round=4, balance_steps=1.0)).run_round())  # type: ignore[arg-type]
     assert (report, peer.gossip.syncs, peer.trained, peer.state.round) == ("merged", syncs, [4], trained_at + 1)
 
 
