@@ -128,6 +128,7 @@ def demo(
     rounds: f.Rounds = 5,
     steps_per_round: f.StepsPerRound = GOSSIP.steps_per_round,
     codec: f.CodecOpt = f.DEFAULT_CODEC,
+    balance_steps: f.BalanceSteps = f.GOSSIP.balance_steps,
     device: f.DeviceOpt = f.DEFAULT_DEVICE,
     out: Annotated[
         Path | None,
@@ -172,6 +173,7 @@ def demo(
             rounds=rounds,
             steps_per_round=steps_per_round,
             codec=codec.value,
+            balance_steps=balance_steps,
             device=device.value,
             train=tcfg,
             eval_tokens=eval_tokens,
