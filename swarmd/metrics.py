@@ -209,8 +209,8 @@ class Metrics:
         self.participation_sum += participation
         self.last_participation = participation
         self.last_round_s = seconds
-        entry = {"participation": participation, "seconds": seconds, "train_s": self.last_train_s, **extra}
-        entry["steps"] = self.last_steps
+        times = {"participation": participation, "seconds": seconds, "train_s": self.last_train_s}
+        entry = {**times, "steps": self.last_steps, **extra}
         self.round_history.append(entry)
         self.last_train_s, self.last_steps = 0.0, 0  # a round without local steps (a pipelined block waiting): none
         del self.round_history[:-50]

@@ -458,14 +458,13 @@ def simulate(
 
 def train_in_chunks(
     trained: list[_Worker],
-    steps: int | dict[str, int],
+    steps: dict[str, int],
     train: TrainConfig,
     handoff: Callable[[_Worker, dict[int, Tensors], dict[int, Tensors] | None], dict[int, Tensors]],
 ) -> dict[str, float]:
-    """`steps` real steps of each worker (or steps[id] of each; id -> train CE) in TrainConfig.predecessor_pulls
-    chunks, in lockstep: between chunks each worker runs its predecessors as the first trained replica of each block
-    holds them then, or as it held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled
-    through `handoff`."""
+    """steps[id] real steps of each worker (id -> train CE) in TrainConfig.predecessor_pulls chunks, in lockstep:
+    between chunks each worker runs its predecessors as the first trained replica of each block holds them then, or
+    as it held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled through `handoff`."""
     sources: dict[int, _Worker] = {}
     for w in trained:
         sources.setdefault(w.block, w)
@@ -474,9 +473,7 @@ def train_in_chunks(
         return {b: src.state.current()[0] for b, src in sources.items()}
 
     parts: dict[str, list[dict]] = {w.id: [] for w in trained}
-    chunks = {
-        w.id: split_steps(steps if isinstance(steps, int) else steps[w.id], train.predecessor_pulls) for w in trained
-    }
+    chunks = {w.id: split_steps(steps[w.id], train.predecessor_pulls) for w in trained}
     count = max((len(c) for c in chunks.values()), default=0)
     ahead = train.prefetch_pulls and any(w.state.predecessors for w in trained)
     pulled: dict[int, Tensors] = {}  # taken halfway through the chunk before (prefetch), else at the chunk's end
