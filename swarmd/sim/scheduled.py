@@ -45,9 +45,8 @@ class SchedulePlan:
     peers: int
     turn: int
     pinned: bool = False
-    balance_steps: float = (
-        1.0  # grow, concurrent: a block takes up to this x H steps, as the slowest takes H (balanced_rounds.py)
-    )
+    # grow, concurrent: a block takes up to this x H steps, as many as the slowest block's H take (balanced_rounds)
+    balance_steps: float = 1.0
 
     def staffing(self, round_no: int, blocks: int) -> list[int]:
         return allocate(self.peers, training_blocks(self.schedule, round_no, blocks, self.turn), blocks, self.pinned)
