@@ -129,6 +129,7 @@ def demo(
     steps_per_round: f.StepsPerRound = GOSSIP.steps_per_round,
     codec: f.CodecOpt = f.DEFAULT_CODEC,
     balance_steps: f.BalanceSteps = f.GOSSIP.balance_steps,
+    pull_codec: f.PullCodec = f.GOSSIP.pull_codec,
     device: f.DeviceOpt = f.DEFAULT_DEVICE,
     out: Annotated[
         Path | None,
@@ -174,6 +175,7 @@ def demo(
             steps_per_round=steps_per_round,
             codec=codec.value,
             balance_steps=balance_steps,
+            pull_codec=pull_codec,
             device=device.value,
             train=tcfg,
             eval_tokens=eval_tokens,

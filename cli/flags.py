@@ -360,8 +360,9 @@ PullCodec = Annotated[
     flag(
         "--pull-codec",
         "How this peer pulls the earlier blocks trajectory training runs frozen: fp32 (exact; mid-round ones fp16), "
-        "int8 (per-row int8 + zstd, about a fifth of the bytes) or int8-delta (mid-round ones as int8 deltas against "
-        "the round-start pull: a seventh). Adopted and re-synced state is always fp32.",
+        "int8 (per-row int8 + zstd, about a fifth of the bytes), int8-delta (mid-round ones as int8 deltas against "
+        "the round-start pull: a seventh) or int8-chain (round-start ones, after the first, as int8 steps along a "
+        "chain of states both sides hold). Adopted and re-synced state is always fp32.",
         S,
     ),
 ]

@@ -114,8 +114,9 @@ def test_a_compact_request_is_for_a_block_state_only_without_outer_state_or_a_we
     ):
         with pytest.raises(ValidationError, match="compact pull"):
             requested_kind(me, pb.PullStateRequest(**{**base, **bad}))
-    assert requested_kind(me, pb.PullStateRequest(**base, working=True, against="ab")) == PayloadKind.BLOCK_STATE
-    for bad in ({"against": "ab"}, {"against": "ab", "compact": False, "working": True}):
+    for held in ({"working": True, "against": "ab"}, {"against": "ab"}):  # mid-round delta; chain step
+        assert requested_kind(me, pb.PullStateRequest(**base, **held)) == PayloadKind.BLOCK_STATE
+    for bad in ({"against": "ab", "compact": False}, {"against": "ab", "compact": False, "working": True}):
         with pytest.raises(ValidationError, match="against a held state"):
             requested_kind(me, pb.PullStateRequest(**{**base, **bad}))
 
@@ -135,7 +136,7 @@ def test_the_simulator_hands_int8_predecessors_over_and_counts_their_real_bytes(
     xy = next(data.stream(0, 4))
     regime = regime_named("lockstep")
     runs = {}
-    for codec in ("fp32", "int8", "int8-delta"):
+    for codec in ("fp32", "int8", "int8-delta", "int8-chain"):
         cfg = SimConfig(m, t, workers=1, rounds=1, steps_per_round=4, eval_tokens=64, pull_codec=codec)
         sim = Simulator(cfg, regime, make_policy("lockstep", regime, 4), data, xy)
         sim.step()

@@ -109,6 +109,17 @@ def test_plan_checks_the_out_dir(tmp_path):
         plan(tmp_path / "other")
 
 
+def test_the_demo_s_pull_codec_reaches_every_peer_and_a_bad_one_is_refused(tmp_path):
+    data = write_corpus(tmp_path)
+    model = ModelConfig(blocks=2, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
+    args = dict(rounds=1, steps_per_round=1, codec="int8", out=tmp_path / "m")
+    assert plan_demo(2, model, data, data, **args).peer_config.gossip.pull_codec == "int8"  # GossipConfig's default
+    chained = plan_demo(2, model, data, data, pull_codec="int8-chain", **args)
+    assert chained.peer_config.gossip.pull_codec == "int8-chain"
+    with pytest.raises(ConfigError, match="pull_codec"):
+        plan_demo(2, model, data, data, pull_codec="int4", **args)
+
+
 def test_round_lines_of_the_daemon_parse():
     line = "round 3: block 1 train ce 4.1234 participation 0.50 sent 0.12 MB in 1.25s"  # swarmd.node.runner's
     assert parse_round_line(line) == {"round": 3, "train_ce": 4.1234, "participation": 0.5, "bytes_sent": 120000}

@@ -15,7 +15,7 @@ from swarmd.protocol import Codec
 
 # GossipConfig.group_layout (swarmd.averaging.groups.assign; "two-phase": swarmd.averaging.phases)
 GROUP_LAYOUTS = ("grid", "balanced", "orthogonal", "two-phase")
-PULL_CODECS = ("fp32", "int8", "int8-delta")  # GossipConfig.pull_codec (swarmd.averaging.compact)
+PULL_CODECS = ("fp32", "int8", "int8-delta", "int8-chain")  # GossipConfig.pull_codec (swarmd.averaging.compact)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,9 @@ class GossipConfig:
     pow_bits: int = 0  # proof of work on the key every record must carry (swarmd.membership.pow; 0 = none)
     # trajectory training's predecessor pulls (swarmd.averaging.compact): "fp32" (exact; mid-round ones fp16),
     # "int8" (per-row int8 + zstd, run frozen only; adoption and re-sync pulls stay fp32 and hash-checked) or
-    # "int8-delta" (mid-round ones as int8 deltas against the round-start pull). In benchmarks/time_to_quality.py
+    # "int8-delta" (mid-round ones as int8 deltas against the round-start pull) or "int8-chain" (round-start ones,
+    # after the first, as int8 steps along a chain both sides hold, swarmd.averaging.pull_chain). In
+    # benchmarks/time_to_quality.py
     # (B=4 x 1 layer, d=64, lockstep) int8 cut wire/raw bytes from 0.72 / 0.94 to 0.18 / 0.20 (grow / concurrent)
     # at +0.0001 / +0.0011 nats; int8-delta to 0.14 / 0.14 at +0.0001 / +0.0083
     pull_codec: str = "int8"

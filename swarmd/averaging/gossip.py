@@ -86,9 +86,11 @@ class Gossip(PeerContext):
         """Adopt the reference's block and embedding if our base differs; returns what was pulled."""
         return await self.agreement.sync(records)
 
-    async def fetch_block(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+    async def fetch_block(
+        self, peer: PeerRecord, compact: bool = False, chain: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (StatePulls.fetch_block)."""
-        return await self.agreement.pulls.fetch_block(peer, compact)
+        return await self.agreement.pulls.fetch_block(peer, compact, chain)
 
     async def fetch_working(
         self, peer: PeerRecord, compact: bool = False, held: dict[str, torch.Tensor] | None = None

@@ -7,9 +7,11 @@ StatePulls owns the PullState traffic of state agreement (swarmd.averaging.agree
     like the merges it sums; try_fetch logs a failure (and bans an unreachable peer) instead of raising;
   - fresh_state: a peer's current state, hashing to what its own signed header names (a rejoin's question);
   - fetch_block: another peer's merged block for the CE measurement (swarmd.node.measure) or trajectory training's
-    frozen predecessors (compact: int8 + zstd, swarmd.averaging.compact), never adopted;
+    frozen predecessors (compact: int8 + zstd, swarmd.averaging.compact; chained: after the first pull a step
+    along the chain of states both sides hold, swarmd.averaging.pull_chain), never adopted;
   - state_payload: what this peer answers a PullState with: the base, or the anchor its records announce
-    (group averaging), with the outer momentum when asked, signed (fp32; a block int8 when asked compact);
+    (group averaging), with the outer momentum when asked, signed (fp32; a block int8 when asked compact, a chain
+    step when asked against a chain state we hold: PullChains);
     served_state answers it once this round ends when the caller asks for the round after ours (min_round):
     a peer a round ahead that re-syncs to us (fetch with `back`) then takes the state we merge at the end of
     the round, at the round it is in, where the state we are leaving would set its round counter back a round
@@ -31,6 +33,7 @@ from swarmd.averaging.compact import compact_decoding, encode_compact, encode_de
 from swarmd.averaging.context import PeerContext, payload_kind
 from swarmd.averaging.delta import encode
 from swarmd.averaging.outer import split_momentum, with_momentum
+from swarmd.averaging.pull_chain import PullChains, chain_step
 from swarmd.averaging.state import weights_hash
 from swarmd.errors import StaleRound, SwarmdError, ValidationError, WrongBlock
 from swarmd.membership.records import PeerRecord
@@ -59,8 +62,8 @@ def requested_kind(me: PeerRecord, request: pb.PullStateRequest) -> PayloadKind:
         raise WrongBlock(f"this peer trains block {me.block_index}, not {request.block_index}")
     if request.compact and (not kind.is_block or request.outer_state or request.weights_hash):
         raise ValidationError("a compact pull is of a block state, without outer_state or weights_hash")
-    if request.against and not (request.compact and request.working):
-        raise ValidationError("a pull against a held state is a compact pull of working weights")
+    if request.against and not request.compact:
+        raise ValidationError("a pull against a held state is a compact pull")
     return kind
 
 
@@ -75,6 +78,10 @@ class StatePulls:
         self._held: tuple[str, dict[str, torch.Tensor]] | None = None  # compact_held's last (hash, decoding)
         # block -> (base_hash, tensors) of the last compact merged state pulled of it (fetch_working's `against`)
         self.pulled_compact: dict[int, tuple[str, dict[str, torch.Tensor]]] = {}
+        # block -> (hash, state) of the chain state we hold of it (fetch_block's `against` when chained)
+        self.held_chains: dict[int, tuple[str, dict[str, torch.Tensor]]] = {}
+        # the chain states our pullers hold of our block (compact_payload)
+        self.chains = PullChains(lambda kind: peer.hdr(kind, peer.state.round))
 
     async def fetch(
         self, peer: PeerRecord, kind: PayloadKind, expect: tuple[str, int] | None, round_limit: int | None, back: bool
@@ -145,13 +152,35 @@ class StatePulls:
             raise ValidationError(f"pulled state hashes to {got}, its signed header says {enc.header.base_hash}")
         return rejoin.Held(peer.peer_id, int(enc.header.round), got, peer.client_mode), tensors
 
-    async def fetch_block(self, peer: PeerRecord, compact: bool = False) -> dict[str, torch.Tensor]:
+    async def fetch_block(
+        self, peer: PeerRecord, compact: bool = False, chain: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Download (and validate) another peer's block state without adopting it (CE measurement; compact: int8,
-        for trajectory training's frozen predecessors)."""
-        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact)  # not its anchor
-        tensors = self.decode_block(enc, peer.block_index)
-        if compact:  # what a mid-round pull of its working weights may come as a delta against
-            self.pulled_compact[peer.block_index] = (enc.header.base_hash, tensors)
+        for trajectory training's frozen predecessors; chain: compact, as a step along the chain state we hold of
+        the block when the peer holds it too, swarmd.averaging.pull_chain)."""
+        b = peer.block_index
+        held = self.held_chains.get(b) if chain else None
+        against = held[0] if held is not None else ""
+        compact = compact or chain
+        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact, against=against)
+        if enc.header.kind == PayloadKind.BLOCK_DELTA.to_pb() and held is not None:
+            tensors = self.chain_pulled(enc, b, held)
+        else:
+            tensors = self.decode_block(enc, b)
+            self.pulled_compact[b] = (enc.header.base_hash, tensors)  # what a mid-round delta may be against
+        if chain:
+            self.held_chains[b] = (await asyncio.to_thread(weights_hash, tensors), tensors)
+        return tensors
+
+    def chain_pulled(self, enc: Encoded, block_index: int, held: tuple[str, dict[str, torch.Tensor]]) -> dict:
+        """The next chain state from a chain step against `held` (its hash and state): validated, every value
+        finite; the bytes counted."""
+        if enc.header.base_hash != held[0]:
+            raise ValidationError(f"chain step from {enc.header.base_hash[:12] or '?'}, asked from {held[0][:12]}")
+        tensors = chain_step(held[1], self.peer.decode(enc, PayloadKind.BLOCK_DELTA, block_index))
+        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+            raise ValidationError(f"block {block_index} chain step gives NaN or infinite values")
+        self.peer.metrics.add_pulled(enc.wire_bytes, enc.raw_bytes)
         return tensors
 
     async def fetch_working(
@@ -257,12 +286,13 @@ class StatePulls:
         return enc
 
     def compact_payload(self, request: pb.PullStateRequest) -> Encoded:
-        """A compact pull's answer (unsigned): our merged block or working weights int8, or, asked `against` the
-        merged state we still hold, the working weights less that state's compact decoding as an int8 delta."""
+        """A compact pull's answer (unsigned): our merged block int8, or a step along the chain whose state hashes to
+        `against` (PullChains.answer); our working weights int8, or, asked `against` the merged state we still hold,
+        the working weights less that state's compact decoding as an int8 delta."""
         p = self.peer
         block, block_hash = p.state.named_snapshot()[::2]
         if not request.working:
-            return encode_compact(block, base_hash=block_hash, **p.hdr(PayloadKind.BLOCK_STATE, p.state.round))
+            return self.chains.answer(block, block_hash, p.state.round, request.against)
         working = p.state.current()[0]
         if request.against and request.against == block_hash:
             held = self.compact_held(block, block_hash)

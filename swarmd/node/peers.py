@@ -5,7 +5,8 @@ pulls of other blocks' merged states (one block, several, or all the predecessor
 runs frozen, or none), the round-start load of those predecessors into the BlockState, and their
 mid-round refresh from the predecessors' working weights (bounded by how far our own block moved in the
 same steps: WORKING_DRIFT). Predecessor pulls go as GossipConfig.pull_codec says (int8: compact, frozen inputs
-only, swarmd.averaging.compact). Every pull is best effort: a peer that fails is logged and skipped. No
+only, swarmd.averaging.compact; int8-chain: after the first, round-start pulls as steps along a chain,
+swarmd.averaging.pull_chain). Every pull is best effort: a peer that fails is logged and skipped. No
 policy, no state of its own. What the pulled blocks are measured with (the assembled model's CE) is
 swarmd.node.measure.
 """
@@ -44,29 +45,34 @@ def pull_order(records: list[PeerRecord], block_index: int) -> list[PeerRecord]:
 
 
 def pulls_compact(gossip: Gossip) -> bool:
-    """Whether this peer pulls its trajectory predecessors compact (int8 or int8-delta; GossipConfig.pull_codec)."""
+    """Whether this peer pulls its trajectory predecessors compact (any but fp32; GossipConfig.pull_codec)."""
     return gossip.cfg.pull_codec != "fp32"
 
 
+def pulls_chained(gossip: Gossip) -> bool:
+    """Whether this peer's round-start predecessor pulls go along chains (GossipConfig.pull_codec "int8-chain")."""
+    return gossip.cfg.pull_codec == "int8-chain"
+
+
 async def pull_block(
-    gossip: Gossip, records: list[PeerRecord], block_index: int, compact: bool = False
+    gossip: Gossip, records: list[PeerRecord], block_index: int, compact: bool = False, chain: bool = False
 ) -> StateDict | None:
     """The merged state of another block from the first peer of pull_order that answers (None if none does)."""
     for r in pull_order(records, block_index):
         try:
-            return await gossip.fetch_block(r, compact)
+            return await gossip.fetch_block(r, compact, chain)
         except SwarmdError as exc:
             logger.info("%s could not pull block %d from %s: %s", gossip.tag, block_index, r.peer_id[-6:], exc)
     return None
 
 
 async def pull_blocks(
-    gossip: Gossip, records: list[PeerRecord], blocks: Iterable[int], compact: bool = False
+    gossip: Gossip, records: list[PeerRecord], blocks: Iterable[int], compact: bool = False, chain: bool = False
 ) -> dict[int, StateDict]:
     """block index -> merged state, for each of `blocks` some peer served (one after the other)."""
     pulled = {}
     for b in blocks:
-        if (state := await pull_block(gossip, records, b, compact)) is not None:
+        if (state := await pull_block(gossip, records, b, compact, chain)) is not None:
             pulled[b] = state
     return pulled
 
@@ -84,7 +90,7 @@ async def pull_predecessors(
     ended and left), a round-old predecessor costs little. None, with a warning, when one was never pulled (the
     round then trains on noisy targets)."""
     needed = sorted({b for b, _ in trajectory_predecessors(cfg, block_index)})
-    pulled = await pull_blocks(gossip, records, needed, pulls_compact(gossip))
+    pulled = await pull_blocks(gossip, records, needed, pulls_compact(gossip), pulls_chained(gossip))
     missing = [b for b in needed if b not in pulled]
     if missing and held is not None and all(b in held for b in missing):
         logger.warning(

@@ -68,6 +68,7 @@ from swarmd.averaging.delta import ErrorFeedback
 from swarmd.averaging.groups import Anchor, offset_int8_levels
 from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import outer_for
+from swarmd.averaging.pull_chain import chain_pull
 from swarmd.averaging.state import BlockState, merge_train_stats
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
@@ -196,6 +197,7 @@ class Simulator:
         self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
         self.layouts: grouping.Layouts = {}  # ... and, two-phase layout, each grouped part's rows
         self.pulled: dict[str, tuple[int, int]] = {}  # this round's predecessor pulls per worker: (wire, raw) bytes
+        self.chains: dict[tuple[str, int], tuple[int, Tensors]] = {}  # int8-chain: (worker, block) -> (start, state)
 
     # -- measuring ------------------------------------------------------------------------------------
     def heads(self) -> list[_Worker]:
@@ -257,11 +259,16 @@ class Simulator:
         self, w: _Worker, states: dict[int, Tensors], held: dict[int, Tensors] | None = None
     ) -> dict[int, Tensors]:
         """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled;
-        int8-delta mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those."""
+        int8-delta mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those,
+        int8-chain round-start ones as steps along the worker's chain (swarmd.averaging.pull_chain)."""
         out, (wire, raw) = {}, self.pulled.get(w.id, (0, 0))
         for b, state in states.items():
             if held is not None and b in held and self.cfg.pull_codec == "int8-delta":
                 out[b], n = delta_roundtrip(state, held[b], b)
+            elif held is None and self.cfg.pull_codec == "int8-chain":
+                start, chain = self.chains.get((w.id, b), (self.round, None))
+                out[b], n, new = chain_pull(state, chain, self.round, start, b)
+                self.chains[(w.id, b)] = (self.round if new else start, out[b])
             else:
                 out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
             wire, raw = wire + n, raw + sum(4 * t.numel() for t in state.values())

@@ -102,6 +102,7 @@ def plan_demo(
     steps_per_round: int,
     codec: Codec | str,
     balance_steps: float = GossipConfig.balance_steps,
+    pull_codec: str = GossipConfig.pull_codec,
     device: str = "cpu",
     train: TrainConfig = DEMO_TRAIN,
     eval_tokens: int = 4096,
@@ -135,7 +136,9 @@ def plan_demo(
                 pipeline=train.pipeline,
                 pipeline_stagger=train.pipeline_stagger,
             ),
-            gossip=GossipConfig(steps_per_round=steps_per_round, codec=codec, balance_steps=balance_steps),
+            gossip=GossipConfig(
+                steps_per_round=steps_per_round, codec=codec, balance_steps=balance_steps, pull_codec=pull_codec
+            ),
             net=NetConfig(swarm_id=DEMO_SWARM_ID),
             data_path=str(Path(train_path).resolve()),
             device=device,
@@ -275,6 +278,7 @@ def run_demo(plan: DemoPlan, on_event: OnEvent | None = None, poll_s: float = 0.
         steps_per_round=plan.steps_per_round,
         codec=plan.codec,
         balance_steps=plan.peer_config.gossip.balance_steps,
+        pull_codec=plan.peer_config.gossip.pull_codec,
         batch_size=plan.train.batch_size,
         lr=plan.train.lr,
         seed=plan.train.seed,

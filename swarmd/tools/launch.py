@@ -74,6 +74,7 @@ class LocalSwarm:
     :param pipeline_stagger: TrainConfig.pipeline_stagger (rounds between two blocks' starts)
     :param overlap: GossipConfig.overlap of every peer (training goes on during the exchange); overlap_steps too
     :param balance_steps: GossipConfig.balance_steps of every peer (a faster peer takes up to this x H steps a round)
+    :param pull_codec: GossipConfig.pull_codec of every peer (how predecessors are pulled)
     :param group_size: GossipConfig.group_size of every peer (0 = all-to-all averaging); table_group_size: the
         byte table's; group_layout: how the groups are drawn (GossipConfig.group_layout)
     :param device: torch device of every peer (cpu, cuda)
@@ -107,6 +108,7 @@ class LocalSwarm:
         overlap: bool = GossipConfig.overlap,
         overlap_steps: int = GossipConfig.overlap_steps,
         balance_steps: float = GossipConfig.balance_steps,
+        pull_codec: str = GossipConfig.pull_codec,
         group_size: int = GossipConfig.group_size,
         table_group_size: int = GossipConfig.table_group_size,
         group_layout: str = GossipConfig.group_layout,
@@ -142,6 +144,7 @@ class LocalSwarm:
                 overlap=overlap,
                 overlap_steps=overlap_steps,
                 balance_steps=balance_steps,
+                pull_codec=pull_codec,
                 group_size=group_size,
                 table_group_size=table_group_size,
                 group_layout=group_layout,
