@@ -57,7 +57,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 5e-3, 8e-3], help="the end-to-end models' lr sweep")
     p.add_argument("--swarm-lrs", type=float, nargs="+", help="the swarms' lr sweep (default: the E2E's best)")
     p.add_argument("--min-lr-ratio", type=float, default=0.0)
-    p.add_argument("--pull-codec", choices=PULL_CODECS, default="int8", help="predecessor pulls (the daemons' default)")
+    p.add_argument("--pull-codec", choices=PULL_CODECS, default=GossipConfig.pull_codec, help="predecessor pulls")
     p.add_argument("--pull-int8-levels", type=float, default=PULL_INT8_LEVELS, help="int8 pulls' steps per row rms")
     p.add_argument("--trajectory-reuse", type=int, default=0, help="TrainConfig.trajectory_reuse of the blocks")
     p.add_argument("--prefetch", action="store_true", help="mid-round pulls run while the steps go on (TrainConfig)")

@@ -62,7 +62,7 @@ def test_a_mid_round_delta_against_the_held_compact_state_is_within_a_step_of_th
 
 
 def test_pull_codec_is_validated():
-    assert GossipConfig().pull_codec == "int8"
+    assert GossipConfig().pull_codec == "int8-chain"
     with pytest.raises(ConfigError, match="pull_codec"):
         GossipConfig(pull_codec="fp16")
 
@@ -225,7 +225,7 @@ def test_the_pull_codec_flag_reaches_the_gossip_config_and_its_json(tmp_path):
     from swarmd.node.config import DaemonConfig
 
     given = {f.name: o.PeerOptions.DEFAULTS.get(f.name) for f in fields(o.PeerOptions)}
-    assert given["pull_codec"] == "int8"
+    assert given["pull_codec"] == "int8-chain"
     train = o.TrainOptions(**{f.name: None for f in fields(o.TrainOptions)})
     peer = o.PeerOptions(**{**given, "group_size": 0, "pull_codec": "fp32"})
     config = peer.config(ModelConfig(), train, [], Path(__file__), None)

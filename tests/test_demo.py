@@ -113,9 +113,9 @@ def test_the_demo_s_pull_codec_reaches_every_peer_and_a_bad_one_is_refused(tmp_p
     data = write_corpus(tmp_path)
     model = ModelConfig(blocks=2, layers_per_block=1, d_model=32, n_heads=2, hidden=64, seq_len=16)
     args = dict(rounds=1, steps_per_round=1, codec="int8", out=tmp_path / "m")
-    assert plan_demo(2, model, data, data, **args).peer_config.gossip.pull_codec == "int8"  # GossipConfig's default
-    chained = plan_demo(2, model, data, data, pull_codec="int8-chain", **args)
-    assert chained.peer_config.gossip.pull_codec == "int8-chain"
+    assert plan_demo(2, model, data, data, **args).peer_config.gossip.pull_codec == "int8-chain"  # the default
+    plain = plan_demo(2, model, data, data, pull_codec="int8", **args)
+    assert plain.peer_config.gossip.pull_codec == "int8"
     with pytest.raises(ConfigError, match="pull_codec"):
         plan_demo(2, model, data, data, pull_codec="int4", **args)
 

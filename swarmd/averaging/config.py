@@ -82,8 +82,10 @@ class GossipConfig:
     # after the first, as int8 steps along a chain both sides hold, swarmd.averaging.pull_chain). In
     # benchmarks/time_to_quality.py
     # (B=4 x 1 layer, d=64, lockstep) int8 cut wire/raw bytes from 0.72 / 0.94 to 0.18 / 0.20 (grow / concurrent)
-    # at +0.0001 / +0.0011 nats; int8-delta to 0.14 / 0.14 at +0.0001 / +0.0083
-    pull_codec: str = "int8"
+    # at +0.0001 / +0.0011 nats; int8-delta to 0.14 / 0.14 at +0.0001 / +0.0083. With balanced rounds and one pull
+    # a round, int8-chain took them from 0.15 / 0.19 to 0.11 / 0.10 at +0.0035 and +0.0001 (grow, seeds 0 / 1) and
+    # -0.0006 (concurrent); the demo's four daemons sent 0.11 of raw where int8 sent 0.19
+    pull_codec: str = "int8-chain"
 
     def __post_init__(self) -> None:
         if self.steps_per_round < 1:
