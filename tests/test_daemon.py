@@ -228,8 +228,11 @@ def test_trajectory_training_pulls_the_earlier_blocks_at_round_start(tmp_path):
     merged weights of blocks 0 and 1 from their peers; gradients stay in its own block."""
 
     async def scenario():
-        # one pull a round: the round-start state stays (mid-round pulls: tests/test_predecessor_pulls.py)
-        async with running(*(trajectory_config(tmp_path, b, predecessor_pulls=1) for b in range(3))) as daemons:
+        # one pull a round: the round-start state stays (mid-round pulls: tests/test_predecessor_pulls.py); int8
+        # pulls, each the same decoding of an unchanged state (along a chain: tests/test_pull_chain.py)
+        configs = [trajectory_config(tmp_path, b, predecessor_pulls=1) for b in range(3)]
+        configs = [replace(c, gossip=replace(c.gossip, pull_codec="int8")) for c in configs]
+        async with running(*configs) as daemons:
             link_static(daemons)
             last = daemons[2]
             loaded = await last.load_predecessors()
