@@ -13,6 +13,7 @@ from swarm_utils import link_static, running, trajectory_config
 
 from swarmd.averaging.pull_chain import CHAIN_ROUNDS, PullChains, chain_pull, chain_step, own_decoding
 from swarmd.averaging.state import weights_hash
+from swarmd.errors import ValidationError
 from swarmd.protocol import PayloadKind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -126,8 +127,27 @@ def test_a_block_1_daemon_pulls_block_0_along_a_chain(tmp_path):
                 moved = {k: v + 1e-3 * torch.randn_like(v) for k, v in merged.items()}
                 first.state.adopt(moved, None)  # block 0's next merged state
             held = last.gossip.agreement.pulls.held_chains[0]
-            return pulled, held, first.gossip.agreement.pulls.chains
+            chains = first.gossip.agreement.pulls.chains
+            # a peer from before chained pulls refuses a compact pull against a state: the block itself, again
+            first.gossip.agreement.pulls.chains = Refusing(chains)
+            before = last.metrics.bytes_pulled
+            assert await asyncio.wait_for(last.load_predecessors(), 30) == 1
+            again = last.metrics.bytes_pulled - before, last.gossip.agreement.pulls.held_chains[0]
+            return pulled, held, chains, again
 
-    pulled, held, chains = asyncio.run(scenario())
+    pulled, held, chains, (again, restarted) = asyncio.run(scenario())
     assert pulled[1] < 0.7 * pulled[0] and pulled[2] < 0.7 * pulled[0]  # steps after the start
     assert held[0] in chains._states and held[0] == weights_hash(held[1])
+    assert again >= 0.9 * pulled[0] and restarted[0] in chains._states  # a start, whose decoding the server keeps
+
+
+class Refusing:
+    """PullChains as a peer from before chained pulls answers: a request naming a held state is refused."""
+
+    def __init__(self, chains: PullChains):
+        self.chains = chains
+
+    def answer(self, weights, weights_hash_, round, against=""):
+        if against:
+            raise ValidationError("a pull against a held state is a compact pull of working weights")
+        return self.chains.answer(weights, weights_hash_, round)

@@ -12,7 +12,8 @@ PullChains is the serving side: the chain states pullers hold, by hash, at most 
 first out), and each step encoded once per (chain state, merged weights) for every puller on that chain. A chain
 ends every CHAIN_ROUNDS rounds (round // CHAIN_ROUNDS changes): its pullers then get the block again as a new
 chain's start, so the pullers of one peer share one chain however they joined, and a chain's state never ages.
-A puller naming a state the peer does not hold (evicted, restarted, another replica's chain) gets a start as well.
+A puller naming a state the peer does not hold (evicted, restarted, another replica's chain) gets a start as well;
+one whose request is refused (a peer from before chained pulls) asks again for the block itself (StatePulls).
 chain_pull is the simulator's hand-off. Pure: no grpc, no asyncio.
 """
 

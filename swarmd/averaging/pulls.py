@@ -162,7 +162,14 @@ class StatePulls:
         held = self.held_chains.get(b) if chain else None
         against = held[0] if held is not None else ""
         compact = compact or chain
-        enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact, against=against)
+        try:
+            enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact, against=against)
+        except ValidationError:
+            if not against:
+                raise
+            # refused as asked (a peer from before chained pulls) or not as asked: the block itself, a new chain
+            held, against = None, ""
+            enc = await self.pull_signed(peer, PayloadKind.BLOCK_STATE, current=True, compact=compact)
         if enc.header.kind == PayloadKind.BLOCK_DELTA.to_pb() and held is not None:
             tensors = self.chain_pulled(enc, b, held)
         else:
