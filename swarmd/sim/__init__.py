@@ -3,6 +3,7 @@
 regimes.py   Dist, Regime, the named presets (lockstep ... bad edge loose), `custom`, RoundDraw (sampling)
 policies.py  deadline policies: lockstep, fixed, adaptive (the daemon's DeadlinePolicy), quantile
 engine.py    SimConfig, Simulator (the run loop); simulate()
+workers.py   Worker, PredecessorHandoff (predecessor pulls as the daemon's codecs send them), train_in_chunks
 results.py   RoundRecord, SimResult: what a run records and the figures read off it
 protocol.py  ProtocolConfig, simulate(): group averaging's grouping, codec and merge among 1,000s of virtual
              peers, no training (benchmarks/protocol_scale.py)

@@ -1,9 +1,9 @@
 """The simulator's run loop: real block training, real codec and merge, a simulated network and clock.
 
-Owns SimConfig and Simulator (litepaper section 4.1-4.2); a run's records are swarmd.sim.results'. B blocks, K
-virtual workers per block (replicas, as swarm peers hold them). Every worker is a real
-swarmd.averaging.state.BlockState (a BlockTrainer: AdamW over one block and its copy of the byte
-table) with its own data stream and its own ErrorFeedback pair. One round:
+Owns SimConfig and Simulator (litepaper section 4.1-4.2); a run's records are swarmd.sim.results', its workers,
+their predecessor pulls and chunked steps swarmd.sim.workers'. B blocks, K virtual workers per block (replicas, as
+swarm peers hold them). Every worker is a real swarmd.averaging.state.BlockState (a BlockTrainer: AdamW over one
+block and its copy of the byte table) with its own data stream and its own ErrorFeedback pair. One round:
 
 1. a RoundDraw samples each worker's compute time (H x a per-step time), one-way latency, upload
    bandwidth and dropout (the only simulated things);
@@ -54,27 +54,26 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-from swarmd.averaging.compact import PULL_INT8_LEVELS, check_pull_codec, delta_roundtrip, roundtrip
+from swarmd.averaging.compact import PULL_INT8_LEVELS, check_pull_codec
 from swarmd.averaging.config import GossipConfig
 from swarmd.averaging.delayed import land_merge
 from swarmd.averaging.delta import ErrorFeedback
-from swarmd.averaging.groups import Anchor, offset_int8_levels
+from swarmd.averaging.groups import offset_int8_levels
 from swarmd.averaging.merge import merge_deltas
 from swarmd.averaging.outer import outer_for
-from swarmd.averaging.pull_chain import chain_pull
-from swarmd.averaging.state import BlockState, merge_train_stats
+from swarmd.averaging.state import BlockState
 from swarmd.core.config import ModelConfig, TrainConfig
 from swarmd.core.data import ByteData
 from swarmd.core.evaluate import from_noise_ce
 from swarmd.core.model import ByteEmbedding, DenoisingBlock
-from swarmd.core.train import BlockTrainer, seed_for, split_steps, trajectory_predecessors
+from swarmd.core.train import BlockTrainer, seed_for, trajectory_predecessors
 from swarmd.protocol import Codec, PayloadKind
 from swarmd.sim import grouping
 from swarmd.sim.grouping import BLOCK, EMB
@@ -82,6 +81,7 @@ from swarmd.sim.moments import average_moments, moments_due
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
 from swarmd.sim.results import RoundRecord, SimResult
+from swarmd.sim.workers import PredecessorHandoff, Worker, train_in_chunks
 
 Tensors = dict[str, torch.Tensor]
 Merge = Callable[[dict[str, Tensors]], Tensors]
@@ -140,20 +140,6 @@ class SimConfig:
         check_pull_codec(self.pull_codec)
 
 
-@dataclass
-class _Worker:
-    id: str
-    block: int
-    state: BlockState
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
-    ef: dict[PayloadKind, ErrorFeedback]
-    upload_bytes: int = 0  # last round's upload (estimate for a skipped late worker's arrival)
-    exact: tuple[Tensors, Tensors] | None = None  # overlap: own (block, table) deltas of the merge in flight
-    anchors: dict[PayloadKind, Anchor] = field(  # group averaging: each part's anchor (swarmd.averaging.groups)
-        default_factory=lambda: {PayloadKind.BLOCK_DELTA: Anchor(), PayloadKind.EMBEDDING_DELTA: Anchor()}
-    )
-
-
 class Simulator:
     """One simulated swarm: SimConfig's B x K workers on `data`, scored on `eval_xy`, under a regime and policy.
 
@@ -177,7 +163,7 @@ class Simulator:
         m, t = cfg.model, cfg.train
         g = self.gossip = gossip or GossipConfig()
         self.workers = [
-            _Worker(
+            Worker(
                 f"b{b}w{k}",
                 b,
                 BlockState(BlockTrainer(m, t, b, "cpu", worker_seed=k), outer_for(g)),
@@ -196,11 +182,10 @@ class Simulator:
         self.pending_comm_s = 0.0
         self.groups: grouping.Groups = {}  # this round's (groups, grouped) per part (swarmd.sim.grouping)
         self.layouts: grouping.Layouts = {}  # ... and, two-phase layout, each grouped part's rows
-        self.pulled: dict[str, tuple[int, int]] = {}  # this round's predecessor pulls per worker: (wire, raw) bytes
-        self.chains: dict[tuple[str, int], tuple[int, Tensors]] = {}  # int8-chain: (worker, block) -> (start, state)
+        self.handoff = PredecessorHandoff(cfg.pull_codec, cfg.pull_int8_levels)  # predecessor pulls and their bytes
 
     # -- measuring ------------------------------------------------------------------------------------
-    def heads(self) -> list[_Worker]:
+    def heads(self) -> list[Worker]:
         """Worker 0 of every block: after a merge all replicas of a block hold the same weights."""
         return self.workers[:: self.cfg.workers]  # built block-major: worker k of block b is b * workers + k
 
@@ -216,7 +201,7 @@ class Simulator:
         """grouping.consensus of the workers (0 while every part is bit-identical across its replicas)."""
         return grouping.consensus(self.workers, self.cfg.model.blocks)
 
-    def _merged_view(self, heads: list[_Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
+    def _merged_view(self, heads: list[Worker]) -> tuple[list[DenoisingBlock], ByteEmbedding]:
         """Copies of the heads' blocks and table holding base + the merge in flight (overlap: the merged model)."""
         steps = self.pending[0] if self.pending is not None else [{} for _ in self.workers]
 
@@ -229,7 +214,7 @@ class Simulator:
         blocks = [view(w.state.trainer.block, w.state.base_block, s.get(BLOCK)) for w, s in zip(heads, own)]
         return blocks, view(heads[0].state.trainer.emb, heads[0].state.base_emb, own[0].get(EMB))
 
-    def _land(self, w: _Worker) -> None:
+    def _land(self, w: Worker) -> None:
         """Overlap: the merge in flight lands on w (late, with the correction for w's own delta in it)."""
         if self.pending is not None and w.exact is not None:
             i = self.workers.index(w)
@@ -238,7 +223,7 @@ class Simulator:
             self._land_exact(w, exact)
 
     @staticmethod
-    def _land_exact(w: _Worker, exact: dict[PayloadKind, Tensors]) -> None:
+    def _land_exact(w: Worker, exact: dict[PayloadKind, Tensors]) -> None:
         """A part averaged as one group lands its exact bits and drops the anchor (merge.apply_merged's rule)."""
         if exact:
             w.state.rebase(exact.get(BLOCK), exact.get(EMB))
@@ -246,7 +231,7 @@ class Simulator:
                 w.anchors[kind].clear()
 
     # -- one round ------------------------------------------------------------------------------------
-    def _use_predecessors(self, w: _Worker) -> None:
+    def _use_predecessors(self, w: Worker) -> None:
         """Trajectory training (trajectory_prob > 0): the round's merged predecessor blocks, as the daemon pulls."""
         if self.cfg.train.trajectory_prob <= 0:
             return
@@ -256,29 +241,20 @@ class Simulator:
             w.state.use_predecessors(self._handoff(w, {b: heads[b].state.base_block for b in needed}))
 
     def _handoff(
-        self, w: _Worker, states: dict[int, Tensors], held: dict[int, Tensors] | None = None
+        self, w: Worker, states: dict[int, Tensors], held: dict[int, Tensors] | None = None
     ) -> dict[int, Tensors]:
-        """Predecessor states as worker w pulls them (SimConfig.pull_codec), their bytes counted in self.pulled;
-        int8-delta mid-round pulls (`held`: the round-start states it runs) come as int8 deltas against those,
-        int8-chain round-start ones as steps along the worker's chain (swarmd.averaging.pull_chain)."""
-        out, (wire, raw) = {}, self.pulled.get(w.id, (0, 0))
-        for b, state in states.items():
-            if held is not None and b in held and self.cfg.pull_codec == "int8-delta":
-                out[b], n = delta_roundtrip(state, held[b], b)
-            elif held is None and self.cfg.pull_codec == "int8-chain":
-                start, chain = self.chains.get((w.id, b), (self.round, None))
-                out[b], n, new = chain_pull(state, chain, self.round, start, b)
-                self.chains[(w.id, b)] = (self.round if new else start, out[b])
-            else:
-                out[b], n = roundtrip(state, self.cfg.pull_codec, b, self.cfg.pull_int8_levels)
-            wire, raw = wire + n, raw + sum(4 * t.numel() for t in state.values())
-        self.pulled[w.id] = (wire, raw)
-        return out
+        """Predecessor states as worker w pulls them (PredecessorHandoff.pull), their bytes counted in pulled."""
+        return self.handoff.pull(w.id, states, self.round, held)
 
-    def _train(self, trained: list[_Worker]) -> dict[str, float]:
+    @property
+    def pulled(self) -> dict[str, tuple[int, int]]:
+        """This round's predecessor pulls per worker id: (wire, raw fp32) bytes."""
+        return self.handoff.pulled
+
+    def _train(self, trained: list[Worker]) -> dict[str, float]:
         """The round's H real steps of these workers (id -> train CE): with overlap, the merge in flight lands
         partway; else in chunks with the daemon's mid-round predecessor pulls between them (train_in_chunks)."""
-        self.pulled = {}
+        self.handoff.new_round()
         for w in trained:
             self._use_predecessors(w)
         H = self.cfg.steps_per_round
@@ -294,11 +270,11 @@ class Simulator:
             return ces
         return train_in_chunks(trained, {w.id: self.steps_of(w) for w in trained}, self.cfg.train, self._handoff)
 
-    def steps_of(self, w: _Worker) -> int:
+    def steps_of(self, w: Worker) -> int:
         """The steps `w` takes a round: H (a subclass may give each block its own)."""
         return self.cfg.steps_per_round
 
-    def _encode(self, w: _Worker) -> tuple[int, Tensors, Tensors]:
+    def _encode(self, w: Worker) -> tuple[int, Tensors, Tensors]:
         """Both deltas of a worker that trained, through the real codec: (upload bytes, decoded block, emb)."""
         block_delta, emb_delta = w.exact if self.cfg.overlap and w.exact is not None else w.state.deltas()
         header = dict(swarm_id="sim", config_hash=self.cfg.model.config_hash(), round=self.round, peer_id=w.id)
@@ -461,43 +437,3 @@ def simulate(
     """Build a Simulator (eval windows: eval_tokens bytes of eval_data) and run it (see Simulator.run)."""
     sim = Simulator(cfg, regime, policy, data, eval_data.eval_windows(cfg.eval_tokens), merge, gossip)
     return sim.run(on_round, until_s)
-
-
-def train_in_chunks(
-    trained: list[_Worker],
-    steps: dict[str, int],
-    train: TrainConfig,
-    handoff: Callable[[_Worker, dict[int, Tensors], dict[int, Tensors] | None], dict[int, Tensors]],
-) -> dict[str, float]:
-    """steps[id] real steps of each worker (id -> train CE) in TrainConfig.predecessor_pulls chunks, in lockstep:
-    between chunks each worker runs its predecessors as the first trained replica of each block holds them then, or
-    as it held them halfway through the chunk before (TrainConfig.prefetch_pulls), each pulled through `handoff`."""
-    sources: dict[int, _Worker] = {}
-    for w in trained:
-        sources.setdefault(w.block, w)
-
-    def now() -> dict[int, Tensors]:
-        return {b: src.state.current()[0] for b, src in sources.items()}
-
-    parts: dict[str, list[dict]] = {w.id: [] for w in trained}
-    chunks = {w.id: split_steps(steps[w.id], train.predecessor_pulls) for w in trained}
-    count = max((len(c) for c in chunks.values()), default=0)
-    ahead = train.prefetch_pulls and any(w.state.predecessors for w in trained)
-    pulled: dict[int, Tensors] = {}  # taken halfway through the chunk before (prefetch), else at the chunk's end
-    for c in range(count):
-        todo = {w.id: chunks[w.id][c] if c < len(chunks[w.id]) else 0 for w in trained}
-        if c:
-            pulled = pulled or now()
-            for w in trained:
-                if w.state.predecessors:  # what it runs: a daemon pulls only those
-                    fresh = {b: pulled[b] for b in w.state.predecessors if b in pulled}
-                    w.state.refresh_predecessors(handoff(w, fresh, w.state.predecessors))
-            pulled = {}
-        if ahead and c + 1 < count and max(todo.values()) > 1:
-            for w in trained:
-                parts[w.id].append(w.state.train_steps(todo[w.id] // 2, w.batches))
-                todo[w.id] -= todo[w.id] // 2
-            pulled = now()
-        for w in trained:
-            parts[w.id].append(w.state.train_steps(todo[w.id], w.batches))
-    return {i: merge_train_stats(p)["ce"] for i, p in parts.items()}

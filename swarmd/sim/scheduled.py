@@ -32,9 +32,10 @@ from swarmd.core.schedule import allocate, first_round, training_blocks
 from swarmd.core.train import BlockTrainer, seed_for
 from swarmd.protocol import PayloadKind
 from swarmd.sim.costs import StepCosts
-from swarmd.sim.engine import RoundRecord, SimConfig, Simulator, _Worker
+from swarmd.sim.engine import RoundRecord, SimConfig, Simulator
 from swarmd.sim.policies import Policy
 from swarmd.sim.regimes import Regime, RoundDraw
+from swarmd.sim.workers import Worker
 
 
 @dataclass(frozen=True)
@@ -101,19 +102,19 @@ class ScheduledSimulator(Simulator):
         H, cap = cfg.steps_per_round, plan.balance_steps if plan.schedule != "sequential" else 1.0  # a turn: one block
         self.block_steps = costs.balanced_steps(H, cap)
 
-    def steps_of(self, w: _Worker) -> int:
+    def steps_of(self, w: Worker) -> int:
         return self.block_steps[w.block]
 
     # -- staffing -------------------------------------------------------------------------------------
-    def heads(self) -> list[_Worker]:
+    def heads(self) -> list[Worker]:
         """Every block's keeper (a staffed block's keeper is its first worker: it trains and merges)."""
         return [self.keepers[b] for b in range(self.cfg.model.blocks)]
 
-    def _new_worker(self, block: int) -> _Worker:
+    def _new_worker(self, block: int) -> Worker:
         m, t = self.cfg.model, self.cfg.train
         self.slots += 1
         state = BlockState(BlockTrainer(m, t, block, "cpu", worker_seed=self.slots), outer_for(self.gossip))
-        return _Worker(
+        return Worker(
             f"b{block}s{self.slots}",
             block,
             state,
@@ -131,7 +132,7 @@ class ScheduledSimulator(Simulator):
 
     def _staff(self, staffing: list[int]) -> None:
         """This round's workers: per block its keeper and staffing - 1 more; newcomers adopt the merged state."""
-        current: dict[int, list[_Worker]] = {}
+        current: dict[int, list[Worker]] = {}
         for w in self.workers:
             current.setdefault(w.block, []).append(w)
         workers, self.arrived = [], set()
