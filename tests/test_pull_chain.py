@@ -12,7 +12,7 @@ import torch
 from swarm_utils import link_static, running, trajectory_config
 
 from swarmd.averaging.pull_chain import CHAIN_ROUNDS, PullChains, chain_pull, chain_step, own_decoding
-from swarmd.averaging.state import weights_hash
+from swarmd.averaging.state import relative_distance, weights_hash
 from swarmd.errors import ValidationError
 from swarmd.protocol import PayloadKind
 
@@ -56,16 +56,10 @@ class Puller:
         return self.held
 
 
-def _rel_err(got: dict, want: dict) -> float:
-    """||got - want|| / ||want|| over all tensors."""
-    num = sum(float((got[k] - want[k]).pow(2).sum()) for k in want)
-    return (num / sum(float(want[k].pow(2).sum()) for k in want)) ** 0.5
-
-
 def test_a_chain_sends_the_block_once_then_steps_that_keep_the_puller_within_a_round_s_rounding():
     states = _walk(0, 20)
     chains, puller = PullChains(_header), Puller()
-    errors = [_rel_err(puller.pull(chains, w, r), w) for r, w in enumerate(states)]
+    errors = [relative_distance(w, puller.pull(chains, w, r)) for r, w in enumerate(states)]
     assert puller.kinds[0] == PayloadKind.BLOCK_STATE.to_pb()
     assert all(k == PayloadKind.BLOCK_DELTA.to_pb() for k in puller.kinds[1:])
     assert max(puller.bytes[1:]) < 0.6 * puller.bytes[0]  # a step costs well under the block
@@ -103,7 +97,7 @@ def test_the_simulator_s_chain_pull_steps_within_an_epoch_and_starts_at_its_end(
     held, wire, new = chain_pull(states[0], None, 0, 0, 0)
     assert new
     nxt, step_wire, new = chain_pull(states[1], held, 1, 0, 0)
-    assert not new and step_wire < 0.6 * wire and _rel_err(nxt, states[1]) < _rel_err(held, states[0])
+    assert not new and step_wire < 0.6 * wire and relative_distance(states[1], nxt) < relative_distance(states[0], held)
     assert chain_pull(states[2], nxt, CHAIN_ROUNDS, 0, 0)[2]
 
 
@@ -123,7 +117,7 @@ def test_a_block_1_daemon_pulls_block_0_along_a_chain(tmp_path):
                 pulled.append(last.metrics.bytes_pulled - before)
                 merged = {k: v.clone() for k, v in first.state.base_block.items()}
                 runs = dict(last.state.predecessors[0])
-                assert _rel_err(runs, merged) < 0.02
+                assert relative_distance(merged, runs) < 0.02
                 moved = {k: v + 1e-3 * torch.randn_like(v) for k, v in merged.items()}
                 first.state.adopt(moved, None)  # block 0's next merged state
             held = last.gossip.agreement.pulls.held_chains[0]

@@ -174,12 +174,15 @@ class StatePulls:
             tensors = self.chain_pulled(enc, b, held)
         else:
             tensors = self.decode_block(enc, b)
-            self.pulled_compact[b] = (enc.header.base_hash, tensors)  # what a mid-round delta may be against
+            if compact:  # what a mid-round pull of its working weights may come as a delta against
+                self.pulled_compact[b] = (enc.header.base_hash, tensors)
         if chain:
             self.held_chains[b] = (await asyncio.to_thread(weights_hash, tensors), tensors)
         return tensors
 
-    def chain_pulled(self, enc: Encoded, block_index: int, held: tuple[str, dict[str, torch.Tensor]]) -> dict:
+    def chain_pulled(
+        self, enc: Encoded, block_index: int, held: tuple[str, dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
         """The next chain state from a chain step against `held` (its hash and state): validated, every value
         finite; the bytes counted."""
         if enc.header.base_hash != held[0]:
